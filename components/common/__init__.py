@@ -1,0 +1,1 @@
+"""Code shared by every component: defaults, storage (local and gs://) and the dataset format."""

@@ -1,0 +1,241 @@
+"""The dataset format that data prep writes and the trainer and evaluator read.
+
+A dataset is a directory (local or ``gs://``)::
+
+    manifest.json
+    train/images-00000.npy  train/labels-00000.npy  ...
+    test/images-00000.npy   test/labels-00000.npy   ...
+
+Images are ``uint8`` arrays of shape ``(n, 28, 28)``, labels ``uint8`` of shape ``(n,)`` in
+0..9. ``.npy`` is used rather than ``.npz`` because it has no timestamps: the same data always
+gives the same bytes, so KFP's cache and the sha256 values in the manifest are stable.
+
+``manifest.json`` records, per split, the shards in order with their sample counts and the
+sha256 of every file, plus the source and its hash and a label histogram. Samples are numbered
+globally within a split in shard order, which is what the trainer's sharding uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from components.common import storage
+from components.common.defaults import IMAGE_SHAPE, NUM_CLASSES
+
+FORMAT = "kfp-horovod/mnist-shards/v1"
+MANIFEST = "manifest.json"
+SPLITS = ("train", "test")
+
+
+class DataError(ValueError):
+    """Bad or missing data. The message names the file and the problem."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of `data`."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def validate_arrays(images: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Check MNIST-format arrays and return them as ``uint8``.
+
+    Raises DataError naming `where` for a wrong shape, a length mismatch, non-finite or
+    out-of-range pixels, non-integer labels or labels outside 0..9.
+    """
+    x = np.asarray(images)
+    y = np.asarray(labels)
+    if x.ndim != 3 or tuple(x.shape[1:]) != IMAGE_SHAPE:
+        raise DataError(
+            f"{where}: images have shape {tuple(x.shape)}, expected (n, {IMAGE_SHAPE[0]}, "
+            f"{IMAGE_SHAPE[1]})"
+        )
+    if y.ndim != 1:
+        raise DataError(f"{where}: labels have shape {tuple(y.shape)}, expected (n,)")
+    if len(x) != len(y):
+        raise DataError(f"{where}: {len(x)} images but {len(y)} labels")
+    if x.dtype.kind not in "uif" or y.dtype.kind not in "uif":
+        raise DataError(f"{where}: images are {x.dtype} and labels {y.dtype}; expected numbers")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise DataError(f"{where}: images contain NaN or infinite values")
+    if x.size and (x.min() < 0 or x.max() > 255):
+        raise DataError(f"{where}: pixel values span {x.min()}..{x.max()}, expected 0..255")
+    if y.dtype.kind == "f" and (not np.isfinite(y).all() or not np.all(y == np.round(y))):
+        raise DataError(f"{where}: labels are not whole numbers")
+    if y.size and (y.min() < 0 or y.max() >= NUM_CLASSES):
+        bad = sorted({int(v) for v in y[(y < 0) | (y >= NUM_CLASSES)]})[:5]
+        raise DataError(f"{where}: labels outside 0..{NUM_CLASSES - 1}: {bad}")
+    if x.dtype.kind == "f" and x.size and x.max() <= 1.0:
+        raise DataError(f"{where}: images look scaled to 0..1; expected raw 0..255 pixels")
+    return x.astype(np.uint8), y.astype(np.uint8)
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _load_npy(data: bytes, where: str) -> np.ndarray:
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as exc:  # numpy raises ValueError, OSError, EOFError... for bad bytes
+        raise DataError(f"{where}: not a readable .npy file ({exc})") from exc
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard file pair of a split."""
+
+    images: str  # path relative to the dataset root
+    labels: str
+    count: int
+    images_sha256: str
+    labels_sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed ``manifest.json``."""
+
+    root: str
+    splits: dict[str, list[Shard]]
+    raw: dict[str, Any]
+
+    def count(self, split: str) -> int:
+        """Number of samples in `split`."""
+        return sum(s.count for s in self.shards(split))
+
+    def shards(self, split: str) -> list[Shard]:
+        """The shards of `split`, in global sample order."""
+        if split not in self.splits:
+            raise DataError(f"{storage.join(self.root, MANIFEST)}: no split {split!r}")
+        return self.splits[split]
+
+    @property
+    def sha256(self) -> str:
+        """sha256 of the manifest as written (identifies the dataset)."""
+        return str(self.raw.get("_sha256", ""))
+
+
+def write_dataset(
+    uri: str,
+    splits: dict[str, tuple[np.ndarray, np.ndarray]],
+    source: dict[str, Any],
+    shard_size: int,
+) -> dict[str, Any]:
+    """Validate and write `splits` as shards plus ``manifest.json`` (written last). Returns the manifest."""
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    manifest: dict[str, Any] = {"format": FORMAT, "source": source, "splits": {}}
+    for name, (images, labels) in splits.items():
+        x, y = validate_arrays(images, labels, f"{source.get('uri', 'source')} [{name}]")
+        if len(x) == 0:
+            raise DataError(f"{source.get('uri', 'source')} [{name}]: the split is empty")
+        shards = []
+        for index, start in enumerate(range(0, len(x), shard_size)):
+            xi, yi = x[start : start + shard_size], y[start : start + shard_size]
+            entry: dict[str, Any] = {"count": int(len(xi))}
+            for kind, array in (("images", xi), ("labels", yi)):
+                rel = f"{name}/{kind}-{index:05d}.npy"
+                data = _npy_bytes(array)
+                storage.write_bytes(storage.join(uri, rel), data)
+                entry[kind] = rel
+                entry[f"{kind}_sha256"] = sha256_bytes(data)
+            shards.append(entry)
+        histogram = np.bincount(y, minlength=NUM_CLASSES)
+        manifest["splits"][name] = {
+            "count": int(len(x)),
+            "shards": shards,
+            "label_histogram": {str(k): int(v) for k, v in enumerate(histogram)},
+        }
+    storage.write_text(storage.join(uri, MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
+    return manifest
+
+
+def read_manifest(uri: str) -> Manifest:
+    """Read and check ``<uri>/manifest.json``. Raises DataError naming the file."""
+    path = storage.join(uri, MANIFEST)
+    try:
+        data = storage.read_bytes(path)
+    except FileNotFoundError as exc:
+        raise DataError(f"{path}: missing (is {uri} a dataset written by data prep?)") from exc
+    try:
+        raw = json.loads(data)
+        if raw.get("format") != FORMAT:
+            raise DataError(f"{path}: format is {raw.get('format')!r}, expected {FORMAT!r}")
+        splits = {
+            name: [
+                Shard(
+                    images=s["images"],
+                    labels=s["labels"],
+                    count=int(s["count"]),
+                    images_sha256=s["images_sha256"],
+                    labels_sha256=s["labels_sha256"],
+                )
+                for s in body["shards"]
+            ]
+            for name, body in raw["splits"].items()
+        }
+    except DataError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DataError(f"{path}: not a valid manifest ({type(exc).__name__}: {exc})") from exc
+    for name, shards in splits.items():
+        for shard in shards:
+            if shard.count < 1:
+                raise DataError(f"{storage.join(uri, shard.images)}: empty shard in split {name!r}")
+    raw["_sha256"] = sha256_bytes(data)
+    return Manifest(root=uri, splits=splits, raw=raw)
+
+
+def _read_verified(root: str, rel: str, expected_sha256: str) -> np.ndarray:
+    path = storage.join(root, rel)
+    try:
+        data = storage.read_bytes(path)
+    except FileNotFoundError as exc:
+        raise DataError(f"{path}: missing") from exc
+    actual = sha256_bytes(data)
+    if actual != expected_sha256:
+        raise DataError(
+            f"{path}: corrupt (sha256 {actual[:12]}…, manifest says {expected_sha256[:12]}…)"
+        )
+    return _load_npy(data, path)
+
+
+def load_range(manifest: Manifest, split: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """Load samples ``[start, stop)`` of `split`, reading only the shards that overlap it.
+
+    Every file read is checked against its sha256 and its contents validated.
+    """
+    total = manifest.count(split)
+    if not 0 <= start <= stop <= total:
+        raise ValueError(f"range [{start}, {stop}) outside split {split!r} of {total} samples")
+    xs, ys = [], []
+    offset = 0
+    for shard in manifest.shards(split):
+        lo, hi = max(start, offset), min(stop, offset + shard.count)
+        if lo < hi:
+            x = _read_verified(manifest.root, shard.images, shard.images_sha256)
+            y = _read_verified(manifest.root, shard.labels, shard.labels_sha256)
+            where = storage.join(manifest.root, shard.images)
+            if len(x) != shard.count:
+                raise DataError(f"{where}: {len(x)} samples, manifest says {shard.count}")
+            x, y = validate_arrays(x, y, where)
+            xs.append(x[lo - offset : hi - offset])
+            ys.append(y[lo - offset : hi - offset])
+        offset += shard.count
+    if not xs:
+        return np.zeros((0, *IMAGE_SHAPE), np.uint8), np.zeros((0,), np.uint8)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def load_split(uri: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Load a whole split of the dataset at `uri`."""
+    manifest = read_manifest(uri)
+    return load_range(manifest, split, 0, manifest.count(split))

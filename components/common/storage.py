@@ -1,0 +1,229 @@
+"""One code path for local paths and ``gs://`` URIs.
+
+Local paths are used as they are; ``gs://bucket/key`` goes through ``google-cloud-storage``
+(which honours ``STORAGE_EMULATOR_HOST``, so tests run against ``gcp-storage-emulator``).
+Every write is all-or-nothing: local files are written to a temporary name and renamed, and a
+GCS object appears only when its upload completes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+GCS_SCHEME = "gs://"
+
+
+class StorageError(RuntimeError):
+    """A read or write failed; the message names the URI."""
+
+
+def is_gcs(uri: str) -> bool:
+    """True for ``gs://`` URIs."""
+    return uri.startswith(GCS_SCHEME)
+
+
+def join(uri: str, *parts: str) -> str:
+    """Join path segments onto a local path or a ``gs://`` URI."""
+    out = uri
+    for part in parts:
+        out = out.rstrip("/") + "/" + part.lstrip("/")
+    return out
+
+
+def split_gcs(uri: str) -> tuple[str, str]:
+    """``gs://bucket/a/b`` -> ``("bucket", "a/b")``."""
+    if not is_gcs(uri):
+        raise ValueError(f"not a gs:// URI: {uri!r}")
+    bucket, _, key = uri[len(GCS_SCHEME) :].partition("/")
+    if not bucket:
+        raise ValueError(f"gs:// URI has no bucket: {uri!r}")
+    return bucket, key
+
+
+@lru_cache(maxsize=1)
+def _client() -> Any:
+    from google.cloud import storage  # imported lazily: local-only users need no GCS stack
+
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        from google.auth.credentials import AnonymousCredentials
+
+        return storage.Client(project="emulator", credentials=AnonymousCredentials())
+    return storage.Client()
+
+
+def _blob(uri: str) -> Any:
+    bucket, key = split_gcs(uri)
+    return _client().bucket(bucket).blob(key)
+
+
+def _retry() -> Any:
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY
+
+
+def exists(uri: str) -> bool:
+    """True if the file (or, locally, the directory) exists."""
+    if is_gcs(uri):
+        return bool(_blob(uri).exists(retry=_retry()))
+    return os.path.exists(uri)
+
+
+def read_bytes(uri: str) -> bytes:
+    """Read a whole file. Raises FileNotFoundError naming the URI if it is missing."""
+    if is_gcs(uri):
+        from google.api_core import exceptions as gexc
+
+        try:
+            return bytes(_blob(uri).download_as_bytes(retry=_retry()))
+        except gexc.NotFound as exc:
+            raise FileNotFoundError(f"no such object: {uri}") from exc
+    try:
+        return Path(uri).read_bytes()
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"no such file: {uri}") from exc
+
+
+def read_text(uri: str) -> str:
+    """Read a UTF-8 text file."""
+    return read_bytes(uri).decode("utf-8")
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write a whole file atomically (temporary name + rename locally, one upload on GCS)."""
+    if is_gcs(uri):
+        _blob(uri).upload_from_string(data, retry=_retry())
+        return
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(uri: str, text: str) -> None:
+    """Write a UTF-8 text file atomically."""
+    write_bytes(uri, text.encode("utf-8"))
+
+
+def create_exclusive(uri: str, data: bytes) -> bool:
+    """Create a file only if it does not exist yet; False if it already did.
+
+    Locally this is ``O_CREAT | O_EXCL`` (the content is written to a temporary file and
+    hard-linked into place, so nobody sees a half-written file). On GCS it is an upload with
+    the precondition ``ifGenerationMatch=0``.
+    """
+    if is_gcs(uri):
+        from google.api_core import exceptions as gexc
+
+        try:
+            _blob(uri).upload_from_string(data, if_generation_match=0)
+        except gexc.PreconditionFailed:
+            return False
+        return True
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)  # atomic, and fails if `path` exists
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def list_files(uri: str) -> list[str]:
+    """All files below a directory or prefix, as full URIs, sorted."""
+    if is_gcs(uri):
+        bucket, key = split_gcs(uri)
+        prefix = key.rstrip("/") + "/" if key else ""
+        blobs = _client().list_blobs(bucket, prefix=prefix, retry=_retry())
+        return sorted(f"{GCS_SCHEME}{bucket}/{b.name}" for b in blobs)
+    root = Path(uri)
+    if not root.is_dir():
+        return []
+    return sorted(str(p) for p in root.rglob("*") if p.is_file())
+
+
+def _walk_local(local_dir: Path) -> Iterator[tuple[Path, str]]:
+    for path in sorted(local_dir.rglob("*")):
+        if path.is_file():
+            yield path, path.relative_to(local_dir).as_posix()
+
+
+def upload_dir(local_dir: str | Path, uri: str, last: str | None = None) -> None:
+    """Copy a local directory tree to `uri`.
+
+    Locally the tree is staged next to the destination and renamed into place, so the
+    destination appears complete or not at all (it must not exist yet). On GCS the file named
+    `last` (relative path, e.g. ``saved_model.pb``) is uploaded after all others, so a reader
+    that waits for it never sees a partial tree.
+    """
+    local_dir = Path(local_dir)
+    if is_gcs(uri):
+        files = list(_walk_local(local_dir))
+        files.sort(key=lambda item: item[1] == last)
+        for path, rel in files:
+            _blob(join(uri, rel)).upload_from_filename(str(path), retry=_retry())
+        return
+    dest = Path(uri)
+    if dest.exists():
+        raise FileExistsError(f"destination already exists: {dest}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        shutil.copytree(local_dir, staging, dirs_exist_ok=True)
+        os.replace(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def download_dir(uri: str, local_dir: str | Path) -> Path:
+    """Copy everything below `uri` into `local_dir` (created). Returns `local_dir`."""
+    local_dir = Path(local_dir)
+    local_dir.mkdir(parents=True, exist_ok=True)
+    if not is_gcs(uri):
+        shutil.copytree(uri, local_dir, dirs_exist_ok=True)
+        return local_dir
+    prefix = uri.rstrip("/") + "/"
+    for file_uri in list_files(uri):
+        target = local_dir / file_uri[len(prefix) :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _blob(file_uri).download_to_filename(str(target), retry=_retry())
+    return local_dir
+
+
+def local_copy(uri: str, workdir: str | Path) -> Path:
+    """A local directory holding the tree at `uri`: the path itself when local, else a download."""
+    if not is_gcs(uri):
+        return Path(uri)
+    return download_dir(uri, Path(workdir))
+
+
+def remove_tree(uri: str) -> None:
+    """Delete a directory tree or prefix; missing is fine."""
+    if is_gcs(uri):
+        for file_uri in list_files(uri):
+            _blob(file_uri).delete(retry=_retry())
+        return
+    shutil.rmtree(uri, ignore_errors=True)

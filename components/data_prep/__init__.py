@@ -1,0 +1,1 @@
+"""Data prep: MNIST-format source -> validated, sharded dataset with a manifest."""

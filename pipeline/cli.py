@@ -1,0 +1,25 @@
+"""The ``python -m pipeline`` command line: one click group, one module per area of commands."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Compile, run locally, render the MPIJob, and operate the pipeline on a KFP cluster."""
+
+
+def main() -> int:
+    """Entry point; returns the process exit code."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 1
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
