@@ -227,3 +227,71 @@ def remove_tree(uri: str) -> None:
             _blob(file_uri).delete(retry=_retry())
         return
     shutil.rmtree(uri, ignore_errors=True)
+
+
+# Compare-and-swap for small control files (registry aliases). A token identifies the content
+# a caller read: the object generation on GCS, the sha256 of the bytes locally. ABSENT means
+# "the file does not exist" (GCS's ifGenerationMatch=0).
+ABSENT = "0"
+
+
+def read_versioned(uri: str) -> tuple[bytes | None, str]:
+    """Read a small file together with its compare-and-swap token; ``(None, ABSENT)`` if missing."""
+    if is_gcs(uri):
+        from google.api_core import exceptions as gexc
+
+        bucket, key = split_gcs(uri)
+        for _ in range(5):  # the object may be replaced between the metadata read and download
+            blob = _client().bucket(bucket).get_blob(key, retry=_retry())
+            if blob is None:
+                return None, ABSENT
+            generation = blob.generation  # read before the download, which may reset it
+            try:
+                data = blob.download_as_bytes(if_generation_match=generation, retry=_retry())
+            except (gexc.NotFound, gexc.PreconditionFailed):
+                continue
+            return bytes(data), str(generation)
+        raise StorageError(f"{uri}: kept changing while being read")
+    try:
+        data = Path(uri).read_bytes()
+    except FileNotFoundError:
+        return None, ABSENT
+    return data, _sha256(data)
+
+
+def write_if_unchanged(uri: str, data: bytes, token: str) -> bool:
+    """Replace `uri` with `data` only if it still holds what was read with `token`.
+
+    Returns False (and writes nothing) when someone else changed the file since. On GCS this is
+    an upload with ``ifGenerationMatch=token``; locally the check and the atomic rename run under
+    an ``flock`` on a sidecar lock file (released by the kernel if the process dies).
+    """
+    if is_gcs(uri):
+        from google.api_core import exceptions as gexc
+
+        try:
+            _blob(uri).upload_from_string(data, if_generation_match=int(token), retry=_retry())
+        except gexc.PreconditionFailed:
+            return False
+        return True
+    import fcntl
+
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = path.parent / f".{path.name}.lock"
+    with open(lock_path, "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            _, current = read_versioned(uri)
+            if current != token:
+                return False
+            write_bytes(uri, data)
+            return True
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()

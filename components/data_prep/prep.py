@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from components.common import dataset, storage
 from components.common.defaults import MNIST_SHA256, SHARD_SIZE
 from components.data_prep.sources import load_source
+
+
+def parse_sha256(value: str) -> str | None:
+    """The CLI/component form of the expected sha256: ``none`` (any case) disables the check."""
+    return None if value.strip().lower() == "none" else value.strip()
+
+
+def check_output_free(output: str) -> None:
+    """Refuse an output that already holds anything (an empty local directory is fine)."""
+    if not output:
+        raise ValueError("output location is empty")
+    if storage.is_gcs(output):
+        storage.split_gcs(output)  # raises for a URI without a bucket
+        if storage.list_files(output):
+            raise FileExistsError(f"{output}: not empty; refusing to overwrite")
+        return
+    path = Path(output)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(f"{output}: already exists and is not empty; refusing to overwrite")
 
 
 def prepare(
@@ -21,16 +43,18 @@ def prepare(
 ) -> dict[str, Any]:
     """Write the dataset from `source` to `output` and return its manifest.
 
-    `limit` keeps only the first `limit` training and test samples (for quick runs). The
+    `limit` keeps only the first `limit` training and test samples (None or 0: all). The
     output is deterministic: the same source and arguments give byte-identical files.
-    Nothing is written unless the whole source validates; ``manifest.json`` is written last.
+    Nothing is written unless the whole source validates. The dataset is staged in a local
+    temporary directory and then published: locally by one rename (it appears complete or not
+    at all), on GCS with ``manifest.json`` uploaded last.
     """
     if shard_size < 1:
         raise ValueError(f"--shard-size must be >= 1, got {shard_size}")
-    if limit is not None and limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {limit}")
-    if storage.exists(storage.join(output, dataset.MANIFEST)):
-        raise FileExistsError(f"{output}: already holds a dataset (manifest.json); refusing to overwrite")
+    if limit is not None and limit < 0:
+        raise ValueError(f"--limit must be >= 0 (0 = all), got {limit}")
+    limit = limit or None
+    check_output_free(output)
     data = load_source(source, expected_sha256)
     splits = {}
     for name, (x, y) in data.splits.items():
@@ -41,24 +65,43 @@ def prepare(
     description = dict(data.description)
     if limit is not None:
         description["limit"] = limit
-    return dataset.write_dataset(output, splits, description, shard_size)
+    with tempfile.TemporaryDirectory(prefix="data-prep-") as staging:
+        manifest = dataset.write_dataset(staging, splits, description, shard_size)
+        _publish(staging, output)
+    return manifest
+
+
+def _publish(staging: str, output: str) -> None:
+    if not storage.is_gcs(output) and os.path.isdir(output):
+        os.rmdir(output)  # an empty directory made by the caller (e.g. KFP); checked above
+    storage.upload_dir(staging, output, last=dataset.MANIFEST)
+
+
+def manifest_sha256(output: str) -> str:
+    """sha256 of the ``manifest.json`` written to `output` (identifies the dataset)."""
+    return dataset.sha256_bytes(storage.read_bytes(storage.join(output, dataset.MANIFEST)))
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m components.data_prep.prep --source bundled --output DIR``."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--source", default="bundled", help="'bundled' or URL/gs:///path of mnist.npz")
+    parser.add_argument(
+        "--source", default="bundled", help="'bundled' or URL/gs:///path of mnist.npz"
+    )
     parser.add_argument("--output", required=True, help="dataset directory (local or gs://)")
     parser.add_argument("--shard-size", type=int, default=SHARD_SIZE)
     parser.add_argument(
         "--sha256", default=MNIST_SHA256, help="expected sha256 of the source file, or 'none'"
     )
-    parser.add_argument("--limit", type=int, default=None, help="keep only the first N samples per split")
+    parser.add_argument(
+        "--limit", type=int, default=0, help="keep only the first N samples per split (0: all)"
+    )
     args = parser.parse_args(argv)
-    expected = None if args.sha256.lower() == "none" else args.sha256
     try:
-        manifest = prepare(args.source, args.output, args.shard_size, expected, args.limit)
-    except (dataset.DataError, ValueError, FileExistsError) as exc:
+        manifest = prepare(
+            args.source, args.output, args.shard_size, parse_sha256(args.sha256), args.limit
+        )
+    except (dataset.DataError, ValueError, FileExistsError, storage.StorageError) as exc:
         print(f"data prep failed: {exc}", file=sys.stderr)
         return 2
     counts = {k: v["count"] for k, v in manifest["splits"].items()}

@@ -14,6 +14,8 @@ from components.common import storage
 from components.common.dataset import DataError, sha256_bytes
 from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SPLIT_SEED, TEST_FRACTION
 
+SUPPORTED_SCHEMES = ("http", "https", "gs")
+
 
 @dataclass
 class SourceData:
@@ -42,7 +44,9 @@ def load_bundled(test_fraction: float = TEST_FRACTION, seed: int = SPLIT_SEED) -
         },
         description={
             "uri": BUNDLED_SOURCE,
-            "sha256": sha256_bytes(images.astype(np.uint8).tobytes() + labels.astype(np.uint8).tobytes()),
+            "sha256": sha256_bytes(
+                images.astype(np.uint8).tobytes() + labels.astype(np.uint8).tobytes()
+            ),
             "split_seed": seed,
             "test_fraction": test_fraction,
         },
@@ -95,9 +99,26 @@ def load_mnist_npz(uri: str, expected_sha256: str | None = MNIST_SHA256) -> Sour
 
 
 def load_source(source: str, expected_sha256: str | None = MNIST_SHA256) -> SourceData:
-    """Dispatch on `source`: ``bundled`` (or the full bundled id) or a URL/path of an mnist.npz."""
+    """Dispatch on `source`: ``bundled`` (or the full bundled id) or a URL/path of an mnist.npz.
+
+    `expected_sha256` applies to an mnist.npz file; the bundled subset is identified by the
+    sha256 of its arrays, which is recorded in the manifest instead.
+    """
+    if expected_sha256 is not None and not is_sha256(expected_sha256):
+        raise DataError(f"expected sha256 {expected_sha256!r} is not 64 hex digits (or 'none')")
     if source in ("bundled", BUNDLED_SOURCE):
         return load_bundled()
     if not source:
         raise DataError("data source is empty: pass 'bundled' or a URL/gs:// path of mnist.npz")
+    scheme, sep, _ = source.partition("://")
+    if sep and scheme not in SUPPORTED_SCHEMES:
+        raise DataError(
+            f"data source {source!r}: unsupported scheme {scheme!r}; use 'bundled', "
+            "http(s)://, gs:// or a local path of an mnist.npz"
+        )
     return load_mnist_npz(source, expected_sha256)
+
+
+def is_sha256(value: str) -> bool:
+    """True for a 64-hex-digit sha256."""
+    return len(value) == 64 and all(c in "0123456789abcdefABCDEF" for c in value)

@@ -1,0 +1,312 @@
+"""Data prep: determinism, manifest contents, every bad input, gs:// output, the KFP component."""
+
+import hashlib
+import http.server
+import io
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.common import dataset, storage
+from components.common.defaults import BUNDLED_SOURCE, NUM_CLASSES
+from components.data_prep import prep
+
+
+def _npz_bytes(x_train, y_train, x_test, y_test) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    return buf.getvalue()
+
+
+def _digits(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(
+        np.uint8
+    )
+
+
+@pytest.fixture
+def good_npz(tmp_path: Path) -> tuple[Path, str]:
+    """A small valid mnist.npz and its sha256."""
+    data = _npz_bytes(*_digits(120, 1), *_digits(40, 2))
+    path = tmp_path / "mnist.npz"
+    path.write_bytes(data)
+    return path, hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def http_dir(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A real HTTP server on localhost serving a directory: yields (dir, base URL)."""
+    root = tmp_path / "www"
+    root.mkdir()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, *args):  # keep test output quiet
+            pass
+
+    server = http.server.ThreadingHTTPServer(("localhost", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield root, f"http://localhost:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return int(sock.getsockname()[1])  # closed again when the block ends
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_bundled_is_deterministic_and_manifest_is_complete(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    manifest = prep.prepare("bundled", str(a), shard_size=64, limit=150)
+    prep.prepare("bundled", str(b), shard_size=64, limit=150)
+    tree_a, tree_b = _tree(a), _tree(b)
+    assert tree_a == tree_b  # byte-identical, so KFP caching and manifest hashes are stable
+    assert sorted(tree_a) == sorted(
+        ["manifest.json"]
+        + [
+            f"{s}/{k}-{i:05d}.npy"
+            for s in ("train", "test")
+            for k in ("images", "labels")
+            for i in range(3)
+        ]
+    )
+
+    written = json.loads(tree_a["manifest.json"])
+    assert written == manifest
+    assert written["format"] == dataset.FORMAT
+    assert written["source"]["uri"] == BUNDLED_SOURCE
+    assert len(written["source"]["sha256"]) == 64 and written["source"]["limit"] == 150
+    for split in ("train", "test"):
+        body = written["splits"][split]
+        assert body["count"] == 150
+        assert [s["count"] for s in body["shards"]] == [64, 64, 22]
+        for shard in body["shards"]:
+            for kind in ("images", "labels"):
+                assert hashlib.sha256(tree_a[shard[kind]]).hexdigest() == shard[f"{kind}_sha256"]
+        x, y = dataset.load_split(str(a), split)
+        assert x.shape == (150, 28, 28) and x.dtype == np.uint8 and y.dtype == np.uint8
+        histogram = np.bincount(y, minlength=NUM_CLASSES)
+        assert body["label_histogram"] == {str(k): int(v) for k, v in enumerate(histogram)}
+        assert sum(body["label_histogram"].values()) == 150
+    assert prep.manifest_sha256(str(a)) == dataset.read_manifest(str(a)).sha256
+
+
+def test_bundled_without_limit_keeps_all_5000_digits(tmp_path: Path) -> None:
+    manifest = prep.prepare("bundled", str(tmp_path / "ds"), shard_size=5000, limit=0)
+    assert manifest["splits"]["train"]["count"] == 4000
+    assert manifest["splits"]["test"]["count"] == 1000
+    assert "limit" not in manifest["source"]
+
+
+def test_npz_over_http_with_sha256_check(
+    http_dir: tuple[Path, str], good_npz: tuple[Path, str], tmp_path: Path
+) -> None:
+    root, base = http_dir
+    path, digest = good_npz
+    (root / "mnist.npz").write_bytes(path.read_bytes())
+    out = tmp_path / "ds"
+    manifest = prep.prepare(f"{base}/mnist.npz", str(out), shard_size=50, expected_sha256=digest)
+    assert manifest["source"] == {"uri": f"{base}/mnist.npz", "sha256": digest}
+    assert manifest["splits"]["train"]["count"] == 120 and manifest["splits"]["test"]["count"] == 40
+    x, y = dataset.load_split(str(out), "train")
+    with np.load(path) as npz:
+        np.testing.assert_array_equal(x, npz["x_train"])
+        np.testing.assert_array_equal(y, npz["y_train"])
+
+
+def _write_npz(tmp_path: Path, **overrides: np.ndarray) -> str:
+    x, y = _digits(30, 3)
+    arrays = {"x_train": x, "y_train": y, "x_test": x[:10], "y_test": y[:10]}
+    arrays.update(overrides)
+    path = tmp_path / "bad.npz"
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    path.write_bytes(buf.getvalue())
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("make_source", "sha256", "message"),
+    [
+        (lambda tmp: f"http://localhost:{_closed_port()}/mnist.npz", None, "unreachable"),
+        (lambda tmp: str(tmp / "missing.npz"), None, "not found"),
+        (
+            lambda tmp: (tmp / "c.npz").write_bytes(b"PK\x03\x04 not a zip") and str(tmp / "c.npz"),
+            None,
+            "not a readable .npz",
+        ),
+        (lambda tmp: _write_npz(tmp), "0" * 64, "sha256 mismatch"),
+        (
+            lambda tmp: _write_npz(tmp, x_train=np.zeros((30, 28, 27), np.uint8)),
+            None,
+            "images have shape (30, 28, 27)",
+        ),
+        (
+            lambda tmp: _write_npz(tmp, y_train=np.zeros((30, 1), np.uint8)),
+            None,
+            "labels have shape (30, 1)",
+        ),
+        (
+            lambda tmp: _write_npz(tmp, y_test=np.full(10, 10, np.uint8)),
+            None,
+            "labels outside 0..9: [10]",
+        ),
+        (lambda tmp: _write_npz(tmp, x_test=np.full((10, 28, 28), np.nan)), None, "NaN"),
+        (
+            lambda tmp: _write_npz(tmp, y_train=np.zeros(29, np.uint8)),
+            None,
+            "30 images but 29 labels",
+        ),
+        (
+            lambda tmp: _write_npz(tmp, x_test=np.full((10, 28, 28), 300.0)),
+            None,
+            "pixel values span",
+        ),
+        (lambda tmp: "ftp://example.com/mnist.npz", None, "unsupported scheme 'ftp'"),
+        (lambda tmp: "", None, "data source is empty"),
+        (lambda tmp: "bundled", "not-a-hash", "is not 64 hex digits"),
+    ],
+    ids=[
+        "unreachable",
+        "missing",
+        "corrupt",
+        "sha-mismatch",
+        "image-shape",
+        "label-shape",
+        "label-range",
+        "nan",
+        "length-mismatch",
+        "pixel-range",
+        "scheme",
+        "empty",
+        "bad-sha-param",
+    ],
+)
+def test_bad_sources_fail_clearly_and_write_nothing(
+    tmp_path: Path, make_source, sha256, message
+) -> None:
+    source = make_source(tmp_path)
+    out = tmp_path / "out"
+    with pytest.raises(dataset.DataError) as info:
+        prep.prepare(source, str(out), expected_sha256=sha256)
+    assert message in str(info.value)
+    assert not out.exists()
+
+
+def test_missing_arrays_in_npz(tmp_path: Path) -> None:
+    path = tmp_path / "partial.npz"
+    np.savez(path, x_train=np.zeros((1, 28, 28), np.uint8))
+    with pytest.raises(
+        dataset.DataError, match=r"missing arrays \['x_test', 'y_test', 'y_train'\]"
+    ):
+        prep.prepare(str(path), str(tmp_path / "out"), expected_sha256=None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"shard_size": 0}, "--shard-size must be >= 1"), ({"limit": -1}, "--limit must be >= 0")],
+)
+def test_bad_parameters(tmp_path: Path, kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        prep.prepare("bundled", str(tmp_path / "out"), **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_to_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    prep.prepare("bundled", str(out), limit=20)
+    before = _tree(out)
+    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+        prep.prepare("bundled", str(out), limit=30)
+    assert _tree(out) == before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+        prep.prepare("bundled", str(other), limit=20)
+    empty = tmp_path / "empty"
+    empty.mkdir()  # KFP may create the output directory: an empty one is fine
+    prep.prepare("bundled", str(empty), limit=20)
+    assert _tree(empty) == before
+
+
+def test_cli(
+    tmp_path: Path, good_npz: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, digest = good_npz
+    assert (
+        prep.main(["--source", str(path), "--output", str(tmp_path / "a"), "--sha256", digest]) == 0
+    )
+    assert '"train": 120' in capsys.readouterr().out
+    assert (
+        prep.main(["--source", str(path), "--output", str(tmp_path / "b"), "--sha256", "NONE"]) == 0
+    )
+    assert (
+        prep.main(["--source", str(path), "--output", str(tmp_path / "c")]) == 2
+    )  # default hash: the canonical file
+    assert "sha256 mismatch" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+def test_gcs_source_and_output(gcs_uri: str, good_npz: tuple[Path, str]) -> None:
+    path, digest = good_npz
+    source = f"{gcs_uri}/raw/mnist.npz"
+    storage.write_bytes(source, path.read_bytes())
+    out = f"{gcs_uri}/datasets/run-1"
+    manifest = prep.prepare(source, out, shard_size=50, expected_sha256=digest)
+    files = storage.list_files(out)
+    assert len(files) == 1 + 2 * 3 + 2 * 1  # manifest, 3 train shards, 1 test shard (x and y)
+    assert f"{out}/manifest.json" in files
+    assert manifest["source"]["uri"] == source
+    x, y = dataset.load_split(out, "test")
+    assert x.shape == (40, 28, 28)
+    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+        prep.prepare(source, out, expected_sha256=digest)
+    with pytest.raises(dataset.DataError, match="not found"):
+        prep.prepare(f"{gcs_uri}/raw/nope.npz", f"{gcs_uri}/datasets/run-2", expected_sha256=None)
+    assert storage.list_files(f"{gcs_uri}/datasets/run-2") == []
+
+
+def test_component_compiles_and_runs_with_kfp_local(tmp_path: Path) -> None:
+    from kfp import compiler, dsl, local
+
+    from components.data_prep.component import make_component
+
+    prepare_data = make_component("example.com/data-prep:test")
+
+    @dsl.pipeline(name="data-prep-only")
+    def only_prep(source: str = "bundled", limit: int = 40):
+        prepare_data(source=source, sha256="none", shard_size=32, limit=limit)
+
+    package = tmp_path / "p.yaml"
+    compiler.Compiler().compile(only_prep, str(package))
+    assert "example.com/data-prep:test" in package.read_text()
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    task = prepare_data(source="bundled", sha256="none", shard_size=32, limit=40)
+    artifact = task.outputs["dataset"]
+    assert artifact.metadata["train_count"] == 40 and artifact.metadata["test_shards"] == 2
+    assert artifact.metadata["manifest_sha256"] == prep.manifest_sha256(artifact.path)
+    x, _ = dataset.load_split(artifact.path, "train")
+    assert x.shape == (40, 28, 28)
