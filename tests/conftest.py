@@ -68,3 +68,48 @@ def gcs_bucket(gcs_emulator: tuple[Any, str], monkeypatch: pytest.MonkeyPatch) -
 def gcs_uri(gcs_bucket: str) -> str:
     """``gs://<bucket>`` of the fresh `gcs_bucket` (no trailing slash)."""
     return f"gs://{gcs_bucket}"
+
+
+class TrainedModel:
+    """A real exported model for tests: `path` (SavedModel dir), `dataset` (dataset dir) and the
+    `accuracy`/`loss` Keras itself reports for the in-memory model on the test split."""
+
+    def __init__(self, path: str, dataset: str, accuracy: float, loss: float) -> None:
+        self.path = path
+        self.dataset = dataset
+        self.accuracy = accuracy
+        self.loss = loss
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The bundled digits, 400 train / 400 test samples, in the dataset format (session-wide)."""
+    from components.data_prep.prep import prepare
+
+    out = tmp_path_factory.mktemp("tiny-dataset") / "ds"
+    prepare("bundled", str(out), shard_size=256, limit=400)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def trained_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -> TrainedModel:
+    """`build_model` trained 3 quick epochs on `tiny_dataset` and exported as the trainer does
+    (``model.save(dir, include_optimizer=False)``). Not Horovod: just a real SavedModel."""
+    import tensorflow as tf
+
+    from components.common.dataset import load_split
+    from components.train.model import build_model
+
+    x, y = load_split(tiny_dataset, "train")
+    x_test, y_test = load_split(tiny_dataset, "test")
+    model = build_model(seed=7)
+    model.compile(
+        optimizer=tf.keras.optimizers.Adam(0.003),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    model.fit(x, y, epochs=3, batch_size=32, verbose=0)
+    loss, accuracy = model.evaluate(x_test, y_test, batch_size=400, verbose=0)
+    path = tmp_path_factory.mktemp("trained-model") / "model"
+    model.save(str(path), include_optimizer=False)
+    return TrainedModel(str(path), tiny_dataset, float(accuracy), float(loss))

@@ -1,0 +1,161 @@
+"""Evaluate program: load ONLY the exported SavedModel and score it on the test split.
+
+Runs in its own process (the KFP component's container, or the CLI), so nothing from training
+is in memory: what is measured is what TF Serving would load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.common import dataset
+from components.common.defaults import NUM_CLASSES
+from components.common.saved_model import ModelError, check_saved_model, fetch_model
+
+# Keras clips probabilities to [eps, 1 - eps] in its cross-entropy; do the same so the logged
+# loss equals model.evaluate()'s.
+_EPSILON = 1e-7
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Scores of a model on one split."""
+
+    accuracy: float
+    loss: float
+    samples: int
+    confusion_matrix: list[list[int]]  # rows: true class, columns: predicted class
+    precision: list[float]  # per class; 0.0 where the class was never predicted
+    recall: list[float]  # per class; 0.0 where the class never occurs
+    split: str
+    dataset_manifest_sha256: str
+
+    @property
+    def categories(self) -> list[str]:
+        """Class names for the confusion matrix: the digits as strings."""
+        return [str(c) for c in range(NUM_CLASSES)]
+
+    def to_markdown(self, model_uri: str = "", dataset_uri: str = "") -> str:
+        """A human-readable report with per-class precision and recall."""
+        lines = ["# Evaluation", ""]
+        if model_uri:
+            lines.append(f"- model: `{model_uri}`")
+        lines += [
+            f"- dataset: `{dataset_uri}` (manifest sha256 `{self.dataset_manifest_sha256}`)",
+            f"- split: {self.split}, {self.samples} samples",
+            f"- **accuracy: {self.accuracy:.4f}**, loss: {self.loss:.4f}",
+            "",
+            "| class | support | precision | recall |",
+            "|---:|---:|---:|---:|",
+        ]
+        support = np.asarray(self.confusion_matrix).sum(axis=1)
+        for c in range(NUM_CLASSES):
+            lines.append(
+                f"| {c} | {int(support[c])} | {self.precision[c]:.4f} | {self.recall[c]:.4f} |"
+            )
+        return "\n".join(lines) + "\n"
+
+
+def score(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """Accuracy, loss, confusion matrix, precision and recall of class `probabilities`.
+
+    Raises ModelError if `probabilities` is not an ``(n, 10)`` array of finite rows summing to 1.
+    """
+    p = np.asarray(probabilities, dtype=np.float64)
+    y = np.asarray(labels).astype(np.int64)
+    if p.ndim != 2 or p.shape != (len(y), NUM_CLASSES):
+        raise ModelError(
+            f"model output has shape {p.shape}, "
+            f"expected ({len(y)}, {NUM_CLASSES}) class probabilities"
+        )
+    if not np.isfinite(p).all():
+        raise ModelError("model output contains NaN or infinite values")
+    if not np.allclose(p.sum(axis=1), 1.0, atol=1e-3) or p.min() < 0:
+        raise ModelError("model output rows are not probabilities (expected a softmax output)")
+    if len(y) == 0:
+        raise dataset.DataError("the evaluation split is empty")
+    predicted = p.argmax(axis=1)
+    confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=np.int64)
+    np.add.at(confusion, (y, predicted), 1)
+    true_positive = np.diag(confusion).astype(np.float64)
+    predicted_count = confusion.sum(axis=0)
+    actual_count = confusion.sum(axis=1)
+    precision = np.divide(
+        true_positive, predicted_count, out=np.zeros(NUM_CLASSES), where=predicted_count > 0
+    )
+    recall = np.divide(
+        true_positive, actual_count, out=np.zeros(NUM_CLASSES), where=actual_count > 0
+    )
+    picked = np.clip(p[np.arange(len(y)), y], _EPSILON, 1.0 - _EPSILON)
+    return {
+        "accuracy": float(true_positive.sum() / len(y)),
+        "loss": float(-np.log(picked).mean()),
+        "samples": int(len(y)),
+        "confusion_matrix": confusion.tolist(),
+        "precision": [float(v) for v in precision],
+        "recall": [float(v) for v in recall],
+    }
+
+
+def load_model(local_dir: Path, where: str) -> Any:
+    """Load the SavedModel at `local_dir` for inference (no optimizer, no custom objects)."""
+    check_saved_model(local_dir, where)
+    import tensorflow as tf
+
+    try:
+        return tf.keras.models.load_model(str(local_dir), compile=False)
+    except Exception as exc:  # TF raises many types for unloadable models
+        raise ModelError(f"{where}: cannot be loaded as a Keras model ({exc})") from exc
+
+
+def evaluate(
+    model_uri: str, dataset_uri: str, split: str = "test", batch_size: int = 256
+) -> Evaluation:
+    """Score the exported model at `model_uri` on `split` of the dataset at `dataset_uri`.
+
+    Both may be local paths or ``gs://`` URIs (the model is downloaded to a temporary dir).
+    """
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    manifest = dataset.read_manifest(dataset_uri)
+    images, labels = dataset.load_range(manifest, split, 0, manifest.count(split))
+    with tempfile.TemporaryDirectory(prefix="evaluate-") as workdir:
+        local = fetch_model(model_uri, workdir)
+        model = load_model(local, model_uri)
+        probabilities = model.predict(images, batch_size=batch_size, verbose=0)
+    return Evaluation(
+        split=split, dataset_manifest_sha256=manifest.sha256, **score(probabilities, labels)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m components.evaluate.evaluate --model DIR --dataset DIR``."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", required=True, help="SavedModel directory (local or gs://)")
+    parser.add_argument("--dataset", required=True, help="dataset directory (local or gs://)")
+    parser.add_argument("--split", default="test", choices=dataset.SPLITS)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--output-json", help="also write the evaluation as JSON here")
+    args = parser.parse_args(argv)
+    try:
+        result = evaluate(args.model, args.dataset, args.split, args.batch_size)
+    except (ModelError, dataset.DataError, ValueError) as exc:
+        print(f"evaluation failed: {exc}", file=sys.stderr)
+        return 2
+    text = json.dumps(asdict(result), indent=2, sort_keys=True)
+    if args.output_json:
+        Path(args.output_json).write_text(text)
+    print(f"accuracy={result.accuracy:.4f} loss={result.loss:.4f} samples={result.samples}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

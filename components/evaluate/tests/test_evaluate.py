@@ -1,0 +1,189 @@
+"""Evaluate: real SavedModels, a fresh-process CLI run, gs:// inputs, bad models, the KFP wrapper."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.common import dataset, storage
+from components.common.saved_model import ModelError
+from components.evaluate import evaluate as ev
+
+
+def test_score_by_hand() -> None:
+    p = np.full((4, 10), 0.01)
+    for row, cls in enumerate([0, 1, 1, 3]):  # predictions
+        p[row, cls] = 0.91
+    labels = np.array([0, 1, 2, 3])
+    out = ev.score(p, labels)
+    assert out["accuracy"] == 0.75
+    assert out["samples"] == 4
+    cm = np.array(out["confusion_matrix"])
+    assert cm[0, 0] == 1 and cm[1, 1] == 1 and cm[2, 1] == 1 and cm[3, 3] == 1 and cm.sum() == 4
+    assert out["precision"][1] == 0.5 and out["recall"][1] == 1.0
+    assert out["precision"][2] == 0.0 and out["recall"][2] == 0.0  # never predicted / missed
+    assert out["recall"][5] == 0.0  # class absent: reported as 0, not NaN
+    expected_loss = -(3 * np.log(0.91) + np.log(0.01)) / 4
+    assert out["loss"] == pytest.approx(expected_loss, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("probabilities", "message"),
+    [
+        (np.full((3, 5), 0.2), r"shape \(3, 5\), expected \(3, 10\)"),
+        (np.full((3, 10), np.nan), "NaN"),
+        (np.full((3, 10), 1.0), "not probabilities"),
+    ],
+)
+def test_score_rejects_non_probability_outputs(probabilities: np.ndarray, message: str) -> None:
+    with pytest.raises(ModelError, match=message):
+        ev.score(probabilities, np.array([0, 1, 2]))
+
+
+def test_evaluate_matches_keras(trained_model) -> None:
+    result = ev.evaluate(trained_model.path, trained_model.dataset)
+    # Keras' own numbers for the in-memory model before export: the export loses nothing.
+    assert result.accuracy == pytest.approx(trained_model.accuracy, abs=1e-6)
+    assert result.loss == pytest.approx(trained_model.loss, rel=1e-4)
+    assert result.accuracy > 0.3  # trained well above chance (0.1)
+    _, labels = dataset.load_split(trained_model.dataset, "test")
+    cm = np.array(result.confusion_matrix)
+    assert cm.shape == (10, 10) and cm.sum() == result.samples == 400
+    assert np.trace(cm) / cm.sum() == pytest.approx(result.accuracy)
+    np.testing.assert_array_equal(cm.sum(axis=1), np.bincount(labels, minlength=10))
+    for c in range(10):
+        assert result.recall[c] == pytest.approx(cm[c, c] / cm[c].sum())
+        if cm[:, c].sum():
+            assert result.precision[c] == pytest.approx(cm[c, c] / cm[:, c].sum())
+    assert result.dataset_manifest_sha256 == dataset.read_manifest(trained_model.dataset).sha256
+    report = result.to_markdown("m", "d")
+    assert f"accuracy: {result.accuracy:.4f}" in report and report.count("\n| ") == 11
+
+
+def test_cli_in_a_fresh_process(trained_model, tmp_path: Path) -> None:
+    out = tmp_path / "eval.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "components.evaluate.evaluate",
+            "--model",
+            trained_model.path,
+            "--dataset",
+            trained_model.dataset,
+            "--output-json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    written = json.loads(out.read_text())
+    assert written["accuracy"] == pytest.approx(trained_model.accuracy, abs=1e-6)
+    assert written["loss"] == pytest.approx(trained_model.loss, rel=1e-4)
+    assert f"accuracy={written['accuracy']:.4f}" in proc.stdout
+
+
+def test_gcs_model_and_dataset(trained_model, gcs_uri: str) -> None:
+    from components.data_prep.prep import prepare
+
+    model_uri = f"{gcs_uri}/models/m1"
+    storage.upload_dir(trained_model.path, model_uri, last="saved_model.pb")
+    data_uri = f"{gcs_uri}/datasets/d1"
+    prepare("bundled", data_uri, shard_size=256, limit=400)  # same bytes as the local one
+    result = ev.evaluate(model_uri, data_uri)
+    assert result.accuracy == pytest.approx(trained_model.accuracy, abs=1e-6)
+    assert result.loss == pytest.approx(trained_model.loss, rel=1e-4)
+    with pytest.raises(ModelError, match=f"{gcs_uri}/models/missing: model directory is missing"):
+        ev.evaluate(f"{gcs_uri}/models/missing", data_uri)
+
+
+def _not_models(tmp_path: Path) -> list[tuple[str, str]]:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "saved_model.pb").write_bytes(b"\xff\xff not a protobuf")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    return [
+        (str(tmp_path / "nope"), "model directory is missing"),
+        (str(empty), "not a SavedModel (no saved_model.pb)"),
+        (str(corrupt), "saved_model.pb is corrupt"),
+        (str(a_file), "not a directory"),
+    ]
+
+
+def test_bad_model_directories(trained_model, tmp_path: Path) -> None:
+    for path, message in _not_models(tmp_path):
+        with pytest.raises(ModelError) as info:
+            ev.evaluate(path, trained_model.dataset)
+        assert path in str(info.value) and message in str(info.value)
+
+
+def test_savedmodel_without_serving_signature(trained_model, tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.v = tf.Variable(1.0)
+    tf.saved_model.save(module, str(tmp_path / "plain"))
+    with pytest.raises(ModelError, match="no 'serving_default' signature"):
+        ev.evaluate(str(tmp_path / "plain"), trained_model.dataset)
+
+
+def test_cli_reports_bad_input(trained_model, tmp_path: Path, capsys) -> None:
+    assert ev.main(["--model", str(tmp_path / "nope"), "--dataset", trained_model.dataset]) == 2
+    assert "model directory is missing" in capsys.readouterr().err
+    assert ev.main(["--model", trained_model.path, "--dataset", str(tmp_path)]) == 2
+    assert "manifest.json: missing" in capsys.readouterr().err
+
+
+def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path) -> None:
+    from kfp import dsl
+
+    from components.evaluate.component import evaluate
+
+    metrics = dsl.Metrics(uri=str(tmp_path / "metrics"))
+    confusion = dsl.ClassificationMetrics(uri=str(tmp_path / "cm"))
+    report = dsl.Markdown(uri=str(tmp_path / "report.md"))
+    out = evaluate(
+        dataset=dsl.Dataset(uri=trained_model.dataset),
+        model=dsl.Model(uri=trained_model.path),
+        metrics=metrics,
+        confusion_matrix=confusion,
+        report=report,
+    )
+    assert out.accuracy == pytest.approx(trained_model.accuracy, abs=1e-6)
+    assert metrics.metadata["accuracy"] == out.accuracy and metrics.metadata["loss"] == out.loss
+    cm = confusion.metadata["confusionMatrix"]
+    assert [c["displayName"] for c in cm["annotationSpecs"]] == [str(i) for i in range(10)]
+    assert sum(sum(row["row"]) for row in cm["rows"]) == 400
+    assert "| class | support | precision | recall |" in Path(report.path).read_text()
+
+
+def test_component_compiles() -> None:
+    from kfp import compiler, dsl
+
+    from components.evaluate.component import make_component
+
+    evaluate = make_component("example.com/evaluate:test")
+
+    @dsl.pipeline(name="evaluate-only")
+    def only_eval(model_uri: str = "gs://b/m", data_uri: str = "gs://b/d"):
+        model = dsl.importer(artifact_uri=model_uri, artifact_class=dsl.Model)
+        data = dsl.importer(artifact_uri=data_uri, artifact_class=dsl.Dataset)
+        evaluate(dataset=data.output, model=model.output)
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        package = Path(tmp) / "p.yaml"
+        compiler.Compiler().compile(only_eval, str(package))
+        text = package.read_text()
+    assert "example.com/evaluate:test" in text
+    assert "system.ClassificationMetrics" in text and "system.Markdown" in text
