@@ -1,4 +1,4 @@
-"""Evaluate: real SavedModels, a fresh-process CLI run, gs:// inputs, bad models, the KFP wrapper."""
+"""Evaluate: real SavedModels, a fresh-process CLI, gs:// inputs, bad models, the KFP wrapper."""
 
 import json
 import subprocess
