@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import click
 
+from components.train.mpijob.render import render_mpijob
+from pipeline.ops_cli import COMMANDS as OPS_COMMANDS
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """Compile, run locally, render the MPIJob, and operate the pipeline on a KFP cluster."""
+
+
+cli.add_command(render_mpijob)
+for _command in OPS_COMMANDS:  # upload, submit, schedule, version-name
+    cli.add_command(_command)
 
 
 def main() -> int:

@@ -62,3 +62,20 @@ STALL_SHUTDOWN_SECONDS = 120
 MODEL_NAME = "mnist-cnn"
 MIN_ACCURACY = 0.9
 PRODUCTION_ALIAS = "production"
+
+# MPIJob backend (mpi-operator v2beta1). Pod and SSH layout the trainer image must match:
+# a non-root user whose sshd listens on an unprivileged port (see images/trainer).
+MPIJOB_NAME_PREFIX = "hvd"
+SLOTS_PER_WORKER = 1
+WORKER_CPU = "2"
+WORKER_MEMORY = "4Gi"
+LAUNCHER_CPU = "500m"
+LAUNCHER_MEMORY = "1Gi"
+MPIJOB_TTL_SECONDS_AFTER_FINISHED = 3600
+MPIJOB_BACKOFF_LIMIT = 0
+MPIJOB_ACTIVE_DEADLINE_SECONDS = 6 * 3600
+MPI_USER_UID = 1000
+MPI_SSH_AUTH_MOUNT_PATH = "/home/mpiuser/.ssh"
+MPI_SSHD_CONFIG = "/home/mpiuser/.sshd_config"
+MPI_SSHD_PORT = 2222
+TRAINER_WORKDIR = "/app"

@@ -1,0 +1,608 @@
+"""The MPIJob lifecycle with the real ``kubernetes`` client against kmock's API emulator.
+
+Real parts: the kubernetes 30.1.0 client over HTTP, kmock's ``KubernetesEmulator`` (stores,
+lists, patches and deletes objects), and a real in-memory ``gcp-storage-emulator`` for the
+run's outputs.
+
+What kmock cannot emulate, the test does itself and says so:
+* mpi-operator: an `Operator` thread in the test moves the job's conditions by patching its
+  status through the API and creates the launcher pod, as the controller would;
+* pod logs: kmock has no kubelet, so a reaction serves ``pods/<name>/log`` from a dict the
+  operator thread appends to;
+* garbage collection: kmock does not cascade deletes, so the cancel test's `Operator` deletes
+  the job's pods once the job is gone, as Kubernetes' garbage collector would;
+* kmock ignores label selectors, so an unrelated pod is always present to prove that the code
+  filters pods itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from components.common import storage
+from components.train.mpijob.lifecycle import (
+    MPIJobCancelled,
+    MPIJobError,
+    MPIJobFailed,
+    RunCheckError,
+    check_run,
+    run_mpijob,
+)
+from components.train.mpijob.manifest import (
+    LABEL_JOB,
+    LABEL_ROLE,
+    MPIJobParams,
+    build_manifest,
+    job_name,
+)
+from components.train.mpijob.validate import ManifestError, find_crd
+
+pytestmark = pytest.mark.timeout(120)
+
+NS = "kubeflow-user"
+G, V, P = "kubeflow.org", "v2beta1", "mpijobs"
+POLL = 0.05
+
+
+# --- the Kubernetes API emulator over HTTP, in a background thread -------------------------
+
+
+class Cluster:
+    """kmock's KubernetesEmulator served on a local port; `api` is a real kubernetes client."""
+
+    def __init__(self) -> None:
+        self.emu = kmock.KubernetesEmulator()
+        self.logs: dict[str, str] = {}  # launcher log per pod name, served by a reaction
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.url = ""
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with self.emu, kmock.Server(self.emu) as server:
+            self.url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> Cluster:
+        self._thread.start()
+        assert self._ready.wait(10), "kmock did not start"
+        self.emu.resources["kubeflow.org/v2beta1/mpijobs"] = {}
+        self.emu.resources["v1/pods"] = {}
+        self.emu["get", kmock.subresource("log")] << (
+            lambda request: self.logs.get(request.name, "").encode()
+        )
+        config = client.Configuration()
+        config.host = self.url
+        self.api = client.ApiClient(config)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.core = client.CoreV1Api(self.api)
+        # an unrelated pod: kmock ignores label selectors, the code must not
+        self.core.create_namespaced_pod(NS, pod("unrelated", {"app": "other"}))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def requests(self, method: str, path_part: str) -> list[Any]:
+        return [r for r in list(self.emu) if r.method.value == method and path_part in str(r.url)]
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.custom.get_namespaced_custom_object(G, V, NS, P, name))
+        except ApiException as exc:
+            assert exc.status == 404
+            return None
+
+    def job_names(self) -> list[str]:
+        items = self.custom.list_namespaced_custom_object(G, V, NS, P)["items"]
+        return [i["metadata"]["name"] for i in items]
+
+    def pod_names(self) -> list[str]:
+        return sorted(p.metadata.name for p in self.core.list_namespaced_pod(NS).items)
+
+
+def pod(name: str, labels: dict[str, str], uid: str = "", reason: str | None = None) -> dict:
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {"containers": [{"name": "launcher", "image": "x"}]},
+    }
+    if uid:
+        body["metadata"]["uid"] = uid
+    if reason:
+        body["status"] = {"phase": "Failed", "reason": reason}
+    return body
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    with Cluster() as c:
+        yield c
+
+
+# --- a real GCS emulator for the run's outputs ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gcs_host() -> Iterator[str]:
+    from gcp_storage_emulator.server import create_server
+
+    logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    server = create_server("localhost", port, in_memory=True)
+    server.start()
+    try:
+        yield f"http://localhost:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket(gcs_host: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_host)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
+    storage._client.cache_clear()
+    name = f"mpijob-{time.monotonic_ns()}"
+    gcs.Client(project="emulator", credentials=AnonymousCredentials()).create_bucket(name)
+    yield f"gs://{name}"
+    storage._client.cache_clear()
+
+
+def make_params(bucket: str, **overrides: Any) -> MPIJobParams:
+    base: dict[str, Any] = {
+        "run_name": "nightly",
+        "pipeline_run_id": "run-123",
+        "data_uri": f"{bucket}/data",
+        "output_uri": f"{bucket}/runs/nightly",
+        "workers": 2,
+        "slots_per_worker": 2,
+    }
+    base.update(overrides)
+    return MPIJobParams(**base)
+
+
+def write_outputs(p: MPIJobParams, world_size: int | None = None) -> None:
+    """What rank 0 of the trainer leaves behind on success."""
+    import json
+
+    size = p.total_slots if world_size is None else world_size
+    storage.write_bytes(storage.join(p.expected_model_uri, "saved_model.pb"), b"pb")
+    storage.write_text(
+        p.summary_uri,
+        json.dumps(
+            {
+                "world_size": size,
+                "expected_workers": p.total_slots,
+                "model_uri": p.expected_model_uri,
+                "per_rank": [],
+                "final_metrics": {"accuracy": 0.97},
+            }
+        ),
+    )
+
+
+# --- the operator's part, played by the test ------------------------------------------------
+
+
+class Operator:
+    """Plays mpi-operator (and the garbage collector) through the API, in a thread."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.c = cluster
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def wait_for_job(self, timeout: float = 10.0) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            names = self.c.job_names()
+            if names:
+                return str(names[0])
+            time.sleep(0.02)
+        raise AssertionError("the code under test created no MPIJob")
+
+    def conditions(self, name: str, *conds: tuple[str, str, str]) -> None:
+        """Set status.conditions to (type, reason, message) entries, all True."""
+        body = {
+            "status": {
+                "conditions": [
+                    {"type": t, "status": "True", "reason": r, "message": m} for t, r, m in conds
+                ]
+            }
+        }
+        self.c.custom.patch_namespaced_custom_object_status(G, V, NS, P, name, body)
+
+    def launcher(self, name: str, reason: str | None = None) -> str:
+        pod_name = f"{name}-launcher-x7k2p"
+        labels = {LABEL_JOB: name, LABEL_ROLE: "launcher"}
+        self.c.logs[pod_name] = ""
+        self.c.core.create_namespaced_pod(NS, pod(pod_name, labels, reason=reason))
+        self.c.core.create_namespaced_pod(
+            NS, pod(f"{name}-worker-0", {LABEL_JOB: name, LABEL_ROLE: "worker"})
+        )
+        return pod_name
+
+    def say(self, pod_name: str, *lines: str) -> None:
+        self.c.logs[pod_name] += "".join(line + "\n" for line in lines)
+
+    def play(self, script: Callable[[Operator], None]) -> None:
+        def run() -> None:
+            try:
+                script(self)
+            except BaseException as exc:  # surfaced by join()
+                self.error = exc
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        assert self._thread is not None
+        self._thread.join(30)
+        if self.error:
+            raise self.error
+
+
+def progress(name: str, op: Operator, p: MPIJobParams) -> str:
+    """Created -> launcher starts -> Running with some output; returns the launcher pod."""
+    op.conditions(name, ("Created", "MPIJobCreated", "MPIJob created"))
+    time.sleep(0.1)
+    pod_name = op.launcher(name)
+    op.conditions(
+        name,
+        ("Created", "MPIJobCreated", "MPIJob created"),
+        ("Running", "MPIJobRunning", "launcher is running"),
+    )
+    op.say(pod_name, f"[1,0]<stdout>:[rank 0/{p.total_slots}] epoch 1/4 loss 0.9")
+    time.sleep(0.2)
+    op.say(pod_name, f"[1,0]<stdout>:[rank 0/{p.total_slots}] epoch 2/4 loss 0.5")
+    time.sleep(0.2)
+    return pod_name
+
+
+# --- tests -------------------------------------------------------------------------------------
+
+
+def test_create_follow_and_succeed(cluster: Cluster, bucket: str) -> None:
+    p = make_params(bucket)
+    op = Operator(cluster)
+    lines: list[str] = []
+
+    def script(op: Operator) -> None:
+        name = op.wait_for_job()
+        pod_name = progress(name, op, p)
+        op.say(pod_name, "[1,0]<stdout>:[rank 0/4] done")
+        write_outputs(p)
+        op.conditions(
+            name,
+            ("Created", "MPIJobCreated", ""),
+            ("Running", "MPIJobRunning", ""),
+            ("Succeeded", "MPIJobSucceeded", "MPIJob kubeflow-user/x successfully completed."),
+        )
+
+    op.play(script)
+    summary = run_mpijob(
+        p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=lines.append
+    )
+    op.join()
+
+    assert summary["world_size"] == 4 and summary["model_uri"] == p.expected_model_uri
+    name = job_name("nightly", "run-123")
+    assert lines[0] == f"created MPIJob {NS}/{name}"
+    # exactly one job was created, and it is the manifest the builder makes
+    assert len(cluster.requests("POST", "/mpijobs")) == 1
+    stored = cluster.job(name)
+    assert stored is not None and stored["spec"] == build_manifest(p, NS)["spec"]
+    # the launcher's log arrived in order, each line once, and the phases were reported
+    log_lines = [line for line in lines if line.startswith("[1,0]")]
+    assert log_lines == [
+        "[1,0]<stdout>:[rank 0/4] epoch 1/4 loss 0.9",
+        "[1,0]<stdout>:[rank 0/4] epoch 2/4 loss 0.5",
+        "[1,0]<stdout>:[rank 0/4] done",
+    ]
+    phases = [line.split(": ", 1)[1].split(" ")[0] for line in lines if line.startswith("MPIJob ")]
+    assert phases[-2:] == ["Running", "Succeeded"]
+    assert phases.index("Running") < phases.index("Succeeded")
+    # a successful run is not deleted (the TTL cleans it up)
+    assert not cluster.requests("DELETE", "/mpijobs")
+
+
+@pytest.mark.parametrize(
+    ("reason", "pod_reason", "expect"),
+    [
+        ("BackoffLimitExceeded", None, "BackoffLimitExceeded"),
+        ("MPIJobEvicted", "Evicted", "MPIJobEvicted"),
+        ("JobFailed", "Evicted", "JobFailed (launcher pod Evicted)"),
+        ("DeadlineExceeded", None, "DeadlineExceeded"),
+    ],
+)
+def test_failure_carries_reason_and_log_tail(
+    cluster: Cluster, bucket: str, reason: str, pod_reason: str | None, expect: str
+) -> None:
+    p = make_params(bucket)
+    op = Operator(cluster)
+    lines: list[str] = []
+
+    def script(op: Operator) -> None:
+        name = op.wait_for_job()
+        op.conditions(name, ("Created", "MPIJobCreated", ""))
+        pod_name = op.launcher(name, reason=pod_reason)
+        op.conditions(name, ("Running", "MPIJobRunning", ""))
+        op.say(pod_name, *[f"line {i}" for i in range(80)])
+        time.sleep(0.2)
+        op.say(pod_name, "[1,1]<stderr>:[rank 1/4] trainer: world size 3 != --expected-workers 4")
+        time.sleep(0.2)
+        op.conditions(name, ("Failed", reason, "launcher exited with code 3"))
+
+    op.play(script)
+    with pytest.raises(MPIJobFailed) as info:
+        run_mpijob(p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=lines.append)
+    op.join()
+
+    err = info.value
+    assert err.reason == expect
+    assert err.message == "launcher exited with code 3"
+    assert len(err.log_tail) == 50
+    assert err.log_tail[-1].endswith("world size 3 != --expected-workers 4")
+    assert err.log_tail[0] == "line 31"
+    assert "line 30" not in str(err) and "world size 3 != --expected-workers 4" in str(err)
+    assert f"failed: {expect}: launcher exited with code 3" in str(err)
+    # a failed job is left for inspection (TTL removes it); no outputs are checked
+    assert not cluster.requests("DELETE", "/mpijobs")
+
+
+def test_client_side_deadline_deletes_a_stuck_job(cluster: Cluster, bucket: str) -> None:
+    p = make_params(bucket, active_deadline_seconds=1)
+    op = Operator(cluster)
+
+    def script(op: Operator) -> None:
+        name = op.wait_for_job()
+        op.conditions(name, ("Created", "MPIJobCreated", ""))  # and never runs
+
+    op.play(script)
+    with pytest.raises(MPIJobFailed, match="DeadlineExceeded") as info:
+        run_mpijob(
+            p,
+            namespace=NS,
+            api_client=cluster.api,
+            poll_interval_s=POLL,
+            log=lambda _: None,
+            deadline_grace_s=0.5,
+        )
+    op.join()
+    assert "still Created after 2s" in str(info.value)
+    assert cluster.job_names() == []
+
+
+def test_sigterm_deletes_the_job_and_waits_for_its_pods(cluster: Cluster, bucket: str) -> None:
+    p = make_params(bucket)
+    op = Operator(cluster)
+    lines: list[str] = []
+    before = signal.getsignal(signal.SIGTERM)
+
+    def script(op: Operator) -> None:
+        name = op.wait_for_job()
+        progress(name, op, p)
+        end = time.monotonic() + 10
+        while not any("epoch 2/4" in line for line in lines) and time.monotonic() < end:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)  # KFP cancels the task
+        # the garbage collector's part: once the job is gone, its pods go
+        while cluster.job(name) is not None and time.monotonic() < end:
+            time.sleep(0.02)
+        time.sleep(0.3)  # the code must wait for the pods, not just for the job
+        for pod_name in cluster.pod_names():
+            if pod_name.startswith(name):
+                cluster.core.delete_namespaced_pod(pod_name, NS)
+
+    op.play(script)
+    name = job_name("nightly", "run-123")
+    with pytest.raises(MPIJobCancelled, match=rf"^cancelled; MPIJob {NS}/{name} deleted$"):
+        run_mpijob(
+            p,
+            namespace=NS,
+            api_client=cluster.api,
+            poll_interval_s=POLL,
+            log=lines.append,
+            cleanup_timeout_s=10,
+        )
+    op.join()
+
+    (delete,) = cluster.requests("DELETE", "/mpijobs/")
+    assert delete.data["propagationPolicy"] == "Foreground"
+    assert cluster.job_names() == []
+    assert cluster.pod_names() == ["unrelated"]  # no orphans, and nothing else touched
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is restored
+
+
+def test_sigterm_reports_pods_left_behind(cluster: Cluster, bucket: str) -> None:
+    p = make_params(bucket)
+    op = Operator(cluster)
+    lines: list[str] = []
+
+    def script(op: Operator) -> None:
+        name = op.wait_for_job()
+        progress(name, op, p)
+        os.kill(os.getpid(), signal.SIGTERM)  # and no garbage collector runs
+
+    op.play(script)
+    with pytest.raises(MPIJobCancelled, match="pods still present: .*-launcher-x7k2p"):
+        run_mpijob(
+            p,
+            namespace=NS,
+            api_client=cluster.api,
+            poll_interval_s=POLL,
+            log=lines.append,
+            cleanup_timeout_s=0.5,
+        )
+    op.join()
+    assert any(line.startswith("WARNING: pods ") for line in lines)
+
+
+def test_retry_reattaches_to_the_same_run_job(cluster: Cluster, bucket: str) -> None:
+    p = make_params(bucket)
+    op = Operator(cluster)
+    name = job_name("nightly", "run-123")
+    # the first attempt created the job and its pod died; the job runs on
+    cluster.custom.create_namespaced_custom_object(G, V, NS, P, build_manifest(p, NS))
+    op.conditions(name, ("Created", "", ""), ("Running", "MPIJobRunning", ""))
+    pod_name = op.launcher(name)
+    op.say(pod_name, "[1,0]<stdout>:[rank 0/4] epoch 1/4 loss 0.9")
+    lines: list[str] = []
+
+    def script(op: Operator) -> None:
+        end = time.monotonic() + 10
+        while not any("epoch 1/4" in line for line in lines) and time.monotonic() < end:
+            time.sleep(0.02)
+        op.say(pod_name, "[1,0]<stdout>:[rank 0/4] epoch 2/4 loss 0.5")
+        time.sleep(0.2)
+        write_outputs(p)
+        op.conditions(name, ("Succeeded", "MPIJobSucceeded", ""))
+
+    op.play(script)
+    summary = run_mpijob(
+        p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=lines.append
+    )
+    op.join()
+
+    assert summary["world_size"] == 4
+    assert lines[0] == f"reattached to MPIJob {NS}/{name} (Running) from an earlier attempt"
+    assert cluster.job_names() == [name]
+    assert not cluster.requests("DELETE", "/mpijobs")
+    # the log from before the reattach is shown too (the whole log is read on reattach)
+    assert [line for line in lines if "epoch" in line] == [
+        "[1,0]<stdout>:[rank 0/4] epoch 1/4 loss 0.9",
+        "[1,0]<stdout>:[rank 0/4] epoch 2/4 loss 0.5",
+    ]
+
+
+def test_retry_replaces_a_job_that_already_failed(cluster: Cluster, bucket: str) -> None:
+    p = make_params(bucket)
+    op = Operator(cluster)
+    name = job_name("nightly", "run-123")
+    cluster.custom.create_namespaced_custom_object(G, V, NS, P, build_manifest(p, NS))
+    op.conditions(name, ("Failed", "BackoffLimitExceeded", "boom"))
+    lines: list[str] = []
+
+    def script(op: Operator) -> None:
+        end = time.monotonic() + 10
+        while not any(line.startswith("created MPIJob") for line in lines):
+            assert time.monotonic() < end
+            time.sleep(0.02)
+        write_outputs(p)
+        op.conditions(name, ("Succeeded", "MPIJobSucceeded", ""))
+
+    op.play(script)
+    run_mpijob(p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=lines.append)
+    op.join()
+    assert "failed (BackoffLimitExceeded); replacing it" in lines[0]
+    assert len(cluster.requests("DELETE", "/mpijobs/")) == 1
+    assert len(cluster.requests("POST", "/mpijobs")) == 3  # setup, 409, the new one
+    assert cluster.job_names() == [name]
+
+
+def test_a_same_named_job_of_another_run_is_not_adopted(cluster: Cluster, bucket: str) -> None:
+    p = make_params(bucket)
+    other = build_manifest(p, NS)
+    other["metadata"]["annotations"]["kfp-horovod/pipeline-run-id"] = "someone-else"
+    cluster.custom.create_namespaced_custom_object(G, V, NS, P, other)
+    with pytest.raises(MPIJobError, match="belongs to another run"):
+        run_mpijob(
+            p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=lambda _: None
+        )
+    assert not cluster.requests("DELETE", "/mpijobs")
+
+
+def test_owner_reference_to_the_task_pod(cluster: Cluster, bucket: str) -> None:
+    cluster.core.create_namespaced_pod(NS, pod("train-task-pod", {}, uid="uid-42"))
+    p = make_params(bucket, owner_pod_name="train-task-pod")
+    op = Operator(cluster)
+
+    def script(op: Operator) -> None:
+        name = op.wait_for_job()
+        write_outputs(p)
+        op.conditions(name, ("Succeeded", "MPIJobSucceeded", ""))
+
+    op.play(script)
+    run_mpijob(p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=lambda _: None)
+    op.join()
+    job = cluster.job(job_name("nightly", "run-123"))
+    assert job is not None
+    (ref,) = job["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["name"], ref["uid"]) == ("Pod", "train-task-pod", "uid-42")
+
+
+def test_schema_invalid_spec_is_refused_before_any_request(
+    cluster: Cluster, bucket: str, tmp_path: Path
+) -> None:
+    # an older mpi-operator CRD without launcherCreationPolicy: our manifest does not fit it
+    crd = yaml.safe_load(find_crd().read_text())
+    old = copy.deepcopy(crd)
+    spec_props = old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    del spec_props["properties"]["launcherCreationPolicy"]
+    path = tmp_path / "old-crd.yaml"
+    path.write_text(yaml.safe_dump(old))
+    sent_before = len(list(cluster.emu))
+
+    with pytest.raises(ManifestError, match=r"spec: .*'launcherCreationPolicy' was unexpected"):
+        run_mpijob(
+            make_params(bucket),
+            namespace=NS,
+            api_client=cluster.api,
+            crd_path=str(path),
+            log=lambda _: None,
+        )
+    assert len(list(cluster.emu)) == sent_before  # nothing was sent
+
+
+@pytest.mark.parametrize(
+    ("world_size", "drop", "message"),
+    [
+        (3, None, "world_size=3, expected workers x slots = 2 x 2 = 4"),
+        (None, "summary", "no run summary at gs://"),
+        (None, "model", "no model at gs://"),
+    ],
+)
+def test_success_checks(
+    bucket: str, world_size: int | None, drop: str | None, message: str
+) -> None:
+    p = make_params(bucket)
+    if drop != "summary":
+        write_outputs(p, world_size)
+    if drop == "model":
+        storage.remove_tree(p.expected_model_uri)
+    with pytest.raises(RunCheckError, match=message):
+        check_run(p, log=lambda _: None)
+
+
+def test_success_check_passes_on_good_outputs(bucket: str) -> None:
+    p = make_params(bucket, model_uri=f"{bucket}/models/m")
+    write_outputs(p)
+    assert check_run(p, log=lambda _: None)["expected_workers"] == 4
