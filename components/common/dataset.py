@@ -129,7 +129,7 @@ def write_dataset(
     source: dict[str, Any],
     shard_size: int,
 ) -> dict[str, Any]:
-    """Validate and write `splits` as shards plus ``manifest.json`` (written last). Returns the manifest."""
+    """Validate and write `splits` as shards, then ``manifest.json``; return the manifest."""
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     manifest: dict[str, Any] = {"format": FORMAT, "source": source, "splits": {}}
@@ -208,7 +208,9 @@ def _read_verified(root: str, rel: str, expected_sha256: str) -> np.ndarray:
     return _load_npy(data, path)
 
 
-def load_range(manifest: Manifest, split: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+def load_range(
+    manifest: Manifest, split: str, start: int, stop: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Load samples ``[start, stop)`` of `split`, reading only the shards that overlap it.
 
     Every file read is checked against its sha256 and its contents validated.

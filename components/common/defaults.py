@@ -27,7 +27,7 @@ IMAGE_NAMES: dict[str, str] = {
 
 
 def image_ref(component: str, registry: str | None = None, tag: str | None = None) -> str:
-    """Return the image reference of `component`, e.g. ``ghcr.io/kfp-horovod/kfp-horovod-trainer:0.1.0``."""
+    """The image reference of `component`, e.g. ``<registry>/kfp-horovod-trainer:0.1.0``."""
     if component not in IMAGE_NAMES:
         known = ", ".join(sorted(IMAGE_NAMES))
         raise ValueError(f"unknown component image {component!r}; known: {known}")

@@ -43,7 +43,9 @@ def latest(checkpoint_uri: str) -> CheckpointInfo | None:
         raise ValueError(f"{marker}: unreadable checkpoint marker ({exc})") from exc
 
 
-def save(checkpoint: Any, checkpoint_uri: str, epoch: int, metrics: dict[str, float], keep: int = 2) -> None:
+def save(
+    checkpoint: Any, checkpoint_uri: str, epoch: int, metrics: dict[str, float], keep: int = 2
+) -> None:
     """Write `checkpoint` (a ``tf.train.Checkpoint``) as the state after `epoch` finished epochs."""
     name = f"epoch-{epoch:04d}"
     with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
@@ -60,10 +62,12 @@ def save(checkpoint: Any, checkpoint_uri: str, epoch: int, metrics: dict[str, fl
         storage.remove_tree(old_uri)
 
 
-def restore(checkpoint: Any, checkpoint_uri: str, info: CheckpointInfo) -> None:
-    """Load the checkpoint described by `info` into `checkpoint` (all ranks may call this)."""
+def restore(checkpoint: Any, checkpoint_uri: str, info: CheckpointInfo, workdir: Path) -> None:
+    """Load the checkpoint described by `info` into `checkpoint` (all ranks may call this).
+
+    The files are copied into `workdir`, which must outlive the first training step: the
+    optimizer's slots only exist after it, and TensorFlow restores them then (deferred restore).
+    """
     folder = info.prefix.rsplit("/", 1)[0]
-    with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
-        local = storage.download_dir(storage.join(checkpoint_uri, folder), Path(tmp) / folder)
-        # Optimizer slots are created on the first step and restored then (deferred restore).
-        checkpoint.read(str(local / "ckpt")).expect_partial()
+    local = storage.download_dir(storage.join(checkpoint_uri, folder), workdir / folder)
+    checkpoint.read(str(local / "ckpt")).expect_partial()

@@ -35,8 +35,8 @@ def batch_bounds(shard_size: int, steps: int) -> list[tuple[int, int]]:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if shard_size < steps:
         raise ValueError(
-            f"a shard of {shard_size} samples cannot fill {steps} steps; use fewer workers "
-            "or a smaller batch"
+            f"a shard of {shard_size} samples cannot fill {steps} steps without an empty batch; "
+            "use a batch size above 1 or fewer workers"
         )
     edges = [shard_size * i // steps for i in range(steps + 1)]
     return list(zip(edges[:-1], edges[1:], strict=True))

@@ -1,0 +1,114 @@
+"""Start the trainer as ONE Horovod job on this machine: ``horovodrun -np N --gloo``.
+
+Used by the train component's local backend, by ``make run`` and by the tests. (On a
+cluster the MPIJob launcher starts the same trainer across pods instead.)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from components.common.defaults import STALL_SHUTDOWN_SECONDS
+from components.train.config import TrainConfig
+
+
+def trainer_args(config: TrainConfig) -> list[str]:
+    """The trainer's command-line arguments for `config` (the inverse of the CLI)."""
+    args = [
+        "--data", config.data,
+        "--output", config.output,
+        "--expected-workers", str(config.expected_workers),
+        "--epochs", str(config.epochs),
+        "--batch-size", str(config.batch_size_per_worker),
+        "--learning-rate", repr(config.base_learning_rate),
+        "--warmup-epochs", str(config.warmup_epochs),
+        "--seed", str(config.seed),
+    ]  # fmt: skip
+    if config.model_dir:
+        args += ["--model-dir", config.model_dir]
+    if config.checkpoint_dir:
+        args += ["--checkpoint-dir", config.checkpoint_dir]
+    if config.threads_per_worker:
+        args += ["--threads-per-worker", str(config.threads_per_worker)]
+    return args
+
+
+def horovodrun_path() -> str:
+    """The ``horovodrun`` next to this Python, else the one on PATH."""
+    beside = Path(sys.executable).parent / "horovodrun"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("horovodrun")
+    if not found:
+        raise FileNotFoundError("horovodrun not found: is Horovod installed (make install)?")
+    return found
+
+
+def local_command(workers: int, args: list[str], python: str | None = None) -> list[str]:
+    """``horovodrun -np N -H localhost:N --gloo python -m components.train ARGS``."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return [
+        horovodrun_path(), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
+        python or sys.executable, "-m", "components.train", *args,
+    ]  # fmt: skip
+
+
+def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for the job: quiet TF C++ logs, unbuffered output, and a stall bound."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # If ranks stop agreeing on collectives, Horovod aborts the job instead of hanging.
+    env.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
+    env.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(STALL_SHUTDOWN_SECONDS))
+    return env
+
+
+def run_local(
+    config: TrainConfig,
+    timeout_s: float | None = None,
+    log: Callable[[str], None] = print,
+    env: dict[str, str] | None = None,
+) -> int:
+    """Run the trainer as one job of ``config.expected_workers`` local processes.
+
+    Output is streamed line by line to `log`. On timeout the whole process group is killed and
+    TimeoutError raised. Returns horovodrun's exit code.
+    """
+    command = local_command(config.expected_workers, trainer_args(config))
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=job_environment(env),
+        start_new_session=True,
+    )
+    timer = None
+    if timeout_s is not None:
+        import threading
+
+        timer = threading.Timer(timeout_s, lambda: os.killpg(proc.pid, signal.SIGKILL))
+        timer.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log(line.rstrip("\n"))
+        code = proc.wait()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if timeout_s is not None and code == -signal.SIGKILL:
+        raise TimeoutError(f"training did not finish within {timeout_s:g} s and was killed")
+    return code

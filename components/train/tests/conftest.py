@@ -1,0 +1,48 @@
+"""Fixtures for the trainer's tests: small real MNIST datasets and a real horovodrun."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from components.data_prep.prep import prepare
+from components.train.launch import job_environment, local_command
+
+AUDIT_SCRIPT = Path(__file__).with_name("audit_writes.py")
+JobRunner = Callable[..., subprocess.CompletedProcess]
+
+
+@pytest.fixture(scope="session")
+def mnist_1000(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """1,000 real training digits (uneven over 3 ranks: 333/333/334) in shards of 300."""
+    out = tmp_path_factory.mktemp("data") / "mnist-1000"
+    prepare("bundled", str(out), shard_size=300, limit=1000)
+    return str(out)
+
+
+def _run_job(
+    workers: int,
+    args: list[str],
+    timeout: float = 300,
+    audit: tuple[Path, Path] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run the trainer under a real ``horovodrun -np workers --gloo``; capture its output."""
+    command = local_command(workers, args)
+    if audit is not None:
+        python_at = command.index(sys.executable)
+        command[python_at + 1 : python_at + 3] = [
+            str(AUDIT_SCRIPT), str(audit[0]), str(audit[1]), "-m", "components.train",
+        ]  # fmt: skip
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, env=job_environment()
+    )
+
+
+@pytest.fixture(scope="session")
+def run_job() -> JobRunner:
+    """A function running a real multi-rank job: ``run_job(workers, trainer_args, ...)``."""
+    return _run_job

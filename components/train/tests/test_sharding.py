@@ -1,0 +1,60 @@
+"""The sharding arithmetic: disjoint, covering, equal step counts, nothing dropped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from components.train.sharding import batch_bounds, epoch_permutation, shard_range, steps_per_epoch
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("total", [7, 10, 100, 1001, 5000])
+def test_shards_are_disjoint_and_cover_every_sample(total: int, size: int) -> None:
+    seen = np.concatenate([np.arange(*shard_range(total, r, size)) for r in range(size)])
+    assert np.array_equal(seen, np.arange(total))  # in order, once each: disjoint and covering
+
+
+def test_5000_samples_on_3_ranks_drop_nothing_and_run_equal_steps() -> None:
+    sizes = [stop - start for start, stop in (shard_range(5000, r, 3) for r in range(3))]
+    assert sorted(sizes) == [1666, 1667, 1667]
+    steps = steps_per_epoch(5000, 3, 64)
+    assert steps == 27  # ceil(1667 / 64)
+    for n in sizes:
+        bounds = batch_bounds(n, steps)
+        assert len(bounds) == steps  # every rank runs the same number of steps: no deadlock
+        assert all(hi > lo for lo, hi in bounds)  # no empty batch
+        assert max(hi - lo for lo, hi in bounds) <= 64
+        covered = np.concatenate([np.arange(lo, hi) for lo, hi in bounds])
+        assert np.array_equal(covered, np.arange(n))  # each sample exactly once per epoch
+
+
+@pytest.mark.parametrize(
+    ("total", "size", "batch"), [(33, 2, 16), (65, 2, 32), (10, 3, 2), (1001, 4, 2)]
+)
+def test_uneven_shards_still_fill_every_step(total: int, size: int, batch: int) -> None:
+    steps = steps_per_epoch(total, size, batch)
+    for r in range(size):
+        start, stop = shard_range(total, r, size)
+        assert len(batch_bounds(stop - start, steps)) == steps
+
+
+def test_shard_too_small_for_the_steps_is_an_error() -> None:
+    # 10 samples on 3 ranks at batch 1: the 4-sample rank needs 4 steps, a 3-sample rank can't.
+    steps = steps_per_epoch(10, 3, 1)
+    with pytest.raises(ValueError, match="cannot fill 4 steps"):
+        batch_bounds(3, steps)
+
+
+def test_bad_rank_and_batch_are_errors() -> None:
+    with pytest.raises(ValueError, match="rank 3 is not in a world of size 3"):
+        shard_range(10, 3, 3)
+    with pytest.raises(ValueError, match="batch size"):
+        steps_per_epoch(10, 2, 0)
+
+
+def test_permutation_is_deterministic_and_changes_per_epoch() -> None:
+    a = epoch_permutation(100, seed=1, epoch=0, rank=0)
+    assert np.array_equal(a, epoch_permutation(100, seed=1, epoch=0, rank=0))
+    assert not np.array_equal(a, epoch_permutation(100, seed=1, epoch=1, rank=0))
+    assert np.array_equal(np.sort(a), np.arange(100))

@@ -1,0 +1,129 @@
+"""Bad input: a clear error naming the file, a non-zero exit on every rank, nothing exported.
+
+Each case runs a real 2-rank job. Where the bad file is read by only one rank, the other rank
+must still stop (the ranks agree on errors before training) instead of hanging.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from components.common.dataset import sha256_bytes
+
+pytestmark = pytest.mark.horovod
+
+
+def _replace_array(dataset: Path, rel: str, array: np.ndarray, count: int | None = None) -> None:
+    """Swap in a bad array; fix the manifest's sha256 (and count) so only the content is bad."""
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    (dataset / rel).write_bytes(buf.getvalue())
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    for shard in manifest["splits"]["train"]["shards"]:
+        for kind in ("images", "labels"):
+            if shard[kind] == rel:
+                shard[f"{kind}_sha256"] = sha256_bytes(buf.getvalue())
+                if count is not None:
+                    shard["count"] = count
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _copy(mnist_1000: str, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(mnist_1000, tmp_path / "data"))
+
+
+def _corrupt_shard(d: Path) -> str:
+    raw = bytearray((d / "train/images-00002.npy").read_bytes())
+    raw[-100:] = bytes(100)
+    (d / "train/images-00002.npy").write_bytes(bytes(raw))
+    return r"train/images-00002.npy: corrupt \(sha256"
+
+
+def _wrong_shape(d: Path) -> str:
+    _replace_array(d, "train/images-00003.npy", np.zeros((100, 28, 27), np.uint8))
+    return r"train/images-00003.npy: images have shape \(100, 28, 27\), expected \(n, 28, 28\)"
+
+
+def _bad_labels(d: Path) -> str:
+    labels = np.load(d / "train/labels-00000.npy")
+    labels[5] = 12
+    _replace_array(d, "train/labels-00000.npy", labels)
+    return r"train/images-00000.npy: labels outside 0..9: \[12\]"
+
+
+def _empty_shard(d: Path) -> str:
+    _replace_array(d, "train/images-00003.npy", np.zeros((0, 28, 28), np.uint8), count=0)
+    return r"train/images-00003.npy: empty shard in split 'train'"
+
+
+def _missing_data(d: Path) -> str:
+    (d / "manifest.json").unlink()
+    return r"manifest.json: missing"
+
+
+def _garbage_manifest(d: Path) -> str:
+    (d / "manifest.json").write_text("{not json")
+    return r"manifest.json: not a valid manifest"
+
+
+@pytest.mark.parametrize(
+    "breaker",
+    [_missing_data, _garbage_manifest, _corrupt_shard, _wrong_shape, _bad_labels, _empty_shard],
+)
+def test_bad_input_fails_clearly_on_every_rank(
+    breaker: Any, mnist_1000: str, tmp_path: Path, run_job: Any
+) -> None:
+    data = _copy(mnist_1000, tmp_path)
+    expected = breaker(data)
+    out = tmp_path / "out"
+    args = ["--data", str(data), "--output", str(out), "--expected-workers", "2", "--epochs", "1"]
+    proc = run_job(2, args, timeout=240)  # a hang would time out and fail the test
+    assert proc.returncode != 0
+    assert "Exit code: 2" in proc.stderr, proc.stderr  # our bad-input exit, not a crash
+    import re
+
+    assert re.search(expected, proc.stdout), proc.stdout
+    assert "[rank 0/2] training failed:" in proc.stdout
+    assert not list(tmp_path.rglob("saved_model.pb")), "nothing may be exported"
+    assert not (out / "run_summary.json").exists()
+
+
+def test_too_few_samples_for_the_workers_is_an_empty_shard(tmp_path: Path, run_job: Any) -> None:
+    from components.common.dataset import write_dataset
+
+    x = np.zeros((1, 28, 28), np.uint8)
+    y = np.zeros((1,), np.uint8)
+    write_dataset(str(tmp_path / "tiny"), {"train": (x, y), "test": (x, y)}, {"uri": "test"}, 10)
+    args = [
+        "--data",
+        str(tmp_path / "tiny"),
+        "--output",
+        str(tmp_path / "out"),
+        "--expected-workers",
+        "2",
+    ]
+    proc = run_job(2, args, timeout=240)
+    assert proc.returncode != 0
+    assert "the train split has 1 samples, so rank 0 of 2 gets an empty shard" in proc.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_to_overwrite_an_exported_model(
+    mnist_1000: str, tmp_path: Path, run_job: Any
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "saved_model.pb").write_bytes(b"an earlier model")
+    args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--model-dir", str(model),
+            "--expected-workers", "2"]  # fmt: skip
+    proc = run_job(2, args, timeout=240)
+    assert proc.returncode != 0
+    assert "a model is already exported there; refusing to overwrite" in proc.stdout
+    assert (model / "saved_model.pb").read_bytes() == b"an earlier model"

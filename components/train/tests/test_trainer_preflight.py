@@ -1,0 +1,57 @@
+"""The preflight: N processes that are not one job stop at once, with an explanation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.train.launch import job_environment
+from components.train.preflight import EXIT_PREFLIGHT, world_size_problem
+
+
+def test_matching_world_size_passes() -> None:
+    assert world_size_problem(3, 3, rank=0) is None
+
+
+def test_message_explains_independent_copies_and_the_fix() -> None:
+    message = world_size_problem(1, 3, rank=0)
+    assert message is not None
+    assert "independent copies, not one job" in message
+    assert "horovodrun -np 3" in message and "MPIJob" in message
+
+
+@pytest.mark.horovod
+def test_independent_copies_fail_at_once(mnist_1000: str, tmp_path: Path) -> None:
+    """The original report: 3 copies of the script, each a world of 1. All three must stop."""
+    args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--expected-workers", "3"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "components.train", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=job_environment(),
+        )  # fmt: skip
+        for _ in range(3)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == EXIT_PREFLIGHT, out + err
+        assert "[rank 0/1]" in err and "independent copies, not one job" in err
+    assert not (tmp_path / "out").exists(), "nothing may be written"
+
+
+@pytest.mark.horovod
+def test_job_of_the_wrong_size_fails_on_every_rank(
+    mnist_1000: str, tmp_path: Path, run_job: Any
+) -> None:
+    args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--expected-workers", "3"]
+    proc = run_job(2, args, timeout=180)
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        assert f"kfp-horovod preflight failed [rank {rank}/2]" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,467 @@
+"""The Horovod training program: every rank of the job runs :func:`run`.
+
+What each rank does, in order:
+
+1. ``hvd.init()`` and the preflight: the world size must equal ``--expected-workers``.
+2. Pin itself to one GPU by local rank (if any) and set its CPU thread count.
+3. Read only its own disjoint shard of the training split (all ranks agree on any error).
+4. Train with ``hvd.DistributedOptimizer`` (gradients averaged every step), the learning rate
+   scaled by world size with warmup, state broadcast from rank 0 and metrics averaged
+   (Horovod's own callbacks). Rank 0 alone prints progress and writes one checkpoint per epoch.
+5. Gather what every rank did; rank 0 exports the single SavedModel and ``run_summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.common import dataset, storage
+from components.train import checkpoints
+from components.train.config import TrainConfig
+from components.train.model import build_model, weights_fingerprint
+from components.train.preflight import EXIT_PREFLIGHT, world_size_problem
+from components.train.sharding import batch_bounds, epoch_permutation, shard_range, steps_per_epoch
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+SUMMARY_KIND = "kfp-horovod/run-summary/v1"
+
+
+class JobError(RuntimeError):
+    """An error every rank agreed on; the job stops with `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def rank_logger(rank: int, size: int) -> logging.Logger:
+    """A logger whose lines carry ``[rank r/size]``; only rank 0 logs below WARNING."""
+    logger = logging.getLogger(f"kfp_horovod.trainer.rank{rank}")
+    logger.handlers.clear()
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(f"[rank {rank}/{size}] %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    logger.propagate = False
+    return logger
+
+
+def default_threads(local_size: int) -> int:
+    """CPU threads per process: the cores this process may use, split among local ranks."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_size))
+
+
+def configure_devices(
+    tf: Any, local_rank: int, local_size: int, threads: int | None
+) -> tuple[str, int]:
+    """Pin this process to one GPU by local rank, or run on CPU; set the thread count.
+
+    Must run before TensorFlow executes any op. Returns ``(device, threads)``.
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        gpu = gpus[local_rank % len(gpus)]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+        device = f"GPU:{local_rank % len(gpus)}"
+    else:
+        device = "CPU"
+    n = threads or default_threads(local_size)
+    tf.config.threading.set_intra_op_parallelism_threads(n)
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, n)))
+    return device, n
+
+
+@dataclass
+class Shard:
+    """This rank's part of the training split."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    start: int
+    stop: int
+    steps: int
+    total: int
+    manifest_sha256: str
+
+
+def load_shard(config: TrainConfig, rank: int, size: int) -> Shard:
+    """Read this rank's disjoint block of the training split. Raises DataError naming the file."""
+    manifest = dataset.read_manifest(config.data)
+    total = manifest.count("train")
+    start, stop = shard_range(total, rank, size)
+    if stop <= start:
+        raise dataset.DataError(
+            f"{config.data}: the train split has {total} samples, so rank {rank} of {size} gets "
+            "an empty shard; use fewer workers or more data"
+        )
+    steps = steps_per_epoch(total, size, config.batch_size_per_worker)
+    try:
+        batch_bounds(stop - start, steps)
+    except ValueError as exc:
+        raise dataset.DataError(f"{config.data}: {exc}") from exc
+    images, labels = dataset.load_range(manifest, "train", start, stop)
+    return Shard(images, labels, start, stop, steps, total, manifest.sha256)
+
+
+def make_sequence(tf: Any, shard: Shard, seed: int, rank: int, first_epoch: int) -> Any:
+    """A Keras Sequence over `shard`: ``shard.steps`` batches per epoch, reshuffled every epoch."""
+
+    class ShardSequence(tf.keras.utils.Sequence):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.bounds = batch_bounds(len(shard.labels), shard.steps)
+            self.epoch = first_epoch
+            self.order = epoch_permutation(len(shard.labels), seed, self.epoch, rank)
+
+        def __len__(self) -> int:
+            return shard.steps
+
+        def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+            lo, hi = self.bounds[index]
+            rows = self.order[lo:hi]
+            return shard.images[rows], shard.labels[rows]
+
+        def on_epoch_end(self) -> None:
+            self.epoch += 1
+            self.order = epoch_permutation(len(shard.labels), seed, self.epoch, rank)
+
+        def global_ids_of_epoch(self) -> np.ndarray:
+            """The global sample ids that this epoch's batches serve, batch by batch."""
+            return shard.start + np.concatenate([self.order[lo:hi] for lo, hi in self.bounds])
+
+    return ShardSequence()
+
+
+def _quiet_tensorflow(tf: Any, rank: int) -> None:
+    """TF's Python warnings only from rank 0, without the first-step callback-timing note."""
+    tf_logger = tf.get_logger()
+    tf_logger.setLevel(logging.WARNING if rank == 0 else logging.ERROR)
+    tf_logger.addFilter(lambda record: "compared to the batch time" not in record.getMessage())
+
+
+def _agree(error: str | None) -> list[str | None]:
+    """Every rank learns every rank's error (or None): nobody waits for a rank that gave up."""
+    from horovod.tensorflow import allgather_object
+
+    return list(allgather_object(error))
+
+
+def run(config: TrainConfig) -> int:
+    """Run this rank's part of the job. Returns the process exit code."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    log = rank_logger(rank, size)
+    _quiet_tensorflow(tf, rank)
+
+    problem = world_size_problem(size, config.expected_workers, rank)
+    if problem:
+        print(problem, file=sys.stderr, flush=True)
+        return EXIT_PREFLIGHT
+
+    device, threads = configure_devices(
+        tf, hvd.local_rank(), hvd.local_size(), config.threads_per_worker
+    )
+    try:
+        return _train(config, hvd, tf, log, device, threads)
+    except JobError as exc:
+        if rank == 0:
+            log.error("training failed: %s", exc)
+        return exc.exit_code
+
+
+def _train(
+    config: TrainConfig, hvd: Any, tf: Any, log: logging.Logger, device: str, threads: int
+) -> int:
+    with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
+        return _train_in(config, hvd, tf, log, device, threads, workdir)
+
+
+def _train_in(
+    config: TrainConfig,
+    hvd: Any,
+    tf: Any,
+    log: logging.Logger,
+    device: str,
+    threads: int,
+    workdir: str,
+) -> int:
+    from horovod.tensorflow import allgather_object, broadcast_object
+
+    rank, size = hvd.rank(), hvd.size()
+    host = socket.gethostname()
+
+    # Read the shard; every rank must know whether any rank failed before anyone trains.
+    error: str | None = None
+    shard: Shard | None = None
+    try:
+        shard = load_shard(config, rank, size)
+        if rank == 0 and storage.exists(storage.join(config.model_uri, "saved_model.pb")):
+            error = f"{config.model_uri}: a model is already exported there; refusing to overwrite"
+    except (dataset.DataError, ValueError) as exc:
+        error = str(exc)
+    errors = _agree(error)
+    if any(errors):
+        if error:
+            log.error("cannot train: %s", error)
+        first = next(e for e in errors if e)
+        raise JobError(f"{sum(1 for e in errors if e)} of {size} ranks reported bad input: {first}")
+    assert shard is not None
+
+    scaled_lr = config.base_learning_rate * size
+    log.info(
+        "ONE Horovod job: %d workers (%s local per host) train ONE model together. Each rank reads "
+        "a disjoint 1/%d of the %d training samples and runs %d steps per epoch; gradients are "
+        "averaged every step; rank 0 alone logs, checkpoints and exports.",
+        size,
+        hvd.local_size(),
+        size,
+        shard.total,
+        shard.steps,
+    )
+    log.info(
+        "global batch %d = %d workers x %d; learning rate %g = %g x %d, warmed up over %d "
+        "epoch(s); "
+        "device %s, %d thread(s) per worker",
+        config.batch_size_per_worker * size,
+        size,
+        config.batch_size_per_worker,
+        scaled_lr,
+        config.base_learning_rate,
+        size,
+        config.warmup_epochs,
+        device,
+        threads,
+    )
+
+    # Resume: rank 0 finds the latest checkpoint and broadcasts it; every rank restores it.
+    resume_info = checkpoints.latest(config.checkpoint_uri) if rank == 0 else None
+    resume_info = broadcast_object(resume_info, root_rank=0)
+    initial_epoch = resume_info.epoch if resume_info else 0
+
+    model = build_model(config.seed)
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.Adam(learning_rate=scaled_lr))
+    model.compile(
+        optimizer=optimizer,
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    if resume_info:
+        checkpoints.restore(ckpt, config.checkpoint_uri, resume_info, Path(workdir))
+        log.info("resuming from checkpoint after epoch %d of %d", initial_epoch, config.epochs)
+
+    sequence = make_sequence(tf, shard, config.seed, rank, initial_epoch)
+    epoch_ids = sequence.global_ids_of_epoch()
+    stats = _EpochStats(samples_per_epoch=len(shard.labels))
+    callbacks: list[Any] = [
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        hvd.callbacks.MetricAverageCallback(),
+    ]
+    if config.warmup_epochs > 0:
+        callbacks.append(
+            hvd.callbacks.LearningRateWarmupCallback(
+                initial_lr=scaled_lr,
+                warmup_epochs=config.warmup_epochs,
+                steps_per_epoch=shard.steps,
+            )
+        )
+    callbacks.append(_make_stats_callback(tf, stats))
+    if rank == 0:
+        callbacks.append(_make_progress_callback(tf, log, config.epochs, size, stats))
+        callbacks.append(_make_checkpoint_callback(tf, ckpt, config.checkpoint_uri, log))
+
+    final_metrics = dict(resume_info.metrics) if resume_info else {}
+    if initial_epoch < config.epochs:
+        history = model.fit(
+            sequence,
+            epochs=config.epochs,
+            initial_epoch=initial_epoch,
+            callbacks=callbacks,
+            verbose=0,
+        )
+        final_metrics = {k: float(v[-1]) for k, v in history.history.items() if k != "lr"}
+    else:
+        log.info("the checkpoint already covers all %d epochs; exporting it", config.epochs)
+
+    # What did each rank do? Gathered to everyone, reported by rank 0.
+    mine = {
+        "rank": rank,
+        "local_rank": hvd.local_rank(),
+        "host": host,
+        "device": device,
+        "threads": threads,
+        "sample_range": [shard.start, shard.stop],
+        "samples_per_epoch": int(len(shard.labels)),
+        "steps_per_epoch": shard.steps,
+        "examples_per_second": stats.examples_per_second(),
+        "weights_sha256": weights_fingerprint(model),
+    }
+    per_rank = allgather_object(mine)
+    all_ids = allgather_object(epoch_ids)
+    if rank != 0:
+        return EXIT_OK
+
+    summary = _summarise(
+        config, size, shard, scaled_lr, initial_epoch, final_metrics, per_rank, all_ids
+    )
+    summary.update(_export(model, config.model_uri))
+    storage.write_text(config.summary_uri, json.dumps(summary, indent=2, sort_keys=True))
+    for line in coordination_lines(summary):
+        log.info("%s", line)
+    return EXIT_OK
+
+
+class _EpochStats:
+    """Per-rank epoch timings; examples/s excludes the first (warm-up) epoch when possible."""
+
+    def __init__(self, samples_per_epoch: int) -> None:
+        self.samples_per_epoch = samples_per_epoch
+        self.seconds: list[float] = []
+
+    def examples_per_second(self) -> float:
+        timed = self.seconds[1:] or self.seconds
+        if not timed:
+            return 0.0
+        return round(self.samples_per_epoch / float(np.median(timed)), 1)
+
+
+def _make_stats_callback(tf: Any, stats: _EpochStats) -> Any:
+    class StatsCallback(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            stats.seconds.append(time.perf_counter() - self._t0)
+
+    return StatsCallback()
+
+
+def _make_progress_callback(
+    tf: Any, log: logging.Logger, epochs: int, size: int, stats: _EpochStats
+) -> Any:
+    class ProgressCallback(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            logs = logs or {}
+            lr = float(tf.keras.backend.get_value(self.model.optimizer.lr))
+            rate = stats.samples_per_epoch / stats.seconds[-1] if stats.seconds else 0.0
+            log.info(
+                "Epoch %d/%d - loss %.4f - accuracy %.4f (averaged over %d ranks) - lr %.5f - "
+                "%.0f examples/s on rank 0",
+                epoch + 1,
+                epochs,
+                logs.get("loss", float("nan")),
+                logs.get("accuracy", float("nan")),
+                size,
+                lr,
+                rate,
+            )
+
+    return ProgressCallback()
+
+
+def _make_checkpoint_callback(tf: Any, ckpt: Any, checkpoint_uri: str, log: logging.Logger) -> Any:
+    class CheckpointCallback(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
+            checkpoints.save(ckpt, checkpoint_uri, epoch + 1, metrics)
+            log.info("checkpoint after epoch %d written to %s", epoch + 1, checkpoint_uri)
+
+    return CheckpointCallback()
+
+
+def _summarise(
+    config: TrainConfig,
+    size: int,
+    shard: Shard,
+    scaled_lr: float,
+    initial_epoch: int,
+    final_metrics: dict[str, float],
+    per_rank: list[dict[str, Any]],
+    all_ids: list[np.ndarray],
+) -> dict[str, Any]:
+    ids = np.concatenate(all_ids)
+    fingerprints = {r["weights_sha256"] for r in per_rank}
+    return {
+        "kind": SUMMARY_KIND,
+        "world_size": size,
+        "expected_workers": config.expected_workers,
+        "hosts": sorted({r["host"] for r in per_rank}),
+        "epochs": config.epochs,
+        "resumed_from_epoch": initial_epoch,
+        "batch_size_per_worker": config.batch_size_per_worker,
+        "global_batch_size": config.batch_size_per_worker * size,
+        "base_learning_rate": config.base_learning_rate,
+        "learning_rate": scaled_lr,
+        "warmup_epochs": config.warmup_epochs,
+        "dataset": {
+            "uri": config.data,
+            "manifest_sha256": shard.manifest_sha256,
+            "train_samples": shard.total,
+        },
+        "per_rank": sorted(per_rank, key=lambda r: r["rank"]),
+        "coverage": {
+            "samples": shard.total,
+            "seen_per_epoch": int(len(ids)),
+            "disjoint": bool(len(np.unique(ids)) == len(ids)),
+            "covers_all": bool(np.array_equal(np.sort(ids), np.arange(shard.total))),
+        },
+        "weights_identical_across_ranks": len(fingerprints) == 1,
+        "final_metrics": final_metrics,
+        "checkpoint_uri": config.checkpoint_uri,
+        "models_exported": 1,
+        "exported_by_rank": 0,
+    }
+
+
+def _export(model: Any, model_uri: str) -> dict[str, Any]:
+    """Rank 0 writes the one SavedModel (no optimizer: it loads without Horovod)."""
+    with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+        local = Path(tmp) / "model"
+        model.save(str(local), include_optimizer=False, save_format="tf")
+        pb_sha256 = dataset.sha256_bytes((local / "saved_model.pb").read_bytes())
+        storage.upload_dir(local, model_uri, last="saved_model.pb")
+    return {"model_uri": model_uri, "saved_model_sha256": pb_sha256}
+
+
+def coordination_lines(summary: dict[str, Any]) -> list[str]:
+    """The plain-words answer to 'one model or N?', for the log."""
+    size = summary["world_size"]
+    lines = [
+        f"{size} workers formed ONE job and trained ONE model "
+        f"(weights identical on all ranks: {summary['weights_identical_across_ranks']}).",
+    ]
+    for r in summary["per_rank"]:
+        lo, hi = r["sample_range"]
+        lines.append(
+            f"  rank {r['rank']} on {r['host']} ({r['device']}, {r['threads']} threads): samples "
+            f"[{lo}, {hi}) = {r['samples_per_epoch']} per epoch, {r['steps_per_epoch']} steps per "
+            f"epoch, {r['examples_per_second']} examples/s"
+        )
+    cov = summary["coverage"]
+    lines.append(
+        f"every epoch saw {cov['seen_per_epoch']} of {cov['samples']} samples "
+        f"(disjoint: {cov['disjoint']}, all covered: {cov['covers_all']})"
+    )
+    lines.append(f"1 model, exported by rank 0, at {summary['model_uri']}")
+    return lines
