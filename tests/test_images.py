@@ -1,0 +1,655 @@
+"""Checks on the component images that need no Docker engine.
+
+Every image the pipeline uses has a Dockerfile under ``images/<name>/``; every third-party module
+a component imports is installed in its image; every pin agrees with ``requirements/lock.txt``;
+base images are pinned, images run as a non-root user and carry no credentials; the trainer
+builds Horovod with MPI and Gloo and matches the MPIJob's SSH contract.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as md
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+from components.common import defaults
+from components.common.defaults import IMAGE_NAMES, image_ref
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = ROOT / "images"
+LOCK = ROOT / "requirements" / "lock.txt"
+
+# Which code each image serves (besides components/common, which every image serves).
+IMAGE_CODE_DIRS: dict[str, tuple[str, ...]] = {
+    "data_prep": ("data_prep",),
+    "trainer": ("train",),
+    "evaluate": ("evaluate",),
+    "register": ("register",),
+}
+FIRST_PARTY = {"components", "pipeline"}
+NON_ROOT_SAFE_AFTER_USER = {"WORKDIR", "EXPOSE", "CMD", "ENTRYPOINT", "LABEL", "ENV", "STOPSIGNAL"}
+CREDENTIAL_NAME = re.compile(
+    r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|GOOGLE_APPLICATION_CREDENTIALS|AWS_|AZURE_|AUTH",
+    re.IGNORECASE,
+)
+CREDENTIAL_FILE = re.compile(
+    r"\.json$|\.pem$|\.key$|\.p12$|id_rsa|id_ed25519|id_ecdsa|\.ssh(/|$)|\.env$|credential"
+    r"|service[-_]?account|\.netrc$|\.docker/config",
+    re.IGNORECASE,
+)
+
+IMAGE_PARAMS = sorted(IMAGE_NAMES)
+
+
+def normalize(name: str) -> str:
+    """PEP 503 distribution-name normalisation."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# --- Dockerfile parsing -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    args: str
+    stage: int  # index of the FROM this instruction belongs to (0-based)
+    line: int
+
+
+def parse_dockerfile(path: Path) -> list[Instruction]:
+    """Instructions with continuation lines joined and comment lines dropped."""
+    out: list[Instruction] = []
+    stage = -1
+    buf: list[str] = []
+    start = 0
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        stripped = raw.strip()
+        if not buf and (not stripped or stripped.startswith("#")):
+            continue
+        if buf and stripped.startswith("#"):
+            continue  # comment lines inside a continued instruction are ignored by Docker
+        if not buf:
+            start = number
+        if stripped.endswith("\\"):
+            buf.append(stripped[:-1].strip())
+            continue
+        buf.append(stripped)
+        text = " ".join(part for part in buf if part)
+        buf = []
+        keyword, _, args = text.partition(" ")
+        keyword = keyword.upper()
+        if keyword == "FROM":
+            stage += 1
+        out.append(Instruction(keyword, args.strip(), stage, start))
+    assert not buf, f"{path}: dangling line continuation at the end"
+    return out
+
+
+def dockerfile(image: str) -> Path:
+    return IMAGES / image / "Dockerfile"
+
+
+def instructions(image: str) -> list[Instruction]:
+    return parse_dockerfile(dockerfile(image))
+
+
+def final_stage(instrs: list[Instruction]) -> list[Instruction]:
+    last = max(i.stage for i in instrs)
+    return [i for i in instrs if i.stage == last]
+
+
+def copy_sources(instr: Instruction) -> list[str]:
+    """The source paths of a COPY/ADD (not --from=...), flags removed."""
+    words = [w for w in instr.args.split() if not w.startswith("--")]
+    if words and words[0].startswith("["):
+        words = [w.strip('[]",') for w in words]
+    return words[:-1]
+
+
+def env_names(instr: Instruction) -> list[str]:
+    """Variable names set by an ENV or ARG instruction."""
+    names = re.findall(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)=", instr.args)
+    if not names:  # `ENV NAME value` / `ARG NAME`
+        names = [instr.args.split()[0]]
+    return names
+
+
+# --- requirements -------------------------------------------------------------------------------
+
+
+def read_pins(path: Path) -> dict[str, tuple[str, str]]:
+    """normalized name -> (line, version) for a file of exact pins; fails on anything else."""
+    pins: dict[str, tuple[str, str]] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)", line)
+        assert match, f"{path.relative_to(ROOT)}: not an exact `name==version` pin: {line!r}"
+        name = normalize(match[1])
+        assert name not in pins, f"{path.relative_to(ROOT)}: {match[1]} is pinned twice"
+        pins[name] = (line, match[2])
+    return pins
+
+
+def lock_pins() -> dict[str, tuple[str, str]]:
+    return read_pins(LOCK)
+
+
+def image_requirement_files(image: str) -> list[Path]:
+    return sorted((IMAGES / image).glob("*requirements.txt"))
+
+
+def runtime_pins(image: str) -> dict[str, str]:
+    """normalized name -> version of what the image's final stage gets from requirements.txt."""
+    return {n: v for n, (_, v) in read_pins(IMAGES / image / "requirements.txt").items()}
+
+
+def installs_horovod(image: str) -> bool:
+    """True if the final stage installs a Horovod wheel built in the Dockerfile."""
+    return any(
+        i.keyword == "RUN" and re.search(r"pip install[^&;]*horovod", i.args)
+        for i in final_stage(instructions(image))
+    )
+
+
+def image_distributions(image: str) -> set[str]:
+    dists = set(runtime_pins(image))
+    if installs_horovod(image):
+        dists.add("horovod")
+    return dists
+
+
+def requires(dist: str) -> list[str]:
+    """Normalized names of what `dist` needs here (no extras; markers evaluated here)."""
+    needed = []
+    for spec in md.requires(dist) or []:
+        req = Requirement(spec)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            needed.append(normalize(req.name))
+    return needed
+
+
+# --- import scanning ----------------------------------------------------------------------------
+
+
+def component_sources(image: str) -> list[Path]:
+    """The non-test .py files under components/common and the image's component packages."""
+    files: list[Path] = []
+    for sub in ("common", *IMAGE_CODE_DIRS[image]):
+        base = ROOT / "components" / sub
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(base).parts
+            if "tests" in rel[:-1] or rel[-1].startswith("test_") or rel[-1] == "conftest.py":
+                continue
+            files.append(path)
+    return files
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute module names `path` imports, anywhere in the file (lazy imports included).
+
+    ``from a.b import c`` yields ``a.b.c`` (``c`` may be a submodule; resolution falls back to
+    the longest importable prefix).
+    """
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {n for n in names if n.split(".")[0] != "__future__"}
+
+
+def third_party(module: str) -> bool:
+    top = module.split(".")[0]
+    return top not in sys.stdlib_module_names and top not in FIRST_PARTY
+
+
+@lru_cache(maxsize=1)
+def module_owners() -> dict[str, frozenset[str]]:
+    """Dotted module name -> normalized names of the installed distributions shipping it."""
+    owners: dict[str, set[str]] = {}
+    for dist in md.distributions():
+        name = normalize(dist.metadata["Name"] or "")
+        for file in dist.files or []:
+            parts = file.parts
+            if not parts or ".." in parts or parts[0].endswith((".dist-info", ".egg-info")):
+                continue
+            last = parts[-1]
+            if last.endswith(".py"):
+                stem = last[:-3]
+            elif last.endswith((".so", ".pyd")):
+                stem = last.split(".")[0]
+            else:
+                continue
+            mod_parts = list(parts[:-1]) + ([] if stem == "__init__" else [stem])
+            if mod_parts and all(p.isidentifier() for p in mod_parts):
+                owners.setdefault(".".join(mod_parts), set()).add(name)
+    return {k: frozenset(v) for k, v in owners.items()}
+
+
+def distributions_for(module: str) -> frozenset[str]:
+    """The distributions that provide `module` (longest known prefix; empty if none)."""
+    owners = module_owners()
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        found = owners.get(".".join(parts[:end]))
+        if found:
+            return found
+    top = md.packages_distributions().get(parts[0], [])
+    return frozenset(normalize(d) for d in top)
+
+
+# --- tests: the image set -----------------------------------------------------------------------
+
+
+def test_image_dirs_match_image_names() -> None:
+    """One Dockerfile per name in IMAGE_NAMES, and no Dockerfile for an unknown image."""
+    built = {p.parent.name for p in IMAGES.glob("*/Dockerfile")}
+    assert built == set(IMAGE_NAMES), (
+        f"images/*/Dockerfile {sorted(built)} != IMAGE_NAMES {sorted(IMAGE_NAMES)}"
+    )
+    assert set(IMAGE_CODE_DIRS) == set(IMAGE_NAMES)
+
+
+@pytest.mark.parametrize("image", IMAGE_PARAMS)
+def test_every_image_has_dockerfile_and_requirements(image: str) -> None:
+    assert dockerfile(image).is_file(), f"{image_ref(image)} has no images/{image}/Dockerfile"
+    assert (IMAGES / image / "requirements.txt").is_file()
+    assert image_ref(image).split("/")[-1].startswith(IMAGE_NAMES[image] + ":")
+
+
+def test_every_component_package_is_served_by_an_image() -> None:
+    """A new components/<pkg>/ must be mapped to an image here, or its imports go unchecked."""
+    served = {d for dirs in IMAGE_CODE_DIRS.values() for d in dirs} | {"common"}
+    packages = {
+        p.name
+        for p in (ROOT / "components").iterdir()
+        if p.is_dir() and p.name not in {"tests", "__pycache__"} and any(p.rglob("*.py"))
+    }
+    assert packages <= served, f"components not served by any image: {sorted(packages - served)}"
+
+
+def _images_in(node: object) -> set[str]:
+    """Every `image:` value, and every string naming one of our images, in a YAML tree."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "image" and isinstance(value, str):
+                found.add(value)
+            found |= _images_in(value)
+    elif isinstance(node, list):
+        for value in node:
+            found |= _images_in(value)
+    elif isinstance(node, str) and defaults.DEFAULT_IMAGE_REGISTRY + "/" in node:
+        found.update(re.findall(re.escape(defaults.DEFAULT_IMAGE_REGISTRY) + r"/[^\s'\"]+", node))
+    return found
+
+
+def test_compiled_pipeline_images_have_dockerfiles(tmp_path: Path) -> None:
+    """Compile the pipeline; every image it references is one of ours, with a Dockerfile."""
+    from pipeline.build import compile_pipeline
+
+    output = tmp_path / "pipeline.yaml"
+    compile_pipeline(str(output), image_registry=None, image_tag=None)
+    docs = [d for d in yaml.safe_load_all(output.read_text()) if d is not None]
+    referenced = set().union(*(_images_in(d) for d in docs))
+    assert referenced, "the compiled pipeline references no image"
+    by_ref = {image_ref(name): name for name in IMAGE_NAMES}
+    unknown = sorted(referenced - set(by_ref))
+    assert not unknown, f"images without a Dockerfile under images/: {unknown}"
+    for ref in referenced:
+        assert dockerfile(by_ref[ref]).is_file(), ref
+
+
+# --- tests: what each image installs -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("image", IMAGE_PARAMS)
+def test_component_imports_are_installed_in_image(image: str) -> None:
+    sources = component_sources(image)
+    assert any(p.parent.name == "common" for p in sources), "components/common has no code?"
+    installed = image_distributions(image)
+    problems = []
+    for path in sources:
+        for module in sorted(imported_modules(path)):
+            if not third_party(module):
+                continue
+            dists = distributions_for(module)
+            where = path.relative_to(ROOT)
+            if not dists:
+                problems.append(f"{where}: imports {module}, which no installed distribution has")
+            elif not dists & installed:
+                problems.append(
+                    f"{where}: imports {module} ({' or '.join(sorted(dists))}), "
+                    f"not installed by images/{image}"
+                )
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("image", IMAGE_PARAMS)
+def test_requirements_are_pinned_to_the_lock(image: str) -> None:
+    lock = lock_pins()
+    files = image_requirement_files(image)
+    assert files, f"images/{image} has no requirements.txt"
+    for path in files:
+        for name, (line, version) in read_pins(path).items():
+            assert name in lock, f"{path.relative_to(ROOT)}: {line} is not in requirements/lock.txt"
+            assert version == lock[name][1], (
+                f"{path.relative_to(ROOT)}: {line} but requirements/lock.txt has {lock[name][0]}"
+            )
+    assert runtime_pins(image).get("kfp") == defaults.KFP_VERSION, (
+        f"images/{image}/requirements.txt must pin kfp=={defaults.KFP_VERSION} "
+        "(components run with install_kfp_package=False)"
+    )
+
+
+@pytest.mark.parametrize("image", IMAGE_PARAMS)
+def test_requirements_are_closed_under_dependencies(image: str) -> None:
+    """The images install with --no-deps, so every dependency must be pinned as well."""
+    dists = image_distributions(image)
+    missing = sorted(
+        f"{dep} (needed by {dist})" for dist in dists for dep in requires(dist) if dep not in dists
+    )
+    assert not missing, f"images/{image}/requirements.txt lacks: {', '.join(missing)}"
+
+
+def test_requirements_files_are_generated_from_in_files() -> None:
+    """images/*/requirements.txt are what images/pin_requirements.py makes of the .in files."""
+    result = subprocess.run(
+        [sys.executable, str(IMAGES / "pin_requirements.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("image", IMAGE_PARAMS)
+def test_requirements_are_installed_without_dependencies(image: str) -> None:
+    """Each requirements file is installed, --no-deps, in the stage that needs it."""
+    runs = [i for i in instructions(image) if i.keyword == "RUN"]
+    for path in image_requirement_files(image):
+        rel = path.relative_to(ROOT).as_posix()
+        copied = [i for i in instructions(image) if i.keyword == "COPY" and rel in copy_sources(i)]
+        assert copied, f"images/{image}/Dockerfile does not COPY {rel}"
+        installed = [r for r in runs if re.search(rf"-r\s+\S*/{re.escape(path.name)}\b", r.args)]
+        assert installed, f"images/{image}/Dockerfile does not pip install -r {path.name}"
+        for run in installed:
+            assert "--no-deps" in run.args, f"line {run.line}: install {path.name} with --no-deps"
+    final_runs = [r for r in final_stage(instructions(image)) if r.keyword == "RUN"]
+    assert any(re.search(r"-r\s+\S*/requirements\.txt\b", r.args) for r in final_runs)
+
+
+@pytest.mark.parametrize("image", IMAGE_PARAMS)
+def test_project_package_is_installed_without_dependencies(image: str) -> None:
+    final = final_stage(instructions(image))
+    copied = {s.rstrip("/") for i in final if i.keyword == "COPY" for s in copy_sources(i)}
+    assert {"pyproject.toml", "components", "pipeline"} <= copied
+    assert any(
+        i.keyword == "RUN" and re.search(r"pip install --no-deps [^&;]*/tmp/src\b", i.args)
+        for i in final
+    ), f"images/{image} must `pip install --no-deps` the project package"
+
+
+def test_project_wheel_contains_all_component_code(tmp_path: Path) -> None:
+    """Build the project as the images do; every module and data file must land in the wheel.
+
+    The images install the wheel, not the source tree: a package without ``__init__.py`` or a
+    data file setuptools does not pick up would be missing there while tests pass here.
+    """
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    src.mkdir()
+    shutil.copy2(ROOT / "pyproject.toml", src)
+    for package in ("components", "pipeline"):
+        shutil.copytree(ROOT / package, src / package, ignore=ignore)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+        + ["--disable-pip-version-check", "-w", str(tmp_path / "out"), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = (tmp_path / "out").glob("*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    missing = []
+    for package in ("components", "pipeline"):
+        for path in sorted((src / package).rglob("*")):
+            rel = path.relative_to(src)
+            if not path.is_file() or path.suffix == ".md" or "tests" in rel.parts[:-1]:
+                continue
+            if rel.as_posix() not in shipped:
+                missing.append(rel.as_posix())
+    assert not missing, f"not in the project wheel the images install: {missing}"
+
+
+# --- tests: Dockerfile hygiene ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("image", IMAGE_PARAMS)
+def test_base_images_are_pinned(image: str) -> None:
+    stages: set[str] = set()
+    froms = [i for i in instructions(image) if i.keyword == "FROM"]
+    assert froms
+    for instr in froms:
+        words = [w for w in instr.args.split() if not w.startswith("--")]
+        ref = words[0]
+        if len(words) >= 3 and words[1].upper() == "AS":
+            stages.add(words[2].lower())
+        if ref.lower() in stages - {words[2].lower() if len(words) >= 3 else ""}:
+            continue  # FROM an earlier stage
+        assert "$" not in ref, f"line {instr.line}: FROM {ref}: no build-arg base images"
+        name, _, digest = ref.partition("@")
+        last = name.rsplit("/", 1)[-1]
+        tag = last.partition(":")[2]
+        assert tag or digest, f"line {instr.line}: FROM {ref} is not pinned (no tag)"
+        assert tag != "latest", f"line {instr.line}: FROM {ref} uses :latest"
+        if digest:
+            assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), ref
+        if last.startswith("python:"):
+            assert re.match(rf"{re.escape(defaults.PYTHON_VERSION)}\.\d+-", tag), (
+                f"line {instr.line}: FROM {ref}: want an exact Python "
+                f"{defaults.PYTHON_VERSION}.x tag (PYTHON_VERSION in defaults.py)"
+            )
+
+
+@pytest.mark.parametrize("image", IMAGE_PARAMS)
+def test_image_ends_as_non_root_user(image: str) -> None:
+    final = final_stage(instructions(image))
+    users = [n for n, i in enumerate(final) if i.keyword == "USER"]
+    assert users, f"images/{image}/Dockerfile has no USER in its final stage"
+    last = final[users[-1]]
+    user = last.args.split(":")[0]
+    assert user not in {"root", "0"}, f"images/{image} ends as {user}"
+    after = {i.keyword for i in final[users[-1] + 1 :]}
+    assert after <= NON_ROOT_SAFE_AFTER_USER, f"images/{image}: {sorted(after)} after USER"
+    created = [
+        i
+        for i in final
+        if i.keyword == "RUN"
+        and re.search(rf"useradd\b[^&;]*--uid\s+[1-9]\d*\b[^&;]*\b{user}\b", i.args)
+    ]
+    assert created, f"images/{image}: USER {user} is not created with a non-zero --uid"
+
+
+@pytest.mark.parametrize("image", IMAGE_PARAMS)
+def test_no_credentials_in_image(image: str) -> None:
+    for instr in instructions(image):
+        if instr.keyword in {"ENV", "ARG"}:
+            for name in env_names(instr):
+                assert not CREDENTIAL_NAME.search(name), (
+                    f"images/{image}/Dockerfile line {instr.line}: {instr.keyword} {name} "
+                    "looks like a credential (GCS access comes from Workload Identity)"
+                )
+        if instr.keyword in {"COPY", "ADD"}:
+            for src in copy_sources(instr):
+                assert not CREDENTIAL_FILE.search(src), (
+                    f"images/{image}/Dockerfile line {instr.line}: copies {src}"
+                )
+        if instr.keyword == "ADD":
+            assert "://" not in instr.args, f"line {instr.line}: ADD from a URL"
+        if instr.keyword == "RUN":
+            assert "ssh-keygen" not in instr.args, f"line {instr.line}: no keys made at build time"
+
+
+@pytest.mark.parametrize("image", IMAGE_PARAMS)
+def test_copied_files_exist_and_are_in_the_build_context(image: str) -> None:
+    ignored = {
+        line.strip().rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    for instr in instructions(image):
+        if instr.keyword != "COPY" or "--from=" in instr.args:
+            continue
+        for src in copy_sources(instr):
+            assert (ROOT / src).exists(), f"images/{image}/Dockerfile line {instr.line}: {src}?"
+            assert src.split("/")[0] not in ignored, f"{src} is excluded by .dockerignore"
+
+
+def test_dockerignore_excludes_local_state() -> None:
+    entries = {
+        line.strip().rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", "build", "runs", "**/__pycache__"} <= entries
+
+
+# --- tests: the trainer -------------------------------------------------------------------------
+
+
+def _apt_packages(instrs: list[Instruction]) -> set[str]:
+    pkgs: set[str] = set()
+    for instr in instrs:
+        if instr.keyword != "RUN":
+            continue
+        for chunk in re.findall(r"apt-get install ([^&;|]*)", instr.args):
+            pkgs.update(w for w in chunk.split() if not w.startswith("-"))
+    return pkgs
+
+
+def test_trainer_builds_horovod_with_mpi_and_gloo() -> None:
+    instrs = instructions("trainer")
+    text = " ".join(i.args for i in instrs)  # comments dropped
+    assert "horovod[" not in text, "never the horovod[...] extras: they pull a Keras-3 TensorFlow"
+    assert "HOROVOD_WITHOUT_MPI" not in text and "HOROVOD_WITHOUT_GLOO" not in text
+    builds = [i for i in instrs if i.keyword == "RUN" and re.search(r"\bhorovod==", i.args)]
+    assert len(builds) == 1, "exactly one RUN builds Horovod"
+    build = builds[0]
+    for flag in (
+        "HOROVOD_WITH_TENSORFLOW=1",
+        "HOROVOD_WITH_MPI=1",
+        "HOROVOD_WITH_GLOO=1",
+        "--no-build-isolation",
+        "--no-deps",
+        f"horovod=={defaults.HOROVOD_VERSION}",
+    ):
+        assert re.search(rf"(^|\s){re.escape(flag)}(\s|$)", build.args), f"Horovod build: {flag}"
+    stage = [i for i in instrs if i.stage == build.stage]
+    # TensorFlow (in requirements.txt) is installed before Horovod is built, in the same stage.
+    tf_first = [
+        i
+        for i in stage
+        if i.keyword == "RUN"
+        and i.line < build.line
+        and re.search(r"-r\s+\S*/requirements\.txt\b", i.args)
+    ]
+    assert tf_first, "install requirements.txt (TensorFlow) before building Horovod"
+    assert {"openmpi-bin", "libopenmpi-dev"} <= _apt_packages(stage), "build against Open MPI"
+    # The final stage installs that Horovod version and checks both controllers are built in.
+    final = final_stage(instrs)
+    if build.stage != final[0].stage:
+        wheel = rf"horovod-{re.escape(defaults.HOROVOD_VERSION)}-"
+        assert any(
+            i.keyword == "RUN" and re.search(rf"pip install --no-deps \S*{wheel}", i.args)
+            for i in final
+        ), "the final stage must install the Horovod wheel built above"
+    assert any(
+        i.keyword == "RUN" and "mpi_built()" in i.args and "gloo_built()" in i.args for i in final
+    ), "the image build must fail unless Horovod has MPI and Gloo"
+
+
+def test_trainer_pins_tensorflow_and_friends() -> None:
+    pins = runtime_pins("trainer")
+    tf = pins.get("tensorflow-cpu") or pins.get("tensorflow")
+    want = defaults.TENSORFLOW_VERSION
+    assert tf == want, f"trainer image pins TensorFlow {tf}, want {want} (defaults.py)"
+    assert int(pins["protobuf"].split(".")[0]) < 5, "TF 2.15 needs protobuf<5"
+    assert pins["keras"].startswith("2."), "Keras 3 breaks Horovod 0.28"
+    for dep in requires("horovod"):
+        assert dep in pins, f"Horovod is installed --no-deps; pin its dependency {dep}"
+
+
+def test_trainer_has_openmpi_and_sshd() -> None:
+    final = final_stage(instructions("trainer"))
+    pkgs = _apt_packages(final)
+    for pkg in ("openmpi-bin", "libopenmpi-dev", "openssh-server", "openssh-client"):
+        assert pkg in pkgs, f"trainer image must apt-get install {pkg}"
+    install = next(i for i in final if i.keyword == "RUN" and "openssh-server" in i.args)
+    assert re.search(r"rm -f /etc/ssh/ssh_host_\*", install.args), (
+        "delete the host keys openssh-server generates at install: no private key in the image"
+    )
+
+
+def _config(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            key, _, value = line.partition(" ")
+            values.setdefault(key.lower(), value.strip())
+    return values
+
+
+def test_trainer_matches_the_mpijob_ssh_contract() -> None:
+    """User, sshd config path, port, key location and workdir match what the MPIJob expects."""
+    final = final_stage(instructions("trainer"))
+    home = str(Path(defaults.MPI_SSH_AUTH_MOUNT_PATH).parent)
+    user = Path(home).name
+    assert any(
+        i.keyword == "RUN"
+        and re.search(rf"useradd\b[^&;]*--uid\s+{defaults.MPI_USER_UID}\b[^&;]*\b{user}\b", i.args)
+        for i in final
+    ), f"create {user} with uid {defaults.MPI_USER_UID} (MPI_USER_UID)"
+    assert [i.args for i in final if i.keyword == "USER"][-1] == user
+    assert [i.args for i in final if i.keyword == "WORKDIR"][-1] == defaults.TRAINER_WORKDIR
+
+    copies = {
+        i.args.split()[-1]: src[0]
+        for i in final
+        if i.keyword == "COPY" and (src := copy_sources(i))
+    }
+    assert defaults.MPI_SSHD_CONFIG in copies, f"COPY an sshd config to {defaults.MPI_SSHD_CONFIG}"
+    sshd = _config(ROOT / copies[defaults.MPI_SSHD_CONFIG])
+    assert sshd.get("port") == str(defaults.MPI_SSHD_PORT)
+    assert sshd.get("hostkey", "").startswith(defaults.MPI_SSH_AUTH_MOUNT_PATH + "/")
+    assert sshd.get("authorizedkeysfile", "").startswith(defaults.MPI_SSH_AUTH_MOUNT_PATH + "/")
+    assert sshd.get("pidfile", "").startswith(home + "/"), "a non-root sshd writes its pid at home"
+    assert sshd.get("passwordauthentication") == "no"
+    assert sshd.get("usepam", "no") == "no", "PAM needs root"
+
+    client = [dst for dst in copies if dst.startswith("/etc/ssh/ssh_config.d/")]
+    assert client, "install an ssh client config for mpirun"
+    ssh = _config(ROOT / copies[client[0]])
+    assert ssh.get("port") == str(defaults.MPI_SSHD_PORT)
+    assert ssh.get("userknownhostsfile") == "/dev/null", "~/.ssh is a read-only Secret mount"
+    assert ssh.get("stricthostkeychecking") == "no"
+    exposed = [i.args for i in final if i.keyword == "EXPOSE"]
+    assert exposed == [str(defaults.MPI_SSHD_PORT)]
