@@ -79,3 +79,6 @@ MPI_SSH_AUTH_MOUNT_PATH = "/home/mpiuser/.ssh"
 MPI_SSHD_CONFIG = "/home/mpiuser/.sshd_config"
 MPI_SSHD_PORT = 2222
 TRAINER_WORKDIR = "/app"
+
+# Evaluation defaults.
+EVAL_BATCH_SIZE = 256

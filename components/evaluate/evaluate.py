@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from components.common import dataset
-from components.common.defaults import NUM_CLASSES
+from components.common.defaults import EVAL_BATCH_SIZE, NUM_CLASSES
 from components.common.saved_model import ModelError, check_saved_model, fetch_model
 
 # Keras clips probabilities to [eps, 1 - eps] in its cross-entropy; do the same so the logged
@@ -117,7 +117,7 @@ def load_model(local_dir: Path, where: str) -> Any:
 
 
 def evaluate(
-    model_uri: str, dataset_uri: str, split: str = "test", batch_size: int = 256
+    model_uri: str, dataset_uri: str, split: str = "test", batch_size: int = EVAL_BATCH_SIZE
 ) -> Evaluation:
     """Score the exported model at `model_uri` on `split` of the dataset at `dataset_uri`.
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="SavedModel directory (local or gs://)")
     parser.add_argument("--dataset", required=True, help="dataset directory (local or gs://)")
     parser.add_argument("--split", default="test", choices=dataset.SPLITS)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=EVAL_BATCH_SIZE)
     parser.add_argument("--output-json", help="also write the evaluation as JSON here")
     args = parser.parse_args(argv)
     try:

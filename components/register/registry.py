@@ -1,0 +1,209 @@
+"""The serving-ready model store (TF Serving / KServe layout) and its concurrency-safe updates.
+
+Layout under the registry root::
+
+    <root>/<model>/<version>/              the SavedModel (+ kfp_horovod_metadata.json); 1, 2, 3...
+    <root>/<model>/_claims/<version>.json  who claimed each version number (exclusive create)
+    <root>/<model>/_runs/<run-key>.json    which version a pipeline run registered (idempotency)
+    <root>/<model>/_aliases/<alias>.json   the promoted version, e.g. production.json
+
+TF Serving only looks at numeric directories, so the control files live beside them. A version
+number is taken by creating its claim file exclusively (``O_EXCL`` locally,
+``ifGenerationMatch=0`` on GCS): two registrations never get the same number, and gaps are
+possible (a claim whose registration then failed). A version directory appears complete or not
+at all locally (staged and renamed); on GCS ``saved_model.pb`` is uploaded last, so the version
+is not a loadable SavedModel until every other file is there. Aliases move by compare-and-swap
+(generation match on GCS, an flock-guarded check locally).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from components.common import storage
+
+CLAIMS = "_claims"
+RUNS = "_runs"
+ALIASES = "_aliases"
+METADATA_FILE = "kfp_horovod_metadata.json"
+SAVED_MODEL_PB = "saved_model.pb"
+REGISTRY_FORMAT = "kfp-horovod/model-registry/v1"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_CLAIM_ATTEMPTS = 1000
+MAX_ALIAS_ATTEMPTS = 100
+
+
+class RegistryError(RuntimeError):
+    """The registry could not be updated; the message names the location."""
+
+
+def check_name(kind: str, value: str) -> str:
+    """Return `value` if it is a safe path segment (letters, digits, ``.``, ``_``, ``-``)."""
+    if not NAME_PATTERN.match(value) or value in (".", ".."):
+        raise ValueError(
+            f"{kind} {value!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def _json_bytes(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def _parse_json(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        record = json.loads(data)
+    except ValueError as exc:
+        raise RegistryError(f"{where}: not valid JSON ({exc})") from exc
+    if not isinstance(record, dict):
+        raise RegistryError(f"{where}: expected a JSON object")
+    return record
+
+
+@dataclass(frozen=True)
+class ModelStore:
+    """One model's directory in the registry."""
+
+    root: str
+    model_name: str
+
+    def __post_init__(self) -> None:
+        if not self.root:
+            raise ValueError("registry root is empty")
+        if storage.is_gcs(self.root):
+            storage.split_gcs(self.root)  # raises for a URI without a bucket
+        check_name("model name", self.model_name)
+
+    @property
+    def base(self) -> str:
+        """``<root>/<model>``: the base path TF Serving / KServe is pointed at."""
+        return storage.join(self.root, self.model_name)
+
+    def version_uri(self, version: int) -> str:
+        """The directory of `version`."""
+        return storage.join(self.base, str(version))
+
+    def _claim_uri(self, version: int) -> str:
+        return storage.join(self.base, CLAIMS, f"{version}.json")
+
+    def _run_uri(self, run_id: str) -> str:
+        key = hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:32]
+        return storage.join(self.base, RUNS, f"{key}.json")
+
+    def alias_uri(self, alias: str) -> str:
+        """The file recording which version `alias` points at."""
+        return storage.join(self.base, ALIASES, f"{check_name('alias', alias)}.json")
+
+    # -- version numbers -------------------------------------------------------------------
+    def claimed_versions(self) -> list[int]:
+        """Every version number claimed so far (published or not), sorted."""
+        prefix = storage.join(self.base, CLAIMS)
+        versions = []
+        for uri in storage.list_files(prefix):
+            name = uri.rsplit("/", 1)[-1]
+            stem = name[: -len(".json")] if name.endswith(".json") else ""
+            if stem.isdigit():
+                versions.append(int(stem))
+        return sorted(versions)
+
+    def claim_next_version(self, record: dict[str, Any]) -> int:
+        """Take the next free version number by exclusive creation of its claim file."""
+        version = max(self.claimed_versions(), default=0) + 1
+        for _ in range(MAX_CLAIM_ATTEMPTS):
+            if storage.create_exclusive(self._claim_uri(version), _json_bytes(record)):
+                return version
+            version += 1  # someone else got it first; the next one is free or soon known
+        raise RegistryError(f"{self.base}: could not claim a version in {MAX_CLAIM_ATTEMPTS} tries")
+
+    # -- pipeline runs (idempotency) -------------------------------------------------------
+    def find_run(self, run_id: str) -> dict[str, Any] | None:
+        """The record of what `run_id` registered, or None."""
+        uri = self._run_uri(run_id)
+        data, _ = storage.read_versioned(uri)
+        return None if data is None else _parse_json(data, uri)
+
+    def bind_run(self, run_id: str, record: dict[str, Any]) -> bool:
+        """Record that `run_id` registers `record['version']`; False if the run already had one."""
+        return storage.create_exclusive(self._run_uri(run_id), _json_bytes(record))
+
+    def update_run(self, run_id: str, record: dict[str, Any]) -> None:
+        """Overwrite the run record (once its registration has finished)."""
+        storage.write_bytes(self._run_uri(run_id), _json_bytes(record))
+
+    # -- versions --------------------------------------------------------------------------
+    def is_published(self, version: int) -> bool:
+        """True once the version's SavedModel is complete (its ``saved_model.pb`` exists)."""
+        return storage.exists(storage.join(self.version_uri(version), SAVED_MODEL_PB))
+
+    def publish(self, version: int, model_dir: Path, metadata: dict[str, Any]) -> str:
+        """Copy the SavedModel at `model_dir` plus `metadata` to the version's directory.
+
+        Idempotent: a version that is already complete is left alone; a partial one on GCS
+        (an earlier attempt that died) is overwritten file by file.
+        """
+        dest = self.version_uri(version)
+        if self.is_published(version):
+            return dest
+        with tempfile.TemporaryDirectory(prefix="register-") as tmp:
+            staged = Path(tmp) / "version"
+            shutil.copytree(model_dir, staged)
+            (staged / METADATA_FILE).write_bytes(_json_bytes(metadata))
+            try:
+                storage.upload_dir(staged, dest, last=SAVED_MODEL_PB)
+            except OSError:
+                if not self.is_published(version):  # lost a race to an identical publisher: fine
+                    raise
+        return dest
+
+    def read_metadata(self, version: int) -> dict[str, Any]:
+        """The metadata stored with `version`."""
+        uri = storage.join(self.version_uri(version), METADATA_FILE)
+        return _parse_json(storage.read_bytes(uri), uri)
+
+    def published_versions(self) -> list[int]:
+        """Numeric version directories holding a complete SavedModel, sorted."""
+        return [v for v in self.claimed_versions() if self.is_published(v)]
+
+    # -- aliases ---------------------------------------------------------------------------
+    def read_alias(self, alias: str) -> tuple[dict[str, Any] | None, str]:
+        """The alias record (None if unset) and its compare-and-swap token."""
+        uri = self.alias_uri(alias)
+        data, token = storage.read_versioned(uri)
+        return (None if data is None else _parse_json(data, uri)), token
+
+    def move_alias_if(
+        self,
+        alias: str,
+        candidate: dict[str, Any],
+        wins: Callable[[dict[str, Any], dict[str, Any] | None], tuple[bool, str]],
+    ) -> tuple[bool, str, dict[str, Any] | None]:
+        """Point `alias` at `candidate` (a record with ``version``) if it beats the current one.
+
+        `wins(candidate, current)` decides and explains. The decision is re-taken whenever the
+        alias changed under us, so concurrent registrations end with the best one promoted.
+        Returns ``(promoted, reason, champion)`` where champion is the record compared against.
+        """
+        for _ in range(MAX_ALIAS_ATTEMPTS):
+            current, token = self.read_alias(alias)
+            if current is not None and current.get("version") == candidate["version"]:
+                return True, f"version {candidate['version']} already holds {alias!r}", None
+            won, reason = wins(candidate, current)
+            if not won:
+                return False, reason, current
+            record = dict(candidate)
+            if current is not None:
+                record["previous"] = {
+                    k: current.get(k) for k in ("version", "metrics", "pipeline_run_id")
+                }
+            if storage.write_if_unchanged(self.alias_uri(alias), _json_bytes(record), token):
+                return True, reason, current
+        raise RegistryError(f"{self.alias_uri(alias)}: kept changing; gave up after retries")
