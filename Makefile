@@ -20,6 +20,9 @@ COMPONENT_IMAGES := data_prep trainer evaluate register
 
 .PHONY: help install lock run test test-fast lint typecheck compile images bench clean
 
+# upload / submit / schedule against a KFP cluster (see docs/operating.md)
+include make/ops.mk
+
 help:
 	@echo "make run       run the whole pipeline locally (kfp.local, horovodrun -np \$$WORKERS, local disk)"
 	@echo "make test      run the test suite (installs first)"

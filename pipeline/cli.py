@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from components.train.mpijob.render import render_mpijob
+from pipeline.build_cli import COMMANDS as BUILD_COMMANDS
 from pipeline.ops_cli import COMMANDS as OPS_COMMANDS
 
 
@@ -13,6 +14,8 @@ def cli() -> None:
     """Compile, run locally, render the MPIJob, and operate the pipeline on a KFP cluster."""
 
 
+for _command in BUILD_COMMANDS:  # compile, run-local
+    cli.add_command(_command)
 cli.add_command(render_mpijob)
 for _command in OPS_COMMANDS:  # upload, submit, schedule, version-name
     cli.add_command(_command)

@@ -1,0 +1,66 @@
+"""KFP definition of train: a thin wrapper over ``components.train.task``."""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Dataset, Input, Markdown, Model, Output
+
+
+def train(
+    dataset: Input[Dataset],
+    workers: int,
+    epochs: int,
+    batch_size_per_worker: int,
+    learning_rate: float,
+    warmup_epochs: int,
+    threads_per_worker: int,
+    training_backend: str,
+    trainer_image: str,
+    slots_per_worker: int,
+    cpu_per_worker: str,
+    memory_per_worker: str,
+    gpus_per_worker: int,
+    namespace: str,
+    pipeline_run_id: str,
+    model: Output[Model],
+    run_summary: Output[Artifact],
+    coordination_report: Output[Markdown],
+) -> None:
+    """Train ONE model with a Horovod job of `workers` processes (local or an MPIJob)."""
+    from components.train.task import TrainSettings, run_train_task
+
+    settings = TrainSettings(
+        workers=workers,
+        epochs=epochs,
+        batch_size_per_worker=batch_size_per_worker,
+        learning_rate=learning_rate,
+        warmup_epochs=warmup_epochs,
+        threads_per_worker=threads_per_worker,
+        backend=training_backend,
+        trainer_image=trainer_image,
+        slots_per_worker=slots_per_worker,
+        cpu_per_worker=cpu_per_worker,
+        memory_per_worker=memory_per_worker,
+        gpus_per_worker=gpus_per_worker,
+        namespace=namespace,
+        run_name=f"train-{pipeline_run_id}" if pipeline_run_id else "train",
+        pipeline_run_id=pipeline_run_id,
+    )
+    summary = run_train_task(
+        settings,
+        dataset=(dataset.path, dataset.uri),
+        model=(model.path, model.uri),
+        summary_path=run_summary.path,
+        report_path=coordination_report.path,
+    )
+    model.metadata["framework"] = "tensorflow-savedmodel"
+    model.metadata["world_size"] = summary["world_size"]
+    model.metadata["saved_model_sha256"] = summary["saved_model_sha256"]
+    model.metadata["final_metrics"] = summary["final_metrics"]
+    run_summary.metadata["world_size"] = summary["world_size"]
+    run_summary.metadata["weights_identical_across_ranks"] = summary[
+        "weights_identical_across_ranks"
+    ]
+
+
+def make_component(image: str) -> dsl.base_component.BaseComponent:
+    """The KFP train component running in `image` (the trainer image)."""
+    return dsl.component(base_image=image, install_kfp_package=False)(train)

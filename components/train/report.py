@@ -1,0 +1,61 @@
+"""The coordination report: a Markdown answer to "was it one model or N?"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def coordination_report(summary: dict[str, Any]) -> str:
+    """Render a run summary as the Markdown shown in the KFP UI next to the model."""
+    size = summary["world_size"]
+    fingerprints = sorted({r["weights_sha256"] for r in summary["per_rank"]})
+    identical = len(fingerprints) == 1
+    cov = summary["coverage"]
+    lines = [
+        "# Coordination report",
+        "",
+        f"**{size} workers formed ONE Horovod job and trained ONE model** "
+        f"(expected workers: {summary['expected_workers']}; hosts: {', '.join(summary['hosts'])}).",
+        "",
+        f"- Global batch: **{summary['global_batch_size']}** = {size} workers x "
+        f"{summary['batch_size_per_worker']} per worker",
+        f"- Learning rate: **{summary['learning_rate']:g}** = {summary['base_learning_rate']:g} x "
+        f"{size} workers, warmed up over {summary['warmup_epochs']} epoch(s)",
+        f"- Epochs: {summary['epochs']}"
+        + (
+            f" (resumed after epoch {summary['resumed_from_epoch']})"
+            if summary["resumed_from_epoch"]
+            else ""
+        ),
+        f"- Every epoch saw {cov['seen_per_epoch']} of {cov['samples']} training samples: "
+        f"shards disjoint **{cov['disjoint']}**, all covered **{cov['covers_all']}**",
+        "",
+        "## What each rank read and did",
+        "",
+        "| rank | host | device | threads | samples read | samples/epoch | steps/epoch "
+        "| examples/s | weights sha256 |",
+        "|---:|---|---|---:|---|---:|---:|---:|---|",
+    ]
+    for r in summary["per_rank"]:
+        lo, hi = r["sample_range"]
+        lines.append(
+            f"| {r['rank']} | {r['host']} | {r['device']} | {r['threads']} | [{lo}, {hi}) | "
+            f"{r['samples_per_epoch']} | {r['steps_per_epoch']} | {r['examples_per_second']} | "
+            f"`{r['weights_sha256'][:16]}` |"
+        )
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(summary["final_metrics"].items()))
+    lines += [
+        "",
+        "## Result",
+        "",
+        (
+            f"- Weights fingerprint: `{fingerprints[0][:16]}`, **identical on all {size} ranks**"
+            if identical
+            else f"- WARNING: ranks ended with {len(fingerprints)} different weight fingerprints"
+        ),
+        f"- Final training metrics (averaged over ranks): {metrics or 'n/a'}",
+        f"- **1 model, exported by rank 0, at `{summary['model_uri']}`** "
+        f"(saved_model.pb sha256 `{summary['saved_model_sha256'][:16]}`)",
+        "",
+    ]
+    return "\n".join(lines)

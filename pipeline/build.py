@@ -1,0 +1,26 @@
+"""Compile the pipeline into one YAML file for the KFP UI, the client and schedules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kfp import compiler
+
+from pipeline.pipeline import build_pipeline, image_refs
+
+
+def compile_pipeline(
+    output_path: str | Path, image_registry: str | None = None, image_tag: str | None = None
+) -> Path:
+    """Write the compiled pipeline to `output_path` and return it.
+
+    Images default to ``components.common.defaults`` (tagged with the package version); the
+    output depends on nothing else: not on who compiles it or their environment.
+    """
+    output = Path(output_path)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    pipeline_func = build_pipeline(image_refs(image_registry, image_tag))
+    tmp = output.with_name(f".{output.stem}.tmp.yaml")
+    compiler.Compiler().compile(pipeline_func, str(tmp))
+    tmp.replace(output)
+    return output

@@ -1,0 +1,103 @@
+"""The embedded default: the whole pipeline on this machine with ``kfp.local``.
+
+Each component runs as a local subprocess (``SubprocessRunner``), the training step as
+``horovodrun -np workers`` on localhost, and local disk stands in for GCS.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.common import storage
+from components.common.params import check_parameters
+from components.train.task import work_uri
+from pipeline.pipeline import PIPELINE_NAME, build_pipeline, image_refs
+
+
+@dataclass
+class LocalRun:
+    """Where a local run put everything, read back from its executor outputs."""
+
+    run_dir: Path
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+
+    def artifact(self, task: str, name: str) -> str:
+        """The URI of output artifact `name` of `task`."""
+        return str(self.outputs[task]["artifacts"][name]["artifacts"][0]["uri"])
+
+    def parameter(self, task: str, name: str) -> Any:
+        """The value of output parameter `name` of `task`."""
+        return self.outputs[task]["parameterValues"][name]
+
+    @property
+    def run_summary_path(self) -> str:
+        """The trainer's ``run_summary.json`` (also the train step's ``run_summary`` artifact)."""
+        return storage.join(work_uri(self.artifact("train", "model")), "run_summary.json")
+
+    def report_lines(self) -> list[str]:
+        """The end-of-run summary. Scripts rely on the ``run_summary: <path>`` line."""
+        accuracy = self.parameter("evaluate", "accuracy")
+        loss = self.parameter("evaluate", "loss")
+        summary_path = self.run_summary_path
+        summary = json.loads(Path(summary_path).read_text())
+        return [
+            f"run: {self.run_dir}",
+            f"dataset: {self.artifact('prepare-data', 'dataset')}",
+            f"model: {self.artifact('train', 'model')}",
+            f"run_summary: {summary_path}",
+            f"coordination_report: {self.artifact('train', 'coordination_report')}",
+            f"metrics: accuracy {accuracy:.4f}, loss {loss:.4f} "
+            f"({self.artifact('evaluate', 'metrics')})",
+            f"confusion_matrix: {self.artifact('evaluate', 'confusion_matrix')}",
+            f"evaluation_report: {self.artifact('evaluate', 'report')}",
+            f"registry_entry: {self.parameter('register-model', 'version_uri') or '(none)'}",
+            f"decision: {self.parameter('register-model', 'decision_text')}",
+            f"workers: {summary['world_size']} formed ONE job; 1 model, exported by rank 0 "
+            f"(weights identical on all ranks: {summary['weights_identical_across_ranks']})",
+        ]
+
+
+def read_run(run_dir: Path) -> LocalRun:
+    """Collect the executor outputs of every task of a finished local run."""
+    run = LocalRun(run_dir=run_dir)
+    for output_file in sorted(run_dir.glob("*/executor_output.json")):
+        run.outputs[output_file.parent.name] = json.loads(output_file.read_text())
+    return run
+
+
+def run_pipeline_locally(root: str | Path = "runs", **params: Any) -> LocalRun:
+    """Run the pipeline with kfp.local under `root` and return where everything went.
+
+    `params` are pipeline parameters; ``registry_root`` defaults to ``<root>/registry``.
+    Parameters are checked before anything runs.
+    """
+    import kfp.local
+
+    root = Path(root).resolve()
+    params.setdefault("registry_root", str(root / "registry"))
+    check_parameters(params)
+    if params.get("training_backend", "local") != "local":
+        raise ValueError("training_backend must be 'local' for a local run (no cluster here)")
+    pipeline_root = root / "pipeline-root"
+    pipeline_root.mkdir(parents=True, exist_ok=True)
+    before = set(pipeline_root.iterdir())
+    kfp.local.init(
+        runner=kfp.local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(pipeline_root),
+        raise_on_error=True,
+    )
+    pipeline_func = build_pipeline(image_refs())
+    started = time.monotonic()
+    pipeline_func(**params)
+    new = sorted(set(pipeline_root.iterdir()) - before)
+    runs = [p for p in new if p.name.startswith(PIPELINE_NAME)]
+    if len(runs) != 1:
+        raise RuntimeError(f"expected one new run under {pipeline_root}, found {len(runs)}")
+    run = read_run(runs[0])
+    run.wall_seconds = time.monotonic() - started
+    return run
