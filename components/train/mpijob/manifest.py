@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.common import defaults, storage
+from components.train.config import TrainConfig
+from components.train.launch import trainer_args as cli_args
 
 API_GROUP = "kubeflow.org"
 API_VERSION = "v2beta1"
@@ -207,36 +209,25 @@ def label_value(text: str) -> str:
     return value
 
 
+def trainer_config(p: MPIJobParams) -> TrainConfig:
+    """The trainer settings this MPIJob runs with: world size = workers x slots per worker."""
+    return TrainConfig(
+        data=p.data_uri,
+        output=p.output_uri,
+        model_dir=p.model_uri,
+        expected_workers=p.total_slots,
+        epochs=p.epochs,
+        batch_size_per_worker=p.batch_size,
+        base_learning_rate=float(p.learning_rate),
+        warmup_epochs=p.warmup_epochs,
+        threads_per_worker=p.threads_per_worker,
+        seed=p.seed,
+    )
+
+
 def trainer_args(p: MPIJobParams) -> list[str]:
     """The trainer's command line (``python -m components.train ...``) for these parameters."""
-    args = [
-        "python",
-        "-m",
-        "components.train",
-        "--data",
-        p.data_uri,
-        "--output",
-        p.output_uri,
-    ]
-    if p.model_uri:
-        args += ["--model-dir", p.model_uri]
-    args += [
-        "--expected-workers",
-        str(p.total_slots),
-        "--epochs",
-        str(p.epochs),
-        "--batch-size",
-        str(p.batch_size),
-        "--learning-rate",
-        repr(float(p.learning_rate)),
-        "--warmup-epochs",
-        str(p.warmup_epochs),
-        "--seed",
-        str(p.seed),
-    ]
-    if p.threads_per_worker is not None:
-        args += ["--threads-per-worker", str(p.threads_per_worker)]
-    return args
+    return ["python", "-m", "components.train", *cli_args(trainer_config(p))]
 
 
 def launcher_command(p: MPIJobParams) -> list[str]:
@@ -258,10 +249,6 @@ def launcher_command(p: MPIJobParams) -> list[str]:
         defaults.TRAINER_WORKDIR,
         "-x",
         "PATH",
-        "-x",
-        "LD_LIBRARY_PATH",
-        "-x",
-        "PYTHONPATH",
         "-x",
         "PYTHONUNBUFFERED=1",
         "-x",

@@ -13,6 +13,7 @@ the API server are made on purpose:
 from __future__ import annotations
 
 import copy
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ import yaml
 from components.train.mpijob.manifest import API_GROUP, API_VERSION, KIND
 
 CRD_RELATIVE_PATH = Path("shared") / "schemas" / "kubeflow.org_mpijobs.yaml"
+# A copy of the CRD's v2beta1 openAPIV3Schema shipped in the package, for the trainer image
+# (which has no shared/ folder). A test keeps it identical to the CRD.
+PACKAGED_SCHEMA = Path(__file__).with_name("mpijob-v2beta1.schema.json")
 
 
 class ManifestError(ValueError):
@@ -59,19 +63,32 @@ def _close_objects(schema: Any) -> Any:
     return schema
 
 
-@lru_cache(maxsize=4)
-def load_schema(crd_path: str | None = None) -> dict[str, Any]:
-    """The strict jsonschema of MPIJob v2beta1 from the CRD at `crd_path` (found if None)."""
-    path = Path(crd_path) if crd_path else find_crd()
+def crd_schema(path: Path) -> dict[str, Any]:
+    """The v2beta1 ``openAPIV3Schema`` of the MPIJob CRD file at `path`."""
     crd = yaml.safe_load(path.read_text())
     if crd.get("kind") != "CustomResourceDefinition" or crd["spec"]["group"] != API_GROUP:
         raise ValueError(f"{path} is not the {API_GROUP} MPIJob CRD")
     for version in crd["spec"]["versions"]:
         if version["name"] == API_VERSION:
-            schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
-            break
+            return dict(version["schema"]["openAPIV3Schema"])
+    raise ValueError(f"{path} has no {API_VERSION} version")
+
+
+@lru_cache(maxsize=4)
+def load_schema(crd_path: str | None = None) -> dict[str, Any]:
+    """The strict jsonschema of MPIJob v2beta1.
+
+    From the CRD at `crd_path`; if None, from ``shared/schemas/`` above this module, or else
+    (inside the trainer image) from the copy packaged beside this module.
+    """
+    if crd_path:
+        schema = crd_schema(Path(crd_path))
     else:
-        raise ValueError(f"{path} has no {API_VERSION} version")
+        try:
+            schema = crd_schema(find_crd())
+        except FileNotFoundError:
+            schema = json.loads(PACKAGED_SCHEMA.read_text())
+    schema = copy.deepcopy(schema)
     # The CRD leaves `metadata` open (the API server validates ObjectMeta itself).
     return dict(_close_objects(schema))
 

@@ -300,3 +300,25 @@ def test_crd_is_found_from_the_project_and_missing_crd_is_named(tmp_path: Path) 
     other.write_text(yaml.safe_dump({"kind": "ConfigMap", "spec": {"group": "x"}}))
     with pytest.raises(ValueError, match="not the kubeflow.org MPIJob CRD"):
         load_schema(str(other))
+
+
+def test_packaged_schema_copy_is_identical_to_the_crd() -> None:
+    """The trainer image validates with the packaged copy; it must not drift from the CRD."""
+    import json
+
+    from components.train.mpijob.validate import PACKAGED_SCHEMA, crd_schema
+
+    assert json.loads(PACKAGED_SCHEMA.read_text()) == crd_schema(find_crd())
+
+
+def test_packaged_schema_is_used_where_shared_is_absent(tmp_path, monkeypatch) -> None:
+    """Inside the image there is no shared/ folder: validation still works, strictly."""
+    from components.train.mpijob import validate
+
+    monkeypatch.setattr(validate, "find_crd", lambda start=None: find_crd(tmp_path))
+    validate.load_schema.cache_clear()
+    try:
+        schema = validate.load_schema()
+        assert schema["properties"]["spec"]["additionalProperties"] is False
+    finally:
+        validate.load_schema.cache_clear()
