@@ -83,6 +83,7 @@ def build_pipeline(images: dict[str, str]) -> Callable[..., Any]:
         memory_per_worker: str = defaults.WORKER_MEMORY,
         gpus_per_worker: int = 0,
         namespace: str = "",
+        trainer_service_account: str = defaults.TRAINER_SERVICE_ACCOUNT,
     ) -> None:
         check = check_op(
             workers=workers,
@@ -124,6 +125,7 @@ def build_pipeline(images: dict[str, str]) -> Callable[..., Any]:
             memory_per_worker=memory_per_worker,
             gpus_per_worker=gpus_per_worker,
             namespace=namespace,
+            trainer_service_account=trainer_service_account,
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         ).set_display_name("Horovod training (one job)")
         evaluate = evaluate_op(

@@ -18,6 +18,7 @@ EXPECTED_PARAMETERS = {
     "threads_per_worker", "data_source", "data_sha256", "data_limit", "shard_size",
     "min_accuracy", "model_name", "registry_root", "training_backend", "trainer_image",
     "slots_per_worker", "cpu_per_worker", "memory_per_worker", "gpus_per_worker", "namespace",
+    "trainer_service_account",
 }  # fmt: skip
 
 

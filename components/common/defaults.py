@@ -74,6 +74,9 @@ LAUNCHER_MEMORY = "1Gi"
 MPIJOB_TTL_SECONDS_AFTER_FINISHED = 3600
 MPIJOB_BACKOFF_LIMIT = 0
 MPIJOB_ACTIVE_DEADLINE_SECONDS = 6 * 3600
+# The Kubernetes service account of the MPIJob pods (deploy/trainer-serviceaccount.yaml),
+# mapped to a Google service account by Workload Identity.
+TRAINER_SERVICE_ACCOUNT = "kfp-horovod-trainer"
 MPI_USER_UID = 1000
 MPI_SSH_AUTH_MOUNT_PATH = "/home/mpiuser/.ssh"
 MPI_SSHD_CONFIG = "/home/mpiuser/.sshd_config"

@@ -19,6 +19,7 @@ def train(
     memory_per_worker: str,
     gpus_per_worker: int,
     namespace: str,
+    trainer_service_account: str,
     pipeline_run_id: str,
     model: Output[Model],
     run_summary: Output[Artifact],
@@ -41,6 +42,7 @@ def train(
         memory_per_worker=memory_per_worker,
         gpus_per_worker=gpus_per_worker,
         namespace=namespace,
+        service_account=trainer_service_account,
         run_name=f"train-{pipeline_run_id}" if pipeline_run_id else "train",
         pipeline_run_id=pipeline_run_id,
     )

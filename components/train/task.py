@@ -43,6 +43,7 @@ class TrainSettings:
     memory_per_worker: str = "4Gi"
     gpus_per_worker: int = 0
     namespace: str = ""
+    service_account: str = ""
     run_name: str = "kfp-horovod"
     pipeline_run_id: str = ""
 
@@ -126,6 +127,7 @@ def train_on_mpijob(
         cpu_per_worker=settings.cpu_per_worker,
         memory_per_worker=settings.memory_per_worker,
         gpus_per_worker=settings.gpus_per_worker,
+        service_account=settings.service_account or None,
         owner_pod_name=os.environ.get("HOSTNAME") or None,
     )
     return run_mpijob(params, namespace=namespace, log=log)

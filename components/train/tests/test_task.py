@@ -1,0 +1,124 @@
+"""The train component's program: backend choice, the MPIJob wiring, and the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.train import task
+from components.train.report import coordination_report
+from components.train.task import TrainSettings, run_train_task
+
+
+def _settings(**overrides: Any) -> TrainSettings:
+    base: dict[str, Any] = dict(
+        workers=3, epochs=2, batch_size_per_worker=32, learning_rate=0.001, warmup_epochs=1
+    )
+    return TrainSettings(**{**base, **overrides})
+
+
+def _summary(world_size: int = 3, same: bool = True) -> dict[str, Any]:
+    return {
+        "world_size": world_size, "expected_workers": world_size, "hosts": ["w-0", "w-1"],
+        "epochs": 2, "resumed_from_epoch": 0, "batch_size_per_worker": 32,
+        "global_batch_size": 32 * world_size, "base_learning_rate": 0.001,
+        "learning_rate": 0.001 * world_size, "warmup_epochs": 1,
+        "coverage": {"samples": 900, "seen_per_epoch": 900, "disjoint": True, "covers_all": True},
+        "per_rank": [
+            {"rank": r, "host": f"w-{r % 2}", "device": "CPU", "threads": 1,
+             "sample_range": [300 * r, 300 * (r + 1)], "samples_per_epoch": 300,
+             "steps_per_epoch": 10, "examples_per_second": 100.0,
+             "weights_sha256": "ab" * 32 if same or r == 0 else "cd" * 32}
+            for r in range(world_size)
+        ],
+        "final_metrics": {"accuracy": 0.9, "loss": 0.3},
+        "model_uri": "gs://b/run/train/model", "saved_model_sha256": "ef" * 32,
+    }  # fmt: skip
+
+
+def test_unknown_backend_is_refused_by_name() -> None:
+    with pytest.raises(
+        ValueError, match="training_backend must be one of local, mpijob, got 'k8s'"
+    ):
+        _settings(backend="k8s")
+
+
+def test_mpijob_backend_refuses_local_artifacts(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="the dataset artifact is at .* needs gs:// artifacts"):
+        run_train_task(
+            _settings(backend="mpijob", namespace="kubeflow", trainer_image="r/t:1"),
+            dataset=(str(tmp_path / "d"), str(tmp_path / "d")),
+            model=("/gcs/b/m", "gs://b/m"),
+            summary_path=str(tmp_path / "s"),
+            report_path=str(tmp_path / "r"),
+        )
+
+
+def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the component hands to the MPIJob lifecycle, and what it writes back.
+
+    The cluster itself is replaced here (no Kubernetes runs on this machine); the lifecycle
+    against a real HTTP Kubernetes API is covered in test_mpijob_lifecycle.py.
+    """
+    from components.train.mpijob import lifecycle
+    from components.train.mpijob.manifest import build_manifest
+
+    seen: dict[str, Any] = {}
+
+    def fake_run_mpijob(params: Any, *, namespace: str, log: Any) -> dict[str, Any]:
+        seen["params"], seen["namespace"] = params, namespace
+        seen["manifest"] = build_manifest(params, namespace)
+        return _summary(world_size=6)
+
+    monkeypatch.setattr(lifecycle, "run_mpijob", fake_run_mpijob)
+    summary = run_train_task(
+        _settings(
+            backend="mpijob", namespace="team-a", trainer_image="reg/trainer:9",
+            slots_per_worker=2, service_account="kfp-horovod-trainer", pipeline_run_id="run-42",
+        ),
+        dataset=("/gcs/b/data", "gs://b/data"),
+        model=("/gcs/b/run/train/model", "gs://b/run/train/model"),
+        summary_path=str(tmp_path / "summary"),
+        report_path=str(tmp_path / "report"),
+    )  # fmt: skip
+    params = seen["params"]
+    assert seen["namespace"] == "team-a"
+    assert (params.data_uri, params.model_uri) == ("gs://b/data", "gs://b/run/train/model")
+    assert params.output_uri == "gs://b/run/train/train-work"
+    assert params.total_slots == 6 and params.image == "reg/trainer:9"
+    command = " ".join(
+        seen["manifest"]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][
+            0
+        ]["command"]
+        + seen["manifest"]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][
+            0
+        ].get("args", [])
+    )
+    assert "--expected-workers 6" in command
+    assert json.loads((tmp_path / "summary").read_text()) == summary
+    assert "6 workers formed ONE Horovod job" in (tmp_path / "report").read_text()
+
+
+def test_report_answers_one_model_or_n() -> None:
+    text = coordination_report(_summary())
+    assert "**3 workers formed ONE Horovod job and trained ONE model**" in text
+    assert "Global batch: **96** = 3 workers x 32 per worker" in text
+    assert "Learning rate: **0.003** = 0.001 x 3 workers" in text
+    assert text.count("| CPU | 1 |") == 3  # one row per rank
+    assert "| 2 | w-0 | CPU | 1 | [600, 900) | 300 | 10 | 100.0 |" in text
+    assert "identical on all 3 ranks" in text
+    assert "**1 model, exported by rank 0, at `gs://b/run/train/model`**" in text
+
+
+def test_report_flags_diverged_ranks() -> None:
+    assert "WARNING: ranks ended with 2 different weight fingerprints" in coordination_report(
+        _summary(same=False)
+    )
+
+
+def test_work_dir_sits_beside_the_model_artifact() -> None:
+    assert task.work_uri("gs://b/p/run/train/model") == "gs://b/p/run/train/train-work"
+    assert task.work_uri("/x/train/model/") == "/x/train/train-work"
