@@ -13,7 +13,7 @@ HOROVOD_BUILD_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" HOROVOD_WITH_TENSORFLO
 	CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=-j$$(nproc)
 
 WORKERS ?= 2
-EPOCHS ?= 4
+EPOCHS ?= 8
 REGISTRY ?= ghcr.io/kfp-horovod
 TAG ?= $(shell $(PYTHON) -c "import re;print(re.search(r'__version__ = \"(.+)\"', open('components/__init__.py').read())[1])")
 COMPONENT_IMAGES := data_prep trainer evaluate register
