@@ -95,12 +95,8 @@ def read_text(uri: str) -> str:
     return read_bytes(uri).decode("utf-8")
 
 
-def write_bytes(uri: str, data: bytes) -> None:
-    """Write a whole file atomically (temporary name + rename locally, one upload on GCS)."""
-    if is_gcs(uri):
-        _blob(uri).upload_from_string(data, retry=_retry())
-        return
-    path = Path(uri)
+def _write_beside(path: Path, data: bytes) -> Path:
+    """Write `data` to a new temporary file in `path`'s folder (flushed to disk); return it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -108,9 +104,23 @@ def write_bytes(uri: str, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write a whole file atomically (temporary name + rename locally, one upload on GCS)."""
+    if is_gcs(uri):
+        _blob(uri).upload_from_string(data, retry=_retry())
+        return
+    path = Path(uri)
+    tmp = _write_beside(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -135,20 +145,14 @@ def create_exclusive(uri: str, data: bytes) -> bool:
             return False
         return True
     path = Path(uri)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = _write_beside(path, data)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.link(tmp, path)  # atomic, and fails if `path` exists
-        except FileExistsError:
-            return False
-        return True
+        os.link(tmp, path)  # atomic, and fails if `path` exists
+    except FileExistsError:
+        return False
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    return True
 
 
 def list_files(uri: str) -> list[str]:

@@ -1,0 +1,77 @@
+"""One code path for local paths and gs:// (the real client against the GCS emulator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from components.common import storage
+
+
+@pytest.fixture(params=["local", "gcs"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "root")
+    return f"gs://{request.getfixturevalue('gcs_bucket')}/root"
+
+
+def test_write_read_list_remove(root: str) -> None:
+    storage.write_text(storage.join(root, "a/b.txt"), "hello")
+    storage.write_bytes(storage.join(root, "a/c/d.bin"), b"\x00\x01")
+    assert storage.read_text(storage.join(root, "a/b.txt")) == "hello"
+    assert storage.list_files(storage.join(root, "a")) == [
+        storage.join(root, "a/b.txt"), storage.join(root, "a/c/d.bin"),
+    ]  # fmt: skip
+    storage.remove_tree(storage.join(root, "a"))
+    assert storage.list_files(storage.join(root, "a")) == []
+    assert not storage.exists(storage.join(root, "a/b.txt"))
+
+
+def test_missing_file_names_the_uri(root: str) -> None:
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        storage.read_bytes(storage.join(root, "nope.txt"))
+
+
+def test_create_exclusive_creates_once(root: str) -> None:
+    target = storage.join(root, "claims/1.json")
+    assert storage.create_exclusive(target, b"first") is True
+    if root.startswith("gs://"):
+        return  # the emulator ignores ifGenerationMatch; the registry tests check the request
+    assert storage.create_exclusive(target, b"second") is False
+    assert storage.read_bytes(target) == b"first"
+
+
+def test_upload_and_download_a_tree(root: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "variables").mkdir(parents=True)
+    (src / "saved_model.pb").write_bytes(b"pb")
+    (src / "variables" / "v.index").write_bytes(b"ix")
+    storage.upload_dir(src, storage.join(root, "model"), last="saved_model.pb")
+    back = storage.download_dir(storage.join(root, "model"), tmp_path / "back")
+    assert (back / "saved_model.pb").read_bytes() == b"pb"
+    assert (back / "variables" / "v.index").read_bytes() == b"ix"
+
+
+def test_local_write_leaves_no_temporary_files(tmp_path: Path) -> None:
+    for i in range(3):
+        storage.write_text(str(tmp_path / "f.json"), str(i))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+    assert storage.read_text(str(tmp_path / "f.json")) == "2"
+
+
+def test_local_upload_refuses_to_overwrite(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x").write_text("new")
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / "x").write_text("old")
+    with pytest.raises(FileExistsError, match="destination already exists"):
+        storage.upload_dir(tmp_path / "src", str(tmp_path / "dest"))
+    assert (tmp_path / "dest" / "x").read_text() == "old"
+
+
+def test_bad_gcs_uris_are_named() -> None:
+    with pytest.raises(ValueError, match="gs:// URI has no bucket"):
+        storage.split_gcs("gs:///key")
+    with pytest.raises(ValueError, match="not a gs:// URI"):
+        storage.split_gcs("/local/path")
