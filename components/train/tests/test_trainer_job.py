@@ -100,7 +100,10 @@ from components.train.model import weights_fingerprint
 model = tf.keras.models.load_model({str(job["output"] / "model")!r}, compile=False)
 x, y = load_split({mnist_1000!r}, "test")
 p = model.predict(x[:200], verbose=0)
+sig = tf.saved_model.load({str(job["output"] / "model")!r}).signatures["serving_default"]
+served = sig(image=tf.constant(x[:5], tf.float32))["probabilities"].numpy()
 print(json.dumps({{"shape": list(p.shape), "acc": float((p.argmax(1) == y[:200]).mean()),
+                  "served_matches": bool(np.allclose(served, p[:5], atol=1e-5)),
                   "fp": weights_fingerprint(model),
                   "horovod": "horovod" in __import__("sys").modules}}))
 """
@@ -108,6 +111,7 @@ print(json.dumps({{"shape": list(p.shape), "acc": float((p.argmax(1) == y[:200])
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["shape"] == [200, 10]
+    assert result["served_matches"] is True  # serving_default: image [n, 28, 28] -> probabilities
     assert result["horovod"] is False  # the model needs no Horovod to load
     assert result["acc"] > 0.5  # 2 short epochs on 1,000 digits: well above chance (0.1)
     assert result["fp"] == job["summary"]["per_rank"][0]["weights_sha256"]  # the trained weights
