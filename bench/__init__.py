@@ -1,0 +1,1 @@
+"""Reproducible benchmarks: `make bench` (``python -m bench.run_all``). See bench/README.md."""

@@ -1,0 +1,364 @@
+"""Shared pieces of the benchmarks: medians, the JSON record, datasets, running real jobs.
+
+Every benchmark repeats its measurements, interleaving the variants it compares (A B A B ...)
+so that drift on a shared machine hits all of them alike, and reports medians and ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.common.defaults import SPLIT_SEED
+from components.data_prep.prep import prepare
+from components.train.launch import horovodrun_path, job_environment
+
+RESULTS_DIR = Path(__file__).with_name("results")
+SCHEMA = "kfp-horovod/bench/v1"
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of `values` (NaN for none)."""
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """``numerator / denominator`` rounded to 3 places (NaN if the denominator is not > 0)."""
+    return round(numerator / denominator, 3) if denominator > 0 else float("nan")
+
+
+def interleave(
+    variants: Mapping[str, Callable[[int], dict[str, Any]]], repeats: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Run every variant once per round, `repeats` rounds; return each variant's results.
+
+    The order rotates each round (A B C, B C A, ...) so no variant always runs first.
+    """
+    names = list(variants)
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for round_no in range(repeats):
+        shift = round_no % len(names)
+        for name in names[shift:] + names[:shift]:
+            print(f"  [{name}] round {round_no + 1}/{repeats}", flush=True)
+            results[name].append(variants[name](round_no))
+    return results
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def hardware_info() -> dict[str, Any]:
+    """What the figures were measured on: CPU, cores, memory, versions."""
+    import horovod
+    import tensorflow as tf
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        memory_gib = round(pages / 2**30, 1)
+    except (ValueError, OSError):
+        memory_gib = float("nan")
+    return {
+        "cpu_model": _cpu_model(),
+        "cores": cores,
+        "memory_gib": memory_gib,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "horovod": horovod.__version__,
+        "numpy": np.__version__,
+    }
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (other work on the machine shows up here)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+SPIN = (
+    "import time\nt=time.perf_counter()\nx=0\nfor i in range(N): x+=i\nprint(time.perf_counter()-t)"
+)
+
+
+def _spin(processes: int, loops: int) -> float:
+    """Median seconds of a pure-Python loop when `processes` copies of it run at once."""
+    code = SPIN.replace("N", str(loops))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        for _ in range(processes)
+    ]
+    return median([float(p.communicate()[0]) for p in procs])
+
+
+def cpu_parallel_capacity(loops: int = 5_000_000) -> dict[str, float]:
+    """How many cores this machine gives *now*: 2 x t(1 loop) / t(2 loops at once).
+
+    2.0 on two free cores; less when other work (or SMT siblings) shares them. Recorded with
+    every result, because a scaling figure means little without it.
+    """
+    one = median([_spin(1, loops) for _ in range(3)])
+    two = median([_spin(2, loops) for _ in range(3)])
+    return {
+        "one_process_seconds": round(one, 3),
+        "two_processes_seconds": round(two, 3),
+        "effective_cores_of_2": round(2 * one / two, 2),
+    }
+
+
+def machine_state() -> dict[str, Any]:
+    """Load averages and the effective core count right now (see cpu_parallel_capacity)."""
+    return {"load_average": load_average(), "cpu_capacity": cpu_parallel_capacity()}
+
+
+def write_result(name: str, result: dict[str, Any], out_dir: Path = RESULTS_DIR) -> Path:
+    """Write ``out_dir/<name>.json`` with the hardware record added; return its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"schema": SCHEMA, "benchmark": name, "hardware": hardware_info(), **result}
+    record.setdefault("machine_after", machine_state())
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {path}", flush=True)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+def augmented_digits(
+    images: np.ndarray, labels: np.ndarray, count: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`count` digits made by tiling `images` and shifting each by up to 2 pixels.
+
+    Shifted copies of real digits are still valid, learnable MNIST-format samples; they are
+    how the benchmarks get more data than the 5,000 real digits bundled offline.
+    """
+    rng = np.random.default_rng(seed)
+    index = np.arange(count) % len(labels)
+    x = images[index].copy()
+    shifts = rng.integers(-2, 3, size=(count, 2))
+    for dy in range(-2, 3):
+        for dx in range(-2, 3):
+            rows = np.flatnonzero((shifts[:, 0] == dy) & (shifts[:, 1] == dx))
+            if len(rows) and (dy or dx):
+                x[rows] = np.roll(x[rows], (dy, dx), axis=(1, 2))
+    return x, labels[index].copy()
+
+
+def bundled_splits() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The real bundled digits as uint8, like mnist.npz, split as data prep splits them."""
+    from components.data_prep.sources import load_bundled
+
+    return {
+        k: (np.asarray(x).astype(np.uint8), np.asarray(y).astype(np.uint8))
+        for k, (x, y) in load_bundled().splits.items()
+    }
+
+
+def write_mnist_npz(path: Path, train: int, test: int | None = None, seed: int = SPLIT_SEED) -> int:
+    """Write an ``mnist.npz`` with `train` training samples; return its size in bytes.
+
+    Training samples are augmented copies of the real *training* digits only; the test split
+    is the 1,000 real held-out digits (or, if `test` is given, `test` augmented copies of them).
+    """
+    splits = bundled_splits()
+    x_train, y_train = augmented_digits(*splits["train"], train, seed)
+    x_test, y_test = splits["test"]
+    if test is not None:
+        x_test, y_test = augmented_digits(x_test, y_test, test, seed + 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        np.savez(f, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    return path.stat().st_size
+
+
+def bench_dataset(root: Path, train: int) -> str:
+    """A prepared dataset (through the project's data prep) of `train` augmented real digits.
+
+    Reused if already there. The test split is the 1,000 real held-out digits.
+    """
+    out = root / f"dataset-{train}"
+    if (out / "manifest.json").exists():
+        return str(out)
+    npz = root / f"mnist-{train}.npz"
+    write_mnist_npz(npz, train)
+    prepare(str(npz), str(out), expected_sha256=None)
+    return str(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running real jobs
+
+
+@dataclass
+class JobResult:
+    """What a finished job printed, when each line arrived and how long it ran."""
+
+    returncode: int
+    wall_seconds: float
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    started: float = 0.0
+
+    def first_time(self, needle: str) -> float | None:
+        """Seconds after launch at which a line containing `needle` first arrived."""
+        for t, line in self.lines:
+            if needle in line:
+                return t - self.started
+        return None
+
+
+def horovod_command(workers: int, module: str, args: list[str], pin_threads: int = 0) -> list[str]:
+    """``horovodrun -np N -H localhost:N --gloo python -m MODULE ARGS``.
+
+    With `pin_threads`, each rank is first pinned to that many cores of its own (bench.pin).
+    """
+    pin = [sys.executable, "-m", "bench.pin", str(pin_threads), "--"] if pin_threads else []
+    return [
+        horovodrun_path(), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
+        *pin, sys.executable, "-m", module, *args,
+    ]  # fmt: skip
+
+
+def fresh(path: Path) -> Path:
+    """`path`, emptied: benchmark outputs are scratch, and the trainer refuses to overwrite."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def trainer_args(
+    data: str,
+    output: Path,
+    workers: int,
+    epochs: int,
+    threads: int,
+    batch_size: int = 64,
+    seed: int = 42,
+) -> list[str]:
+    """Arguments of ``python -m components.train`` for a benchmark run."""
+    return [
+        "--data", data, "--output", str(fresh(output)), "--expected-workers", str(workers),
+        "--epochs", str(epochs), "--batch-size", str(batch_size),
+        "--threads-per-worker", str(threads), "--seed", str(seed),
+    ]  # fmt: skip
+
+
+@dataclass
+class RunningJob:
+    """A started job whose output a thread reads as it comes, stamping each line."""
+
+    proc: subprocess.Popen[str]
+    started: float
+    lines: list[tuple[float, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+
+def start_job(command: list[str], env: dict[str, str] | None = None) -> RunningJob:
+    """Start `command` with the trainer's job environment; its output is read as it comes."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=job_environment(env),
+    )
+    return RunningJob(proc, started)
+
+
+def collect(job: RunningJob, timeout_s: float = 600) -> JobResult:
+    """Wait for `job` to exit; its lines with arrival times. Raises if it failed."""
+    try:
+        code = job.proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        job.proc.kill()
+        code = job.proc.wait()
+    job._reader.join()
+    result = JobResult(code, time.monotonic() - job.started, job.lines, job.started)
+    if code != 0:
+        tail = "\n".join(line for _, line in job.lines[-30:])
+        raise RuntimeError(f"job failed with exit code {code}: {job.proc.args!r}\n{tail}")
+    return result
+
+
+def run_job(
+    command: list[str], env: dict[str, str] | None = None, timeout_s: float = 600
+) -> JobResult:
+    """Run `command` to completion (see :func:`collect`)."""
+    return collect(start_job(command, env), timeout_s)
+
+
+def run_trainer(
+    workers: int, args: list[str], env: dict[str, str] | None = None, pin_threads: int = 0
+) -> tuple[JobResult, dict[str, Any]]:
+    """Run the project's trainer as one Horovod job; return the job and its run_summary."""
+    result = run_job(horovod_command(workers, "components.train", args, pin_threads), env)
+    output = Path(args[args.index("--output") + 1])
+    return result, json.loads((output / "run_summary.json").read_text())
+
+
+def job_throughput(summary: dict[str, Any]) -> float:
+    """Examples/s of the whole job after the first epoch: N x the slowest rank's rate.
+
+    Ranks run in lockstep (every step ends in an allreduce), so the slowest rank's rate,
+    times the number of ranks, is what the job delivers.
+    """
+    rates = [float(r["examples_per_second"]) for r in summary["per_rank"]]
+    return len(rates) * min(rates)
+
+
+def base_parser(description: str) -> Any:
+    """An argparse parser with the options every benchmark has."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for <name>.json")
+    p.add_argument("--work", type=Path, default=None, help="scratch directory (default: temp)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per variant (median reported)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    return p
+
+
+def scratch(work: Path | None, name: str) -> Path:
+    """A fresh scratch directory for benchmark `name` (under `work`, or a new temp dir)."""
+    import tempfile
+
+    if work is None:
+        return Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    path = work / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,139 @@
+"""Data prep cost and how it grows: ``prepare()`` on MNIST-format files of 5k, 60k, 600k samples.
+
+Each input is an ``mnist.npz`` (``x_train``/``y_train`` plus a test split of a sixth of that,
+as MNIST's 60k/10k) made of shifted copies of the real bundled digits, fed through the
+project's ``prepare(..., expected_sha256=None)`` (the CLI's ``--sha256 none``): read, validate,
+shard, hash every shard, publish. Side by side, in the same rounds, a raw copy of the same
+file (``shutil.copyfile``) gives the floor. Throughput is input MB / second. Linearity: a
+least-squares line ``t = a + b n`` through the medians, and the per-sample time at each size.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import (
+    base_parser,
+    interleave,
+    machine_state,
+    median,
+    ratio,
+    scratch,
+    write_mnist_npz,
+    write_result,
+)
+from components.data_prep.prep import prepare
+
+NAME = "data_prep"
+SIZES = [5_000, 60_000, 600_000]
+QUICK_SIZES = [500, 2_000]
+
+
+def time_prepare(npz: Path, work: Path, label: str) -> float:
+    """Seconds for ``prepare()`` of `npz` into a fresh directory (removed afterwards)."""
+    out = work / f"out-{label}"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    prepare(str(npz), str(out), expected_sha256=None)
+    seconds = time.perf_counter() - t0
+    shutil.rmtree(out)
+    return seconds
+
+
+def time_copy(npz: Path, work: Path, label: str) -> float:
+    """Seconds for a raw copy of `npz` (removed afterwards)."""
+    target = work / f"copy-{label}.npz"
+    t0 = time.perf_counter()
+    shutil.copyfile(npz, target)
+    seconds = time.perf_counter() - t0
+    target.unlink()
+    return seconds
+
+
+def linear_fit(sizes: list[float], seconds: list[float]) -> dict[str, float]:
+    """Least squares ``t = a + b n``: intercept, slope per sample and R^2."""
+    n, t = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
+    slope, intercept = np.polyfit(n, t, 1)
+    predicted = intercept + slope * n
+    residual = float(np.sum((t - predicted) ** 2))
+    spread = float(np.sum((t - t.mean()) ** 2)) or 1.0
+    return {
+        "intercept_seconds": round(float(intercept), 4),
+        "microseconds_per_sample": round(float(slope) * 1e6, 4),
+        "r_squared": round(1 - residual / spread, 5),
+    }
+
+
+def run(sizes: list[int], repeats: int, work: Path) -> dict[str, Any]:
+    """Every size: prepare and raw copy, interleaved, `repeats` rounds."""
+    machine_before = machine_state()
+    inputs = {n: work / f"mnist-{n}.npz" for n in sizes}
+    nbytes = {n: write_mnist_npz(path, n, test=max(1, n // 6)) for n, path in inputs.items()}
+    variants = {}
+    for n, path in inputs.items():
+        variants[f"prepare_{n}"] = lambda r, p=path, n=n: {"seconds": time_prepare(p, work, str(n))}
+        variants[f"copy_{n}"] = lambda r, p=path, n=n: {"seconds": time_copy(p, work, str(n))}
+    runs = interleave(variants, repeats)
+    rows = []
+    for n in sizes:
+        prep_s = median([r["seconds"] for r in runs[f"prepare_{n}"]])
+        copy_s = median([r["seconds"] for r in runs[f"copy_{n}"]])
+        mb = nbytes[n] / 1e6
+        rows.append(
+            {
+                "train_samples": n,
+                "total_samples": n + max(1, n // 6),
+                "input_mb": round(mb, 2),
+                "prepare_seconds": round(prep_s, 4),
+                "copy_seconds": round(copy_s, 4),
+                "prepare_mb_s": round(mb / prep_s, 1),
+                "copy_mb_s": round(mb / copy_s, 1),
+                "prepare_over_copy_time": ratio(prep_s, copy_s),
+                "microseconds_per_sample": round(prep_s / (n + max(1, n // 6)) * 1e6, 3),
+            }
+        )
+    growth = {
+        f"time_{b['train_samples']}_over_{a['train_samples']}": ratio(
+            b["prepare_seconds"], a["prepare_seconds"]
+        )
+        for a, b in zip(rows, rows[1:], strict=False)
+    }
+    return {
+        "settings": {"sizes": sizes, "repeats": repeats, "sha256_check": "none (synthetic)"},
+        "machine_before": machine_before,
+        "runs": runs,
+        "rows": rows,
+        "growth": growth,
+        "linear_fit": linear_fit(
+            [float(r["total_samples"]) for r in rows], [r["prepare_seconds"] for r in rows]
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m bench.data_prep [--sizes 5000,60000,600000]``."""
+    p = base_parser(__doc__ or NAME)
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="training samples")
+    a = p.parse_args(argv)
+    sizes = [int(s) for s in a.sizes.split(",")]
+    if a.quick:
+        sizes, a.repeats = QUICK_SIZES, 1
+    work = scratch(a.work, NAME)
+    try:
+        result = run(sizes, a.repeats, work)
+    finally:
+        for npz in work.glob("mnist-*.npz"):
+            npz.unlink()
+    write_result(NAME, result, a.out)
+    print(result["rows"], result["linear_fit"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Horovod against the alternative users would pick: TF's MultiWorkerMirroredStrategy.
+
+Both at 2 workers x 1 thread on localhost, same model (``build_model``), same data (each
+worker reads the same disjoint shard as the trainer's rank), same per-worker batch, same
+steps per epoch and epochs, same optimizer (Adam, learning rate scaled by 2). Horovod is the
+project's trainer under ``horovodrun --gloo``; MWMS is two processes with a ``TF_CONFIG`` of
+two localhost ports (ring all-reduce), feeding ``tf.data`` through ``DatasetCreator`` (MWMS
+cannot shard a Keras Sequence per worker). Throughput is examples/s of the whole job from
+the median epoch after the first, for both. Run one MWMS worker by hand with::
+
+    TF_CONFIG=... python -m bench.mwms worker --data D --epochs 4 --result worker0.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    base_parser,
+    bench_dataset,
+    interleave,
+    job_throughput,
+    machine_state,
+    median,
+    ratio,
+    run_trainer,
+    scratch,
+    trainer_args,
+    write_result,
+)
+
+NAME = "mwms"
+WORKERS = 2
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` TCP ports on localhost that were free a moment ago."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("localhost", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_config(ports: list[int], index: int) -> str:
+    """The ``TF_CONFIG`` of worker `index` in a cluster of localhost `ports`."""
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+
+
+def worker(data: str, epochs: int, batch_size: int, threads: int, seed: int, result: Path) -> None:
+    """One MWMS worker: train the project's model on this worker's shard, write epoch times."""
+    import tensorflow as tf
+
+    from components.common import dataset
+    from components.train.model import build_model
+    from components.train.sharding import shard_range, steps_per_epoch
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    index, size = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
+    manifest = dataset.read_manifest(data)
+    total = manifest.count("train")
+    start, stop = shard_range(total, index, size)
+    images, labels = dataset.load_range(manifest, "train", start, stop)
+    steps = steps_per_epoch(total, size, batch_size)
+
+    def dataset_fn(_: Any) -> Any:
+        ds = tf.data.Dataset.from_tensor_slices((images, labels))
+        return ds.shuffle(len(labels), seed=seed + index).repeat().batch(batch_size).prefetch(2)
+
+    with strategy.scope():
+        model = build_model(seed)
+        model.compile(
+            optimizer=tf.keras.optimizers.legacy.Adam(learning_rate=0.001 * size),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+        )
+    seconds: list[float] = []
+
+    class EpochTimer(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            seconds.append(time.perf_counter() - self.t0)
+
+    history = model.fit(
+        tf.keras.utils.experimental.DatasetCreator(dataset_fn),
+        epochs=epochs,
+        steps_per_epoch=steps,
+        callbacks=[EpochTimer()],
+        verbose=0,
+    )
+    timed = seconds[1:] or seconds
+    samples = steps * batch_size
+    result.write_text(
+        json.dumps(
+            {
+                "index": index,
+                "epoch_seconds": seconds,
+                "examples_per_second": round(samples / float(median(timed)), 1),
+                "final_accuracy": float(history.history["accuracy"][-1]),
+            }
+        )
+    )
+
+
+def measure_mwms(data: str, work: Path, epochs: int, round_no: int) -> dict[str, Any]:
+    """Two MWMS worker processes on localhost; job throughput = 2 x the slower worker's."""
+    ports = free_ports(WORKERS)
+    out = work / f"mwms-r{round_no}"
+    out.mkdir(parents=True, exist_ok=True)
+    procs = []
+    started = time.monotonic()
+    for index in range(WORKERS):
+        env = dict(os.environ, TF_CONFIG=tf_config(ports, index), TF_CPP_MIN_LOG_LEVEL="2")
+        command = [
+            sys.executable, "-m", "bench.mwms", "worker", "--data", data,
+            "--epochs", str(epochs), "--result", str(out / f"worker{index}.json"),
+        ]  # fmt: skip
+        log = (out / f"worker{index}.log").open("w")
+        procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        codes = [p.wait(timeout=900) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if any(codes):
+        raise RuntimeError(f"MWMS workers exited with {codes}; see {out}/worker*.log")
+    workers = [json.loads((out / f"worker{i}.json").read_text()) for i in range(WORKERS)]
+    rates = [w["examples_per_second"] for w in workers]
+    return {
+        "examples_per_second": WORKERS * min(rates),
+        "per_worker_examples_per_second": rates,
+        "wall_seconds": round(time.monotonic() - started, 2),
+        "final_accuracy": workers[0]["final_accuracy"],
+    }
+
+
+def measure_horovod(data: str, work: Path, epochs: int, round_no: int) -> dict[str, Any]:
+    """The project's trainer, 2 ranks x 1 thread."""
+    output = work / f"horovod-r{round_no}"
+    started = time.monotonic()
+    _, summary = run_trainer(WORKERS, trainer_args(data, output, WORKERS, epochs, threads=1))
+    return {
+        "examples_per_second": job_throughput(summary),
+        "per_worker_examples_per_second": [r["examples_per_second"] for r in summary["per_rank"]],
+        "wall_seconds": round(time.monotonic() - started, 2),
+        "final_accuracy": summary["final_metrics"].get("accuracy"),
+    }
+
+
+def run(train_samples: int, epochs: int, repeats: int, work: Path) -> dict[str, Any]:
+    """Horovod and MWMS, interleaved, `repeats` rounds."""
+    data = bench_dataset(work, train_samples)
+    machine_before = machine_state()
+    runs = interleave(
+        {
+            "horovod": lambda r: measure_horovod(data, work, epochs, r),
+            "mwms": lambda r: measure_mwms(data, work, epochs, r),
+        },
+        repeats,
+    )
+    medians = {k: median([r["examples_per_second"] for r in v]) for k, v in runs.items()}
+    walls = {k: median([r["wall_seconds"] for r in v]) for k, v in runs.items()}
+    return {
+        "settings": {
+            "workers": WORKERS,
+            "threads_per_worker": 1,
+            "batch_size_per_worker": 64,
+            "train_samples": train_samples,
+            "epochs": epochs,
+            "repeats": repeats,
+            "mwms_collective": "RING (gRPC, localhost)",
+            "horovod_collective": "Gloo (horovodrun --gloo, localhost)",
+        },
+        "machine_before": machine_before,
+        "runs": runs,
+        "median_examples_per_second": medians,
+        "median_wall_seconds": walls,
+        "ratios": {
+            "horovod_over_mwms_throughput": ratio(medians["horovod"], medians["mwms"]),
+            "mwms_over_horovod_wall": ratio(walls["mwms"], walls["horovod"]),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m bench.mwms`` (the comparison) or ``python -m bench.mwms worker ...``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        w = argparse.ArgumentParser(prog="python -m bench.mwms worker")
+        w.add_argument("--data", required=True)
+        w.add_argument("--epochs", type=int, default=4)
+        w.add_argument("--batch-size", type=int, default=64)
+        w.add_argument("--threads", type=int, default=1)
+        w.add_argument("--seed", type=int, default=42)
+        w.add_argument("--result", type=Path, required=True)
+        a = w.parse_args(argv[1:])
+        worker(a.data, a.epochs, a.batch_size, a.threads, a.seed, a.result)
+        return 0
+    p = base_parser(__doc__ or NAME)
+    p.add_argument("--train-samples", type=int, default=20000)
+    p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.train_samples, a.epochs, a.repeats = 600, 2, 1
+    result = run(a.train_samples, a.epochs, a.repeats, scratch(a.work, NAME))
+    write_result(NAME, result, a.out)
+    print(result["median_examples_per_second"], result["ratios"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""``make bench``: every benchmark, then ``summary.md`` and ``scaling.png`` in bench/results.
+
+About 20 minutes on 2 cores at the default sizes; ``--quick`` runs tiny sizes (seconds to
+minutes) to check that everything works; ``--only`` runs a subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from bench import allreduce, data_prep, mwms, pipeline_overhead, scaling, time_to_accuracy
+from bench.common import RESULTS_DIR
+from bench.report import write_report
+
+BENCHMARKS = {
+    "data_prep": data_prep.main,
+    "scaling": scaling.main,
+    "mwms": mwms.main,
+    "allreduce": allreduce.main,
+    "time_to_accuracy": time_to_accuracy.main,
+    "pipeline_overhead": pipeline_overhead.main,
+}
+# Extra flags of the full run (kept here so the budget is visible in one place).
+FULL_FLAGS: dict[str, list[str]] = {
+    "pipeline_overhead": ["--also-epochs", "12"],
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the selected benchmarks, then write the report."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", type=Path, default=RESULTS_DIR)
+    p.add_argument("--work", type=Path, default=None, help="scratch directory (default: temp)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat")
+    p.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated names")
+    p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args(argv)
+    names = [n for n in a.only.split(",") if n]
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        p.error(f"unknown benchmarks {unknown}; known: {', '.join(BENCHMARKS)}")
+    common = ["--out", str(a.out), "--repeats", str(a.repeats)]
+    if a.work:
+        common += ["--work", str(a.work)]
+    timings = {}
+    for name in names:
+        flags = common + (["--quick"] if a.quick else FULL_FLAGS.get(name, []))
+        print(f"== {name} {' '.join(flags)}", flush=True)
+        t0 = time.monotonic()
+        BENCHMARKS[name](flags)
+        timings[name] = time.monotonic() - t0
+        print(f"== {name} took {timings[name]:.0f} s", flush=True)
+    for path in write_report(a.out):
+        print(f"wrote {path}")
+    print("time per benchmark (s):", {k: round(v) for k, v in timings.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Horovod scaling on one machine: training throughput of the project's trainer per layout.
+
+A layout is ``NxT``: N Horovod processes with T CPU threads each. The default compares 1x1,
+2x1 (scaling efficiency ``T(2) / (2 T(1))``) and 1x2 (same cores as 2x1, one process).
+Throughput is the trainer's own figure (``run_summary.json``: examples/s from the median
+epoch time, first epoch excluded), for the whole job. On a bigger machine or a GPU node::
+
+    python -m bench.scaling --workers 1,2,4 --out bench/results
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    base_parser,
+    bench_dataset,
+    interleave,
+    job_throughput,
+    machine_state,
+    median,
+    ratio,
+    run_trainer,
+    scratch,
+    trainer_args,
+    write_result,
+)
+
+NAME = "scaling"
+# 1x1p/2x1p: each process pinned to its own core (bench.pin), the fair "1 core per rank".
+DEFAULT_LAYOUTS = "1x1,2x1,1x2,1x1p,2x1p"
+
+
+Layout = tuple[int, int, bool]
+
+
+def parse_layout(text: str) -> Layout:
+    """``"2x1"`` -> ``(2, 1, False)``; a trailing ``p`` pins each process to its own cores."""
+    text = text.lower().strip()
+    pinned = text.endswith("p")
+    workers, _, threads = text.rstrip("p").partition("x")
+    layout = int(workers), int(threads or 1), pinned
+    if min(layout[:2]) < 1:
+        raise ValueError(f"bad layout {text!r}: expected NxT[p] with N, T >= 1")
+    return layout
+
+
+def layout_name(workers: int, threads: int, pinned: bool = False) -> str:
+    """``(2, 1, True)`` -> ``"2x1p"``."""
+    return f"{workers}x{threads}{'p' if pinned else ''}"
+
+
+def measure_layout(
+    data: str, work: Path, layout: Layout, epochs: int, batch_size: int, round_no: int
+) -> dict[str, Any]:
+    """One training run of the layout; its job throughput and per-rank figures."""
+    workers, threads, pinned = layout
+    output = work / f"{layout_name(*layout)}-b{batch_size}-r{round_no}"
+    args = trainer_args(data, output, workers, epochs, threads, batch_size=batch_size)
+    job, summary = run_trainer(workers, args, pin_threads=threads if pinned else 0)
+    return {
+        "examples_per_second": job_throughput(summary),
+        "per_rank_examples_per_second": [r["examples_per_second"] for r in summary["per_rank"]],
+        "steps_per_epoch": summary["per_rank"][0]["steps_per_epoch"],
+        "wall_seconds": round(job.wall_seconds, 2),
+        "final_accuracy": summary["final_metrics"].get("accuracy"),
+    }
+
+
+def run(
+    layouts: list[Layout],
+    train_samples: int,
+    epochs: int,
+    repeats: int,
+    work: Path,
+    batch_size: int = 64,
+) -> dict[str, Any]:
+    """Measure every layout `repeats` times, interleaved; medians and ratios."""
+    data = bench_dataset(work, train_samples)
+    machine_before = machine_state()
+    variants = {
+        layout_name(*layout): functools.partial(
+            measure_layout, data, work, layout, epochs, batch_size
+        )
+        for layout in layouts
+    }
+    runs = interleave(variants, repeats)
+    medians = {name: median([r["examples_per_second"] for r in rs]) for name, rs in runs.items()}
+    result: dict[str, Any] = {
+        "settings": {
+            "layouts": list(variants),
+            "train_samples": train_samples,
+            "epochs": epochs,
+            "repeats": repeats,
+            "batch_size_per_worker": batch_size,
+            "throughput": "examples/s of the whole job, median epoch after the first",
+        },
+        "machine_before": machine_before,
+        "runs": runs,
+        "median_examples_per_second": medians,
+        "ratios": derived_ratios(medians),
+    }
+    return result
+
+
+def derived_ratios(medians: dict[str, float]) -> dict[str, float]:
+    """Scaling efficiency ``T(N) / (N T(1))`` per N (pinned against pinned), 2x1 over 1x2."""
+    out: dict[str, float] = {}
+    for name, value in medians.items():
+        workers, threads, pinned = parse_layout(name)
+        suffix = "p" if pinned else ""
+        base = medians.get(f"1x1{suffix}")
+        if base and threads == 1 and workers > 1:
+            out[f"efficiency_{workers}x1{suffix}"] = ratio(value, workers * base)
+    if "2x1" in medians and "1x2" in medians:
+        out["2x1_over_1x2"] = ratio(medians["2x1"], medians["1x2"])
+    if "1x2" in medians and "1x1" in medians:
+        out["1x2_over_1x1"] = ratio(medians["1x2"], medians["1x1"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m bench.scaling [--workers 1,2,4] [--layouts 1x1,2x1,1x2]``."""
+    p = base_parser(__doc__ or NAME)
+    p.add_argument("--workers", default=None, help="e.g. 1,2,4: layouts Nx1 (plus --layouts)")
+    p.add_argument("--layouts", default=None, help=f"NxT[p] list; default {DEFAULT_LAYOUTS}")
+    p.add_argument("--train-samples", type=int, default=20000)
+    p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
+    p.add_argument("--batch-size", type=int, default=64, help="per worker")
+    p.add_argument("--name", default=NAME, help="result file name (e.g. scaling_b256)")
+    a = p.parse_args(argv)
+    layouts: list[Layout] = []
+    if a.workers:
+        layouts += [(int(w), 1, False) for w in a.workers.split(",")]
+    if a.layouts or not a.workers:
+        layouts += [parse_layout(x) for x in (a.layouts or DEFAULT_LAYOUTS).split(",")]
+    layouts = list(dict.fromkeys(layouts))
+    if a.quick:
+        a.train_samples, a.epochs, a.repeats = 600, 2, 1
+    work = scratch(a.work, NAME)
+    result = run(layouts, a.train_samples, a.epochs, a.repeats, work, a.batch_size)
+    write_result(a.name, result, a.out)
+    print(result["median_examples_per_second"], result["ratios"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Smoke test of the benchmarks: each runs at tiny sizes and writes valid JSON. No timings.
+
+The fast part (data prep, one scaling layout, allreduce without the profiled run, the report)
+runs in ``make test-fast``; the benchmarks that need several real jobs (MWMS, time to
+accuracy, the whole pipeline, the allreduce timeline) are marked ``horovod``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import allreduce, data_prep, mwms, pipeline_overhead, scaling, time_to_accuracy
+from bench.report import write_report
+
+
+def _read(out: Path, name: str) -> dict[str, Any]:
+    record = json.loads((out / f"{name}.json").read_text())
+    assert record["schema"] == "kfp-horovod/bench/v1"
+    assert record["benchmark"] == name
+    assert record["hardware"]["cores"] >= 1
+    assert "effective_cores_of_2" in record["machine_after"]["cpu_capacity"]
+    return record
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fast benchmarks' results, written once for this module."""
+    root = tmp_path_factory.mktemp("bench")
+    out, work = root / "results", root / "work"
+    common = ["--quick", "--out", str(out), "--work", str(work)]
+    assert data_prep.main(common) == 0
+    assert scaling.main([*common, "--layouts", "1x1"]) == 0
+    assert allreduce.main([*common, "--no-timeline"]) == 0
+    return out
+
+
+def test_data_prep_writes_rows_and_fit(results: Path) -> None:
+    record = _read(results, "data_prep")
+    assert [r["train_samples"] for r in record["rows"]] == data_prep.QUICK_SIZES
+    assert all(r["prepare_mb_s"] > 0 and r["copy_mb_s"] > 0 for r in record["rows"])
+    assert set(record["linear_fit"]) == {
+        "intercept_seconds",
+        "microseconds_per_sample",
+        "r_squared",
+    }
+
+
+def test_scaling_reports_job_throughput(results: Path) -> None:
+    record = _read(results, "scaling")
+    assert record["median_examples_per_second"]["1x1"] > 0
+    assert record["runs"]["1x1"][0]["steps_per_epoch"] >= 1
+
+
+def test_allreduce_reports_every_size_and_the_gradients(results: Path) -> None:
+    record = _read(results, "allreduce")
+    assert [r["bytes"] for r in record["allreduce"]] == allreduce.QUICK_SIZES
+    assert all(r["busbw_gb_s"] > 0 for r in record["allreduce"])
+    assert record["memcpy_gb_s"] > 0
+    assert record["gradients"]["bytes"] > 100_000  # the CNN's ~57k float32 weights
+
+
+def test_report_writes_summary_and_plot(results: Path) -> None:
+    written = write_report(results)
+    summary = (results / "summary.md").read_text()
+    assert "| What | Measured | Target | Verdict |" in summary
+    assert (results / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(written) == 2
+
+
+def test_scaling_layouts_parse() -> None:
+    assert scaling.parse_layout("2x1") == (2, 1, False)
+    assert scaling.parse_layout("4") == (4, 1, False)
+    assert scaling.parse_layout("2x1p") == (2, 1, True)
+    with pytest.raises(ValueError):
+        scaling.parse_layout("0x1")
+    ratios = scaling.derived_ratios(
+        {"1x1": 100.0, "2x1": 180.0, "1x2": 150.0, "1x1p": 80.0, "2x1p": 120.0}
+    )
+    assert ratios == {
+        "efficiency_2x1": 0.9,
+        "efficiency_2x1p": 0.75,
+        "2x1_over_1x2": 1.2,
+        "1x2_over_1x1": 1.5,
+    }
+
+
+def test_pin_gives_each_rank_its_own_cores() -> None:
+    from bench.pin import cores_for
+
+    assert [cores_for(r, 1, [0, 1]) for r in range(2)] == [{0}, {1}]
+    assert cores_for(0, 2, [0, 1]) == {0, 1}
+    assert cores_for(2, 1, [0, 1]) == {0}  # more ranks than cores: wrap around
+
+
+@pytest.mark.horovod
+def test_multi_job_benchmarks_run(tmp_path: Path) -> None:
+    out, work = tmp_path / "results", tmp_path / "work"
+    common = ["--quick", "--out", str(out), "--work", str(work)]
+    assert mwms.main(common) == 0
+    assert time_to_accuracy.main(common) == 0
+    assert allreduce.main(common) == 0
+    assert pipeline_overhead.main(common) == 0
+    assert _read(out, "mwms")["ratios"]["horovod_over_mwms_throughput"] > 0
+    tta = _read(out, "time_to_accuracy")
+    assert set(tta["median_wall_seconds_to_target"]) == {"one_process", "horovod_2x1", "two_copies"}
+    assert tta["sampling_runs"]["random_2019"][0]["coverage"]["disjoint"] is False
+    assert tta["sampling_runs"]["disjoint_shards"][0]["coverage"]["disjoint"] is True
+    assert "step_ms" in _read(out, "allreduce")["timeline"]
+    pipe = _read(out, "pipeline_overhead")["medians"]["quick"]
+    assert pipe["train_task_seconds"] > 0 and 0 <= pipe["not_training_share"] <= 1
+    write_report(out)
+    assert "Time to" in (out / "summary.md").read_text()
