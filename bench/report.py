@@ -78,7 +78,7 @@ def target_rows(res: dict[str, dict[str, Any]]) -> list[list[str]]:
                 base = "1x1p" if layout.endswith("p") else "1x1"
                 rows.append(
                     [
-                        f"1. Efficiency {layout} at per-worker batch {batch} (`{name}`)",
+                        f"1. Efficiency {layout} at per-worker batch {batch} (`{name}`, run apart)",
                         f"{_fmt(value)} ({_fmt(m.get(layout), 0)} vs {_fmt(m.get(base), 0)} ex/s)",
                         "(what a bigger batch buys)",
                         "",
@@ -88,7 +88,7 @@ def target_rows(res: dict[str, dict[str, Any]]) -> list[list[str]]:
         q = ip["ratios"]
         rows.append(
             [
-                "1. Profile: tf.data / Keras Sequence input, pinned 1×1 and 2×1",
+                "1. tf.data / Keras Sequence input, 1×1p and 2×1p (`input_pipeline`, run apart)",
                 f"{_fmt(q['tfdata_over_sequence_1x1p'])}× and "
                 f"{_fmt(q['tfdata_over_sequence_2x1p'])}×"
                 f" (efficiency {_fmt(q['efficiency_tfdata'])} vs {_fmt(q['efficiency_sequence'])})",
@@ -208,7 +208,11 @@ def summary_markdown(res: dict[str, dict[str, Any]]) -> str:
         "",
     ]
     out += _table(["What", "Measured", "Target", "Verdict"], target_rows(res))
-    out += ["", "Effective cores of 2 before each benchmark (a shared machine gives less): "]
+    out += [
+        "",
+        "Effective cores of 2 measured before each benchmark (2.0 = both free; a shared machine "
+        "gives less; above 2 is noise of the 0.3 s probe): ",
+    ]
     out += [", ".join(f"{name} {_capacity(r)}" for name, r in res.items()), ""]
     if s := res.get("scaling"):
         out += ["## 1. Scaling (examples/s, median)", ""]
