@@ -63,7 +63,8 @@ def validate_arrays(images: Any, labels: Any, where: str) -> tuple[np.ndarray, n
         raise DataError(f"{where}: images are {x.dtype} and labels {y.dtype}; expected numbers")
     if x.dtype.kind == "f" and not np.isfinite(x).all():
         raise DataError(f"{where}: images contain NaN or infinite values")
-    if x.size and (x.min() < 0 or x.max() > 255):
+    # uint8 pixels are in range by construction: skip two full passes over the images.
+    if x.dtype != np.uint8 and x.size and (x.min() < 0 or x.max() > 255):
         raise DataError(f"{where}: pixel values span {x.min()}..{x.max()}, expected 0..255")
     if y.dtype.kind == "f" and (not np.isfinite(y).all() or not np.all(y == np.round(y))):
         raise DataError(f"{where}: labels are not whole numbers")
@@ -72,7 +73,7 @@ def validate_arrays(images: Any, labels: Any, where: str) -> tuple[np.ndarray, n
         raise DataError(f"{where}: labels outside 0..{NUM_CLASSES - 1}: {bad}")
     if x.dtype.kind == "f" and x.size and x.max() <= 1.0:
         raise DataError(f"{where}: images look scaled to 0..1; expected raw 0..255 pixels")
-    return x.astype(np.uint8), y.astype(np.uint8)
+    return x.astype(np.uint8, copy=False), y.astype(np.uint8, copy=False)
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
