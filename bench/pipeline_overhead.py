@@ -27,6 +27,7 @@ from bench.common import (
     scratch,
     write_result,
 )
+from components.common.defaults import EPOCHS
 
 NAME = "pipeline_overhead"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -115,10 +116,10 @@ def run(configs: dict[str, list[str]], workers: int, repeats: int, work: Path) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m bench.pipeline_overhead [--epochs 4] [--also-epochs 20]``."""
+    """CLI: ``python -m bench.pipeline_overhead [--epochs 8] [--also-epochs 24]``."""
     p = base_parser(__doc__ or NAME)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=4, help="the `make run` default")
+    p.add_argument("--epochs", type=int, default=EPOCHS, help="the `make run` default")
     p.add_argument("--also-epochs", type=int, default=0, help="also a longer run (0: no)")
     a = p.parse_args(argv)
     configs = {"default": ["--epochs", str(a.epochs)]}

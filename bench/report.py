@@ -88,7 +88,8 @@ def target_rows(res: dict[str, dict[str, Any]]) -> list[list[str]]:
         q = ip["ratios"]
         rows.append(
             [
-                "1. tf.data / Keras Sequence input, 1×1p and 2×1p (`input_pipeline`, run apart)",
+                "1. tf.data / Keras Sequence input, 1×1p and 2×1p (`input_pipeline`, measured "
+                "before the trainer moved to tf.data)",
                 f"{_fmt(q['tfdata_over_sequence_1x1p'])}× and "
                 f"{_fmt(q['tfdata_over_sequence_2x1p'])}×"
                 f" (efficiency {_fmt(q['efficiency_tfdata'])} vs {_fmt(q['efficiency_sequence'])})",
