@@ -453,23 +453,32 @@ def git_version_name(repo: str | Path | None = None, package_version: str = __ve
 # --------------------------------------------------------------------------------------------
 
 
+def _named(
+    what: str, lister: Callable[..., Any], field: str, name: str, **kwargs: Any
+) -> list[Any]:
+    """Every object `lister` pages through (under `field`) whose display name is `name`.
+
+    The server is asked to filter by name; its answer is still checked for exact matches.
+    """
+    found = _pages(
+        lambda token: _call(
+            f"look up {what}",
+            lister,
+            page_token=token,
+            page_size=_PAGE_SIZE,
+            filter=_equals_filter("display_name", name),
+            **kwargs,
+        ),
+        field,
+    )
+    return [item for item in found if item.display_name == name]
+
+
 def find_pipeline(client: kfp.Client, name: str, namespace: str | None = None) -> Any | None:
     """Return the pipeline whose display name is `name`, or ``None``; error if several."""
-    found = list(
-        _pages(
-            lambda token: _call(
-                f"look up pipeline {name!r}",
-                client.list_pipelines,
-                page_token=token,
-                page_size=_PAGE_SIZE,
-                filter=_equals_filter("display_name", name),
-                namespace=namespace,
-            ),
-            "pipelines",
-        )
+    found = _named(
+        f"pipeline {name!r}", client.list_pipelines, "pipelines", name, namespace=namespace
     )
-    # Do not trust the server's filter blindly: keep exact matches only.
-    found = [p for p in found if p.display_name == name]
     if len(found) > 1:
         ids = ", ".join(p.pipeline_id for p in found)
         raise OpsError(f"several pipelines are named {name!r} ({ids}); names must be unique")
@@ -478,20 +487,13 @@ def find_pipeline(client: kfp.Client, name: str, namespace: str | None = None) -
 
 def find_pipeline_version(client: kfp.Client, pipeline_id: str, version_name: str) -> Any | None:
     """Return the version of pipeline `pipeline_id` named `version_name`, or ``None``."""
-    found = list(
-        _pages(
-            lambda token: _call(
-                f"look up version {version_name!r} of pipeline {pipeline_id}",
-                client.list_pipeline_versions,
-                pipeline_id=pipeline_id,
-                page_token=token,
-                page_size=_PAGE_SIZE,
-                filter=_equals_filter("display_name", version_name),
-            ),
-            "pipeline_versions",
-        )
+    found = _named(
+        f"version {version_name!r} of pipeline {pipeline_id}",
+        client.list_pipeline_versions,
+        "pipeline_versions",
+        version_name,
+        pipeline_id=pipeline_id,
     )
-    found = [v for v in found if v.display_name == version_name]
     return found[0] if found else None
 
 
@@ -610,20 +612,9 @@ def resolve_version(
 
 def get_or_create_experiment(client: kfp.Client, name: str, namespace: str | None = None) -> str:
     """Return the id of experiment `name`, creating it when missing."""
-    found = list(
-        _pages(
-            lambda token: _call(
-                f"look up experiment {name!r}",
-                client.list_experiments,
-                page_token=token,
-                page_size=_PAGE_SIZE,
-                filter=_equals_filter("display_name", name),
-                namespace=namespace,
-            ),
-            "experiments",
-        )
+    found = _named(
+        f"experiment {name!r}", client.list_experiments, "experiments", name, namespace=namespace
     )
-    found = [e for e in found if e.display_name == name]
     if found:
         return str(found[0].experiment_id)
     body = kfp_server_api.V2beta1Experiment(display_name=name, namespace=namespace)
