@@ -287,13 +287,12 @@ def _train_in(
         checkpoints.restore(ckpt, config.checkpoint_uri, resume_info, Path(workdir))
         log.info("resuming from checkpoint after epoch %d of %d", initial_epoch, config.epochs)
 
-    rows, lengths = epoch_batches(shard, config.seed, rank, range(initial_epoch, config.epochs))
-    # The global ids this rank serves in one epoch, batch by batch (for the coverage check).
-    first_rows, first_lengths = epoch_batches(
-        shard, config.seed, rank, range(initial_epoch, initial_epoch + 1)
-    )
+    # The batches of the epochs left (or, if none are, of one epoch: for the coverage check).
+    epochs_left = range(initial_epoch, config.epochs) or range(initial_epoch, initial_epoch + 1)
+    rows, lengths = epoch_batches(shard, config.seed, rank, epochs_left)
+    # The global ids this rank serves in its first epoch, batch by batch.
     epoch_ids = shard.start + np.concatenate(
-        [row[:length] for row, length in zip(first_rows, first_lengths, strict=True)]
+        [row[:n] for row, n in zip(rows[: shard.steps], lengths[: shard.steps], strict=True)]
     )
     stats = _EpochStats(samples_per_epoch=len(shard.labels))
     callbacks: list[Any] = [
