@@ -57,7 +57,8 @@ class LocalRun:
             f"evaluation_report: {self.artifact('evaluate', 'report')}",
             f"registry_entry: {self.parameter('register-model', 'version_uri') or '(none)'}",
             f"decision: {self.parameter('register-model', 'decision_text')}",
-            f"workers: {summary['world_size']} formed ONE job; 1 model, exported by rank 0 "
+            f"workers: {summary['world_size']} formed ONE job "
+            f"({summary['controller']} controller); 1 model, exported by rank 0 "
             f"(weights identical on all ranks: {summary['weights_identical_across_ranks']})",
         ]
 
@@ -70,28 +71,36 @@ def read_run(run_dir: Path) -> LocalRun:
     return run
 
 
-def run_pipeline_locally(root: str | Path = "runs", **params: Any) -> LocalRun:
+def run_pipeline_locally(
+    root: str | Path = "runs", docker_images: tuple[str, str] | None = None, **params: Any
+) -> LocalRun:
     """Run the pipeline with kfp.local under `root` and return where everything went.
 
     `params` are pipeline parameters; ``registry_root`` defaults to ``<root>/registry``.
-    Parameters are checked before anything runs.
+    Parameters are checked before anything runs. With `docker_images` = ``(registry, tag)``
+    every step runs in its image (``kfp.local.DockerRunner``), else in this environment.
     """
     import kfp.local
 
     root = Path(root).resolve()
-    params.setdefault("registry_root", str(root / "registry"))
+    pipeline_root = root / "pipeline-root"
+    default_registry = (pipeline_root if docker_images else root) / "registry"
+    params.setdefault("registry_root", str(default_registry))
     check_parameters(params)
     if params.get("training_backend", "local") != "local":
         raise ValueError("training_backend must be 'local' for a local run (no cluster here)")
-    pipeline_root = root / "pipeline-root"
     pipeline_root.mkdir(parents=True, exist_ok=True)
+    if docker_images:
+        _share_with_image_user(pipeline_root, Path(params["registry_root"]))
     before = set(pipeline_root.iterdir())
     kfp.local.init(
-        runner=kfp.local.SubprocessRunner(use_venv=False),
+        runner=kfp.local.DockerRunner()
+        if docker_images
+        else kfp.local.SubprocessRunner(use_venv=False),
         pipeline_root=str(pipeline_root),
         raise_on_error=True,
     )
-    pipeline_func = build_pipeline(image_refs())
+    pipeline_func = build_pipeline(image_refs(*docker_images) if docker_images else image_refs())
     started = time.monotonic()
     pipeline_func(**params)
     new = sorted(set(pipeline_root.iterdir()) - before)
@@ -101,3 +110,20 @@ def run_pipeline_locally(root: str | Path = "runs", **params: Any) -> LocalRun:
     run = read_run(runs[0])
     run.wall_seconds = time.monotonic() - started
     return run
+
+
+def _share_with_image_user(pipeline_root: Path, registry_root: Path) -> None:
+    """DockerRunner mounts only the pipeline root, and the images run as a non-root user.
+
+    So the registry must live inside the pipeline root, and both must be writable by the
+    images' user (uid 1000, whatever uid runs this).
+    """
+    registry_root = registry_root.resolve()
+    if not registry_root.is_relative_to(pipeline_root):
+        raise ValueError(
+            f"registry_root must be inside the pipeline root {pipeline_root} with --runner "
+            f"docker (DockerRunner mounts only that folder into the steps), got {registry_root}"
+        )
+    registry_root.mkdir(parents=True, exist_ok=True)
+    for folder in (pipeline_root, registry_root):
+        folder.chmod(0o777)

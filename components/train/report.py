@@ -15,7 +15,8 @@ def coordination_report(summary: dict[str, Any]) -> str:
         "# Coordination report",
         "",
         f"**{size} workers formed ONE Horovod job and trained ONE model** "
-        f"(expected workers: {summary['expected_workers']}; hosts: {', '.join(summary['hosts'])}).",
+        f"(formed by the {summary['controller']} controller; expected workers: "
+        f"{summary['expected_workers']}; hosts: {', '.join(summary['hosts'])}).",
         "",
         f"- Global batch: **{summary['global_batch_size']}** = {size} workers x "
         f"{summary['batch_size_per_worker']} per worker",

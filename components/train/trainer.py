@@ -29,6 +29,7 @@ import numpy as np
 from components.common import dataset, storage
 from components.train import checkpoints
 from components.train.config import TrainConfig
+from components.train.cpus import default_threads
 from components.train.model import build_model, weights_fingerprint
 from components.train.preflight import EXIT_PREFLIGHT, world_size_problem
 from components.train.sharding import batch_bounds, epoch_permutation, shard_range, steps_per_epoch
@@ -56,15 +57,6 @@ def rank_logger(rank: int, size: int) -> logging.Logger:
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logger.propagate = False
     return logger
-
-
-def default_threads(local_size: int) -> int:
-    """CPU threads per process: the cores this process may use, split among local ranks."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_size))
 
 
 def configure_devices(
@@ -172,6 +164,11 @@ def _quiet_tensorflow(tf: Any, rank: int) -> None:
     tf_logger.addFilter(lambda record: "compared to the batch time" not in record.getMessage())
 
 
+def controller(hvd: Any) -> str:
+    """Which Horovod controller formed the job: ``mpi`` (mpirun) or ``gloo`` (horovodrun)."""
+    return "mpi" if hvd.mpi_enabled() else "gloo"
+
+
 def _agree(error: str | None) -> list[str | None]:
     """Every rank learns every rank's error (or None): nobody waits for a rank that gave up."""
     from horovod.tensorflow import allgather_object
@@ -246,11 +243,13 @@ def _train_in(
 
     scaled_lr = config.base_learning_rate * size
     log.info(
-        "ONE Horovod job: %d workers (%s local per host) train ONE model together. Each rank reads "
-        "a disjoint 1/%d of the %d training samples and runs %d steps per epoch; gradients are "
-        "averaged every step; rank 0 alone logs, checkpoints and exports.",
+        "ONE Horovod job: %d workers (%s local per host, formed by the %s controller) train ONE "
+        "model together. Each rank reads a disjoint 1/%d of the %d training samples and runs %d "
+        "steps per epoch; gradients are averaged every step; rank 0 alone logs, checkpoints and "
+        "exports.",
         size,
         hvd.local_size(),
+        controller(hvd),
         size,
         shard.total,
         shard.steps,
@@ -347,6 +346,7 @@ def _train_in(
     summary = _summarise(
         config, size, shard, scaled_lr, initial_epoch, final_metrics, per_rank, all_ids
     )
+    summary["controller"] = controller(hvd)
     summary.update(_export(model, config.model_uri))
     storage.write_text(config.summary_uri, json.dumps(summary, indent=2, sort_keys=True))
     for line in coordination_lines(summary):
@@ -470,8 +470,8 @@ def coordination_lines(summary: dict[str, Any]) -> list[str]:
     """The plain-words answer to 'one model or N?', for the log."""
     size = summary["world_size"]
     lines = [
-        f"{size} workers formed ONE job and trained ONE model "
-        f"(weights identical on all ranks: {summary['weights_identical_across_ranks']}).",
+        f"{size} workers formed ONE job ({summary['controller']} controller) and trained ONE "
+        f"model (weights identical on all ranks: {summary['weights_identical_across_ranks']}).",
     ]
     for r in summary["per_rank"]:
         lo, hi = r["sample_range"]

@@ -234,7 +234,10 @@ def launcher_command(p: MPIJobParams) -> list[str]:
     """``mpirun`` over all slots, output tagged with each line's rank, running the trainer.
 
     The environment of the launcher's processes is forwarded with ``-x`` (ssh sessions on the
-    workers do not inherit the worker container's environment).
+    workers do not inherit the worker container's environment). No ``btl`` selection: the
+    image's Open MPI (Debian 4.1.4) sets ``btl = ^uct,openib,ofi`` in its own
+    ``openmpi-mca-params.conf``, and a second negated list (``-mca btl ^openib``) makes
+    ``MPI_Init`` fail on every worker (see tests/containers).
     """
     return [
         "mpirun",
@@ -256,9 +259,6 @@ def launcher_command(p: MPIJobParams) -> list[str]:
         "-mca",
         "pml",
         "ob1",
-        "-mca",
-        "btl",
-        "^openib",
         *trainer_args(p),
     ]
 

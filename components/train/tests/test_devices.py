@@ -8,12 +8,15 @@ subprocess, since thread settings can only be made before TF starts).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from components.train.trainer import configure_devices, default_threads
+from components.train.cpus import cpu_quota, default_threads
+from components.train.trainer import configure_devices
 
 
 class _FakeConfig:
@@ -51,13 +54,12 @@ def test_thread_override_wins() -> None:
     assert ("intra", 3) in config.calls and ("inter", 2) in config.calls
 
 
-def test_default_threads_split_the_cores_among_local_ranks() -> None:
-    import os
-
+def test_default_threads_split_the_cores_among_local_ranks(tmp_path: Path) -> None:
     cores = len(os.sched_getaffinity(0))
-    assert default_threads(1) == cores
-    assert default_threads(cores) == 1
-    assert default_threads(cores * 4) == 1  # never zero
+    no_limit = tmp_path  # an empty cgroup directory: no CPU limit
+    assert default_threads(1, no_limit) == cores
+    assert default_threads(cores, no_limit) == 1
+    assert default_threads(cores * 4, no_limit) == 1  # never zero
 
 
 def test_cpu_run_uses_the_real_tensorflow_settings() -> None:
@@ -70,3 +72,37 @@ print(json.dumps([device, threads, tf.config.threading.get_intra_op_parallelism_
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["CPU", 1, 1]
+
+
+def _cgroup(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_cpu_limit_caps_the_threads_cgroup_v2(tmp_path: Path) -> None:
+    """A container with a CPU limit of 1 (``cpu.max`` "100000 100000") gets 1 thread, whatever
+    the visible cores: a Kubernetes CPU limit is a CFS quota, not an affinity mask. (The files
+    stand in for the kernel's cgroup files; the container tests check a real ``--cpus``.)"""
+    limited = _cgroup(tmp_path / "a", {"cpu.max": "100000 100000\n"})
+    assert cpu_quota(limited) == 1.0
+    assert default_threads(1, limited) == 1
+    half = _cgroup(tmp_path / "b", {"cpu.max": "50000 100000\n"})
+    assert cpu_quota(half) == 0.5 and default_threads(1, half) == 1  # never zero
+    unlimited = _cgroup(tmp_path / "c", {"cpu.max": "max 100000\n"})
+    assert cpu_quota(unlimited) is None
+    assert default_threads(1, unlimited) == len(os.sched_getaffinity(0))
+
+
+def test_cpu_limit_caps_the_threads_cgroup_v1(tmp_path: Path) -> None:
+    two = _cgroup(
+        tmp_path / "a", {"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}
+    )
+    assert cpu_quota(two) == 2.0
+    assert default_threads(2, two) == min(2, len(os.sched_getaffinity(0))) // 2 or 1
+    none = _cgroup(
+        tmp_path / "b", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}
+    )
+    assert cpu_quota(none) is None
+    assert cpu_quota(tmp_path / "missing") is None

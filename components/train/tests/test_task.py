@@ -23,6 +23,7 @@ def _settings(**overrides: Any) -> TrainSettings:
 def _summary(world_size: int = 3, same: bool = True) -> dict[str, Any]:
     return {
         "world_size": world_size, "expected_workers": world_size, "hosts": ["w-0", "w-1"],
+        "controller": "mpi",
         "epochs": 2, "resumed_from_epoch": 0, "batch_size_per_worker": 32,
         "global_batch_size": 32 * world_size, "base_learning_rate": 0.001,
         "learning_rate": 0.001 * world_size, "warmup_epochs": 1,
@@ -105,6 +106,7 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_report_answers_one_model_or_n() -> None:
     text = coordination_report(_summary())
     assert "**3 workers formed ONE Horovod job and trained ONE model**" in text
+    assert "formed by the mpi controller" in text
     assert "Global batch: **96** = 3 workers x 32 per worker" in text
     assert "Learning rate: **0.003** = 0.001 x 3 workers" in text
     assert text.count("| CPU | 1 |") == 3  # one row per rank
