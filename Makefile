@@ -17,8 +17,17 @@ EPOCHS ?= 8
 REGISTRY ?= ghcr.io/kfp-horovod
 TAG ?= $(shell $(PYTHON) -c "import re;print(re.search(r'__version__ = \"(.+)\"', open('components/__init__.py').read())[1])")
 COMPONENT_IMAGES := data_prep trainer evaluate register
+# Values owned by components/common/defaults.py.
+defaults = $(shell $(PYTHON) -c "from components.common import defaults; print(defaults.$(1))")
+LOCAL_REGISTRY ?= $(call defaults,LOCAL_IMAGE_REGISTRY)
+LOCAL_TAG ?= $(call defaults,LOCAL_IMAGE_TAG)
+BASE_IMAGE ?= $(call defaults,BASE_IMAGE)
+OFFLINE_BASE_IMAGE ?= $(call defaults,OFFLINE_BASE_IMAGE)
+# images/<dir>=<image name> for images-local, from IMAGE_NAMES in defaults.py.
+LOCAL_IMAGES = $(shell $(PYTHON) -c "from components.common.defaults import IMAGE_NAMES as n; print(' '.join(f'{k}={v}' for k, v in n.items()))")
 
-.PHONY: help install lock run test test-fast lint typecheck compile images bench clean
+.PHONY: help install lock run test test-fast test-containers lint typecheck compile images \
+	images-local base-image docker-ready bench clean
 
 # upload / submit / schedule against a KFP cluster (see docs/operating.md)
 include make/ops.mk
@@ -57,7 +66,13 @@ run: install
 	$(PY) -m pipeline run-local --workers $(WORKERS) --epochs $(EPOCHS)
 
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not containers"
+
+# Docker-based tests (tests/containers): every image built, each pipeline step in its image, the
+# MPIJob's launcher and workers run as mpi-operator runs them. Installs and starts Docker first.
+test-containers: install images-local
+	$(MAKE) --no-print-directory gcs-emulator-image
+	$(PY) -m pytest -m containers tests/containers
 
 test-fast: install
 	$(PY) -m pytest -m "not horovod and not e2e"
@@ -80,6 +95,22 @@ images:
 		docker build -f images/$$c/Dockerfile -t $(REGISTRY)/$$name:$(TAG) . && \
 		docker push $(REGISTRY)/$$name:$(TAG) || exit 1; \
 	done
+
+# Make sure a Docker engine runs (installs Debian's docker.io and starts dockerd if needed).
+docker-ready:
+	@make/ensure-docker.sh
+
+# The offline stand-in for $(BASE_IMAGE): Debian bookworm + Python 3.11 from Debian's packages.
+base-image: docker-ready
+	images/base/build-offline-base.sh $(OFFLINE_BASE_IMAGE)
+
+# Build the four component images as $(LOCAL_REGISTRY)/<name>:$(LOCAL_TAG), no push; falls back
+# to the offline base when $(BASE_IMAGE) cannot be pulled.
+images-local: docker-ready
+	images/build-local.sh $(LOCAL_REGISTRY) $(LOCAL_TAG) $(BASE_IMAGE) $(OFFLINE_BASE_IMAGE) $(LOCAL_IMAGES)
+
+gcs-emulator-image: docker-ready
+	images/build-local.sh $(LOCAL_REGISTRY) $(LOCAL_TAG) $(BASE_IMAGE) $(OFFLINE_BASE_IMAGE) gcs-emulator=gcs-emulator
 
 bench: install
 	$(PY) -m bench.run_all

@@ -37,14 +37,37 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 @click.option("--model-name", default=defaults.MODEL_NAME, show_default=True)
 @click.option("--root", default="runs", show_default=True, help="where runs and the registry go")
 @click.option("--registry-root", default=None, help="default ROOT/registry")
-def run_local_command(root: str, registry_root: str | None, **params: object) -> None:
+@click.option(
+    "--runner",
+    type=click.Choice(["subprocess", "docker"]),
+    default="subprocess",
+    show_default=True,
+    help="subprocess: every step in this environment; docker: every step in its image "
+    "(build them with `make images-local`)",
+)
+@click.option(
+    "--image-registry",
+    default=defaults.LOCAL_IMAGE_REGISTRY,
+    show_default=True,
+    help="with --runner docker: where the step images come from",
+)
+@click.option("--image-tag", default=defaults.LOCAL_IMAGE_TAG, show_default=True)
+def run_local_command(
+    root: str,
+    registry_root: str | None,
+    runner: str,
+    image_registry: str,
+    image_tag: str,
+    **params: object,
+) -> None:
     """Run the whole pipeline on this machine (kfp.local, horovodrun, local disk)."""
     from pipeline.local_run import run_pipeline_locally
 
     if registry_root:
         params["registry_root"] = registry_root
+    images = (image_registry, image_tag) if runner == "docker" else None
     try:
-        run = run_pipeline_locally(root, **params)
+        run = run_pipeline_locally(root, docker_images=images, **params)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     click.echo("=" * 80)

@@ -37,6 +37,11 @@ IMAGE_CODE_DIRS: dict[str, tuple[str, ...]] = {
     "evaluate": ("evaluate",),
     "register": ("register",),
 }
+# Not component images: the offline base (images/base) and the GCS emulator of the container
+# tests (images/gcs-emulator).
+SUPPORT_IMAGE_DIRS = {"base", "gcs-emulator"}
+# The check-parameters step runs in the data_prep image.
+IMAGE_EXTRA_SOURCES: dict[str, tuple[str, ...]] = {"data_prep": ("components/common/params.py",)}
 FIRST_PARTY = {"components", "pipeline"}
 NON_ROOT_SAFE_AFTER_USER = {"WORKDIR", "EXPOSE", "CMD", "ENTRYPOINT", "LABEL", "ENV", "STOPSIGNAL"}
 CREDENTIAL_NAME = re.compile(
@@ -186,16 +191,38 @@ def requires(dist: str) -> list[str]:
 
 
 def component_sources(image: str) -> list[Path]:
-    """The non-test .py files under components/common and the image's component packages."""
-    files: list[Path] = []
-    for sub in ("common", *IMAGE_CODE_DIRS[image]):
+    """The .py files an image's program runs: the non-test files of its component packages, and
+    every first-party module they import, transitively (so components/common only as far as
+    it is used: an image carries only what its program imports)."""
+    files: list[Path] = [ROOT / extra for extra in IMAGE_EXTRA_SOURCES.get(image, ())]
+    for sub in IMAGE_CODE_DIRS[image]:
         base = ROOT / "components" / sub
         for path in sorted(base.rglob("*.py")):
             rel = path.relative_to(base).parts
             if "tests" in rel[:-1] or rel[-1].startswith("test_") or rel[-1] == "conftest.py":
                 continue
             files.append(path)
+    queue = list(files)
+    while queue:
+        for module in sorted(imported_modules(queue.pop())):
+            path = first_party_file(module)
+            if path is not None and path not in files:
+                files.append(path)
+                queue.append(path)
     return files
+
+
+def first_party_file(module: str) -> Path | None:
+    """The file of first-party `module` (longest prefix that is a module), or None."""
+    parts = module.split(".")
+    if parts[0] not in FIRST_PARTY:
+        return None
+    for end in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:end])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -258,8 +285,9 @@ def distributions_for(module: str) -> frozenset[str]:
 
 
 def test_image_dirs_match_image_names() -> None:
-    """One Dockerfile per name in IMAGE_NAMES, and no Dockerfile for an unknown image."""
-    built = {p.parent.name for p in IMAGES.glob("*/Dockerfile")}
+    """One Dockerfile per name in IMAGE_NAMES, and no Dockerfile for an unknown image (besides
+    the support images: the offline base and the container tests' GCS emulator)."""
+    built = {p.parent.name for p in IMAGES.glob("*/Dockerfile")} - SUPPORT_IMAGE_DIRS
     assert built == set(IMAGE_NAMES), (
         f"images/*/Dockerfile {sorted(built)} != IMAGE_NAMES {sorted(IMAGE_NAMES)}"
     )
@@ -322,7 +350,7 @@ def test_compiled_pipeline_images_have_dockerfiles(tmp_path: Path) -> None:
 @pytest.mark.parametrize("image", IMAGE_PARAMS)
 def test_component_imports_are_installed_in_image(image: str) -> None:
     sources = component_sources(image)
-    assert any(p.parent.name == "common" for p in sources), "components/common has no code?"
+    assert any(p.parent.name == "common" for p in sources), "no components/common module used?"
     installed = image_distributions(image)
     problems = []
     for path in sources:
@@ -339,6 +367,14 @@ def test_component_imports_are_installed_in_image(image: str) -> None:
                     f"not installed by images/{image}"
                 )
     assert not problems, "\n".join(problems)
+
+
+def test_data_prep_image_carries_no_tensorflow() -> None:
+    """Data prep (and the check step in its image) imports no TensorFlow, so its image has none
+    (see images/README.md for the sizes)."""
+    assert not {"tensorflow", "tensorflow-cpu", "keras"} & image_distributions("data_prep")
+    imported = {m for path in component_sources("data_prep") for m in imported_modules(path)}
+    assert not {m for m in imported if m.split(".")[0] in ("tensorflow", "keras", "horovod")}
 
 
 @pytest.mark.parametrize("image", IMAGE_PARAMS)
@@ -442,11 +478,33 @@ def test_project_wheel_contains_all_component_code(tmp_path: Path) -> None:
 # --- tests: Dockerfile hygiene ------------------------------------------------------------------
 
 
+def _base_args(image: str) -> dict[str, str]:
+    """The ``ARG NAME=default`` lines before the first FROM (the only ARGs a FROM may use)."""
+    args: dict[str, str] = {}
+    for instr in instructions(image):
+        if instr.keyword == "FROM":
+            break
+        if instr.keyword == "ARG":
+            name, _, default = instr.args.partition("=")
+            args[name.strip()] = default.strip()
+    return args
+
+
+@pytest.mark.parametrize("image", IMAGE_PARAMS)
+def test_base_image_is_an_overridable_build_arg(image: str) -> None:
+    """Every image builds on ``ARG BASE_IMAGE`` (so the offline base can stand in), defaulting
+    to the one base of components/common/defaults.py."""
+    assert _base_args(image).get("BASE_IMAGE") == defaults.BASE_IMAGE
+    froms = [i.args.split()[0] for i in instructions(image) if i.keyword == "FROM"]
+    assert "${BASE_IMAGE}" in froms
+
+
 @pytest.mark.parametrize("image", IMAGE_PARAMS)
 def test_base_images_are_pinned(image: str) -> None:
     stages: set[str] = set()
     froms = [i for i in instructions(image) if i.keyword == "FROM"]
     assert froms
+    base_args = _base_args(image)
     for instr in froms:
         words = [w for w in instr.args.split() if not w.startswith("--")]
         ref = words[0]
@@ -454,7 +512,11 @@ def test_base_images_are_pinned(image: str) -> None:
             stages.add(words[2].lower())
         if ref.lower() in stages - {words[2].lower() if len(words) >= 3 else ""}:
             continue  # FROM an earlier stage
-        assert "$" not in ref, f"line {instr.line}: FROM {ref}: no build-arg base images"
+        arg = re.fullmatch(r"\$\{?(\w+)\}?", ref)
+        if arg:
+            assert base_args.get(arg.group(1)), f"line {instr.line}: FROM {ref} has no default"
+            ref = base_args[arg.group(1)]
+        assert "$" not in ref, f"line {instr.line}: FROM {ref}: only a whole ARG with a default"
         name, _, digest = ref.partition("@")
         last = name.rsplit("/", 1)[-1]
         tag = last.partition(":")[2]

@@ -26,6 +26,16 @@ IMAGE_NAMES: dict[str, str] = {
 }
 
 
+# `make images-local` tags its builds so (never pushed); `run-local --runner docker` and the
+# container tests use them.
+LOCAL_IMAGE_REGISTRY = "kfp-horovod.local"
+LOCAL_IMAGE_TAG = "dev"
+# The base image of every Dockerfile (ARG BASE_IMAGE), and the offline stand-in for it that
+# images/base/build-offline-base.sh makes from Debian's packages.
+BASE_IMAGE = "python:3.11.10-slim-bookworm"
+OFFLINE_BASE_IMAGE = "kfp-horovod-base:bookworm-py311"
+
+
 def image_ref(component: str, registry: str | None = None, tag: str | None = None) -> str:
     """The image reference of `component`, e.g. ``<registry>/kfp-horovod-trainer:0.1.0``."""
     if component not in IMAGE_NAMES:
