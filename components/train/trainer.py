@@ -20,6 +20,7 @@ import socket
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,10 @@ def make_dataset(tf: Any, shard: Shard, rows: np.ndarray, lengths: np.ndarray, t
 
 
 def _quiet_tensorflow(tf: Any, rank: int) -> None:
-    """TF's Python warnings only from rank 0, without the first-step callback-timing note."""
+    """TF's and Python's warnings only from rank 0 (one copy, not one per rank), without the
+    first-step callback-timing note."""
+    if rank != 0:
+        warnings.simplefilter("ignore")
     tf_logger = tf.get_logger()
     tf_logger.setLevel(logging.WARNING if rank == 0 else logging.ERROR)
     tf_logger.addFilter(lambda record: "compared to the batch time" not in record.getMessage())

@@ -1,0 +1,75 @@
+"""Fixtures of the container tests: the Docker engine, the locally built images, and a GCS
+emulator container that the jobs' networks reach as ``gcs`` and the tests reach on 127.0.0.1.
+
+Where Docker or an image is missing these tests skip with the command that provides it; in CI
+(``CI`` set) they fail instead, so a green CI run always ran them. `make test-containers`
+installs Docker, builds the images and runs them.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.containers.support import require_images, unavailable
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    """A client of the local Docker engine."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # docker.errors.DockerException, requests' ConnectionError
+        unavailable(f"no Docker engine answers ({exc}); `make docker-ready` starts one")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def gcs_container(docker_client: Any) -> Iterator[tuple[Any, str]]:
+    """The GCS emulator in a container: yields ``(container, "http://127.0.0.1:PORT")``."""
+    image = require_images(docker_client, "gcs-emulator")["gcs-emulator"]
+    container = docker_client.containers.run(
+        image, detach=True, ports={"9023/tcp": ("127.0.0.1", None)},
+        labels={"kfp-horovod.test/mpijob": "gcs-emulator"},
+    )  # fmt: skip
+    try:
+        container.reload()
+        port = container.attrs["NetworkSettings"]["Ports"]["9023/tcp"][0]["HostPort"]
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(url, container)
+        yield container, url
+    finally:
+        container.remove(force=True)
+
+
+def _wait_http(url: str, container: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"GCS emulator not up: {container.logs().decode()}") from None
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def gcs_host(gcs_container: tuple[Any, str]) -> Iterator[str]:
+    """Point this process's storage client at the emulator container (module-wide)."""
+    from components.common import storage
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STORAGE_EMULATOR_HOST", gcs_container[1])
+        mp.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
+        storage._client.cache_clear()
+        yield gcs_container[1]
+    storage._client.cache_clear()

@@ -1,0 +1,49 @@
+"""Helpers of the container tests (fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+import pytest
+
+from components.common import defaults
+
+_buckets = itertools.count()
+
+
+def local_image(component: str) -> str:
+    """The reference `make images-local` tags a component image (or a support image) with."""
+    name = defaults.IMAGE_NAMES.get(component, component)
+    return f"{defaults.LOCAL_IMAGE_REGISTRY}/{name}:{defaults.LOCAL_IMAGE_TAG}"
+
+
+def unavailable(why: str) -> None:
+    """Skip; in CI (``CI`` set) fail instead, so a green CI run always ran these tests."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{why} (CI must run the container tests: `make test-containers`)")
+    pytest.skip(why)
+
+
+def require_images(client: Any, *components: str) -> dict[str, str]:
+    """The local references of `components`' images; skip (fail in CI) if one is not built."""
+    import docker
+
+    refs = {c: local_image(c) for c in components}
+    for ref in refs.values():
+        try:
+            client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            unavailable(f"image {ref} is not built; run `make images-local gcs-emulator-image`")
+    return refs
+
+
+def new_bucket() -> str:
+    """A new bucket in the emulator container (needs `gcs_host`)."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs
+
+    name = f"containers-{os.getpid()}-{next(_buckets)}"
+    gcs.Client(project="emulator", credentials=AnonymousCredentials()).create_bucket(name)
+    return name

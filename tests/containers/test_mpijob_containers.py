@@ -1,0 +1,216 @@
+"""The training MPIJob executed the way mpi-operator v2beta1 executes it: real trainer image,
+real Open MPI, real sshd and ssh, real Horovod, data and model on gs:// (the emulator).
+
+The operator and the kubelet are played by `mpijob_harness` (see its docstring); everything
+the containers run comes from the manifest that `build_manifest` makes, the same builder as
+``render-mpijob`` and the train component.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.common import storage
+from components.train import checkpoints
+from components.train.mpijob.manifest import (
+    MPIJobParams,
+    build_manifest,
+    trainer_args,
+    trainer_config,
+)
+from tests.containers.mpijob_harness import LauncherResult, MPIJobRun
+from tests.containers.support import new_bucket, require_images
+
+pytestmark = pytest.mark.containers
+
+NAMESPACE = "kfp"
+STALL_SECONDS = 60
+_TAGGED = re.compile(r"^\[1,(\d+)\]<(stdout|stderr)>:(.*)$")
+
+
+@pytest.fixture(scope="module")
+def trainer_image(docker_client: Any) -> str:
+    return require_images(docker_client, "trainer")["trainer"]
+
+
+@pytest.fixture(scope="module")
+def data_uri(gcs_host: str) -> str:
+    """The bundled digits (1,200 train / 300 test) prepared onto the emulator from here."""
+    from components.data_prep.prep import prepare
+
+    uri = f"gs://{new_bucket()}/data"
+    prepare("bundled", uri, shard_size=400, limit=1200)
+    return uri
+
+
+def params(image: str, data_uri: str, run: str, **overrides: Any) -> MPIJobParams:
+    base: dict[str, Any] = dict(
+        run_name=run, data_uri=data_uri, output_uri=f"gs://{new_bucket()}/{run}", image=image,
+        cpu_per_worker="1", memory_per_worker="2Gi", epochs=2, batch_size=32,
+        stall_shutdown_seconds=STALL_SECONDS,
+    )  # fmt: skip
+    return MPIJobParams(**{**base, **overrides})
+
+
+def run_job(p: MPIJobParams, docker: Any, gcs: tuple[Any, str], tmp: Path) -> dict[str, Any]:
+    """Run the MPIJob of `p` to its end; returns the result, the summary and the harness."""
+    with MPIJobRun(build_manifest(p, NAMESPACE), docker, tmp, emulator=gcs[0]) as job:
+        job.start_workers()
+        result = job.run_launcher(timeout=600)
+        limits = job.limits(job.worker_template)
+    summary_text = storage.read_text(p.summary_uri) if storage.exists(p.summary_uri) else "{}"
+    return {"result": result, "summary": json.loads(summary_text), "cpus": limits[0], "p": p}
+
+
+def tagged_lines(log: str) -> list[tuple[int, str]]:
+    """``(rank, text)`` of every line mpirun tagged with its rank (``--tag-output``)."""
+    return [(int(m[1]), m[3]) for m in map(_TAGGED.match, log.splitlines()) if m]
+
+
+def model_files(bucket_prefix: str) -> list[str]:
+    return [u for u in storage.list_files(bucket_prefix) if u.endswith("/saved_model.pb")]
+
+
+def bucket_of(uri: str) -> str:
+    return "/".join(uri.split("/")[:3])
+
+
+# --- a. the seed's case: 3 workers x 1 slot -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def job_3x1(
+    trainer_image: str, data_uri: str, docker_client: Any, gcs_container: Any, tmp_path_factory: Any
+) -> dict[str, Any]:
+    p = params(trainer_image, data_uri, "seed-3x1", workers=3, slots_per_worker=1)
+    return run_job(p, docker_client, gcs_container, tmp_path_factory.mktemp("job-3x1"))
+
+
+def test_3x1_launcher_succeeds_as_one_mpi_job_of_3(job_3x1: dict[str, Any]) -> None:
+    result: LauncherResult = job_3x1["result"]
+    assert result.exit_code == 0, result.log[-4000:]
+    # The regression of the first real run: a second negated btl list broke MPI_Init.
+    assert "single negation operator" not in result.log
+    summary = job_3x1["summary"]
+    assert summary["world_size"] == summary["expected_workers"] == 3
+    assert summary["controller"] == "mpi"
+    assert len(summary["hosts"]) == 3 and all("-worker-" in h for h in summary["hosts"])
+
+
+def test_3x1_exports_exactly_one_model_with_identical_weights(job_3x1: dict[str, Any]) -> None:
+    p: MPIJobParams = job_3x1["p"]
+    assert model_files(bucket_of(p.output_uri)) == [f"{p.expected_model_uri}/saved_model.pb"]
+    summary = job_3x1["summary"]
+    assert summary["weights_identical_across_ranks"] is True
+    assert len({r["weights_sha256"] for r in summary["per_rank"]}) == 1
+    assert summary["coverage"]["disjoint"] and summary["coverage"]["covers_all"]
+
+
+def test_3x1_logs_every_epoch_once_and_no_line_once_per_rank(job_3x1: dict[str, Any]) -> None:
+    lines = tagged_lines(job_3x1["result"].log)
+    assert lines, "no rank-tagged output: was --tag-output dropped?"
+    epochs = job_3x1["p"].epochs
+    for epoch in range(1, epochs + 1):
+        hits = [(r, t) for r, t in lines if f"Epoch {epoch}/{epochs} " in t]
+        assert len(hits) == 1 and hits[0][0] == 0, hits
+    ranks_by_text: dict[str, set[int]] = defaultdict(set)
+    for rank, text in lines:
+        ranks_by_text[text].add(rank)
+    repeated = {t: sorted(r) for t, r in ranks_by_text.items() if len(r) > 1 and t.strip()}
+    assert not repeated, f"lines printed once per rank: {repeated}"
+
+
+def test_3x1_threads_follow_the_worker_cpu_limit(job_3x1: dict[str, Any]) -> None:
+    """Each worker container's --cpus is the manifest's limit scaled to this machine; every
+    rank's thread count follows it, not the cores it can see."""
+    expected = max(1, int(job_3x1["cpus"]) // job_3x1["p"].slots_per_worker)
+    assert [r["threads"] for r in job_3x1["summary"]["per_rank"]] == [expected] * 3
+
+
+# --- b. 2 workers x 2 slots -----------------------------------------------------------------
+
+
+def test_2x2_forms_one_job_of_4_and_one_model(
+    trainer_image: str, data_uri: str, docker_client: Any, gcs_container: Any, tmp_path: Path
+) -> None:
+    p = params(trainer_image, data_uri, "two-by-two", workers=2, slots_per_worker=2)
+    job = run_job(p, docker_client, gcs_container, tmp_path)
+    assert job["result"].exit_code == 0, job["result"].log[-4000:]
+    summary = job["summary"]
+    assert (summary["world_size"], summary["controller"]) == (4, "mpi")
+    assert sorted(r["local_rank"] for r in summary["per_rank"]) == [0, 0, 1, 1]
+    assert len(summary["hosts"]) == 2
+    assert model_files(bucket_of(p.output_uri)) == [f"{p.expected_model_uri}/saved_model.pb"]
+
+
+# --- c. the seed's failure: every worker runs the trainer itself ----------------------------
+
+
+def test_workers_running_the_trainer_themselves_stop_as_independent_copies(
+    trainer_image: str, data_uri: str, docker_client: Any, gcs_container: Any, tmp_path: Path
+) -> None:
+    """The seed's mistake, reproduced: an MPIJob whose workers run the script (no mpirun).
+    Every copy is a world of 1; the preflight stops each one and nothing is exported."""
+    p = params(trainer_image, data_uri, "independent", workers=3)
+    manifest = build_manifest(p, NAMESPACE)
+    worker = manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    worker["command"], worker["args"] = trainer_args(p), []
+    with MPIJobRun(manifest, docker_client, tmp_path, emulator=gcs_container[0]) as job:
+        job.start_workers()
+        codes = [w.wait(timeout=300)["StatusCode"] for w in job.workers]
+        logs = job.worker_logs()
+    assert codes == [3, 3, 3], logs
+    for log in logs.values():
+        assert "independent copies, not one job" in log, log
+    assert storage.list_files(p.output_uri) == []
+
+
+# --- d. a worker container killed mid-run ---------------------------------------------------
+
+
+def _wait_for_checkpoint(uri: str, job: MPIJobRun, timeout: float = 300) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = checkpoints.latest(uri)
+        if info is not None:
+            return info.epoch
+        job.launcher.reload()
+        assert job.launcher.status == "running", job.launcher.logs().decode()[-3000:]
+        time.sleep(0.5)
+    raise TimeoutError(f"no checkpoint under {uri} after {timeout:g} s")
+
+
+def test_killed_worker_fails_the_job_fast_and_a_rerun_resumes(
+    trainer_image: str, data_uri: str, docker_client: Any, gcs_container: Any, tmp_path: Path
+) -> None:
+    p = params(trainer_image, data_uri, "killed", workers=3, epochs=12)
+    checkpoint_uri = trainer_config(p).checkpoint_uri
+    with MPIJobRun(build_manifest(p, NAMESPACE), docker_client, tmp_path / "1", emulator=gcs_container[0]) as job:  # fmt: skip  # noqa: E501
+        job.start_workers()
+        job.wait_ready()
+        job.start_launcher()
+        _wait_for_checkpoint(checkpoint_uri, job)
+        killed_at = time.monotonic()
+        job.kill_worker(1)
+        result = job.wait_launcher(timeout=STALL_SECONDS + 120)
+        detected_after = time.monotonic() - killed_at
+    assert result.exit_code != 0
+    assert detected_after < STALL_SECONDS, f"the job took {detected_after:.0f} s to fail"
+    assert job.worker_name(1) in result.log, result.log[-3000:]
+    # No model, and nothing half-written where the model goes.
+    assert storage.list_files(p.expected_model_uri) == []
+    resume_from = checkpoints.latest(checkpoint_uri)
+    assert resume_from is not None and 1 <= resume_from.epoch < p.epochs
+
+    rerun = run_job(p, docker_client, gcs_container, tmp_path / "2")
+    assert rerun["result"].exit_code == 0, rerun["result"].log[-4000:]
+    assert f"resuming from checkpoint after epoch {resume_from.epoch} of" in rerun["result"].log
+    assert rerun["summary"]["resumed_from_epoch"] == resume_from.epoch
+    assert model_files(bucket_of(p.output_uri)) == [f"{p.expected_model_uri}/saved_model.pb"]
