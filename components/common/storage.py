@@ -1,7 +1,7 @@
 """One code path for local paths and ``gs://`` URIs.
 
 Local paths are used as they are; ``gs://bucket/key`` goes through ``google-cloud-storage``
-(which honours ``STORAGE_EMULATOR_HOST``, so tests run against ``gcp-storage-emulator``).
+(which honours ``STORAGE_EMULATOR_HOST``, so tests run against ``fake-gcs-server``).
 Every write is all-or-nothing: local files are written to a temporary name and renamed, and a
 GCS object appears only when its upload completes.
 """
