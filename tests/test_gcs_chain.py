@@ -1,9 +1,8 @@
 """The programs' gs:// paths, with the real google-cloud-storage client against
-gcp-storage-emulator: prep writes to gs://, a real 2-rank Horovod job reads the dataset from
+fake-gcs-server: prep writes to gs://, a real 2-rank Horovod job reads the dataset from
 it and writes its checkpoints, summary and model there, the evaluator reads the model from
 it, and registration publishes to it. (The emulator is the only stand-in: it is GCS's JSON
-API on localhost; it does not enforce generation preconditions, which the registry tests
-cover separately.)"""
+API on localhost, preconditions included; the races themselves are in the registry tests.)"""
 
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
 """One code path for local paths and ``gs://`` URIs.
 
 Local paths are used as they are; ``gs://bucket/key`` goes through ``google-cloud-storage``
-(which honours ``STORAGE_EMULATOR_HOST``, so tests run against ``gcp-storage-emulator``).
+(which honours ``STORAGE_EMULATOR_HOST``, so tests run against ``fake-gcs-server``).
 Every write is all-or-nothing: local files are written to a temporary name and renamed, and a
 GCS object appears only when its upload completes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -174,32 +175,55 @@ def _walk_local(local_dir: Path) -> Iterator[tuple[Path, str]]:
             yield path, path.relative_to(local_dir).as_posix()
 
 
-def upload_dir(local_dir: str | Path, uri: str, last: str | None = None) -> None:
+def upload_dir(
+    local_dir: str | Path, uri: str, last: str | None = None, staging: str | None = None
+) -> None:
     """Copy a local directory tree to `uri`.
 
     Locally the tree is staged next to the destination and renamed into place, so the
-    destination appears complete or not at all (it must not exist yet). On GCS the file named
-    `last` (relative path, e.g. ``saved_model.pb``) is uploaded after all others, so a reader
-    that waits for it never sees a partial tree.
+    destination appears complete or not at all (it must not exist yet); `staging` is not used.
+
+    GCS has no atomic rename of a prefix, so `uri` cannot appear all at once. The file named
+    `last` (relative path, e.g. ``saved_model.pb``) is written after every other file is
+    complete, so a reader that keys on it never sees a partial tree. With `staging` (a GCS
+    prefix that readers of `uri` ignore), the files are first uploaded there, then copied
+    server-side into `uri` (`last` last) and the staged copy is deleted: `uri` then exists
+    incomplete only while those copies run, not during the upload, and not at all after an
+    upload that failed.
     """
     local_dir = Path(local_dir)
     if is_gcs(uri):
-        files = list(_walk_local(local_dir))
-        files.sort(key=lambda item: item[1] == last)
+        files = sorted(_walk_local(local_dir), key=lambda item: item[1] == last)
         for path, rel in files:
-            _blob(join(uri, rel)).upload_from_filename(str(path), retry=_retry())
+            _blob(join(staging or uri, rel)).upload_from_filename(str(path), retry=_retry())
+        if staging is not None:
+            _move_objects(staging, uri, [rel for _, rel in files])
         return
     dest = Path(uri)
     if dest.exists():
         raise FileExistsError(f"destination already exists: {dest}")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        shutil.copytree(local_dir, staging, dirs_exist_ok=True)
-        os.replace(staging, dest)
+        shutil.copytree(local_dir, tmp, dirs_exist_ok=True)
+        os.replace(tmp, dest)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _move_objects(src: str, dest: str, rels: list[str]) -> None:
+    """Server-side copy of ``src/<rel>`` to ``dest/<rel>`` in the order given, then delete src."""
+    from google.api_core import exceptions as gexc
+
+    for rel in rels:
+        source, target = _blob(join(src, rel)), _blob(join(dest, rel))
+        token, _, _ = target.rewrite(source, retry=_retry())
+        while token is not None:  # large objects take several rewrite calls
+            token, _, _ = target.rewrite(source, token=token, retry=_retry())
+    for rel in rels:
+        with contextlib.suppress(gexc.NotFound):  # a retried delete whose first try went through
+            _blob(join(src, rel)).delete(retry=_retry())
 
 
 def download_dir(uri: str, local_dir: str | Path) -> Path:

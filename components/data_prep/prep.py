@@ -47,7 +47,7 @@ def prepare(
     output is deterministic: the same source and arguments give byte-identical files.
     Nothing is written unless the whole source validates. The dataset is staged in a local
     temporary directory and then published: locally by one rename (it appears complete or not
-    at all), on GCS with ``manifest.json`` uploaded last.
+    at all), on GCS with ``manifest.json`` uploaded last (readers key on it: ``read_manifest``).
     """
     if shard_size < 1:
         raise ValueError(f"--shard-size must be >= 1, got {shard_size}")

@@ -6,14 +6,22 @@ Layout under the registry root::
     <root>/<model>/_claims/<version>.json  who claimed each version number (exclusive create)
     <root>/<model>/_runs/<run-key>.json    which version a pipeline run registered (idempotency)
     <root>/<model>/_aliases/<alias>.json   the promoted version, e.g. production.json
+    <root>/<model>/_staging/<v>.<id>/      GCS only: a version being uploaded (then moved)
 
 TF Serving only looks at numeric directories, so the control files live beside them. A version
 number is taken by creating its claim file exclusively (``O_EXCL`` locally,
 ``ifGenerationMatch=0`` on GCS): two registrations never get the same number, and gaps are
-possible (a claim whose registration then failed). A version directory appears complete or not
-at all locally (staged and renamed); on GCS ``saved_model.pb`` is uploaded last, so the version
-is not a loadable SavedModel until every other file is there. Aliases move by compare-and-swap
-(generation match on GCS, an flock-guarded check locally).
+possible (a claim whose registration then failed, or the extra claims of concurrent attempts of
+one pipeline run). Aliases move by compare-and-swap (generation match on GCS, an flock-guarded
+check locally).
+
+Publishing a version. Locally the directory is staged under a dot-name and renamed: it appears
+complete or not at all. GCS cannot rename a prefix, so there the version is uploaded under
+``_staging/`` and copied server-side into ``<v>/`` with ``saved_model.pb`` last: a reader keyed
+on ``saved_model.pb`` (``is_published``, ``published_versions``) never sees a partial version,
+and ``<v>/`` exists without it only while the server-side copies run (never during the upload,
+nor after an upload that failed). A reader that lists numeric directories without looking for
+``saved_model.pb`` (TF Serving does) can still catch that short window and fail one load.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import json
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +42,7 @@ from components.common import storage
 CLAIMS = "_claims"
 RUNS = "_runs"
 ALIASES = "_aliases"
+STAGING = "_staging"
 METADATA_FILE = "kfp_horovod_metadata.json"
 SAVED_MODEL_PB = "saved_model.pb"
 REGISTRY_FORMAT = "kfp-horovod/model-registry/v1"
@@ -148,9 +158,13 @@ class ModelStore:
         """Copy the SavedModel at `model_dir` plus `metadata` to the version's directory.
 
         Idempotent: a version that is already complete is left alone; a partial one on GCS
-        (an earlier attempt that died) is overwritten file by file.
+        (an earlier attempt that died while copying) is overwritten file by file. See the
+        module docstring for what a concurrent reader can see.
         """
         dest = self.version_uri(version)
+        staging = None
+        if storage.is_gcs(dest):
+            staging = storage.join(self.base, STAGING, f"{version}.{uuid.uuid4().hex}")
         if self.is_published(version):
             return dest
         with tempfile.TemporaryDirectory(prefix="register-") as tmp:
@@ -158,7 +172,7 @@ class ModelStore:
             shutil.copytree(model_dir, staged)
             (staged / METADATA_FILE).write_bytes(_json_bytes(metadata))
             try:
-                storage.upload_dir(staged, dest, last=SAVED_MODEL_PB)
+                storage.upload_dir(staged, dest, last=SAVED_MODEL_PB, staging=staging)
             except OSError:
                 if not self.is_published(version):  # lost a race to an identical publisher: fine
                     raise

@@ -36,10 +36,20 @@ def test_missing_file_names_the_uri(root: str) -> None:
 def test_create_exclusive_creates_once(root: str) -> None:
     target = storage.join(root, "claims/1.json")
     assert storage.create_exclusive(target, b"first") is True
-    if root.startswith("gs://"):
-        return  # the emulator ignores ifGenerationMatch; the registry tests check the request
     assert storage.create_exclusive(target, b"second") is False
     assert storage.read_bytes(target) == b"first"
+
+
+def test_write_if_unchanged_refuses_a_stale_token(root: str) -> None:
+    target = storage.join(root, "aliases/production.json")
+    assert storage.read_versioned(target) == (None, storage.ABSENT)
+    assert storage.write_if_unchanged(target, b"v1", storage.ABSENT) is True
+    assert storage.write_if_unchanged(target, b"again", storage.ABSENT) is False  # exists now
+    data, token = storage.read_versioned(target)
+    assert data == b"v1"
+    assert storage.write_if_unchanged(target, b"v2", token) is True
+    assert storage.write_if_unchanged(target, b"v3", token) is False  # token is stale now
+    assert storage.read_bytes(target) == b"v2"
 
 
 def test_upload_and_download_a_tree(root: str, tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The MPIJob lifecycle with the real ``kubernetes`` client against kmock's API emulator.
 
 Real parts: the kubernetes 30.1.0 client over HTTP, kmock's ``KubernetesEmulator`` (stores,
-lists, patches and deletes objects), and a real in-memory ``gcp-storage-emulator`` for the
+lists, patches and deletes objects), and the suite's in-memory ``fake-gcs-server`` for the
 run's outputs.
 
 What kmock cannot emulate, the test does itself and says so:
@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -146,34 +144,10 @@ def cluster() -> Iterator[Cluster]:
 # --- a real GCS emulator for the run's outputs ----------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def gcs_host() -> Iterator[str]:
-    from gcp_storage_emulator.server import create_server
-
-    logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        port = sock.getsockname()[1]
-    server = create_server("localhost", port, in_memory=True)
-    server.start()
-    try:
-        yield f"http://localhost:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def bucket(gcs_host: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage as gcs
-
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_host)
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
-    storage._client.cache_clear()
-    name = f"mpijob-{time.monotonic_ns()}"
-    gcs.Client(project="emulator", credentials=AnonymousCredentials()).create_bucket(name)
-    yield f"gs://{name}"
-    storage._client.cache_clear()
+def bucket(gcs_uri: str) -> str:
+    """A fresh bucket in the suite's fake-gcs-server (see tests/conftest.py), as ``gs://...``."""
+    return gcs_uri
 
 
 def make_params(bucket: str, **overrides: Any) -> MPIJobParams:

@@ -1,0 +1,64 @@
+"""The whole pipeline with every step in its own image: ``run-local --runner docker``
+(kfp.local's DockerRunner), the training step running ``horovodrun -np 2`` inside the trainer
+image, as the local backend does."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.common import defaults
+from tests.containers.support import require_images
+
+pytestmark = pytest.mark.containers
+
+
+def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Path) -> None:
+    images = require_images(docker_client, *defaults.IMAGE_NAMES)
+    started = time.time()
+    root = tmp_path / "runs"
+    command = [
+        sys.executable, "-m", "pipeline", "run-local", "--runner", "docker", "--root", str(root),
+        "--workers", "2", "--epochs", "2", "--data-limit", "1000", "--min-accuracy", "0.5",
+    ]  # fmt: skip
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    finally:
+        _remove_step_containers(docker_client, set(images.values()), started)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-6000:]
+
+    # Every step ran in its image (kfp.local names the image of each task it starts).
+    used = set(re.findall(r"Found image '([^']+)'", log))
+    assert used == set(images.values()), used
+    # The train step ran horovodrun -np 2 in the trainer container: one job of 2 ranks.
+    assert "[0]<stdout>:[rank 0/2] ONE Horovod job: 2 workers" in log
+    summary_path = re.search(r"^run_summary: (.+)$", out.stdout, re.MULTILINE)
+    assert summary_path, out.stdout[-3000:]
+    summary = json.loads(Path(summary_path.group(1)).read_text())
+    assert (summary["world_size"], summary["controller"]) == (2, "gloo")
+    assert summary["weights_identical_across_ranks"] is True
+    assert "registered as version 1" in out.stdout
+    assert list((root / "pipeline-root" / "registry").glob("*/1/saved_model.pb"))
+
+
+def _remove_step_containers(docker_client: Any, images: set[str], since: float) -> None:
+    """DockerRunner leaves its stopped containers behind; remove the ones this test made."""
+    for container in docker_client.containers.list(all=True, filters={"status": "exited"}):
+        tags = set(container.image.tags)
+        created = container.attrs["Created"]
+        if tags & images and _epoch(created) >= since - 1:
+            container.remove()
+
+
+def _epoch(created: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00").timestamp()
