@@ -235,9 +235,10 @@ def launcher_command(p: MPIJobParams) -> list[str]:
 
     The environment of the launcher's processes is forwarded with ``-x`` (ssh sessions on the
     workers do not inherit the worker container's environment). No ``btl`` selection: the
-    image's Open MPI (Debian 4.1.4) sets ``btl = ^uct,openib,ofi`` in its own
-    ``openmpi-mca-params.conf``, and a second negated list (``-mca btl ^openib``) makes
-    ``MPI_Init`` fail on every worker (see tests/containers).
+    image's Open MPI (Debian 4.1.4) already sets ``btl = ^uct,openib,ofi`` in
+    ``/etc/openmpi/openmpi-mca-params.conf``, and a command-line list would replace that one
+    (``-mca btl ^openib``, used before, re-enabled uct and ofi; a first run in containers
+    reported ``MPI_Init`` failing with it).
     """
     return [
         "mpirun",

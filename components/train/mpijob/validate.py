@@ -1,7 +1,7 @@
 """Check an MPIJob manifest against mpi-operator's CRD schema before anything is sent.
 
 The schema is ``spec.versions[v2beta1].schema.openAPIV3Schema`` of
-``shared/schemas/kubeflow.org_mpijobs.yaml``, checked with jsonschema. Two differences from
+``deploy/crd/kubeflow.org_mpijobs.yaml`` (vendored), checked with jsonschema. Two differences from
 the API server are made on purpose:
 
 * The API server *prunes* unknown fields of a structural schema silently; here an unknown field
@@ -23,9 +23,10 @@ import yaml
 
 from components.train.mpijob.manifest import API_GROUP, API_VERSION, KIND
 
-CRD_RELATIVE_PATH = Path("shared") / "schemas" / "kubeflow.org_mpijobs.yaml"
+# The CRD, vendored in the repository (deploy/crd/SOURCE.md says from where).
+CRD_RELATIVE_PATH = Path("deploy") / "crd" / "kubeflow.org_mpijobs.yaml"
 # A copy of the CRD's v2beta1 openAPIV3Schema shipped in the package, for the trainer image
-# (which has no shared/ folder). A test keeps it identical to the CRD.
+# (which has no deploy/ folder). A test keeps it identical to the CRD.
 PACKAGED_SCHEMA = Path(__file__).with_name("mpijob-v2beta1.schema.json")
 
 
@@ -34,10 +35,10 @@ class ManifestError(ValueError):
 
 
 def find_crd(start: Path | None = None) -> Path:
-    """Find ``shared/schemas/kubeflow.org_mpijobs.yaml`` in `start` or a folder above it.
+    """Find ``deploy/crd/kubeflow.org_mpijobs.yaml`` in `start` or a folder above it.
 
-    The checkout keeps ``shared/`` next to (or inside) the repository, so the search walks up
-    from this module by default.
+    In a checkout that is the repository's root, so the search walks up from this module by
+    default; an installed package (the trainer image) has none.
     """
     here = (start or Path(__file__)).resolve()
     for folder in [here, *here.parents]:
@@ -78,7 +79,7 @@ def crd_schema(path: Path) -> dict[str, Any]:
 def load_schema(crd_path: str | None = None) -> dict[str, Any]:
     """The strict jsonschema of MPIJob v2beta1.
 
-    From the CRD at `crd_path`; if None, from ``shared/schemas/`` above this module, or else
+    From the CRD at `crd_path`; if None, from the repository's ``deploy/crd/``, or else
     (inside the trainer image) from the copy packaged beside this module.
     """
     if crd_path:

@@ -311,8 +311,8 @@ def test_packaged_schema_copy_is_identical_to_the_crd() -> None:
     assert json.loads(PACKAGED_SCHEMA.read_text()) == crd_schema(find_crd())
 
 
-def test_packaged_schema_is_used_where_shared_is_absent(tmp_path, monkeypatch) -> None:
-    """Inside the image there is no shared/ folder: validation still works, strictly."""
+def test_packaged_schema_is_used_where_the_crd_is_absent(tmp_path, monkeypatch) -> None:
+    """Inside the image there is no deploy/crd/ folder: validation still works, strictly."""
     from components.train.mpijob import validate
 
     monkeypatch.setattr(validate, "find_crd", lambda start=None: find_crd(tmp_path))
@@ -322,3 +322,12 @@ def test_packaged_schema_is_used_where_shared_is_absent(tmp_path, monkeypatch) -
         assert schema["properties"]["spec"]["additionalProperties"] is False
     finally:
         validate.load_schema.cache_clear()
+
+
+def test_launcher_leaves_the_btl_choice_to_the_image() -> None:
+    """The trainer image's Open MPI config excludes uct, openib and ofi; a ``-mca btl`` list on
+    the command line would replace that list (``^openib`` re-enabled uct and ofi)."""
+    cmd = launcher_command(params())
+    mca = [cmd[i + 1] for i, word in enumerate(cmd) if word in ("-mca", "--mca")]
+    assert "btl" not in mca
+    assert not any(word.startswith("OMPI_MCA_btl=") for word in cmd)
