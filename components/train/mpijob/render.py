@@ -67,7 +67,7 @@ def render_yaml(
 @click.option("--min-available", type=int, default=None, help="Gang size (default: all pods).")
 @click.option("--scheduler-name", default=None, help="e.g. volcano")
 @click.option("--service-account", default=None, help="KSA of the pods (Workload Identity).")
-@click.option("--crd", "crd_path", default=None, help="CRD file [deploy/crd/kubeflow.org_mpijobs.yaml].")
+@click.option("--crd", "crd_path", default=None, help="CRD file [deploy/crd/...].")
 def render_mpijob(
     namespace: str | None,
     image: str | None,
