@@ -66,6 +66,7 @@ def run_job(p: MPIJobParams, docker: Any, gcs: tuple[Any, str], tmp: Path) -> di
         result = job.run_launcher(timeout=600)
         limits = job.limits(job.worker_template)
     summary_text = storage.read_text(p.summary_uri) if storage.exists(p.summary_uri) else "{}"
+    print(f"{p.run_name}: launcher exit {result.exit_code} after {result.seconds:.1f} s")
     return {"result": result, "summary": json.loads(summary_text), "cpus": limits[0], "p": p}
 
 
@@ -199,6 +200,9 @@ def test_killed_worker_fails_the_job_fast_and_a_rerun_resumes(
         job.kill_worker(1)
         result = job.wait_launcher(timeout=STALL_SECONDS + 120)
         detected_after = time.monotonic() - killed_at
+    lost = [line for line in result.log.splitlines() if job.worker_name(1) in line]
+    print(f"killed worker 1; launcher exit {result.exit_code} {detected_after:.1f} s later:")
+    print("\n".join(lost[:6]))
     assert result.exit_code != 0
     assert detected_after < STALL_SECONDS, f"the job took {detected_after:.0f} s to fail"
     assert job.worker_name(1) in result.log, result.log[-3000:]

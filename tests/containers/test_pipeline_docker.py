@@ -34,6 +34,7 @@ def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Pat
         _remove_step_containers(docker_client, set(images.values()), started)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-6000:]
+    print(*[ln for ln in out.stdout.splitlines() if "finished in" in ln or "workers:" in ln])
 
     # Every step ran in its image (kfp.local names the image of each task it starts).
     used = set(re.findall(r"Found image '([^']+)'", log))
