@@ -22,7 +22,8 @@ from kfp import dsl
 
 from pipeline import ops
 from pipeline.cli import cli
-from tests.kfp_standin import KfpStandin
+from pipeline.ops.api import call
+from tests.kfp_standin import KfpStandin, robfig_cron_parse
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE_NAME = "kfp-horovod-mnist"
@@ -191,6 +192,7 @@ def test_read_pipeline_spec_rejects_missing_and_non_pipeline_files(tmp_path: Pat
 )
 def test_valid_cron_expressions_pass(expression: str) -> None:
     assert ops.validate_cron(f"  {expression} ") == expression
+    robfig_cron_parse(expression)  # and the KFP API takes them too
 
 
 @pytest.mark.parametrize(
@@ -214,6 +216,77 @@ def test_bad_cron_expressions_are_rejected_naming_the_field(expression: str, mes
     with pytest.raises(ops.CronError) as info:
         ops.validate_cron(expression)
     assert message in str(info.value)
+
+
+CRON_SIDE_BY_SIDE = [
+    # (expression, this CLI's own message, the KFP API's answer; None: the API accepts it)
+    (
+        "0 2 * * *",  # a crontab line: 02:00 meant, "minute 2 of every hour" understood by KFP
+        "cron expression '0 2 * * *' has 5 fields, KFP needs 6: SECOND MINUTE HOUR DAY-OF-MONTH "
+        "MONTH DAY-OF-WEEK; KFP cron has a leading seconds field, did you mean '0 0 2 * * *'?",
+        None,
+    ),
+    (
+        "0 0 25 * * *",
+        "cron hour field: 25 is out of range 0-23",
+        "Error: End of range (25) above maximum (23): 25",
+    ),
+    (
+        "0 0 0 * * FUNDAY",
+        "cron day of week field: 'FUNDAY' is not a number",
+        'Error: Failed to parse int from FUNDAY: strconv.Atoi: parsing "FUNDAY": invalid syntax',
+    ),
+    (
+        "0 0 5-2 * * *",
+        "cron hour field: range '5-2' runs backwards",
+        "Error: Beginning of range (5) beyond end of range (2): 5-2",
+    ),
+]
+
+
+@pytest.mark.parametrize(("expression", "ours", "api"), CRON_SIDE_BY_SIDE)
+def test_own_cron_check_is_clearer_than_the_kfp_api(
+    standin: KfpStandin, client: kfp.Client, spec: Any, expression: str, ours: str, api: str | None
+) -> None:
+    """Why the CLI keeps its own cron check: both messages for the same mistake, side by side.
+
+    The KFP API (robfig/cron v1 ``cron.Parse``, played by the stand-in) takes a 5-field crontab
+    line as seconds-first with the weekday left out, so ``0 2 * * *`` becomes a schedule that
+    fires 24 times a day instead of an error; its other errors name neither the field nor the
+    allowed range. The CLI's own check names both, and the 6-field form the user meant.
+    """
+    with pytest.raises(ops.CronError) as own:
+        ops.validate_cron(expression)
+    assert str(own.value) == ours
+    pipeline_id = standin.seed_pipeline("p", {"v": spec})
+    version_id = list(standin.versions)[-1]
+    experiment_id = ops.get_or_create_experiment(client, "e")
+
+    def create_without_own_check() -> Any:
+        return call(
+            "create schedule 's'",
+            client.create_recurring_run,
+            experiment_id=experiment_id,
+            job_name="s",
+            cron_expression=expression,
+            pipeline_id=pipeline_id,
+            version_id=version_id,
+            params={"run_tag": "t"},
+        )
+
+    if api is None:
+        created = create_without_own_check()
+        assert created.trigger.cron_schedule.cron == expression  # accepted, and misread
+        return
+    with pytest.raises(ops.OpsError) as theirs:
+        create_without_own_check()
+    message = str(theirs.value)
+    assert theirs.value.status == 400
+    assert "Schedule cron is not a supported format(https://godoc.org/github.com/robfig/cron)" in (
+        message
+    )
+    assert message.endswith(api)
+    assert " field" not in message  # the API does not say which field is wrong
 
 
 # ---- version name -------------------------------------------------------------------------------
