@@ -198,6 +198,75 @@ def upload_command(
     )
 
 
+def _apply(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """Return one decorator applying `decorators` as if stacked in this order."""
+
+    def apply(func: F) -> F:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return apply
+
+
+run_options = _apply(
+    click.option("--run-name", help="Run name [default: <pipeline> <version> <UTC time>]."),
+    click.option("--pipeline-root", help="Override the pipeline root (e.g. gs://bucket/root)."),
+    click.option("--service-account", help="Kubernetes service account the run's pods use."),
+    click.option(
+        "--caching/--no-caching",
+        default=None,
+        help="Override every task's caching [default: as compiled].",
+    ),
+)
+wait_options = _apply(
+    click.option("--wait", is_flag=True, help="Follow the run; exit 3 if it fails, 4 on timeout."),
+    click.option(
+        "--timeout",
+        type=click.FloatRange(min=1),
+        default=3600.0,
+        show_default=True,
+        help="Seconds --wait waits for the run to finish.",
+    ),
+    click.option(
+        "--poll-interval",
+        type=click.FloatRange(min=0.01),
+        default=10.0,
+        show_default=True,
+        help="Seconds between status checks with --wait.",
+    ),
+)
+
+
+def _run_source(
+    settings: ops.KfpSettings,
+    package: Path,
+    version_name: str | None,
+    pipeline_name: str | None,
+    params: tuple[str, ...],
+) -> tuple[Any, dict[str, Any], str, dict[str, Any]]:
+    """Return ``(client, arguments, pipeline name, source)`` for a submit.
+
+    From the package, the parameters are checked before connecting; from an uploaded
+    version, against that version's declared inputs.
+    """
+    if version_name is None:
+        spec = ops.read_pipeline_spec(package)
+        arguments = ops.parse_parameters(params, ops.declared_parameters(spec))
+        client = ops.connect(settings)
+        return client, arguments, ops.pipeline_name_of(spec), {"package_path": package}
+    name = pipeline_name
+    if name is None:
+        name = ops.DEFAULT_PIPELINE_NAME
+        if package.is_file():
+            name = ops.pipeline_name_of(ops.read_pipeline_spec(package))
+    client = ops.connect(settings)
+    pipeline, version = ops.resolve_version(client, name, version_name, settings.namespace)
+    arguments = ops.parse_parameters(params, ops.declared_parameters(version.pipeline_spec or {}))
+    source = {"pipeline_id": pipeline.pipeline_id, "version_id": version.pipeline_version_id}
+    return client, arguments, name, source
+
+
 @click.command("submit")
 @package_option
 @click.option(
@@ -211,29 +280,8 @@ def upload_command(
 )
 @param_option
 @experiment_option
-@click.option("--run-name", help="Run name [default: <pipeline> <version> <UTC time>].")
-@click.option("--pipeline-root", help="Override the pipeline root (e.g. gs://bucket/root).")
-@click.option("--service-account", help="Kubernetes service account the run's pods use.")
-@click.option(
-    "--caching/--no-caching",
-    default=None,
-    help="Override every task's caching [default: as compiled].",
-)
-@click.option("--wait", is_flag=True, help="Follow the run; exit 3 if it fails, 4 on timeout.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=1),
-    default=3600.0,
-    show_default=True,
-    help="Seconds --wait waits for the run to finish.",
-)
-@click.option(
-    "--poll-interval",
-    type=click.FloatRange(min=0.01),
-    default=10.0,
-    show_default=True,
-    help="Seconds between status checks with --wait.",
-)
+@run_options
+@wait_options
 @connection_options
 @handle_ops_errors
 def submit_command(
@@ -252,25 +300,9 @@ def submit_command(
     poll_interval: float,
 ) -> None:
     """Create a run from the compiled package (or an uploaded version); --wait follows it."""
-    if version_name is None:
-        spec = ops.read_pipeline_spec(package)
-        arguments = ops.parse_parameters(params, ops.declared_parameters(spec))
-        client = ops.connect(settings)
-        pipeline_display = ops.pipeline_name_of(spec)
-        source: dict[str, Any] = {"package_path": package}
-    else:
-        name = pipeline_name
-        if name is None:
-            name = ops.DEFAULT_PIPELINE_NAME
-            if package.is_file():
-                name = ops.pipeline_name_of(ops.read_pipeline_spec(package))
-        client = ops.connect(settings)
-        pipeline, version = ops.resolve_version(client, name, version_name, settings.namespace)
-        arguments = ops.parse_parameters(
-            params, ops.declared_parameters(version.pipeline_spec or {})
-        )
-        pipeline_display = name
-        source = {"pipeline_id": pipeline.pipeline_id, "version_id": version.pipeline_version_id}
+    client, arguments, pipeline_display, source = _run_source(
+        settings, package, version_name, pipeline_name, params
+    )
     experiment_id = ops.get_or_create_experiment(client, experiment, settings.namespace)
     run = ops.submit_run(
         client,
@@ -294,6 +326,24 @@ def schedule_group() -> None:
     """Create, list, pause, resume and delete recurring runs of an uploaded pipeline version."""
 
 
+schedule_policy_options = _apply(
+    click.option(
+        "--max-concurrency",
+        type=int,
+        default=1,
+        show_default=True,
+        help=f"Runs of this schedule allowed at once (1-{ops.MAX_CONCURRENCY_LIMIT}).",
+    ),
+    click.option(
+        "--catchup/--no-catchup",
+        default=False,
+        show_default=True,
+        help="Backfill the intervals missed while paused or behind.",
+    ),
+    click.option("--paused", is_flag=True, help="Create it disabled."),
+)
+
+
 @schedule_group.command("create")
 @click.option("--name", required=True, help="Schedule (recurring run) name; must be unused.")
 @click.option(
@@ -310,20 +360,7 @@ def schedule_group() -> None:
 )
 @param_option
 @experiment_option
-@click.option(
-    "--max-concurrency",
-    type=int,
-    default=1,
-    show_default=True,
-    help=f"Runs of this schedule allowed at once (1-{ops.MAX_CONCURRENCY_LIMIT}).",
-)
-@click.option(
-    "--catchup/--no-catchup",
-    default=False,
-    show_default=True,
-    help="Backfill the intervals missed while paused or behind.",
-)
-@click.option("--paused", is_flag=True, help="Create it disabled.")
+@schedule_policy_options
 @click.option("--service-account", help="Kubernetes service account the run's pods use.")
 @connection_options
 @handle_ops_errors
