@@ -189,7 +189,7 @@ def _wait_for_checkpoint(uri: str, job: MPIJobRun, timeout: float = 300) -> int:
 def test_killed_worker_fails_the_job_fast_and_a_rerun_resumes(
     trainer_image: str, data_uri: str, docker_client: Any, gcs_container: Any, tmp_path: Path
 ) -> None:
-    p = params(trainer_image, data_uri, "killed", workers=3, epochs=12)
+    p = params(trainer_image, data_uri, "killed", workers=3, epochs=6)
     checkpoint_uri = trainer_config(p).checkpoint_uri
     with MPIJobRun(build_manifest(p, NAMESPACE), docker_client, tmp_path / "1", emulator=gcs_container[0]) as job:  # fmt: skip  # noqa: E501
         job.start_workers()
