@@ -18,7 +18,8 @@ import numpy as np
 
 from components.common import dataset
 from components.common.defaults import EVAL_BATCH_SIZE, NUM_CLASSES
-from components.common.saved_model import ModelError, check_saved_model, fetch_model
+from components.common.model_files import ModelError, fetch_model
+from components.evaluate.saved_model import check_saved_model
 
 # Keras clips probabilities to [eps, 1 - eps] in its cross-entropy; do the same so the logged
 # loss equals model.evaluate()'s.

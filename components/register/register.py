@@ -22,7 +22,8 @@ from typing import Any
 
 from components.common import dataset, storage
 from components.common.defaults import MIN_ACCURACY, MODEL_NAME, PRODUCTION_ALIAS
-from components.common.saved_model import ModelError, check_saved_model, fetch_model
+from components.common.model_files import ModelError, fetch_model
+from components.evaluate.saved_model import check_saved_model
 from components.register.registry import REGISTRY_FORMAT, ModelStore, RegistryError, check_name
 
 

@@ -1,6 +1,7 @@
 """Evaluate: real SavedModels, a fresh-process CLI, gs:// inputs, bad models, the KFP wrapper."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from components.common import dataset, storage
-from components.common.saved_model import ModelError
+from components.common.model_files import ModelError
 from components.evaluate import evaluate as ev
 
 
@@ -103,12 +104,15 @@ def test_gcs_model_and_dataset(trained_model, gcs_uri: str) -> None:
         ev.evaluate(f"{gcs_uri}/models/missing", data_uri)
 
 
-def _not_models(tmp_path: Path) -> list[tuple[str, str]]:
+def _not_models(model_dir: str, tmp_path: Path) -> list[tuple[str, str]]:
     empty = tmp_path / "empty"
     empty.mkdir()
-    corrupt = tmp_path / "corrupt"
-    corrupt.mkdir()
+    corrupt = tmp_path / "corrupt"  # a real model whose saved_model.pb was damaged
+    shutil.copytree(model_dir, corrupt)
     (corrupt / "saved_model.pb").write_bytes(b"\xff\xff not a protobuf")
+    no_variables = tmp_path / "no-variables"
+    shutil.copytree(model_dir, no_variables)
+    (no_variables / "variables" / "variables.index").unlink()
     a_file = tmp_path / "file"
     a_file.write_text("x")
     return [
@@ -116,11 +120,12 @@ def _not_models(tmp_path: Path) -> list[tuple[str, str]]:
         (str(empty), "not a SavedModel (no saved_model.pb)"),
         (str(corrupt), "saved_model.pb is corrupt"),
         (str(a_file), "not a directory"),
+        (str(no_variables), "SavedModel is incomplete (no variables/variables.index)"),
     ]
 
 
 def test_bad_model_directories(trained_model, tmp_path: Path) -> None:
-    for path, message in _not_models(tmp_path):
+    for path, message in _not_models(trained_model.path, tmp_path):
         with pytest.raises(ModelError) as info:
             ev.evaluate(path, trained_model.dataset)
         assert path in str(info.value) and message in str(info.value)

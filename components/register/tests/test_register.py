@@ -10,7 +10,7 @@ import pytest
 
 from components.common import storage
 from components.common.dataset import DataError, read_manifest
-from components.common.saved_model import ModelError
+from components.common.model_files import ModelError
 from components.register import register as rg
 from components.register.registry import METADATA_FILE, ModelStore
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from components.common import storage
-from components.common.saved_model import check_saved_model
+from components.evaluate.saved_model import check_saved_model
 from components.register import register as rg
 from components.register.registry import METADATA_FILE, SAVED_MODEL_PB, STAGING, ModelStore
 
