@@ -60,7 +60,9 @@ def test_evaluate_matches_keras(trained_model) -> None:
         if cm[:, c].sum():
             assert result.precision[c] == pytest.approx(cm[c, c] / cm[:, c].sum())
     assert result.dataset_manifest_sha256 == dataset.read_manifest(trained_model.dataset).sha256
+    assert result.saved_model_sha256 == trained_model.saved_model_sha256
     report = result.to_markdown("m", "d")
+    assert f"saved_model.pb sha256: `{trained_model.saved_model_sha256}`" in report
     assert f"accuracy: {result.accuracy:.4f}" in report and report.count("\n| ") == 11
 
 
@@ -131,6 +133,25 @@ def test_bad_model_directories(trained_model, tmp_path: Path) -> None:
         assert path in str(info.value) and message in str(info.value)
 
 
+def test_the_recorded_digest_is_checked(trained_model, tmp_path: Path) -> None:
+    """With the trainer's digest, evaluation scores only the model that was trained."""
+    digest = trained_model.saved_model_sha256
+    result = ev.evaluate(trained_model.path, trained_model.dataset, saved_model_sha256=digest)
+    assert result.saved_model_sha256 == digest
+    assert result.accuracy == pytest.approx(trained_model.accuracy, abs=1e-6)
+    other = "0" * 64
+    with pytest.raises(ModelError) as info:
+        ev.evaluate(trained_model.path, trained_model.dataset, saved_model_sha256=other)
+    assert str(info.value) == (
+        f"{trained_model.path}: saved_model.pb has sha256 {digest}, but the trainer recorded "
+        f"{other}: this is not the model that was trained"
+    )
+    with pytest.raises(ModelError, match="'nope' is not a sha256 hex digest"):
+        ev.evaluate(trained_model.path, trained_model.dataset, saved_model_sha256="nope")
+    args = ["--model", trained_model.path, "--dataset", trained_model.dataset]
+    assert ev.main([*args, "--saved-model-sha256", other]) == 2
+
+
 def test_savedmodel_without_serving_signature(trained_model, tmp_path: Path) -> None:
     import tensorflow as tf
 
@@ -169,6 +190,16 @@ def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path) -> N
     assert [c["displayName"] for c in cm["annotationSpecs"]] == [str(i) for i in range(10)]
     assert sum(sum(row["row"]) for row in cm["rows"]) == 400
     assert "| class | support | precision | recall |" in Path(report.path).read_text()
+    assert report.metadata["saved_model_sha256"] == trained_model.saved_model_sha256
+    # The digest the train component put in the Model artifact's metadata is verified.
+    with pytest.raises(ModelError, match="this is not the model that was trained"):
+        evaluate(
+            dataset=dsl.Dataset(uri=trained_model.dataset),
+            model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": "1" * 64}),
+            metrics=dsl.Metrics(uri=str(tmp_path / "metrics-2")),
+            confusion_matrix=dsl.ClassificationMetrics(uri=str(tmp_path / "cm-2")),
+            report=dsl.Markdown(uri=str(tmp_path / "report-2.md")),
+        )
 
 
 def test_component_compiles() -> None:
