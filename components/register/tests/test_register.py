@@ -444,20 +444,23 @@ def test_component_function_and_compile(trained_model, summary, tmp_path: Path) 
 
     from components.register.component import make_component, register_model
 
+    def call(digest: str, registry: str, decision: dsl.Markdown):
+        return register_model(
+            model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": digest}),
+            run_summary=dsl.Artifact(uri=summary),
+            dataset=dsl.Dataset(uri=trained_model.dataset),
+            accuracy=0.95,
+            loss=0.2,
+            model_name="mnist-cnn",
+            registry_root=str(tmp_path / registry),
+            min_accuracy=0.9,
+            pipeline_run_id="kfp-run",
+            image_refs='{"register": "img:1"}',
+            decision=decision,
+        )
+
     decision = dsl.Markdown(uri=str(tmp_path / "decision.md"))
-    out = register_model(
-        model=dsl.Model(uri=trained_model.path),
-        run_summary=dsl.Artifact(uri=summary),
-        dataset=dsl.Dataset(uri=trained_model.dataset),
-        accuracy=0.95,
-        loss=0.2,
-        model_name="mnist-cnn",
-        registry_root=str(tmp_path / "registry"),
-        min_accuracy=0.9,
-        pipeline_run_id="kfp-run",
-        image_refs='{"register": "img:1"}',
-        decision=decision,
-    )
+    out = call(trained_model.saved_model_sha256, "registry", decision)  # as train records it
     assert (out.registered, out.promoted, out.version) == (True, True, 1)
     assert out.version_uri == str(tmp_path / "registry" / "mnist-cnn" / "1")
     assert (
@@ -466,19 +469,7 @@ def test_component_function_and_compile(trained_model, summary, tmp_path: Path) 
     # The Model artifact's metadata digest (set by the train component) is checked too.
     other = "f" * 64
     with pytest.raises(ModelError, match=f"the Model artifact's metadata records {other}"):
-        register_model(
-            model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": other}),
-            run_summary=dsl.Artifact(uri=summary),
-            dataset=dsl.Dataset(uri=trained_model.dataset),
-            accuracy=0.95,
-            loss=0.2,
-            model_name="mnist-cnn",
-            registry_root=str(tmp_path / "registry-2"),
-            min_accuracy=0.9,
-            pipeline_run_id="kfp-run-2",
-            image_refs="{}",
-            decision=dsl.Markdown(uri=str(tmp_path / "decision-2.md")),
-        )
+        call(other, "registry-2", dsl.Markdown(uri=str(tmp_path / "decision-2.md")))
     assert not (tmp_path / "registry-2").exists()
 
     component = make_component("example.com/register:test")
