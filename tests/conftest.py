@@ -14,6 +14,7 @@ with it stays safe, because the write is the step that is checked.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import socket
 import subprocess
@@ -104,14 +105,17 @@ def gcs_uri(gcs_bucket: str) -> str:
 
 
 class TrainedModel:
-    """A real exported model for tests: `path` (SavedModel dir), `dataset` (dataset dir) and the
-    `accuracy`/`loss` Keras itself reports for the in-memory model on the test split."""
+    """A real exported model for tests: `path` (SavedModel dir), `dataset` (dataset dir), the
+    `accuracy`/`loss` Keras itself reports for the in-memory model on the test split, and
+    `saved_model_sha256`, the digest of its saved_model.pb (what the trainer records)."""
 
     def __init__(self, path: str, dataset: str, accuracy: float, loss: float) -> None:
         self.path = path
         self.dataset = dataset
         self.accuracy = accuracy
         self.loss = loss
+        pb = Path(path) / "saved_model.pb"
+        self.saved_model_sha256 = hashlib.sha256(pb.read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="session")

@@ -377,6 +377,16 @@ def test_data_prep_image_carries_no_tensorflow() -> None:
     assert not {m for m in imported if m.split(".")[0] in ("tensorflow", "keras", "horovod")}
 
 
+def test_register_image_carries_no_tensorflow() -> None:
+    """Registration verifies the model by hashing saved_model.pb against the digest the trainer
+    recorded, and checks its files; it never parses the model, so its image has no TensorFlow."""
+    assert not {"tensorflow", "tensorflow-cpu", "keras"} & image_distributions("register")
+    sources = component_sources("register")
+    assert ROOT / "components" / "common" / "model_files.py" in sources  # it does check models
+    imported = {m for path in sources for m in imported_modules(path)}
+    assert not {m for m in imported if m.split(".")[0] in ("tensorflow", "keras", "horovod")}
+
+
 @pytest.mark.parametrize("image", IMAGE_PARAMS)
 def test_requirements_are_pinned_to_the_lock(image: str) -> None:
     lock = lock_pins()

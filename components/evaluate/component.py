@@ -13,18 +13,24 @@ def evaluate(
     confusion_matrix: Output[ClassificationMetrics],
     report: Output[Markdown],
 ) -> NamedTuple("EvalOutputs", [("accuracy", float), ("loss", float)]):  # type: ignore[valid-type]  # noqa: F821
-    """Score the exported model on the test split; log metrics, a confusion matrix and a report."""
+    """Score the exported model on the test split; log metrics, a confusion matrix and a report.
+
+    The model must hash to the ``saved_model_sha256`` the trainer put in its metadata (if any).
+    """
     from collections import namedtuple
 
     from components.evaluate.evaluate import evaluate as run_evaluation
 
-    result = run_evaluation(model.path, dataset.path)
+    result = run_evaluation(
+        model.path, dataset.path, saved_model_sha256=model.metadata.get("saved_model_sha256")
+    )
     metrics.log_metric("accuracy", result.accuracy)
     metrics.log_metric("loss", result.loss)
     metrics.log_metric("samples", result.samples)
     confusion_matrix.log_confusion_matrix(result.categories, result.confusion_matrix)
     with open(report.path, "w", encoding="utf-8") as fh:
         fh.write(result.to_markdown(model.uri, dataset.uri))
+    report.metadata["saved_model_sha256"] = result.saved_model_sha256
     EvalOutputs = namedtuple("EvalOutputs", ["accuracy", "loss"])
     return EvalOutputs(result.accuracy, result.loss)
 

@@ -16,9 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from components.common import dataset
+from components.common import dataset, model_files
 from components.common.defaults import EVAL_BATCH_SIZE, NUM_CLASSES
-from components.common.saved_model import ModelError, check_saved_model, fetch_model
+from components.common.model_files import (
+    ModelError,
+    check_digest_text,
+    fetch_model,
+    verify_digest,
+)
+from components.evaluate.saved_model import check_saved_model
 
 # Keras clips probabilities to [eps, 1 - eps] in its cross-entropy; do the same so the logged
 # loss equals model.evaluate()'s.
@@ -37,6 +43,7 @@ class Evaluation:
     recall: list[float]  # per class; 0.0 where the class never occurs
     split: str
     dataset_manifest_sha256: str
+    saved_model_sha256: str  # of the saved_model.pb that was scored
 
     @property
     def categories(self) -> list[str]:
@@ -48,6 +55,7 @@ class Evaluation:
         lines = ["# Evaluation", ""]
         if model_uri:
             lines.append(f"- model: `{model_uri}`")
+        lines.append(f"- saved_model.pb sha256: `{self.saved_model_sha256}`")
         lines += [
             f"- dataset: `{dataset_uri}` (manifest sha256 `{self.dataset_manifest_sha256}`)",
             f"- split: {self.split}, {self.samples} samples",
@@ -116,12 +124,25 @@ def load_model(local_dir: Path, where: str) -> Any:
         raise ModelError(f"{where}: cannot be loaded as a Keras model ({exc})") from exc
 
 
+def model_digest(local_dir: Path, where: str, recorded: str | None = None) -> str:
+    """sha256 of the model's saved_model.pb; ModelError unless it equals `recorded` (if given)."""
+    if recorded is None:
+        return model_files.saved_model_sha256(local_dir)
+    return verify_digest(local_dir, check_digest_text(recorded, where), where)
+
+
 def evaluate(
-    model_uri: str, dataset_uri: str, split: str = "test", batch_size: int = EVAL_BATCH_SIZE
+    model_uri: str,
+    dataset_uri: str,
+    split: str = "test",
+    batch_size: int = EVAL_BATCH_SIZE,
+    saved_model_sha256: str | None = None,
 ) -> Evaluation:
     """Score the exported model at `model_uri` on `split` of the dataset at `dataset_uri`.
 
     Both may be local paths or ``gs://`` URIs (the model is downloaded to a temporary dir).
+    `saved_model_sha256`, the digest the trainer recorded, if given, must match the model's
+    ``saved_model.pb``, or ModelError: the model scored is then the model that was trained.
     """
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
@@ -129,10 +150,15 @@ def evaluate(
     images, labels = dataset.load_range(manifest, split, 0, manifest.count(split))
     with tempfile.TemporaryDirectory(prefix="evaluate-") as workdir:
         local = fetch_model(model_uri, workdir)
+        check_saved_model(local, model_uri)
+        digest = model_digest(local, model_uri, saved_model_sha256)
         model = load_model(local, model_uri)
         probabilities = model.predict(images, batch_size=batch_size, verbose=0)
     return Evaluation(
-        split=split, dataset_manifest_sha256=manifest.sha256, **score(probabilities, labels)
+        split=split,
+        dataset_manifest_sha256=manifest.sha256,
+        saved_model_sha256=digest,
+        **score(probabilities, labels),
     )
 
 
@@ -143,10 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", required=True, help="dataset directory (local or gs://)")
     parser.add_argument("--split", default="test", choices=dataset.SPLITS)
     parser.add_argument("--batch-size", type=int, default=EVAL_BATCH_SIZE)
+    parser.add_argument("--saved-model-sha256", help="the digest the trainer recorded, to verify")
     parser.add_argument("--output-json", help="also write the evaluation as JSON here")
     args = parser.parse_args(argv)
     try:
-        result = evaluate(args.model, args.dataset, args.split, args.batch_size)
+        result = evaluate(
+            args.model, args.dataset, args.split, args.batch_size, args.saved_model_sha256
+        )
     except (ModelError, dataset.DataError, ValueError) as exc:
         print(f"evaluation failed: {exc}", file=sys.stderr)
         return 2

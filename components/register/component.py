@@ -31,6 +31,8 @@ def register_model(
     """Quality gate + champion/challenger; publish the model as the next numeric version.
 
     `image_refs` is a JSON object (component -> image reference) stored with the version.
+    The model must hash to the ``saved_model_sha256`` the trainer recorded (in the run summary
+    and the Model artifact's metadata), or nothing is registered.
     The decision goes out twice: as the Markdown artifact ``decision`` (for the UI) and as the
     string ``decision_text`` (a NamedTuple field cannot share the artifact's name in KFP: the
     compiler would rename it ``decision_2`` and the executor would then drop its value).
@@ -50,6 +52,7 @@ def register_model(
         model_name=model_name,
         min_accuracy=min_accuracy,
         image_refs=parse_image_refs(image_refs),
+        saved_model_sha256=model.metadata.get("saved_model_sha256"),
     )
     with open(decision.path, "w", encoding="utf-8") as fh:
         fh.write(result.to_markdown())

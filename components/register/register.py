@@ -22,7 +22,14 @@ from typing import Any
 
 from components.common import dataset, storage
 from components.common.defaults import MIN_ACCURACY, MODEL_NAME, PRODUCTION_ALIAS
-from components.common.saved_model import ModelError, check_saved_model, fetch_model
+from components.common.model_files import (
+    DIGEST_KEY,
+    ModelError,
+    check_digest_text,
+    check_layout,
+    fetch_model,
+    verify_digest,
+)
 from components.register.registry import REGISTRY_FORMAT, ModelStore, RegistryError, check_name
 
 
@@ -118,6 +125,195 @@ def challenger_wins(candidate: dict[str, Any], champion: dict[str, Any] | None) 
     return False, f"accuracy {new['accuracy']:.4f} does not beat {old_acc:.4f} of version {version}"
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """The checked inputs of one registration: which model, from which run, with what scores."""
+
+    model_uri: str
+    model_name: str
+    run_id: str
+    alias: str
+    accuracy: float
+    loss: float
+    min_accuracy: float
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The scores stored with the version and compared by champion/challenger."""
+        return {"accuracy": self.accuracy, "loss": self.loss, "min_accuracy": self.min_accuracy}
+
+    def decision(
+        self,
+        store: ModelStore,
+        version: int,
+        text: str,
+        promoted: bool = False,
+        champion: dict[str, Any] | None = None,
+    ) -> Decision:
+        """The outcome for this candidate: registered as `version` (0: not registered)."""
+        champion_acc = champion.get("metrics", {}).get("accuracy") if champion else None
+        return Decision(
+            version > 0,
+            promoted,
+            version,
+            text,
+            store.version_uri(version) if version > 0 else "",
+            self.model_name,
+            self.accuracy,
+            self.loss,
+            champion_version=champion.get("version") if champion else None,
+            champion_accuracy=float(champion_acc) if champion_acc is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where the candidate came from: stored with its version."""
+
+    dataset_uri: str
+    manifest: dataset.Manifest
+    run_summary: dict[str, Any]
+    image_refs: dict[str, str]
+    saved_model_sha256: str
+
+    def metadata(self, candidate: Candidate, version: int, registered_at: str) -> dict[str, Any]:
+        """The version's ``kfp_horovod_metadata.json``."""
+        manifest = self.manifest
+        return {
+            "format": REGISTRY_FORMAT,
+            "model_name": candidate.model_name,
+            "version": version,
+            "metrics": candidate.metrics,
+            "dataset": {
+                "uri": self.dataset_uri,
+                "manifest_sha256": manifest.sha256,
+                "counts": {split: manifest.count(split) for split in manifest.splits},
+                "source": manifest.raw.get("source", {}),
+            },
+            "run_summary": self.run_summary,
+            "pipeline_run_id": candidate.run_id,
+            "registered_at": registered_at,
+            "image_refs": dict(self.image_refs),
+            "source_model_uri": candidate.model_uri,
+            DIGEST_KEY: self.saved_model_sha256,
+        }
+
+
+def check_inputs(
+    model_uri: str,
+    model_name: str,
+    pipeline_run_id: str,
+    alias: str,
+    scores: tuple[float, float, float],
+) -> Candidate:
+    """The registration's parameters, checked: `scores` is (accuracy, loss, min_accuracy)."""
+    accuracy, loss, min_accuracy = scores
+    if not pipeline_run_id.strip():
+        raise ValueError("pipeline_run_id is empty")
+    return Candidate(
+        model_uri=model_uri,
+        model_name=check_name("model name", model_name),
+        run_id=pipeline_run_id,
+        alias=check_name("alias", alias),
+        accuracy=_check_score("accuracy", accuracy, 1.0),
+        loss=_check_score("loss", loss, None),
+        min_accuracy=_check_score("min_accuracy", min_accuracy, 1.0),
+    )
+
+
+def recorded_digest(summary: dict[str, Any], summary_uri: str, from_artifact: str | None) -> str:
+    """The ``saved_model.pb`` sha256 the trainer recorded: in the run summary and, when given,
+    in the Model artifact's metadata (`from_artifact`). Both present: they must agree."""
+    found = {}
+    if DIGEST_KEY in summary:
+        found["the run summary " + summary_uri] = summary[DIGEST_KEY]
+    if from_artifact is not None:
+        found["the Model artifact's metadata"] = from_artifact
+    if not found:
+        raise ModelError(
+            f"no {DIGEST_KEY} recorded, neither in the run summary {summary_uri} nor in the Model "
+            "artifact's metadata: registration only accepts a model whose digest the trainer "
+            "recorded"
+        )
+    digests = {check_digest_text(value, where) for where, value in found.items()}
+    if len(digests) > 1:
+        listed = ", ".join(f"{where} records {value}" for where, value in found.items())
+        raise ModelError(f"the recorded {DIGEST_KEY} values disagree: {listed}")
+    return digests.pop()
+
+
+def trusted_model(
+    candidate: Candidate,
+    summary: dict[str, Any],
+    summary_uri: str,
+    from_artifact: str | None,
+    workdir: str,
+) -> tuple[Path, str]:
+    """Fetch the model; check its SavedModel layout and that its ``saved_model.pb`` hashes to
+    the digest the trainer recorded. Returns the local directory and the digest."""
+    try:
+        recorded = recorded_digest(summary, summary_uri, from_artifact)
+        local = fetch_model(candidate.model_uri, workdir)
+        check_layout(local, candidate.model_uri)
+        return local, verify_digest(local, recorded, candidate.model_uri)
+    except ModelError as exc:
+        raise ModelError(f"not registering {candidate.model_name!r}: {exc}") from exc
+
+
+def gate(store: ModelStore, candidate: Candidate) -> tuple[Decision | None, dict[str, Any] | None]:
+    """Decide what needs no writing: a run that already registered gets its version back; a
+    model below the minimum accuracy is not registered. Returns (decision or None, run record)."""
+    previous = store.find_run(candidate.run_id)
+    if previous is not None and "decision" in previous:
+        version = int(previous["version"])
+        text = (
+            f"already registered by run {candidate.run_id} as version {version}: "
+            f"{previous['decision']}"
+        )
+        return candidate.decision(store, version, text, promoted=bool(previous["promoted"])), None
+    if previous is None and candidate.accuracy < candidate.min_accuracy:
+        text = (
+            f"not registered: accuracy {candidate.accuracy:.4f} < "
+            f"minimum {candidate.min_accuracy:.4f}"
+        )
+        return candidate.decision(store, 0, text), None
+    return None, previous
+
+
+def claim_version(
+    store: ModelStore, candidate: Candidate, previous: dict[str, Any] | None, started: str
+) -> int:
+    """The version this run publishes: the one an earlier attempt of the same run claimed and
+    did not finish, or the next free number (bound to the run so a re-run finds it)."""
+    if previous is not None:
+        return int(previous["version"])
+    run_id = candidate.run_id
+    version = store.claim_next_version({"pipeline_run_id": run_id, "claimed_at": started})
+    if store.bind_run(run_id, {"pipeline_run_id": run_id, "version": version}):
+        return version
+    bound = store.find_run(run_id)  # the same run registering concurrently got there first
+    return int(bound["version"]) if bound else version
+
+
+def promote(
+    store: ModelStore, candidate: Candidate, version: int, version_uri: str, promoted_at: str
+) -> Decision:
+    """Move the alias to the published `version` if it beats the holder; record the outcome."""
+    record = {
+        "version": version,
+        "metrics": candidate.metrics,
+        "pipeline_run_id": candidate.run_id,
+        "version_uri": version_uri,
+        "promoted_at": promoted_at,
+    }
+    promoted, reason, champion = store.move_alias_if(candidate.alias, record, challenger_wins)
+    verdict = "promoted to" if promoted else "not promoted to"
+    text = f"registered as version {version}; {verdict} {candidate.alias}: {reason}"
+    run_record = {"pipeline_run_id": candidate.run_id, "version": version}
+    store.update_run(candidate.run_id, {**run_record, "promoted": promoted, "decision": text})
+    return candidate.decision(store, version, text, promoted=promoted, champion=champion)
+
+
 def register(
     model_uri: str,
     run_summary_uri: str,
@@ -131,115 +327,38 @@ def register(
     min_accuracy: float = MIN_ACCURACY,
     image_refs: dict[str, str] | None = None,
     alias: str = PRODUCTION_ALIAS,
+    saved_model_sha256: str | None = None,
     now: Callable[[], datetime] | None = None,
 ) -> Decision:
     """Gate, publish and maybe promote the SavedModel at `model_uri`.
 
-    All inputs are checked before the registry is touched: a bad parameter, a missing or
-    corrupt run summary, dataset manifest or model raise (ValueError, DataError, ModelError)
+    The model must hash to the ``saved_model_sha256`` the trainer recorded (run summary, and
+    `saved_model_sha256` from the Model artifact's metadata when given). All inputs are checked
+    before the registry is touched: a bad parameter, a missing or corrupt run summary, dataset
+    manifest or model, a missing or unmatched digest raise (ValueError, DataError, ModelError)
     and leave the registry as it was.
     """
     clock = now or (lambda: datetime.now(timezone.utc))
-    accuracy = _check_score("accuracy", accuracy, 1.0)
-    loss = _check_score("loss", loss, None)
-    min_accuracy = _check_score("min_accuracy", min_accuracy, 1.0)
-    if not pipeline_run_id.strip():
-        raise ValueError("pipeline_run_id is empty")
-    check_name("alias", alias)
+    candidate = check_inputs(
+        model_uri, model_name, pipeline_run_id, alias, (accuracy, loss, min_accuracy)
+    )
     store = ModelStore(registry_root, model_name)
     summary = read_run_summary(run_summary_uri)
     manifest = dataset.read_manifest(dataset_uri)
-
     with tempfile.TemporaryDirectory(prefix="register-model-") as workdir:
-        local_model = fetch_model(model_uri, workdir)
-        check_saved_model(local_model, model_uri)
-
-        def decide(
-            registered: bool, promoted: bool, version: int, text: str, **kw: Any
-        ) -> Decision:
-            uri = store.version_uri(version) if registered else ""
-            return Decision(
-                registered, promoted, version, text, uri, model_name, accuracy, loss, **kw
-            )
-
-        previous = store.find_run(pipeline_run_id)
-        if previous is not None and "decision" in previous:
-            version = int(previous["version"])
-            return decide(
-                True,
-                bool(previous["promoted"]),
-                version,
-                f"already registered by run {pipeline_run_id} as version {version}: "
-                f"{previous['decision']}",
-            )
-        if previous is None and accuracy < min_accuracy:
-            return decide(
-                False,
-                False,
-                0,
-                f"not registered: accuracy {accuracy:.4f} < minimum {min_accuracy:.4f}",
-            )
-
+        local_model, digest = trusted_model(
+            candidate, summary, run_summary_uri, saved_model_sha256, workdir
+        )
+        decided, previous = gate(store, candidate)
+        if decided is not None:
+            return decided
         started = clock().isoformat()
-        if previous is not None:  # an earlier attempt of this run stopped half way: finish it
-            version = int(previous["version"])
-        else:
-            version = store.claim_next_version(
-                {"pipeline_run_id": pipeline_run_id, "claimed_at": started}
-            )
-            if not store.bind_run(
-                pipeline_run_id, {"pipeline_run_id": pipeline_run_id, "version": version}
-            ):
-                bound = store.find_run(pipeline_run_id)  # the same run registering concurrently
-                version = int(bound["version"]) if bound else version
-        metrics = {"accuracy": accuracy, "loss": loss, "min_accuracy": min_accuracy}
-        metadata = {
-            "format": REGISTRY_FORMAT,
-            "model_name": model_name,
-            "version": version,
-            "metrics": metrics,
-            "dataset": {
-                "uri": dataset_uri,
-                "manifest_sha256": manifest.sha256,
-                "counts": {split: manifest.count(split) for split in manifest.splits},
-                "source": manifest.raw.get("source", {}),
-            },
-            "run_summary": summary,
-            "pipeline_run_id": pipeline_run_id,
-            "registered_at": started,
-            "image_refs": dict(image_refs or {}),
-            "source_model_uri": model_uri,
-        }
-        version_uri = store.publish(version, local_model, metadata)
-
-    candidate = {
-        "version": version,
-        "metrics": metrics,
-        "pipeline_run_id": pipeline_run_id,
-        "version_uri": version_uri,
-        "promoted_at": clock().isoformat(),
-    }
-    promoted, reason, champion = store.move_alias_if(alias, candidate, challenger_wins)
-    verdict = f"promoted to {alias}" if promoted else f"not promoted to {alias}"
-    text = f"registered as version {version}; {verdict}: {reason}"
-    store.update_run(
-        pipeline_run_id,
-        {
-            "pipeline_run_id": pipeline_run_id,
-            "version": version,
-            "promoted": promoted,
-            "decision": text,
-        },
-    )
-    champion_acc = champion.get("metrics", {}).get("accuracy") if champion else None
-    return decide(
-        True,
-        promoted,
-        version,
-        text,
-        champion_version=champion.get("version") if champion else None,
-        champion_accuracy=float(champion_acc) if champion_acc is not None else None,
-    )
+        version = claim_version(store, candidate, previous, started)
+        provenance = Provenance(dataset_uri, manifest, summary, image_refs or {}, digest)
+        version_uri = store.publish(
+            version, local_model, provenance.metadata(candidate, version, started)
+        )
+    return promote(store, candidate, version, version_uri, clock().isoformat())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-accuracy", type=float, default=MIN_ACCURACY)
     parser.add_argument("--image-refs", default="{}", help="JSON object: component -> image")
     parser.add_argument("--alias", default=PRODUCTION_ALIAS)
+    parser.add_argument(
+        "--saved-model-sha256",
+        help="the digest the trainer recorded (default: the run summary's saved_model_sha256)",
+    )
     parser.add_argument("--output-json", help="also write the decision as JSON here")
     args = parser.parse_args(argv)
     try:
@@ -271,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             min_accuracy=args.min_accuracy,
             image_refs=parse_image_refs(args.image_refs),
             alias=args.alias,
+            saved_model_sha256=args.saved_model_sha256,
         )
     except (ValueError, ModelError, dataset.DataError, RegistryError) as exc:
         print(f"registration failed: {exc}", file=sys.stderr)

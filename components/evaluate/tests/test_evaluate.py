@@ -1,6 +1,7 @@
 """Evaluate: real SavedModels, a fresh-process CLI, gs:// inputs, bad models, the KFP wrapper."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from components.common import dataset, storage
-from components.common.saved_model import ModelError
+from components.common.model_files import ModelError
 from components.evaluate import evaluate as ev
 
 
@@ -59,7 +60,9 @@ def test_evaluate_matches_keras(trained_model) -> None:
         if cm[:, c].sum():
             assert result.precision[c] == pytest.approx(cm[c, c] / cm[:, c].sum())
     assert result.dataset_manifest_sha256 == dataset.read_manifest(trained_model.dataset).sha256
+    assert result.saved_model_sha256 == trained_model.saved_model_sha256
     report = result.to_markdown("m", "d")
+    assert f"saved_model.pb sha256: `{trained_model.saved_model_sha256}`" in report
     assert f"accuracy: {result.accuracy:.4f}" in report and report.count("\n| ") == 11
 
 
@@ -103,12 +106,15 @@ def test_gcs_model_and_dataset(trained_model, gcs_uri: str) -> None:
         ev.evaluate(f"{gcs_uri}/models/missing", data_uri)
 
 
-def _not_models(tmp_path: Path) -> list[tuple[str, str]]:
+def _not_models(model_dir: str, tmp_path: Path) -> list[tuple[str, str]]:
     empty = tmp_path / "empty"
     empty.mkdir()
-    corrupt = tmp_path / "corrupt"
-    corrupt.mkdir()
+    corrupt = tmp_path / "corrupt"  # a real model whose saved_model.pb was damaged
+    shutil.copytree(model_dir, corrupt)
     (corrupt / "saved_model.pb").write_bytes(b"\xff\xff not a protobuf")
+    no_variables = tmp_path / "no-variables"
+    shutil.copytree(model_dir, no_variables)
+    (no_variables / "variables" / "variables.index").unlink()
     a_file = tmp_path / "file"
     a_file.write_text("x")
     return [
@@ -116,14 +122,34 @@ def _not_models(tmp_path: Path) -> list[tuple[str, str]]:
         (str(empty), "not a SavedModel (no saved_model.pb)"),
         (str(corrupt), "saved_model.pb is corrupt"),
         (str(a_file), "not a directory"),
+        (str(no_variables), "SavedModel is incomplete (no variables/variables.index)"),
     ]
 
 
 def test_bad_model_directories(trained_model, tmp_path: Path) -> None:
-    for path, message in _not_models(tmp_path):
+    for path, message in _not_models(trained_model.path, tmp_path):
         with pytest.raises(ModelError) as info:
             ev.evaluate(path, trained_model.dataset)
         assert path in str(info.value) and message in str(info.value)
+
+
+def test_the_recorded_digest_is_checked(trained_model, tmp_path: Path) -> None:
+    """With the trainer's digest, evaluation scores only the model that was trained."""
+    digest = trained_model.saved_model_sha256
+    result = ev.evaluate(trained_model.path, trained_model.dataset, saved_model_sha256=digest)
+    assert result.saved_model_sha256 == digest
+    assert result.accuracy == pytest.approx(trained_model.accuracy, abs=1e-6)
+    other = "0" * 64
+    with pytest.raises(ModelError) as info:
+        ev.evaluate(trained_model.path, trained_model.dataset, saved_model_sha256=other)
+    assert str(info.value) == (
+        f"{trained_model.path}: saved_model.pb has sha256 {digest}, but the trainer recorded "
+        f"{other}: this is not the model that was trained"
+    )
+    with pytest.raises(ModelError, match="'nope' is not a sha256 hex digest"):
+        ev.evaluate(trained_model.path, trained_model.dataset, saved_model_sha256="nope")
+    args = ["--model", trained_model.path, "--dataset", trained_model.dataset]
+    assert ev.main([*args, "--saved-model-sha256", other]) == 2
 
 
 def test_savedmodel_without_serving_signature(trained_model, tmp_path: Path) -> None:
@@ -164,6 +190,16 @@ def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path) -> N
     assert [c["displayName"] for c in cm["annotationSpecs"]] == [str(i) for i in range(10)]
     assert sum(sum(row["row"]) for row in cm["rows"]) == 400
     assert "| class | support | precision | recall |" in Path(report.path).read_text()
+    assert report.metadata["saved_model_sha256"] == trained_model.saved_model_sha256
+    # The digest the train component put in the Model artifact's metadata is verified.
+    with pytest.raises(ModelError, match="this is not the model that was trained"):
+        evaluate(
+            dataset=dsl.Dataset(uri=trained_model.dataset),
+            model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": "1" * 64}),
+            metrics=dsl.Metrics(uri=str(tmp_path / "metrics-2")),
+            confusion_matrix=dsl.ClassificationMetrics(uri=str(tmp_path / "cm-2")),
+            report=dsl.Markdown(uri=str(tmp_path / "report-2.md")),
+        )
 
 
 def test_component_compiles() -> None:

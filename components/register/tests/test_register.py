@@ -1,7 +1,11 @@
 """Register: gate, champion/challenger, serving layout, idempotency, concurrency, bad input, GCS."""
 
+import hashlib
 import json
 import math
+import shutil
+import subprocess
+import sys
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
@@ -10,7 +14,7 @@ import pytest
 
 from components.common import storage
 from components.common.dataset import DataError, read_manifest
-from components.common.saved_model import ModelError
+from components.common.model_files import ModelError
 from components.register import register as rg
 from components.register.registry import METADATA_FILE, ModelStore
 
@@ -18,9 +22,11 @@ FIXED_TIME = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
 
 @pytest.fixture
-def summary(tmp_path: Path) -> str:
+def summary(trained_model, tmp_path: Path) -> str:
+    """A run summary as the trainer writes it, recording the model's saved_model.pb digest."""
     path = tmp_path / "run_summary.json"
-    path.write_text(json.dumps({"workers": 2, "epochs": 1, "final_loss": 0.5}))
+    record = {"workers": 2, "epochs": 1, "final_loss": 0.5}
+    path.write_text(json.dumps({**record, "saved_model_sha256": trained_model.saved_model_sha256}))
     return str(path)
 
 
@@ -65,6 +71,7 @@ def test_first_registration_has_the_serving_layout_and_metadata(
     assert meta["run_summary"] == json.loads(Path(summary).read_text())
     assert meta["pipeline_run_id"] == "run-1" and meta["image_refs"] == refs
     assert meta["registered_at"] == FIXED_TIME.isoformat()
+    assert meta["saved_model_sha256"] == trained_model.saved_model_sha256
 
     alias = json.loads((base / "_aliases" / "production.json").read_text())
     assert (
@@ -148,17 +155,58 @@ def test_a_half_finished_registration_is_completed_not_duplicated(
     assert store.claimed_versions() == [1] and store.published_versions() == [1]
 
 
+def _summary_with(tmp_path: Path, name: str, summary: str, **changes) -> str:
+    """A copy of the run summary `summary` with `changes` (None: the key removed)."""
+    record = {**json.loads(Path(summary).read_text()), **changes}
+    path = tmp_path / name
+    path.write_text(json.dumps({k: v for k, v in record.items() if v is not None}))
+    return str(path)
+
+
 def _bad_cases(trained_model, summary: str, tmp_path: Path):
     empty = tmp_path / "empty-model"
     empty.mkdir()
+    no_variables = tmp_path / "no-variables"
+    shutil.copytree(trained_model.path, no_variables)
+    (no_variables / "variables" / "variables.index").unlink()
     not_json = tmp_path / "summary.txt"
     not_json.write_text("not json")
     a_list = tmp_path / "list.json"
     a_list.write_text("[1, 2]")
+    no_digest = _summary_with(tmp_path, "no-digest.json", summary, saved_model_sha256=None)
+    bad_digest = _summary_with(tmp_path, "bad-digest.json", summary, saved_model_sha256="abc")
+    other = "0" * 64
     ok = {"model": trained_model.path, "summary": summary, "data": trained_model.dataset}
     return [
         ({**ok, "model": str(tmp_path / "missing")}, {}, ModelError, "model directory is missing"),
         ({**ok, "model": str(empty)}, {}, ModelError, "not a SavedModel (no saved_model.pb)"),
+        (
+            {**ok, "model": str(no_variables)},
+            {},
+            ModelError,
+            "SavedModel is incomplete (no variables/variables.index)",
+        ),
+        (
+            {**ok, "summary": no_digest},
+            {},
+            ModelError,
+            "not registering 'mnist-cnn': no saved_model_sha256 recorded, neither in the run "
+            f"summary {no_digest} nor in the Model artifact's metadata",
+        ),
+        (
+            {**ok, "summary": bad_digest},
+            {},
+            ModelError,
+            f"run summary {bad_digest}: saved_model_sha256 'abc' is not a sha256 hex digest",
+        ),
+        (
+            ok,
+            {"saved_model_sha256": other},
+            ModelError,
+            "the recorded saved_model_sha256 values disagree: the run summary "
+            f"{summary} records {trained_model.saved_model_sha256}, the Model artifact's "
+            f"metadata records {other}",
+        ),
         ({**ok, "summary": str(tmp_path / "nope.json")}, {}, ValueError, "nope.json: missing"),
         ({**ok, "summary": str(not_json)}, {}, ValueError, "summary.txt: not valid JSON"),
         ({**ok, "summary": str(a_list)}, {}, ValueError, "expected a JSON object"),
@@ -201,6 +249,68 @@ def test_bad_input_fails_clearly_and_writes_nothing(trained_model, summary, tmp_
             registry_root="",
             pipeline_run_id="r",
         )
+
+
+def test_a_model_that_is_not_the_trained_one_is_refused(
+    trained_model, summary, tmp_path: Path
+) -> None:
+    """saved_model.pb must hash to the digest the trainer recorded; else nothing is written."""
+    swapped = tmp_path / "swapped-model"
+    shutil.copytree(trained_model.path, swapped)
+    pb = swapped / "saved_model.pb"
+    pb.write_bytes(pb.read_bytes() + b"\0")  # still a complete layout, other bytes
+    actual = hashlib.sha256(pb.read_bytes()).hexdigest()
+    root = tmp_path / "registry"
+    with pytest.raises(ModelError) as info:
+        rg.register(
+            str(swapped),
+            summary,
+            trained_model.dataset,
+            0.99,
+            0.1,
+            registry_root=str(root),
+            pipeline_run_id="run-1",
+            min_accuracy=0.5,
+        )
+    assert str(info.value) == (
+        f"not registering 'mnist-cnn': {swapped}: saved_model.pb has sha256 {actual}, but the "
+        f"trainer recorded {trained_model.saved_model_sha256}: this is not the model that was "
+        "trained"
+    )
+    assert not root.exists()
+
+
+def test_the_model_artifacts_digest_is_enough(trained_model, summary, tmp_path: Path) -> None:
+    """A run summary without the digest: the Model artifact's metadata still vouches for it."""
+    bare = _summary_with(tmp_path, "bare.json", summary, saved_model_sha256=None)
+    root = str(tmp_path / "registry")
+    digest = trained_model.saved_model_sha256
+    decision = _register(trained_model, bare, root, "run-1", 0.9, saved_model_sha256=digest)
+    assert decision.registered and decision.version == 1
+    assert ModelStore(root, "mnist-cnn").read_metadata(1)["saved_model_sha256"] == digest
+
+
+def test_registration_runs_without_tensorflow(trained_model, summary, tmp_path: Path) -> None:
+    """The register image carries no TensorFlow: a whole registration, in a fresh process,
+    must not import it (not even lazily)."""
+    root = tmp_path / "registry"
+    args = [
+        *("--model", trained_model.path, "--run-summary", summary),
+        *("--dataset", trained_model.dataset, "--accuracy", "0.9", "--loss", "0.2"),
+        *("--registry-root", str(root), "--pipeline-run-id", "no-tf", "--min-accuracy", "0.5"),
+    ]
+    code = (
+        "import sys\n"
+        "from components.register.register import main\n"
+        f"assert main({args!r}) == 0\n"
+        "assert 'tensorflow' not in sys.modules, 'registration imported TensorFlow'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "registered as version 1; promoted to production" in proc.stdout
+    assert (root / "mnist-cnn" / "1" / "saved_model.pb").is_file()
 
 
 @pytest.mark.parametrize(
@@ -334,25 +444,33 @@ def test_component_function_and_compile(trained_model, summary, tmp_path: Path) 
 
     from components.register.component import make_component, register_model
 
+    def call(digest: str, registry: str, decision: dsl.Markdown):
+        return register_model(
+            model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": digest}),
+            run_summary=dsl.Artifact(uri=summary),
+            dataset=dsl.Dataset(uri=trained_model.dataset),
+            accuracy=0.95,
+            loss=0.2,
+            model_name="mnist-cnn",
+            registry_root=str(tmp_path / registry),
+            min_accuracy=0.9,
+            pipeline_run_id="kfp-run",
+            image_refs='{"register": "img:1"}',
+            decision=decision,
+        )
+
     decision = dsl.Markdown(uri=str(tmp_path / "decision.md"))
-    out = register_model(
-        model=dsl.Model(uri=trained_model.path),
-        run_summary=dsl.Artifact(uri=summary),
-        dataset=dsl.Dataset(uri=trained_model.dataset),
-        accuracy=0.95,
-        loss=0.2,
-        model_name="mnist-cnn",
-        registry_root=str(tmp_path / "registry"),
-        min_accuracy=0.9,
-        pipeline_run_id="kfp-run",
-        image_refs='{"register": "img:1"}',
-        decision=decision,
-    )
+    out = call(trained_model.saved_model_sha256, "registry", decision)  # as train records it
     assert (out.registered, out.promoted, out.version) == (True, True, 1)
     assert out.version_uri == str(tmp_path / "registry" / "mnist-cnn" / "1")
     assert (
         out.decision_text in Path(decision.path).read_text() and decision.metadata["version"] == 1
     )
+    # The Model artifact's metadata digest (set by the train component) is checked too.
+    other = "f" * 64
+    with pytest.raises(ModelError, match=f"the Model artifact's metadata records {other}"):
+        call(other, "registry-2", dsl.Markdown(uri=str(tmp_path / "decision-2.md")))
+    assert not (tmp_path / "registry-2").exists()
 
     component = make_component("example.com/register:test")
 
@@ -398,9 +516,13 @@ def test_kfp_local_pipeline_prep_evaluate_register(trained_model, summary, tmp_p
     }
 
     @dsl.pipeline(name="prep-evaluate-register")
-    def flow(model_uri: str, summary_uri: str, root: str) -> str:
+    def flow(model_uri: str, summary_uri: str, root: str, digest: str) -> str:
         data = prep_op(source="bundled", sha256="none", shard_size=256, limit=400)
-        model = dsl.importer(artifact_uri=model_uri, artifact_class=dsl.Model)
+        model = dsl.importer(
+            artifact_uri=model_uri,
+            artifact_class=dsl.Model,
+            metadata={"saved_model_sha256": digest},  # as the train component sets it
+        )
         run_summary = dsl.importer(artifact_uri=summary_uri, artifact_class=dsl.Artifact)
         scores = eval_op(dataset=data.outputs["dataset"], model=model.output)
         reg = reg_op(
@@ -419,7 +541,12 @@ def test_kfp_local_pipeline_prep_evaluate_register(trained_model, summary, tmp_p
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
     root = tmp_path / "registry"
-    run = flow(model_uri=trained_model.path, summary_uri=summary, root=str(root))
+    run = flow(
+        model_uri=trained_model.path,
+        summary_uri=summary,
+        root=str(root),
+        digest=trained_model.saved_model_sha256,
+    )
     assert (
         run.output == "registered as version 1; promoted to production: no production version yet"
     )
@@ -427,3 +554,4 @@ def test_kfp_local_pipeline_prep_evaluate_register(trained_model, summary, tmp_p
     # Same data (deterministic prep) and model as the fixture: Keras' own accuracy.
     assert meta["metrics"]["accuracy"] == pytest.approx(trained_model.accuracy, abs=1e-6)
     assert meta["image_refs"] == {"register": "i/r:t"} and meta["pipeline_run_id"]
+    assert meta["saved_model_sha256"] == trained_model.saved_model_sha256

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from components.common import storage
-from components.common.saved_model import check_saved_model
+from components.evaluate.saved_model import check_saved_model
 from components.register import register as rg
 from components.register.registry import METADATA_FILE, SAVED_MODEL_PB, STAGING, ModelStore
 
@@ -29,9 +29,11 @@ ACCURACIES = [0.91, 0.97, 0.93, 0.99, 0.92, 0.95, 0.94, 0.96]  # 8 concurrent wr
 
 
 @pytest.fixture
-def summary(tmp_path: Path) -> str:
+def summary(trained_model, tmp_path: Path) -> str:
+    """A run summary as the trainer writes it, recording the model's saved_model.pb digest."""
     path = tmp_path / "run_summary.json"
-    path.write_text(json.dumps({"workers": 2, "epochs": 1, "final_loss": 0.5}))
+    record = {"workers": 2, "epochs": 1, "final_loss": 0.5}
+    path.write_text(json.dumps({**record, "saved_model_sha256": trained_model.saved_model_sha256}))
     return str(path)
 
 
