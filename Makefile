@@ -23,8 +23,8 @@ LOCAL_REGISTRY ?= $(call defaults,LOCAL_IMAGE_REGISTRY)
 LOCAL_TAG ?= $(call defaults,LOCAL_IMAGE_TAG)
 BASE_IMAGE ?= $(call defaults,BASE_IMAGE)
 OFFLINE_BASE_IMAGE ?= $(call defaults,OFFLINE_BASE_IMAGE)
-# images/<dir>=<image name> for images-local, from IMAGE_NAMES in defaults.py.
-LOCAL_IMAGES = $(shell $(PYTHON) -c "from components.common.defaults import IMAGE_NAMES as n; print(' '.join(f'{k}={v}' for k, v in n.items()))")
+# images/<dir>=<image name> for images and images-local, from IMAGE_NAMES in defaults.py.
+IMAGE_SPECS = $(shell $(PYTHON) -c "from components.common.defaults import IMAGE_NAMES as n; print(' '.join(f'{k}={v}' for k, v in n.items()))")
 
 .PHONY: help install lock run test test-fast test-containers lint typecheck compile images \
 	images-local base-image docker-ready gcs-emulator-image crd bench clean
@@ -84,13 +84,8 @@ compile: install ## write build/pipeline.yaml (REGISTRY=, TAG= for the images)
 	$(PY) -m pipeline compile --output build/pipeline.yaml --image-registry $(REGISTRY) --image-tag $(TAG)
 
 # Builds and pushes one image per component (needs Docker and a registry login).
-images: ## build and push the four images to $REGISTRY:$TAG (needs a registry login)
-	@for c in $(COMPONENT_IMAGES); do \
-		name=$$($(PYTHON) -c "from components.common.defaults import IMAGE_NAMES; print(IMAGE_NAMES['$$c'])"); \
-		echo "== $$c -> $(REGISTRY)/$$name:$(TAG)"; \
-		docker build -f images/$$c/Dockerfile -t $(REGISTRY)/$$name:$(TAG) . && \
-		docker push $(REGISTRY)/$$name:$(TAG) || exit 1; \
-	done
+images: docker-ready ## build and push the four images to $REGISTRY:$TAG (needs a registry login)
+	PUSH=1 images/build-local.sh $(REGISTRY) $(TAG) $(BASE_IMAGE) $(OFFLINE_BASE_IMAGE) $(IMAGE_SPECS)
 
 # Make sure a Docker engine runs (installs Debian's docker.io and starts dockerd if needed).
 docker-ready: ## make sure a Docker engine runs (installs docker.io, starts dockerd)
@@ -103,7 +98,7 @@ base-image: docker-ready ## the offline base: Debian bookworm + Python 3.11 from
 # Build the four component images as $(LOCAL_REGISTRY)/<name>:$(LOCAL_TAG), no push; falls back
 # to the offline base when $(BASE_IMAGE) cannot be pulled.
 images-local: docker-ready ## build the four images for local use (no push; offline base if needed)
-	images/build-local.sh $(LOCAL_REGISTRY) $(LOCAL_TAG) $(BASE_IMAGE) $(OFFLINE_BASE_IMAGE) $(LOCAL_IMAGES)
+	images/build-local.sh $(LOCAL_REGISTRY) $(LOCAL_TAG) $(BASE_IMAGE) $(OFFLINE_BASE_IMAGE) $(IMAGE_SPECS)
 
 gcs-emulator-image: docker-ready ## the container tests' GCS emulator image
 	images/build-local.sh $(LOCAL_REGISTRY) $(LOCAL_TAG) $(BASE_IMAGE) $(OFFLINE_BASE_IMAGE) gcs-emulator=gcs-emulator

@@ -3,7 +3,9 @@
 #
 #   images/build-local.sh REGISTRY TAG BASE_IMAGE OFFLINE_BASE_IMAGE DIR=NAME [DIR=NAME ...]
 #
-# DIR is a folder under images/ holding a Dockerfile, NAME the image name. The images are built
+# DIR is a folder under images/, NAME the image name. images/DIR/Dockerfile builds it if there is
+# one; else the shared images/component/Dockerfile with COMPONENT=DIR (data_prep, evaluate,
+# register). PUSH=1 pushes each image after building it (make images). The images are built
 # on BASE_IMAGE if it is present or can be pulled; otherwise on OFFLINE_BASE_IMAGE, which is
 # built from Debian's packages (images/base) when it is missing, and the script says so.
 # Docker's layer cache is reused, so a second run rebuilds only what changed. Prints the build
@@ -31,11 +33,17 @@ fi
 
 for spec in "$@"; do
   dir=${spec%%=*} name=${spec#*=}
-  [ -f "images/$dir/Dockerfile" ] || { echo "images: no images/$dir/Dockerfile" >&2; exit 2; }
+  if [ -f "images/$dir/Dockerfile" ]; then
+    build=(-f "images/$dir/Dockerfile")
+  elif [ -f "images/$dir/requirements.txt" ]; then
+    build=(-f images/component/Dockerfile --build-arg "COMPONENT=$dir")
+  else
+    echo "images: images/$dir has neither a Dockerfile nor a requirements.txt" >&2; exit 2
+  fi
   ref="$registry/$name:$tag"
   start=$(date +%s)
   log=$(mktemp)
-  if ! docker build --build-arg "BASE_IMAGE=$base" -f "images/$dir/Dockerfile" -t "$ref" . >"$log" 2>&1; then
+  if ! docker build --build-arg "BASE_IMAGE=$base" "${build[@]}" -t "$ref" . >"$log" 2>&1; then
     tail -40 "$log" >&2
     echo "images: building $ref failed (full log: $log)" >&2
     exit 1
@@ -44,4 +52,5 @@ for spec in "$@"; do
   size=$(docker image inspect -f '{{.Size}}' "$ref")
   awk -v r="$ref" -v t=$(( $(date +%s) - start )) -v s="$size" \
     'BEGIN { printf "images: %-48s built in %4d s, %6.0f MB\n", r, t, s / 1e6 }'
+  if [ "${PUSH:-0}" = 1 ]; then docker push "$ref"; fi
 done

@@ -9,6 +9,7 @@ builds Horovod with MPI and Gloo and matches the MPIJob's SSH contract.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.metadata as md
 import re
 import shutil
@@ -39,7 +40,7 @@ IMAGE_CODE_DIRS: dict[str, tuple[str, ...]] = {
 }
 # Not component images: the offline base (images/base) and the GCS emulator of the container
 # tests (images/gcs-emulator).
-SUPPORT_IMAGE_DIRS = {"base", "gcs-emulator"}
+SUPPORT_IMAGE_DIRS = {"base", "component", "gcs-emulator"}
 # The check-parameters step runs in the data_prep image.
 IMAGE_EXTRA_SOURCES: dict[str, tuple[str, ...]] = {"data_prep": ("components/common/params.py",)}
 FIRST_PARTY = {"components", "pipeline"}
@@ -102,12 +103,22 @@ def parse_dockerfile(path: Path) -> list[Instruction]:
     return out
 
 
+SHARED_DOCKERFILE = IMAGES / "component" / "Dockerfile"
+
+
 def dockerfile(image: str) -> Path:
-    return IMAGES / image / "Dockerfile"
+    """images/<image>/Dockerfile, or else the shared one (built with COMPONENT=<image>): the rule
+    of images/build-local.sh."""
+    own = IMAGES / image / "Dockerfile"
+    return own if own.is_file() else SHARED_DOCKERFILE
 
 
 def instructions(image: str) -> list[Instruction]:
-    return parse_dockerfile(dockerfile(image))
+    """The image's Dockerfile instructions, ``${COMPONENT}`` read as the image's name."""
+    return [
+        dataclasses.replace(i, args=i.args.replace("${COMPONENT}", image))
+        for i in parse_dockerfile(dockerfile(image))
+    ]
 
 
 def final_stage(instrs: list[Instruction]) -> list[Instruction]:
@@ -285,18 +296,20 @@ def distributions_for(module: str) -> frozenset[str]:
 
 
 def test_image_dirs_match_image_names() -> None:
-    """One Dockerfile per name in IMAGE_NAMES, and no Dockerfile for an unknown image (besides
-    the support images: the offline base and the container tests' GCS emulator)."""
-    built = {p.parent.name for p in IMAGES.glob("*/Dockerfile")} - SUPPORT_IMAGE_DIRS
+    """One folder per name in IMAGE_NAMES, and none for an unknown image (besides the support
+    images: the offline base, the shared component Dockerfile, the tests' GCS emulator)."""
+    built = {p.parent.name for p in IMAGES.glob("*/requirements.in")} - SUPPORT_IMAGE_DIRS
     assert built == set(IMAGE_NAMES), (
-        f"images/*/Dockerfile {sorted(built)} != IMAGE_NAMES {sorted(IMAGE_NAMES)}"
+        f"images/*/requirements.in {sorted(built)} != IMAGE_NAMES {sorted(IMAGE_NAMES)}"
     )
+    own = {p.parent.name for p in IMAGES.glob("*/Dockerfile")} - SUPPORT_IMAGE_DIRS
+    assert own == {"trainer"}, f"one shared Dockerfile for the other images, not {sorted(own)}"
     assert set(IMAGE_CODE_DIRS) == set(IMAGE_NAMES)
 
 
 @pytest.mark.parametrize("image", IMAGE_PARAMS)
 def test_every_image_has_dockerfile_and_requirements(image: str) -> None:
-    assert dockerfile(image).is_file(), f"{image_ref(image)} has no images/{image}/Dockerfile"
+    assert dockerfile(image).is_file(), f"{image_ref(image)} has no Dockerfile"
     assert (IMAGES / image / "requirements.txt").is_file()
     assert image_ref(image).split("/")[-1].startswith(IMAGE_NAMES[image] + ":")
 
