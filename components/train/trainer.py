@@ -191,7 +191,7 @@ def run(config: TrainConfig) -> int:
     log = rank_logger(rank, size)
     _quiet_tensorflow(tf, rank)
 
-    problem = world_size_problem(size, config.expected_workers, rank)
+    problem = world_size_problem(size, config.world_size, rank)
     if problem:
         print(problem, file=sys.stderr, flush=True)
         return EXIT_PREFLIGHT
@@ -245,7 +245,7 @@ def _train_in(
         raise JobError(f"{sum(1 for e in errors if e)} of {size} ranks reported bad input: {first}")
     assert shard is not None
 
-    scaled_lr = config.base_learning_rate * size
+    scaled_lr = config.learning_rate * size
     log.info(
         "ONE Horovod job: %d workers (%s local per host, formed by the %s controller) train ONE "
         "model together. Each rank reads a disjoint 1/%d of the %d training samples and runs %d "
@@ -266,7 +266,7 @@ def _train_in(
         size,
         config.batch_size_per_worker,
         scaled_lr,
-        config.base_learning_rate,
+        config.learning_rate,
         size,
         config.warmup_epochs,
         device,
@@ -431,13 +431,13 @@ def _summarise(
     return {
         "kind": SUMMARY_KIND,
         "world_size": size,
-        "expected_workers": config.expected_workers,
+        "expected_workers": config.world_size,
         "hosts": sorted({r["host"] for r in per_rank}),
         "epochs": config.epochs,
         "resumed_from_epoch": initial_epoch,
         "batch_size_per_worker": config.batch_size_per_worker,
         "global_batch_size": config.batch_size_per_worker * size,
-        "base_learning_rate": config.base_learning_rate,
+        "base_learning_rate": config.learning_rate,
         "learning_rate": scaled_lr,
         "warmup_epochs": config.warmup_epochs,
         "dataset": {
