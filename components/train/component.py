@@ -57,14 +57,13 @@ def train(
         },
         namespace=namespace,
     )
-    model.metadata["framework"] = "tensorflow-savedmodel"
-    model.metadata["world_size"] = summary["world_size"]
-    model.metadata["saved_model_sha256"] = summary["saved_model_sha256"]
-    model.metadata["final_metrics"] = summary["final_metrics"]
-    run_summary.metadata["world_size"] = summary["world_size"]
-    run_summary.metadata["weights_identical_across_ranks"] = summary[
-        "weights_identical_across_ranks"
-    ]
+    model.metadata.update(
+        framework="tensorflow-savedmodel",
+        **{k: summary[k] for k in ("world_size", "saved_model_sha256", "final_metrics")},
+    )
+    run_summary.metadata.update(
+        {k: summary[k] for k in ("world_size", "weights_identical_across_ranks")}
+    )
 
 
 def make_component(image: str) -> dsl.base_component.BaseComponent:

@@ -244,10 +244,8 @@ def _common_labels(p: MPIJobParams) -> dict[str, str]:
     return labels
 
 
-def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, Any]:
-    """The MPIJob for `p`: one launcher running ``mpirun``, ``p.train.workers`` sshd workers."""
-    name = job_name(p.run_name, p.pipeline_run_id)
-    launcher = {
+def _launcher(p: MPIJobParams) -> dict[str, Any]:
+    return {
         "name": "launcher",
         "image": p.image,
         "imagePullPolicy": "IfNotPresent",
@@ -255,7 +253,10 @@ def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, A
         "resources": _resources(p.launcher_cpu, p.launcher_memory, 0),
         "securityContext": _security_context(),
     }
-    worker = {
+
+
+def _worker(p: MPIJobParams) -> dict[str, Any]:
+    return {
         "name": "worker",
         "image": p.image,
         "imagePullPolicy": "IfNotPresent",
@@ -270,6 +271,9 @@ def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, A
         "resources": _resources(p.cpu_per_worker, p.memory_per_worker, p.gpus_per_worker),
         "securityContext": _security_context(),
     }
+
+
+def _run_policy(p: MPIJobParams) -> dict[str, Any]:
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": "Running",
         "ttlSecondsAfterFinished": p.ttl_seconds_after_finished,
@@ -285,6 +289,10 @@ def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, A
         scheduling["minAvailable"] = p.min_available
     if scheduling:
         run_policy["schedulingPolicy"] = scheduling
+    return run_policy
+
+
+def _metadata(p: MPIJobParams, name: str, namespace: str | None) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "name": name,
         "labels": _common_labels(p),
@@ -294,26 +302,32 @@ def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, A
         metadata["namespace"] = namespace
     if p.owner_pod_name and p.owner_pod_uid:
         metadata["ownerReferences"] = [owner_reference(p.owner_pod_name, p.owner_pod_uid)]
+    return metadata
+
+
+def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, Any]:
+    """The MPIJob for `p`: one launcher running ``mpirun``, ``p.train.workers`` sshd workers."""
+    name = job_name(p.run_name, p.pipeline_run_id)
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": KIND,
-        "metadata": metadata,
+        "metadata": _metadata(p, name, namespace),
         "spec": {
             "slotsPerWorker": p.train.slots_per_worker,
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiImplementation": "OpenMPI",
             "sshAuthMountPath": defaults.MPI_SSH_AUTH_MOUNT_PATH,
-            "runPolicy": run_policy,
+            "runPolicy": _run_policy(p),
             "mpiReplicaSpecs": {
                 "Launcher": {
                     "replicas": 1,
                     "restartPolicy": "OnFailure",
-                    "template": _pod_template(p, name, "launcher", launcher),
+                    "template": _pod_template(p, name, "launcher", _launcher(p)),
                 },
                 "Worker": {
                     "replicas": p.train.workers,
                     "restartPolicy": "Never",
-                    "template": _pod_template(p, name, "worker", worker),
+                    "template": _pod_template(p, name, "worker", _worker(p)),
                 },
             },
         },
