@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.common.defaults import PIPELINE_NAME
 from components.common.params import check_parameters
-from pipeline.pipeline import PIPELINE_NAME, build_pipeline, image_refs
+from pipeline.pipeline import build_pipeline, image_refs
 
 
 @dataclass
