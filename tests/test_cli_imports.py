@@ -23,10 +23,8 @@ print("HEAVY=" + ",".join(heavy), "EXIT=" + str(code), file=sys.stderr)
 
 
 def loaded(*args: str) -> tuple[str, str]:
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE.format(args=list(args))],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    """The heavy modules ``python -m pipeline ARGS`` imported, and its exit code."""
+    proc = python_c(PROBE.format(args=list(args)))
     last = proc.stderr.strip().splitlines()[-1]
     heavy, code = (part.split("=", 1)[1] for part in last.split())
     return heavy, code
@@ -50,16 +48,22 @@ def test_help_does_not_import_kubernetes() -> None:
     assert "kubernetes" not in heavy.split(",")
 
 
-def test_cli_modules_of_this_project_import_neither() -> None:
-    """Everything ``python -m pipeline`` loads at start-up except pipeline/ops*.py."""
-    proc = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, pipeline.build_cli, pipeline.render_cli, components.train.mpijob, "
-         "components.train.mpijob.manifest, components.train.config; "
-         "heavy = [m for m in ('kubernetes', 'jsonschema') if m in sys.modules]; "
-         "assert not heavy, heavy"],
+def python_c(code: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter at the project root."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
+
+
+def test_cli_modules_of_this_project_import_neither() -> None:
+    """Everything ``python -m pipeline`` loads at start-up except pipeline/ops*.py."""
+    proc = python_c(
+        "import sys, pipeline.build_cli, pipeline.render_cli, components.train.mpijob, "
+        "components.train.mpijob.manifest, components.train.config; "
+        "heavy = [m for m in ('kubernetes', 'jsonschema') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -70,11 +74,9 @@ def test_the_probe_sees_them_when_a_manifest_is_validated() -> None:
 
 
 def test_mpijob_package_exports_nothing_eagerly() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, components.train.mpijob as m; "
-         "assert not [n for n in vars(m) if not n.startswith('__')], vars(m); "
-         "assert 'kubernetes' not in sys.modules and 'jsonschema' not in sys.modules"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    proc = python_c(
+        "import sys, components.train.mpijob as m; "
+        "assert not [n for n in vars(m) if not n.startswith('__')], vars(m); "
+        "assert 'kubernetes' not in sys.modules and 'jsonschema' not in sys.modules"
+    )
     assert proc.returncode == 0, proc.stderr

@@ -514,8 +514,9 @@ def test_a_same_named_job_of_another_run_is_not_adopted(cluster: Cluster, bucket
     assert not cluster.requests("DELETE", "/mpijobs")
 
 
-def test_owner_reference_to_the_task_pod(cluster: Cluster, bucket: str) -> None:
-    cluster.core.create_namespaced_pod(NS, pod("train-task-pod", {}, uid="uid-42"))
+def run_owned_job_to_success(cluster: Cluster, bucket: str, uid: str) -> dict[str, Any]:
+    """Run a job owned by the task pod (uid `uid`) to success; return the created MPIJob."""
+    cluster.core.create_namespaced_pod(NS, pod("train-task-pod", {}, uid=uid))
     p = make_params(bucket, owner_pod_name="train-task-pod")
     op = Operator(cluster)
 
@@ -529,6 +530,11 @@ def test_owner_reference_to_the_task_pod(cluster: Cluster, bucket: str) -> None:
     op.join()
     job = cluster.job(job_name("nightly", "run-123"))
     assert job is not None
+    return job
+
+
+def test_owner_reference_to_the_task_pod(cluster: Cluster, bucket: str) -> None:
+    job = run_owned_job_to_success(cluster, bucket, uid="uid-42")
     (ref,) = job["metadata"]["ownerReferences"]
     assert (ref["kind"], ref["name"], ref["uid"]) == ("Pod", "train-task-pod", "uid-42")
 
@@ -601,18 +607,6 @@ def test_manifest_is_built_and_validated_once(
     monkeypatch.setattr(
         lifecycle, "validate_manifest", counted("validate", lifecycle.validate_manifest)
     )
-    cluster.core.create_namespaced_pod(NS, pod("train-task-pod", {}, uid="uid-7"))
-    p = make_params(bucket, owner_pod_name="train-task-pod")
-    op = Operator(cluster)
-
-    def script(op: Operator) -> None:
-        name = op.wait_for_job()
-        write_outputs(p)
-        op.conditions(name, ("Succeeded", "MPIJobSucceeded", ""))
-
-    op.play(script)
-    run_mpijob(p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=lambda _: None)
-    op.join()
+    job = run_owned_job_to_success(cluster, bucket, uid="uid-7")
     assert calls == {"build": 1, "validate": 1}
-    job = cluster.job(job_name("nightly", "run-123"))
-    assert job is not None and job["metadata"]["ownerReferences"][0]["uid"] == "uid-7"
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-7"
