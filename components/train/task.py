@@ -69,15 +69,14 @@ def train_on_mpijob(
     `pods` holds `MPIJobParams`' pod and run-policy fields by name.
     """
     from components.train.mpijob.lifecycle import run_mpijob
-    from components.train.mpijob.manifest import MPIJobParams
+    from components.train.mpijob.manifest import MPIJobParams, uri_problems
 
-    for name, uri in (("dataset", config.data), ("model", config.model_uri)):
-        if not storage.is_gcs(uri):
-            raise ValueError(
-                f"the {name} artifact is at {uri!r}, but training_backend='mpijob' needs gs:// "
-                "artifacts (the MPIJob's pods cannot see this pod's disk): set the pipeline "
-                "root to a gs:// bucket"
-            )
+    problems = uri_problems(config.data, config.output, config.model_dir)
+    if problems:
+        raise ValueError(
+            "training_backend='mpijob' needs gs:// artifacts: set the pipeline root to a gs:// "
+            "bucket (" + "; ".join(problems) + ")"
+        )
     namespace = namespace or current_namespace()
     if not namespace:
         raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")

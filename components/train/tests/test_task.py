@@ -51,7 +51,9 @@ def test_unknown_backend_is_refused_by_name() -> None:
 
 
 def test_mpijob_backend_refuses_local_artifacts(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="the dataset artifact is at .* needs gs:// artifacts"):
+    with pytest.raises(
+        ValueError, match="needs gs:// artifacts: set the pipeline root .*data must be a gs:// URI"
+    ):
         run_train_task(
             _config(data=str(tmp_path / "d"), model_dir="gs://b/m"),
             "mpijob",
