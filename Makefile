@@ -6,19 +6,19 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kfp-horovod-installed
-HOROVOD_VERSION := 0.28.1
+# Versions and defaults are owned by components/common/defaults.py; read them from there.
+defaults = $(shell $(PYTHON) -c "from components.common import defaults; print(defaults.$(1))")
+HOROVOD_VERSION := $(call defaults,HOROVOD_VERSION)
 # Horovod is built from source against the installed TF, with Gloo (no MPI needed locally).
 HOROVOD_BUILD_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
 	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
 	CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=-j$$(nproc)
 
-WORKERS ?= 2
-EPOCHS ?= 8
-REGISTRY ?= ghcr.io/kfp-horovod
-TAG ?= $(shell $(PYTHON) -c "import re;print(re.search(r'__version__ = \"(.+)\"', open('components/__init__.py').read())[1])")
-COMPONENT_IMAGES := data_prep trainer evaluate register
-# Values owned by components/common/defaults.py.
-defaults = $(shell $(PYTHON) -c "from components.common import defaults; print(defaults.$(1))")
+WORKERS ?= $(call defaults,WORKERS)
+EPOCHS ?= $(call defaults,EPOCHS)
+REGISTRY ?= $(call defaults,DEFAULT_IMAGE_REGISTRY)
+TAG ?= $(call defaults,PACKAGE_VERSION)
+COMPONENT_IMAGES := $(shell $(PYTHON) -c "from components.common.defaults import IMAGE_NAMES as n; print(' '.join(n))")
 LOCAL_REGISTRY ?= $(call defaults,LOCAL_IMAGE_REGISTRY)
 LOCAL_TAG ?= $(call defaults,LOCAL_IMAGE_TAG)
 BASE_IMAGE ?= $(call defaults,BASE_IMAGE)

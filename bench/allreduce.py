@@ -35,6 +35,7 @@ from bench.common import (
     trainer_args,
     write_result,
 )
+from components.common.defaults import SHUFFLE_SEED
 
 NAME = "allreduce"
 WORKERS = 2
@@ -82,7 +83,7 @@ def rank_program(sizes: list[int], result: Path) -> None:
                 "iterations": iterations,
             }
         )
-    model = build_model(42)
+    model = build_model(SHUFFLE_SEED)
     grads = [tf.ones_like(w) for w in model.trainable_weights]
     grad_bytes = int(sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights))
     grad_seconds = _time_allreduce(hvd, grads, 200)

@@ -23,6 +23,7 @@ import numpy as np
 
 from components.common.defaults import SPLIT_SEED
 from components.data_prep.prep import prepare
+from components.train.config import TrainConfig, to_argv
 from components.train.launch import horovodrun_path, job_environment
 
 RESULTS_DIR = Path(__file__).with_name("results")
@@ -253,20 +254,22 @@ def fresh(path: Path) -> Path:
 
 
 def trainer_args(
-    data: str,
-    output: Path,
-    workers: int,
-    epochs: int,
-    threads: int,
-    batch_size: int = 64,
-    seed: int = 42,
+    data: str, output: Path, workers: int, epochs: int, threads: int, **fields: Any
 ) -> list[str]:
-    """Arguments of ``python -m components.train`` for a benchmark run."""
-    return [
-        "--data", data, "--output", str(fresh(output)), "--expected-workers", str(workers),
-        "--epochs", str(epochs), "--batch-size", str(batch_size),
-        "--threads-per-worker", str(threads), "--seed", str(seed),
-    ]  # fmt: skip
+    """Arguments of ``python -m components.train`` for a benchmark run (in a fresh `output`).
+
+    The trainer's own defaults apply (batch size, seed, ...) unless `fields` of `TrainConfig`
+    override them.
+    """
+    config = TrainConfig(
+        data=data,
+        output=str(fresh(output)),
+        workers=workers,
+        epochs=epochs,
+        threads_per_worker=threads,
+        **fields,
+    )
+    return to_argv(config)
 
 
 @dataclass

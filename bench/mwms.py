@@ -36,6 +36,7 @@ from bench.common import (
     trainer_args,
     write_result,
 )
+from components.common.defaults import BATCH_SIZE_PER_WORKER, SHUFFLE_SEED
 
 NAME = "mwms"
 WORKERS = 2
@@ -184,7 +185,7 @@ def run(train_samples: int, epochs: int, repeats: int, work: Path) -> dict[str, 
         "settings": {
             "workers": WORKERS,
             "threads_per_worker": 1,
-            "batch_size_per_worker": 64,
+            "batch_size_per_worker": BATCH_SIZE_PER_WORKER,
             "train_samples": train_samples,
             "epochs": epochs,
             "repeats": repeats,
@@ -209,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         w = argparse.ArgumentParser(prog="python -m bench.mwms worker")
         w.add_argument("--data", required=True)
         w.add_argument("--epochs", type=int, default=4)
-        w.add_argument("--batch-size", type=int, default=64)
+        w.add_argument("--batch-size", type=int, default=BATCH_SIZE_PER_WORKER)
         w.add_argument("--threads", type=int, default=1)
-        w.add_argument("--seed", type=int, default=42)
+        w.add_argument("--seed", type=int, default=SHUFFLE_SEED)
         w.add_argument("--result", type=Path, required=True)
         a = w.parse_args(argv[1:])
         worker(a.data, a.epochs, a.batch_size, a.threads, a.seed, a.result)

@@ -2,8 +2,8 @@
 
 In the 2019 Horovod Keras example every rank drew its batches at random from the FULL
 training set and ran ``len / N`` steps per epoch, so ranks overlap and some samples are
-missed each epoch. This rank program swaps only that part of the real trainer (the shard it
-loads and the batches it draws from it); everything else (model, DistributedOptimizer, learning
+missed each epoch. This rank program passes the trainer that `Sampling` (the shard it loads
+and the batches it draws from it); everything else (model, DistributedOptimizer, learning
 rate, callbacks, export) is the project's code. Run under horovodrun like the trainer::
 
     horovodrun -np 2 --gloo python -m bench.sampling_2019 --data D --output O --expected-workers 2
@@ -12,7 +12,7 @@ rate, callbacks, export) is the project's code. Run under horovodrun like the tr
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -20,16 +20,18 @@ from components.train import cli, trainer
 from components.train.config import TrainConfig
 from components.train.sharding import steps_per_epoch
 
+Batches = Callable[[trainer.Shard, int, int, range], tuple[np.ndarray, np.ndarray]]
+
 
 def load_full_set(config: TrainConfig, rank: int, size: int) -> trainer.Shard:
     """Every rank loads the whole training split but runs only ``len / N`` steps."""
-    whole = _ORIGINAL_LOAD_SHARD(config, 0, 1)
+    whole = trainer.load_shard(config, 0, 1)
     whole.steps = steps_per_epoch(whole.total, size, config.batch_size_per_worker)
     return whole
 
 
-def make_random_batches(batch_size: int) -> Any:
-    """An ``epoch_batches`` replacement: per rank and epoch, random batches from the full set."""
+def make_random_batches(batch_size: int) -> Batches:
+    """Per rank and epoch, random batches from the full set (the 2019 example's sampling)."""
 
     def epoch_batches(
         shard: trainer.Shard, seed: int, rank: int, epochs: range
@@ -46,15 +48,15 @@ def make_random_batches(batch_size: int) -> Any:
     return epoch_batches
 
 
-_ORIGINAL_LOAD_SHARD = trainer.load_shard
+def sampling_2019(batch_size: int) -> trainer.Sampling:
+    """The 2019 example's sampling: the full set on every rank, random batches."""
+    return trainer.Sampling(load=load_full_set, batches=make_random_batches(batch_size))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse the trainer's arguments, swap the sampling, run this rank."""
+    """Parse the trainer's arguments and run this rank with the 2019 sampling."""
     config = cli.parse_args(argv)
-    trainer.load_shard = load_full_set  # type: ignore[assignment]
-    trainer.epoch_batches = make_random_batches(config.batch_size_per_worker)
-    return trainer.run(config)
+    return trainer.run(config, sampling_2019(config.batch_size_per_worker))
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def measure_layout(
     """One training run of the layout; its job throughput and per-rank figures."""
     workers, threads, pinned = layout
     output = work / f"{layout_name(*layout)}-b{batch_size}-r{round_no}"
-    args = trainer_args(data, output, workers, epochs, threads, batch_size=batch_size)
+    args = trainer_args(data, output, workers, epochs, threads, batch_size_per_worker=batch_size)
     job, summary = run_trainer(workers, args, pin_threads=threads if pinned else 0)
     return {
         "examples_per_second": job_throughput(summary),

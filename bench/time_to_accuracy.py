@@ -43,6 +43,7 @@ from bench.common import (
     trainer_args,
     write_result,
 )
+from components.common.defaults import BATCH_SIZE_PER_WORKER, SHUFFLE_SEED
 
 NAME = "time_to_accuracy"
 START_LINE = "ONE Horovod job"
@@ -143,10 +144,10 @@ def run(
     sampling = interleave(
         {
             "disjoint_shards": lambda r: measure_sampling(
-                data, work, "components.train", "disjoint", sampling_epochs, 42 + r
+                data, work, "components.train", "disjoint", sampling_epochs, SHUFFLE_SEED + r
             ),
             "random_2019": lambda r: measure_sampling(
-                data, work, "bench.sampling_2019", "random2019", sampling_epochs, 42 + r
+                data, work, "bench.sampling_2019", "random2019", sampling_epochs, SHUFFLE_SEED + r
             ),
         },
         repeats,
@@ -158,7 +159,7 @@ def run(
             "test_samples": "1,000 real held-out digits",
             "target_test_accuracy": target,
             "max_epochs": epochs,
-            "batch_size_per_worker": 64,
+            "batch_size_per_worker": BATCH_SIZE_PER_WORKER,
             "threads_per_process": 1,
             "repeats": repeats,
             "sampling_epochs": sampling_epochs,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from components.train.mpijob.render import render_mpijob
 from pipeline.build_cli import COMMANDS as BUILD_COMMANDS
 from pipeline.ops_cli import COMMANDS as OPS_COMMANDS
+from pipeline.render_cli import render_mpijob
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

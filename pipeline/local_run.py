@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import storage
+from components.common.defaults import PIPELINE_NAME
 from components.common.params import check_parameters
-from components.train.task import work_uri
-from pipeline.pipeline import PIPELINE_NAME, build_pipeline, image_refs
+from pipeline.pipeline import build_pipeline, image_refs
 
 
 @dataclass
@@ -36,8 +35,8 @@ class LocalRun:
 
     @property
     def run_summary_path(self) -> str:
-        """The trainer's ``run_summary.json`` (also the train step's ``run_summary`` artifact)."""
-        return storage.join(work_uri(self.artifact("train", "model")), "run_summary.json")
+        """The train step's ``run_summary`` artifact (the trainer's ``run_summary.json``)."""
+        return self.artifact("train", "run_summary")
 
     def report_lines(self) -> list[str]:
         """The end-of-run summary. Scripts rely on the ``run_summary: <path>`` line."""

@@ -12,7 +12,6 @@ from components.evaluate.component import make_component as make_evaluate
 from components.register.component import make_component as make_register
 from components.train.component import make_component as make_train
 
-PIPELINE_NAME = "kfp-horovod-mnist"
 PIPELINE_DESCRIPTION = (
     "MNIST data prep to GCS, Horovod training as ONE job (local horovodrun or a Kubeflow "
     "MPIJob), evaluation of the single exported model, and registration."
@@ -61,7 +60,7 @@ def build_pipeline(images: dict[str, str]) -> Callable[..., Any]:
     register_op = make_register(images["register"])
     images_json = json.dumps(images, sort_keys=True)
 
-    @dsl.pipeline(name=PIPELINE_NAME, description=PIPELINE_DESCRIPTION)
+    @dsl.pipeline(name=defaults.PIPELINE_NAME, description=PIPELINE_DESCRIPTION)
     def mnist_horovod(
         workers: int = defaults.WORKERS,
         epochs: int = defaults.EPOCHS,

@@ -28,7 +28,7 @@ def test_prep_train_evaluate_register_through_gcs(gcs_uri: str) -> None:
 
     lines: list[str] = []
     config = TrainConfig(
-        data=data, output=f"{gcs_uri}/runs/r1", expected_workers=2, epochs=2,
+        data=data, output=f"{gcs_uri}/runs/r1", workers=2, epochs=2,
         batch_size_per_worker=32, threads_per_worker=1,
     )  # fmt: skip
     code = run_local(config, timeout_s=400, log=lines.append)

@@ -16,6 +16,9 @@ TENSORFLOW_VERSION = "2.15.1"
 HOROVOD_VERSION = "0.28.1"
 KFP_VERSION = "2.13.0"
 
+# The pipeline's name in KFP (and the prefix of kfp.local's run folders).
+PIPELINE_NAME = "kfp-horovod-mnist"
+
 # Images: one per component, tagged with the package version unless overridden.
 DEFAULT_IMAGE_REGISTRY = "ghcr.io/kfp-horovod"
 IMAGE_NAMES: dict[str, str] = {

@@ -1,57 +1,100 @@
-"""Checks of the pipeline's parameters, run before any work starts.
+"""The one home of every parameter rule, run before any work starts.
 
-The same function runs in the pipeline's first step (so a run started from the UI or a
-schedule fails at once) and in the CLI before a run is submitted.
+The pipeline's check step, the CLI (``run-local``, ``render-mpijob``), the trainer's
+`TrainConfig`, the MPIJob builder and data prep all call these functions, so a rule is written
+once and every caller refuses the same values with the same words.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from components.common.defaults import BUNDLED_SOURCE
 
 TRAINING_BACKENDS = ("local", "mpijob")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
+SOURCE_SCHEMES = ("http", "https", "gs")
+# Kubernetes' own quantity grammar (k8s.io/apimachinery/pkg/api/resource), as a regex.
+QUANTITY = re.compile(
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+QUANTITY_PARAMETERS = ("cpu_per_worker", "memory_per_worker", "launcher_cpu", "launcher_memory")
 _MODEL_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+_SOURCE_FORMS = "'bundled', a gs:// or http(s) URL, or an absolute path"
+# The least value of each integer parameter (pipeline parameters and MPIJob run policy).
+MINIMUMS: dict[str, int] = {
+    "workers": 1, "epochs": 1, "batch_size_per_worker": 1, "warmup_epochs": 0,
+    "threads_per_worker": 0, "slots_per_worker": 1, "gpus_per_worker": 0, "seed": 0,
+    "shard_size": 1, "data_limit": 0, "stall_shutdown_seconds": 1,
+    "ttl_seconds_after_finished": 0, "backoff_limit": 0, "active_deadline_seconds": 1,
+    "min_available": 1,
+}  # fmt: skip
 
 
-def parameter_problems(params: dict[str, Any]) -> list[str]:
-    """Every problem with the pipeline parameters, each naming its parameter."""
-    p = params
-    problems: list[str] = []
+def is_positive_quantity(value: object) -> bool:
+    """True for a Kubernetes quantity above zero ('2', '500m', '4Gi', '1e3', '.5')."""
+    text = str(value)
+    if not QUANTITY.match(text) or text.startswith("-"):
+        return False
+    mantissa = re.match(r"^\+?([0-9.]+)", text)
+    return mantissa is not None and float(mantissa.group(1)) > 0
 
-    def at_least(name: str, minimum: float) -> None:
-        if name in p and not p[name] >= minimum:
-            problems.append(f"{name} must be >= {minimum:g}, got {p[name]!r}")
 
-    for name, minimum in (
-        ("workers", 1), ("epochs", 1), ("batch_size_per_worker", 1), ("warmup_epochs", 0),
-        ("threads_per_worker", 0), ("slots_per_worker", 1), ("gpus_per_worker", 0),
-        ("shard_size", 1), ("data_limit", 0),
-    ):  # fmt: skip
-        at_least(name, minimum)
+def data_source_problem(source: str) -> str | None:
+    """Why `source` is not a data source we can read, or None."""
+    if source in ("bundled", BUNDLED_SOURCE):
+        return None
+    if not source:
+        return f"data_source must be {_SOURCE_FORMS}: the data source is empty"
+    scheme, sep, _ = source.partition("://")
+    if sep and scheme not in SOURCE_SCHEMES:
+        return f"data_source must be {_SOURCE_FORMS}: unsupported scheme {scheme!r} in {source!r}"
+    if not sep and not source.startswith("/"):
+        return f"data_source must be {_SOURCE_FORMS}; got {source!r}"
+    return None
+
+
+def data_sha256_problem(sha256: str) -> str | None:
+    """Why `sha256` is neither 64 hex digits nor 'none', or None."""
+    if sha256.lower() == "none" or _SHA256.match(sha256):
+        return None
+    return f"data_sha256 {sha256!r} is not 64 hex digits (or 'none')"
+
+
+def _number_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[str]:
+    problems = []
+    for name, minimum in MINIMUMS.items():
+        value = p.get(name)
+        if value is not None and (isinstance(value, bool) or not value >= minimum):
+            problems.append(f"{label.get(name, name)} must be >= {minimum}, got {value!r}")
     if "learning_rate" in p and not 0 < p["learning_rate"] <= 10:
-        problems.append(f"learning_rate must be in (0, 10], got {p['learning_rate']!r}")
+        rate = label.get("learning_rate", "learning_rate")
+        problems.append(f"{rate} must be in (0, 10], got {p['learning_rate']!r}")
     if "min_accuracy" in p and not 0 <= p["min_accuracy"] <= 1:
         problems.append(f"min_accuracy must be in [0, 1], got {p['min_accuracy']!r}")
+    for name in QUANTITY_PARAMETERS:
+        if name in p and not is_positive_quantity(p[name]):
+            problems.append(
+                f"{label.get(name, name)} must be a positive Kubernetes quantity like '2', "
+                f"'500m' or '4Gi', got {p[name]!r}"
+            )
+    return problems
+
+
+def _text_problems(p: Mapping[str, Any]) -> list[str]:
+    problems = []
     backend = p.get("training_backend")
     if backend is not None and backend not in TRAINING_BACKENDS:
         problems.append(
             f"training_backend must be one of {', '.join(TRAINING_BACKENDS)}, got {backend!r}"
         )
-    source = p.get("data_source")
-    if source is not None and not (
-        source in ("bundled", BUNDLED_SOURCE)
-        or source.startswith(("gs://", "http://", "https://", "/"))
-    ):
-        problems.append(
-            "data_source must be 'bundled', a gs:// or http(s) URL, or an absolute path; "
-            f"got {source!r}"
-        )
-    sha = p.get("data_sha256")
-    if sha is not None and sha.lower() != "none" and not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
-        problems.append(f"data_sha256 must be 64 hex digits or 'none', got {sha!r}")
+    if "data_source" in p:
+        problems.append(data_source_problem(p["data_source"]) or "")
+    if p.get("data_sha256") is not None:
+        problems.append(data_sha256_problem(p["data_sha256"]) or "")
     model_name = p.get("model_name")
     if model_name is not None and not _MODEL_NAME.match(model_name):
         problems.append(
@@ -60,16 +103,21 @@ def parameter_problems(params: dict[str, Any]) -> list[str]:
         )
     if "registry_root" in p and not p["registry_root"]:
         problems.append("registry_root is empty: give a gs:// URI or a path for the model store")
-    for key in ("cpu_per_worker", "memory_per_worker"):
-        if key in p and not _QUANTITY.match(str(p[key])):
-            problems.append(
-                f"{key} must be a Kubernetes quantity like '2', '500m' or '4Gi', got {p[key]!r}"
-            )
-    return problems
+    return [problem for problem in problems if problem]
 
 
-def check_parameters(params: dict[str, Any]) -> None:
+def parameter_problems(
+    params: Mapping[str, Any], labels: Mapping[str, str] | None = None
+) -> list[str]:
+    """Every problem with `params`, each naming its parameter (as `labels` calls it, if given).
+
+    Only the parameters present are checked; ``None`` means "not set".
+    """
+    return _number_problems(params, labels or {}) + _text_problems(params)
+
+
+def check_parameters(params: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> None:
     """Raise ValueError listing every bad parameter by name."""
-    problems = parameter_problems(params)
+    problems = parameter_problems(params, labels)
     if problems:
         raise ValueError("invalid pipeline parameters: " + "; ".join(problems))

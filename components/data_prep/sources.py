@@ -13,8 +13,7 @@ import numpy as np
 from components.common import storage
 from components.common.dataset import DataError, sha256_bytes
 from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SPLIT_SEED, TEST_FRACTION
-
-SUPPORTED_SCHEMES = ("http", "https", "gs")
+from components.common.params import data_sha256_problem, data_source_problem
 
 
 @dataclass
@@ -104,21 +103,11 @@ def load_source(source: str, expected_sha256: str | None = MNIST_SHA256) -> Sour
     `expected_sha256` applies to an mnist.npz file; the bundled subset is identified by the
     sha256 of its arrays, which is recorded in the manifest instead.
     """
-    if expected_sha256 is not None and not is_sha256(expected_sha256):
-        raise DataError(f"expected sha256 {expected_sha256!r} is not 64 hex digits (or 'none')")
+    problem = (expected_sha256 is not None and data_sha256_problem(expected_sha256)) or (
+        data_source_problem(source)
+    )
+    if problem:
+        raise DataError(problem)
     if source in ("bundled", BUNDLED_SOURCE):
         return load_bundled()
-    if not source:
-        raise DataError("data source is empty: pass 'bundled' or a URL/gs:// path of mnist.npz")
-    scheme, sep, _ = source.partition("://")
-    if sep and scheme not in SUPPORTED_SCHEMES:
-        raise DataError(
-            f"data source {source!r}: unsupported scheme {scheme!r}; use 'bundled', "
-            "http(s)://, gs:// or a local path of an mnist.npz"
-        )
     return load_mnist_npz(source, expected_sha256)
-
-
-def is_sha256(value: str) -> bool:
-    """True for a 64-hex-digit sha256."""
-    return len(value) == 64 and all(c in "0123456789abcdefABCDEF" for c in value)

@@ -26,41 +26,44 @@ def train(
     coordination_report: Output[Markdown],
 ) -> None:
     """Train ONE model with a Horovod job of `workers` processes (local or an MPIJob)."""
-    from components.train.task import TrainSettings, run_train_task
+    from components.train.config import TrainConfig
+    from components.train.task import run_train_task, work_uri
 
-    settings = TrainSettings(
-        workers=workers,
-        epochs=epochs,
-        batch_size_per_worker=batch_size_per_worker,
-        learning_rate=learning_rate,
-        warmup_epochs=warmup_epochs,
-        threads_per_worker=threads_per_worker,
-        backend=training_backend,
-        trainer_image=trainer_image,
-        slots_per_worker=slots_per_worker,
-        cpu_per_worker=cpu_per_worker,
-        memory_per_worker=memory_per_worker,
-        gpus_per_worker=gpus_per_worker,
-        namespace=namespace,
-        service_account=trainer_service_account,
-        run_name=f"train-{pipeline_run_id}" if pipeline_run_id else "train",
-        pipeline_run_id=pipeline_run_id,
-    )
     summary = run_train_task(
-        settings,
-        dataset=(dataset.path, dataset.uri),
-        model=(model.path, model.uri),
-        summary_path=run_summary.path,
-        report_path=coordination_report.path,
+        TrainConfig(
+            data=dataset.uri,
+            output=work_uri(model.uri),
+            model_dir=model.uri,
+            workers=workers,
+            slots_per_worker=slots_per_worker,
+            epochs=epochs,
+            batch_size_per_worker=batch_size_per_worker,
+            learning_rate=learning_rate,
+            warmup_epochs=warmup_epochs,
+            threads_per_worker=threads_per_worker,
+        ),
+        backend=training_backend,
+        dataset_path=dataset.path,
+        model_path=model.path,
+        outputs=(run_summary.path, coordination_report.path),
+        pods={  # MPIJob backend only: MPIJobParams' pod fields
+            "image": trainer_image,
+            "cpu_per_worker": cpu_per_worker,
+            "memory_per_worker": memory_per_worker,
+            "gpus_per_worker": gpus_per_worker,
+            "service_account": trainer_service_account or None,
+            "run_name": f"train-{pipeline_run_id}" if pipeline_run_id else "train",
+            "pipeline_run_id": pipeline_run_id,
+        },
+        namespace=namespace,
     )
-    model.metadata["framework"] = "tensorflow-savedmodel"
-    model.metadata["world_size"] = summary["world_size"]
-    model.metadata["saved_model_sha256"] = summary["saved_model_sha256"]
-    model.metadata["final_metrics"] = summary["final_metrics"]
-    run_summary.metadata["world_size"] = summary["world_size"]
-    run_summary.metadata["weights_identical_across_ranks"] = summary[
-        "weights_identical_across_ranks"
-    ]
+    model.metadata.update(
+        framework="tensorflow-savedmodel",
+        **{k: summary[k] for k in ("world_size", "saved_model_sha256", "final_metrics")},
+    )
+    run_summary.metadata.update(
+        {k: summary[k] for k in ("world_size", "weights_identical_across_ranks")}
+    )
 
 
 def make_component(image: str) -> dsl.base_component.BaseComponent:

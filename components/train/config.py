@@ -1,7 +1,30 @@
-"""The trainer's settings, checked before any work starts."""
+"""The trainer's contract: one `TrainConfig`, and the one pair of functions to and from argv.
+
+Every way of starting the trainer (the local launcher, the MPIJob manifest, the benchmarks)
+turns a `TrainConfig` into argv with `to_argv`; every rank turns it back with `from_argv`.
+The fields carry the pipeline parameters' names; the flags are the trainer's CLI:
+
+=======================  ======================  ========================================
+TrainConfig field        pipeline parameter      trainer flag
+=======================  ======================  ========================================
+data                     (dataset artifact)      ``--data``
+output                   (beside the model)      ``--output``
+workers                  workers                 ``--expected-workers`` (x slots_per_worker)
+slots_per_worker         slots_per_worker        ``--slots-per-worker`` (MPIJob; default 1)
+epochs                   epochs                  ``--epochs``
+batch_size_per_worker    batch_size_per_worker   ``--batch-size``
+learning_rate            learning_rate           ``--learning-rate`` (before x world size)
+warmup_epochs            warmup_epochs           ``--warmup-epochs``
+threads_per_worker       threads_per_worker      ``--threads-per-worker`` (0: cores/local)
+seed                     (default)               ``--seed``
+model_dir                (model artifact)        ``--model-dir``
+checkpoint_dir           (default)               ``--checkpoint-dir``
+=======================  ======================  ========================================
+"""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from components.common import storage
@@ -12,49 +35,60 @@ from components.common.defaults import (
     SHUFFLE_SEED,
     WARMUP_EPOCHS,
 )
+from components.common.params import parameter_problems
+
+# The trainer flag of each field whose flag is not simply ``--field-name``.
+FLAG_OF = {
+    "workers": "--expected-workers",
+    "batch_size_per_worker": "--batch-size",
+}
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What one Horovod job trains, from where, to where.
+    """What one Horovod job trains, from where, to where, with how many processes.
 
-    `output` receives ``run_summary.json`` and, unless overridden, ``checkpoints/`` and the
-    exported SavedModel in ``model/``.
+    The job has ``workers x slots_per_worker`` ranks (`world_size`). `output` receives
+    ``run_summary.json`` and, unless overridden, ``checkpoints/`` and the SavedModel in
+    ``model/``.
     """
 
     data: str
     output: str
-    expected_workers: int
-    model_dir: str | None = None
-    checkpoint_dir: str | None = None
+    workers: int
+    slots_per_worker: int = 1
     epochs: int = EPOCHS
     batch_size_per_worker: int = BATCH_SIZE_PER_WORKER
-    base_learning_rate: float = BASE_LEARNING_RATE
+    learning_rate: float = BASE_LEARNING_RATE
     warmup_epochs: int = WARMUP_EPOCHS
+    threads_per_worker: int = 0  # 0: cores / local workers
     seed: int = SHUFFLE_SEED
-    threads_per_worker: int | None = None
-    fail_after_epoch: int | None = None  # fault injection for resume tests and drills
+    model_dir: str | None = None
+    checkpoint_dir: str | None = None
 
     def __post_init__(self) -> None:
-        problems = []
-        if not self.data:
-            problems.append("--data is empty")
-        if not self.output:
-            problems.append("--output is empty")
-        if self.expected_workers < 1:
-            problems.append(f"--expected-workers must be >= 1, got {self.expected_workers}")
-        if self.epochs < 1:
-            problems.append(f"--epochs must be >= 1, got {self.epochs}")
-        if self.batch_size_per_worker < 1:
-            problems.append(f"--batch-size must be >= 1, got {self.batch_size_per_worker}")
-        if not self.base_learning_rate > 0:
-            problems.append(f"--learning-rate must be > 0, got {self.base_learning_rate}")
-        if self.warmup_epochs < 0:
-            problems.append(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}")
-        if self.threads_per_worker is not None and self.threads_per_worker < 1:
-            problems.append(f"--threads-per-worker must be >= 1, got {self.threads_per_worker}")
+        problems = [f"{name} is empty" for name in ("data", "output") if not getattr(self, name)]
+        problems += parameter_problems(self.numbers())
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("invalid training parameters: " + "; ".join(problems))
+
+    def numbers(self) -> dict[str, int | float]:
+        """The numeric fields by name (what `components.common.params` checks)."""
+        return {
+            "workers": self.workers,
+            "slots_per_worker": self.slots_per_worker,
+            "epochs": self.epochs,
+            "batch_size_per_worker": self.batch_size_per_worker,
+            "learning_rate": self.learning_rate,
+            "warmup_epochs": self.warmup_epochs,
+            "threads_per_worker": self.threads_per_worker,
+            "seed": self.seed,
+        }
+
+    @property
+    def world_size(self) -> int:
+        """The Horovod world size: workers x slots per worker (``--expected-workers``)."""
+        return self.workers * self.slots_per_worker
 
     @property
     def model_uri(self) -> str:
@@ -70,3 +104,74 @@ class TrainConfig:
     def summary_uri(self) -> str:
         """Where rank 0 writes ``run_summary.json``."""
         return storage.join(self.output, "run_summary.json")
+
+
+def to_argv(config: TrainConfig) -> list[str]:
+    """The trainer's command-line arguments for `config` (`from_argv` reads them back)."""
+    args = [
+        "--data", config.data,
+        "--output", config.output,
+        "--expected-workers", str(config.world_size),
+        "--epochs", str(config.epochs),
+        "--batch-size", str(config.batch_size_per_worker),
+        "--learning-rate", repr(float(config.learning_rate)),
+        "--warmup-epochs", str(config.warmup_epochs),
+        "--seed", str(config.seed),
+    ]  # fmt: skip
+    if config.slots_per_worker != 1:
+        args += ["--slots-per-worker", str(config.slots_per_worker)]
+    if config.threads_per_worker:
+        args += ["--threads-per-worker", str(config.threads_per_worker)]
+    if config.model_dir:
+        args += ["--model-dir", config.model_dir]
+    if config.checkpoint_dir:
+        args += ["--checkpoint-dir", config.checkpoint_dir]
+    return args
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The trainer's argparse parser (flags as in the module docstring)."""
+    p = argparse.ArgumentParser(
+        prog="python -m components.train",
+        description="Train the MNIST CNN as one Horovod job (every rank gets the same arguments).",
+    )
+    p.add_argument("--data", required=True, help="dataset directory written by data prep")
+    p.add_argument("--output", required=True, help="run_summary.json (and checkpoints/, model/)")
+    p.add_argument("--model-dir", default=None, help="SavedModel export (default OUTPUT/model)")
+    p.add_argument("--checkpoint-dir", default=None, help="default OUTPUT/checkpoints")
+    p.add_argument(
+        "--expected-workers",
+        type=int,
+        required=True,
+        help="the world size this job must have; a mismatch stops every process at once",
+    )
+    p.add_argument("--slots-per-worker", type=int, default=1, help="ranks per worker host")
+    p.add_argument("--epochs", type=int, default=EPOCHS)
+    p.add_argument("--batch-size", type=int, default=BATCH_SIZE_PER_WORKER, help="per worker")
+    p.add_argument(
+        "--learning-rate", type=float, default=BASE_LEARNING_RATE, help="before scaling by workers"
+    )
+    p.add_argument("--warmup-epochs", type=int, default=WARMUP_EPOCHS)
+    p.add_argument("--threads-per-worker", type=int, default=0, help="0: cores / local workers")
+    p.add_argument("--seed", type=int, default=SHUFFLE_SEED)
+    return p
+
+
+def from_argv(argv: list[str] | None = None) -> TrainConfig:
+    """Parse the trainer's command line into a checked TrainConfig (exits 2 naming the flag)."""
+    p = argument_parser()
+    a = vars(p.parse_args(argv))
+    world, slots = a.pop("expected_workers"), a["slots_per_worker"]
+    a["batch_size_per_worker"] = a.pop("batch_size")
+    flags = {name: FLAG_OF.get(name, "--" + name.replace("_", "-")) for name in a}
+    flags["workers"] = FLAG_OF["workers"]
+    problems = parameter_problems({**a, "workers": world}, flags)
+    if not problems and world % slots:
+        problems = [f"--expected-workers {world} is not a multiple of --slots-per-worker {slots}"]
+    try:
+        if problems:
+            raise ValueError("; ".join(problems))
+        return TrainConfig(workers=world // slots, **a)
+    except ValueError as exc:
+        p.error(str(exc))
+        raise  # unreachable: p.error exits

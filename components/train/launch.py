@@ -15,28 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
-from components.train.config import TrainConfig
-
-
-def trainer_args(config: TrainConfig) -> list[str]:
-    """The trainer's command-line arguments for `config` (the inverse of the CLI)."""
-    args = [
-        "--data", config.data,
-        "--output", config.output,
-        "--expected-workers", str(config.expected_workers),
-        "--epochs", str(config.epochs),
-        "--batch-size", str(config.batch_size_per_worker),
-        "--learning-rate", repr(config.base_learning_rate),
-        "--warmup-epochs", str(config.warmup_epochs),
-        "--seed", str(config.seed),
-    ]  # fmt: skip
-    if config.model_dir:
-        args += ["--model-dir", config.model_dir]
-    if config.checkpoint_dir:
-        args += ["--checkpoint-dir", config.checkpoint_dir]
-    if config.threads_per_worker:
-        args += ["--threads-per-worker", str(config.threads_per_worker)]
-    return args
+from components.train.config import TrainConfig, to_argv
 
 
 def horovodrun_path() -> str:
@@ -77,12 +56,12 @@ def run_local(
     log: Callable[[str], None] = print,
     env: dict[str, str] | None = None,
 ) -> int:
-    """Run the trainer as one job of ``config.expected_workers`` local processes.
+    """Run the trainer as one job of ``config.world_size`` local processes.
 
     Output is streamed line by line to `log`. On timeout the whole process group is killed and
     TimeoutError raised. Returns horovodrun's exit code.
     """
-    command = local_command(config.expected_workers, trainer_args(config))
+    command = local_command(config.world_size, to_argv(config))
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,

@@ -9,50 +9,20 @@ the coordination report.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from components.common import storage
-from components.common.params import TRAINING_BACKENDS
+from components.common.params import check_parameters
 from components.train.config import TrainConfig
 from components.train.launch import run_local
 from components.train.report import coordination_report
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """The train component's parameters (pipeline parameters, checked before any work)."""
-
-    workers: int
-    epochs: int
-    batch_size_per_worker: int
-    learning_rate: float
-    warmup_epochs: int
-    threads_per_worker: int = 0  # 0: cores / local workers
-    backend: str = "local"
-    # MPIJob backend only
-    trainer_image: str = ""
-    slots_per_worker: int = 1
-    cpu_per_worker: str = "2"
-    memory_per_worker: str = "4Gi"
-    gpus_per_worker: int = 0
-    namespace: str = ""
-    service_account: str = ""
-    run_name: str = "kfp-horovod"
-    pipeline_run_id: str = ""
-
-    def __post_init__(self) -> None:
-        if self.backend not in TRAINING_BACKENDS:
-            raise ValueError(
-                f"training_backend must be one of {', '.join(TRAINING_BACKENDS)}, "
-                f"got {self.backend!r}"
-            )
 
 
 def work_uri(model_uri: str) -> str:
@@ -69,20 +39,18 @@ def current_namespace() -> str:
 
 
 def train_locally(
-    settings: TrainSettings, data: str, model_dir: str, log: Callable[[str], None]
+    config: TrainConfig, dataset_path: str, model_path: str, log: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Run ``horovodrun -np workers`` here; return the run summary."""
-    output = work_uri(model_dir)
-    config = TrainConfig(
-        data=data,
-        output=output,
-        model_dir=model_dir,
-        expected_workers=settings.workers,
-        epochs=settings.epochs,
-        batch_size_per_worker=settings.batch_size_per_worker,
-        base_learning_rate=settings.learning_rate,
-        warmup_epochs=settings.warmup_epochs,
-        threads_per_worker=settings.threads_per_worker or None,
+    """Run ``horovodrun -np workers`` here on the artifacts' local paths; return the summary.
+
+    One machine is the one worker host, so the world size is `config.workers`.
+    """
+    config = dataclasses.replace(
+        config,
+        data=dataset_path,
+        output=work_uri(model_path),
+        model_dir=model_path,
+        slots_per_worker=1,
     )
     code = run_local(config, log=log)
     if code != 0:
@@ -94,64 +62,56 @@ def train_locally(
 
 
 def train_on_mpijob(
-    settings: TrainSettings, data_uri: str, model_uri: str, log: Callable[[str], None]
+    config: TrainConfig, pods: dict[str, Any], namespace: str, log: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Run the trainer as an MPIJob; return its checked run summary."""
-    from components.train.mpijob.lifecycle import run_mpijob
-    from components.train.mpijob.manifest import MPIJobParams
+    """Run the trainer as an MPIJob; return its checked run summary.
 
-    for name, uri in (("dataset", data_uri), ("model", model_uri)):
-        if not storage.is_gcs(uri):
-            raise ValueError(
-                f"the {name} artifact is at {uri!r}, but training_backend='mpijob' needs gs:// "
-                "artifacts (the MPIJob's pods cannot see this pod's disk): set the pipeline "
-                "root to a gs:// bucket"
-            )
-    namespace = settings.namespace or current_namespace()
+    `pods` holds `MPIJobParams`' pod and run-policy fields by name.
+    """
+    from components.train.mpijob.lifecycle import run_mpijob
+    from components.train.mpijob.manifest import MPIJobParams, uri_problems
+
+    problems = uri_problems(config.data, config.output, config.model_dir)
+    if problems:
+        raise ValueError(
+            "training_backend='mpijob' needs gs:// artifacts: set the pipeline root to a gs:// "
+            "bucket (" + "; ".join(problems) + ")"
+        )
+    namespace = namespace or current_namespace()
     if not namespace:
         raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")
-    params = MPIJobParams(
-        run_name=settings.run_name,
-        pipeline_run_id=settings.pipeline_run_id,
-        data_uri=data_uri,
-        output_uri=work_uri(model_uri),
-        model_uri=model_uri,
-        image=settings.trainer_image,
-        workers=settings.workers,
-        slots_per_worker=settings.slots_per_worker,
-        epochs=settings.epochs,
-        batch_size=settings.batch_size_per_worker,
-        learning_rate=settings.learning_rate,
-        warmup_epochs=settings.warmup_epochs,
-        threads_per_worker=settings.threads_per_worker or None,
-        cpu_per_worker=settings.cpu_per_worker,
-        memory_per_worker=settings.memory_per_worker,
-        gpus_per_worker=settings.gpus_per_worker,
-        service_account=settings.service_account or None,
-        owner_pod_name=os.environ.get("HOSTNAME") or None,
-    )
+    params = MPIJobParams(train=config, owner_pod_name=os.environ.get("HOSTNAME") or None, **pods)
     return run_mpijob(params, namespace=namespace, log=log)
 
 
 def run_train_task(
-    settings: TrainSettings,
-    dataset: tuple[str, str],
-    model: tuple[str, str],
-    summary_path: str,
-    report_path: str,
+    config: TrainConfig,
+    backend: str,
+    dataset_path: str,
+    model_path: str,
+    outputs: tuple[str, str],
+    pods: dict[str, Any] | None = None,
+    namespace: str = "",
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Train on the chosen backend; write the run summary and coordination report files.
 
-    `dataset` and `model` are ``(local path, URI)`` pairs as KFP gives them.
+    `config` names the artifacts by URI (what the MPIJob's pods read and write); the local
+    backend uses their local paths `dataset_path` and `model_path` instead. `outputs` are the
+    paths of the run summary and the coordination report.
     """
-    if settings.backend == "mpijob":
-        summary = train_on_mpijob(settings, dataset[1], model[1], log)
+    check_parameters({"training_backend": backend})
+    if backend == "mpijob":
+        summary = train_on_mpijob(config, pods or {}, namespace, log)
     else:
-        summary = train_locally(settings, dataset[0], model[0], log)
-        summary["model_uri"] = model[1]  # the artifact's URI, as the rest of the pipeline sees it
-    Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(summary_path).write_text(json.dumps(summary, indent=2, sort_keys=True))
-    Path(report_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(report_path).write_text(coordination_report(summary))
+        summary = train_locally(config, dataset_path, model_path, log)
+        summary["model_uri"] = config.model_uri  # the artifact's URI, as the pipeline sees it
+    summary_path, report_path = outputs
+    _write(summary_path, json.dumps(summary, indent=2, sort_keys=True))
+    _write(report_path, coordination_report(summary))
     return summary
+
+
+def _write(path: str, text: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,21 @@ def _agree(error: str | None) -> list[str | None]:
     return list(allgather_object(error))
 
 
-def run(config: TrainConfig) -> int:
+@dataclass(frozen=True)
+class Sampling:
+    """Which samples a rank loads, and the batches it draws from them each epoch.
+
+    The project's strategy is `DISJOINT`; ``bench/sampling_2019.py`` passes the 2019 example's.
+    """
+
+    load: Callable[[TrainConfig, int, int], Shard]
+    batches: Callable[[Shard, int, int, range], tuple[np.ndarray, np.ndarray]]
+
+
+DISJOINT = Sampling(load=load_shard, batches=epoch_batches)
+
+
+def run(config: TrainConfig, sampling: Sampling = DISJOINT) -> int:
     """Run this rank's part of the job. Returns the process exit code."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import horovod.tensorflow.keras as hvd
@@ -191,7 +206,7 @@ def run(config: TrainConfig) -> int:
     log = rank_logger(rank, size)
     _quiet_tensorflow(tf, rank)
 
-    problem = world_size_problem(size, config.expected_workers, rank)
+    problem = world_size_problem(size, config.world_size, rank)
     if problem:
         print(problem, file=sys.stderr, flush=True)
         return EXIT_PREFLIGHT
@@ -200,39 +215,70 @@ def run(config: TrainConfig) -> int:
         tf, hvd.local_rank(), hvd.local_size(), config.threads_per_worker
     )
     try:
-        return _train(config, hvd, tf, log, device, threads)
+        with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
+            job = _Job(config, hvd, tf, log, device, threads, Path(workdir))
+            return _train_in(job, sampling)
     except JobError as exc:
         if rank == 0:
             log.error("training failed: %s", exc)
         return exc.exit_code
 
 
-def _train(
-    config: TrainConfig, hvd: Any, tf: Any, log: logging.Logger, device: str, threads: int
-) -> int:
-    with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
-        return _train_in(config, hvd, tf, log, device, threads, workdir)
+@dataclass(frozen=True)
+class _Job:
+    """What every step of this rank's training needs."""
+
+    config: TrainConfig
+    hvd: Any
+    tf: Any
+    log: logging.Logger
+    device: str
+    threads: int
+    workdir: Path
+
+    @property
+    def rank(self) -> int:
+        return int(self.hvd.rank())
+
+    @property
+    def size(self) -> int:
+        return int(self.hvd.size())
+
+    @property
+    def scaled_lr(self) -> float:
+        """The learning rate scaled by the world size."""
+        return self.config.learning_rate * self.size
 
 
-def _train_in(
-    config: TrainConfig,
-    hvd: Any,
-    tf: Any,
-    log: logging.Logger,
-    device: str,
-    threads: int,
-    workdir: str,
-) -> int:
-    from horovod.tensorflow import allgather_object, broadcast_object
+@dataclass
+class _Trainee:
+    """The model being trained, its checkpoint, and where a resumed run starts."""
 
-    rank, size = hvd.rank(), hvd.size()
-    host = socket.gethostname()
+    model: Any
+    ckpt: Any
+    resume: checkpoints.CheckpointInfo | None
 
-    # Read the shard; every rank must know whether any rank failed before anyone trains.
+    @property
+    def initial_epoch(self) -> int:
+        return self.resume.epoch if self.resume else 0
+
+
+def _train_in(job: _Job, sampling: Sampling) -> int:
+    """The Horovod checklist: agree on inputs, build or resume, fit, gather and export."""
+    shard = _agree_on_inputs(job, sampling)
+    _log_plan(job, shard)
+    trainee = _build_or_resume(job)
+    final_metrics, stats, epoch_ids = _fit(job, trainee, shard, sampling)
+    return _gather_and_export(job, trainee, shard, final_metrics, stats, epoch_ids)
+
+
+def _agree_on_inputs(job: _Job, sampling: Sampling) -> Shard:
+    """Read this rank's shard; every rank learns whether any rank failed before anyone trains."""
+    config, rank, size = job.config, job.rank, job.size
     error: str | None = None
     shard: Shard | None = None
     try:
-        shard = load_shard(config, rank, size)
+        shard = sampling.load(config, rank, size)
         if rank == 0 and storage.exists(storage.join(config.model_uri, "saved_model.pb")):
             error = f"{config.model_uri}: a model is already exported there; refusing to overwrite"
     except (dataset.DataError, ValueError) as exc:
@@ -240,64 +286,53 @@ def _train_in(
     errors = _agree(error)
     if any(errors):
         if error:
-            log.error("cannot train: %s", error)
+            job.log.error("cannot train: %s", error)
         first = next(e for e in errors if e)
         raise JobError(f"{sum(1 for e in errors if e)} of {size} ranks reported bad input: {first}")
     assert shard is not None
+    return shard
 
-    scaled_lr = config.base_learning_rate * size
-    log.info(
+
+def _log_plan(job: _Job, shard: Shard) -> None:
+    """Rank 0 says, in plain words, what the job is about to do."""
+    config, size = job.config, job.size
+    job.log.info(
         "ONE Horovod job: %d workers (%s local per host, formed by the %s controller) train ONE "
         "model together. Each rank reads a disjoint 1/%d of the %d training samples and runs %d "
         "steps per epoch; gradients are averaged every step; rank 0 alone logs, checkpoints and "
         "exports.",
-        size,
-        hvd.local_size(),
-        controller(hvd),
-        size,
-        shard.total,
-        shard.steps,
-    )
-    log.info(
+        size, job.hvd.local_size(), controller(job.hvd), size, shard.total, shard.steps,
+    )  # fmt: skip
+    job.log.info(
         "global batch %d = %d workers x %d; learning rate %g = %g x %d, warmed up over %d "
-        "epoch(s); "
-        "device %s, %d thread(s) per worker",
-        config.batch_size_per_worker * size,
-        size,
-        config.batch_size_per_worker,
-        scaled_lr,
-        config.base_learning_rate,
-        size,
-        config.warmup_epochs,
-        device,
-        threads,
-    )
+        "epoch(s); device %s, %d thread(s) per worker",
+        config.batch_size_per_worker * size, size, config.batch_size_per_worker,
+        job.scaled_lr, config.learning_rate, size, config.warmup_epochs, job.device, job.threads,
+    )  # fmt: skip
 
-    # Resume: rank 0 finds the latest checkpoint and broadcasts it; every rank restores it.
-    resume_info = checkpoints.latest(config.checkpoint_uri) if rank == 0 else None
-    resume_info = broadcast_object(resume_info, root_rank=0)
-    initial_epoch = resume_info.epoch if resume_info else 0
 
+def _build_or_resume(job: _Job) -> _Trainee:
+    """Build the model; rank 0 finds the latest checkpoint, broadcasts it, every rank restores."""
+    from horovod.tensorflow import broadcast_object
+
+    config, tf = job.config, job.tf
+    resume = checkpoints.latest(config.checkpoint_uri) if job.rank == 0 else None
+    resume = broadcast_object(resume, root_rank=0)
     model = build_model(config.seed)
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.Adam(learning_rate=scaled_lr))
-    model.compile(
-        optimizer=optimizer,
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
+    optimizer = job.hvd.DistributedOptimizer(
+        tf.keras.optimizers.legacy.Adam(learning_rate=job.scaled_lr)
     )
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    if resume_info:
-        checkpoints.restore(ckpt, config.checkpoint_uri, resume_info, Path(workdir))
-        log.info("resuming from checkpoint after epoch %d of %d", initial_epoch, config.epochs)
+    if resume:
+        checkpoints.restore(ckpt, config.checkpoint_uri, resume, job.workdir)
+        job.log.info("resuming from checkpoint after epoch %d of %d", resume.epoch, config.epochs)
+    return _Trainee(model, ckpt, resume)
 
-    # The batches of the epochs left (or, if none are, of one epoch: for the coverage check).
-    epochs_left = range(initial_epoch, config.epochs) or range(initial_epoch, initial_epoch + 1)
-    rows, lengths = epoch_batches(shard, config.seed, rank, epochs_left)
-    # The global ids this rank serves in its first epoch, batch by batch.
-    epoch_ids = shard.start + np.concatenate(
-        [row[:n] for row, n in zip(rows[: shard.steps], lengths[: shard.steps], strict=True)]
-    )
-    stats = _EpochStats(samples_per_epoch=len(shard.labels))
+
+def _callbacks(job: _Job, trainee: _Trainee, steps: int, stats: _EpochStats) -> list[Any]:
+    """Horovod's broadcast, metric averaging and warmup; our stats, progress and checkpoints."""
+    hvd, tf, config = job.hvd, job.tf, job.config
     callbacks: list[Any] = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         hvd.callbacks.MetricAverageCallback(),
@@ -305,56 +340,83 @@ def _train_in(
     if config.warmup_epochs > 0:
         callbacks.append(
             hvd.callbacks.LearningRateWarmupCallback(
-                initial_lr=scaled_lr,
-                warmup_epochs=config.warmup_epochs,
-                steps_per_epoch=shard.steps,
+                initial_lr=job.scaled_lr, warmup_epochs=config.warmup_epochs, steps_per_epoch=steps
             )
         )
     callbacks.append(_make_stats_callback(tf, stats))
-    if rank == 0:
-        callbacks.append(_make_progress_callback(tf, log, config.epochs, size, stats))
-        callbacks.append(_make_checkpoint_callback(tf, ckpt, config.checkpoint_uri, log))
+    if job.rank == 0:
+        callbacks.append(_make_progress_callback(tf, job.log, config.epochs, job.size, stats))
+        callbacks.append(
+            _make_checkpoint_callback(tf, trainee.ckpt, config.checkpoint_uri, job.log)
+        )
+    return callbacks
 
-    final_metrics = dict(resume_info.metrics) if resume_info else {}
-    if initial_epoch < config.epochs:
-        history = model.fit(
-            make_dataset(tf, shard, rows, lengths, threads),
+
+def _fit(
+    job: _Job, trainee: _Trainee, shard: Shard, sampling: Sampling
+) -> tuple[dict[str, float], _EpochStats, np.ndarray]:
+    """Train the epochs left; return the final metrics, the timings and this rank's epoch ids."""
+    config, start = job.config, trainee.initial_epoch
+    # The batches of the epochs left (or, if none are, of one epoch: for the coverage check).
+    epochs_left = range(start, config.epochs) or range(start, start + 1)
+    rows, lengths = sampling.batches(shard, config.seed, job.rank, epochs_left)
+    # The global ids this rank serves in its first epoch, batch by batch.
+    epoch_ids = shard.start + np.concatenate(
+        [row[:n] for row, n in zip(rows[: shard.steps], lengths[: shard.steps], strict=True)]
+    )
+    stats = _EpochStats(samples_per_epoch=len(shard.labels))
+    final_metrics = dict(trainee.resume.metrics) if trainee.resume else {}
+    if start < config.epochs:
+        history = trainee.model.fit(
+            make_dataset(job.tf, shard, rows, lengths, job.threads),
             epochs=config.epochs,
-            initial_epoch=initial_epoch,
+            initial_epoch=start,
             steps_per_epoch=shard.steps,
-            callbacks=callbacks,
+            callbacks=_callbacks(job, trainee, shard.steps, stats),
             verbose=0,
         )
         final_metrics = {k: float(v[-1]) for k, v in history.history.items() if k != "lr"}
     else:
-        log.info("the checkpoint already covers all %d epochs; exporting it", config.epochs)
+        job.log.info("the checkpoint already covers all %d epochs; exporting it", config.epochs)
+    return final_metrics, stats, epoch_ids
 
-    # What did each rank do? Gathered to everyone, reported by rank 0.
+
+def _gather_and_export(
+    job: _Job,
+    trainee: _Trainee,
+    shard: Shard,
+    final_metrics: dict[str, float],
+    stats: _EpochStats,
+    epoch_ids: np.ndarray,
+) -> int:
+    """Every rank shares what it did; rank 0 exports the one model and the run summary."""
+    from horovod.tensorflow import allgather_object
+
     mine = {
-        "rank": rank,
-        "local_rank": hvd.local_rank(),
-        "host": host,
-        "device": device,
-        "threads": threads,
+        "rank": job.rank,
+        "local_rank": job.hvd.local_rank(),
+        "host": socket.gethostname(),
+        "device": job.device,
+        "threads": job.threads,
         "sample_range": [shard.start, shard.stop],
         "samples_per_epoch": int(len(shard.labels)),
         "steps_per_epoch": shard.steps,
         "examples_per_second": stats.examples_per_second(),
-        "weights_sha256": weights_fingerprint(model),
+        "weights_sha256": weights_fingerprint(trainee.model),
     }
     per_rank = allgather_object(mine)
     all_ids = allgather_object(epoch_ids)
-    if rank != 0:
+    if job.rank != 0:
         return EXIT_OK
-
     summary = _summarise(
-        config, size, shard, scaled_lr, initial_epoch, final_metrics, per_rank, all_ids
-    )
-    summary["controller"] = controller(hvd)
-    summary.update(_export(model, config.model_uri))
-    storage.write_text(config.summary_uri, json.dumps(summary, indent=2, sort_keys=True))
+        job.config, job.size, shard, job.scaled_lr, trainee.initial_epoch, final_metrics,
+        per_rank, all_ids,
+    )  # fmt: skip
+    summary["controller"] = controller(job.hvd)
+    summary.update(_export(trainee.model, job.config.model_uri))
+    storage.write_text(job.config.summary_uri, json.dumps(summary, indent=2, sort_keys=True))
     for line in coordination_lines(summary):
-        log.info("%s", line)
+        job.log.info("%s", line)
     return EXIT_OK
 
 
@@ -431,13 +493,13 @@ def _summarise(
     return {
         "kind": SUMMARY_KIND,
         "world_size": size,
-        "expected_workers": config.expected_workers,
+        "expected_workers": config.world_size,
         "hosts": sorted({r["host"] for r in per_rank}),
         "epochs": config.epochs,
         "resumed_from_epoch": initial_epoch,
         "batch_size_per_worker": config.batch_size_per_worker,
         "global_batch_size": config.batch_size_per_worker * size,
-        "base_learning_rate": config.base_learning_rate,
+        "base_learning_rate": config.learning_rate,
         "learning_rate": scaled_lr,
         "warmup_epochs": config.warmup_epochs,
         "dataset": {

@@ -19,11 +19,11 @@ import pytest
 
 from components.common import storage
 from components.train import checkpoints
+from components.train.config import TrainConfig
 from components.train.mpijob.manifest import (
     MPIJobParams,
     build_manifest,
-    trainer_args,
-    trainer_config,
+    trainer_command,
 )
 from tests.containers.mpijob_harness import LauncherResult, MPIJobRun
 from tests.containers.support import new_bucket, require_images
@@ -50,13 +50,16 @@ def data_uri(gcs_host: str) -> str:
     return uri
 
 
-def params(image: str, data_uri: str, run: str, **overrides: Any) -> MPIJobParams:
-    base: dict[str, Any] = dict(
-        run_name=run, data_uri=data_uri, output_uri=f"gs://{new_bucket()}/{run}", image=image,
-        cpu_per_worker="1", memory_per_worker="2Gi", epochs=2, batch_size=32,
+def params(image: str, data_uri: str, run: str, **train: Any) -> MPIJobParams:
+    """A run of 2 epochs, batch 32; `train` sets TrainConfig fields (workers, epochs, ...)."""
+    config = TrainConfig(
+        **{"data": data_uri, "output": f"gs://{new_bucket()}/{run}", "workers": 2, "epochs": 2,
+           "batch_size_per_worker": 32, **train}
+    )  # fmt: skip
+    return MPIJobParams(
+        run_name=run, train=config, image=image, cpu_per_worker="1", memory_per_worker="2Gi",
         stall_shutdown_seconds=STALL_SECONDS,
     )  # fmt: skip
-    return MPIJobParams(**{**base, **overrides})
 
 
 def run_job(p: MPIJobParams, docker: Any, gcs: tuple[Any, str], tmp: Path) -> dict[str, Any]:
@@ -65,7 +68,9 @@ def run_job(p: MPIJobParams, docker: Any, gcs: tuple[Any, str], tmp: Path) -> di
         job.start_workers()
         result = job.run_launcher(timeout=600)
         limits = job.limits(job.worker_template)
-    summary_text = storage.read_text(p.summary_uri) if storage.exists(p.summary_uri) else "{}"
+    summary_text = (
+        storage.read_text(p.train.summary_uri) if storage.exists(p.train.summary_uri) else "{}"
+    )
     print(f"{p.run_name}: launcher exit {result.exit_code} after {result.seconds:.1f} s")
     return {"result": result, "summary": json.loads(summary_text), "cpus": limits[0], "p": p}
 
@@ -105,7 +110,7 @@ def test_3x1_launcher_succeeds_as_one_mpi_job_of_3(job_3x1: dict[str, Any]) -> N
 
 def test_3x1_exports_exactly_one_model_with_identical_weights(job_3x1: dict[str, Any]) -> None:
     p: MPIJobParams = job_3x1["p"]
-    assert model_files(bucket_of(p.output_uri)) == [f"{p.expected_model_uri}/saved_model.pb"]
+    assert model_files(bucket_of(p.train.output)) == [f"{p.train.model_uri}/saved_model.pb"]
     summary = job_3x1["summary"]
     assert summary["weights_identical_across_ranks"] is True
     assert len({r["weights_sha256"] for r in summary["per_rank"]}) == 1
@@ -129,7 +134,7 @@ def test_3x1_logs_every_epoch_once_and_no_line_once_per_rank(job_3x1: dict[str, 
 def test_3x1_threads_follow_the_worker_cpu_limit(job_3x1: dict[str, Any]) -> None:
     """Each worker container's --cpus is the manifest's limit scaled to this machine; every
     rank's thread count follows it, not the cores it can see."""
-    expected = max(1, int(job_3x1["cpus"]) // job_3x1["p"].slots_per_worker)
+    expected = max(1, int(job_3x1["cpus"]) // job_3x1["p"].train.slots_per_worker)
     assert [r["threads"] for r in job_3x1["summary"]["per_rank"]] == [expected] * 3
 
 
@@ -146,7 +151,7 @@ def test_2x2_forms_one_job_of_4_and_one_model(
     assert (summary["world_size"], summary["controller"]) == (4, "mpi")
     assert sorted(r["local_rank"] for r in summary["per_rank"]) == [0, 0, 1, 1]
     assert len(summary["hosts"]) == 2
-    assert model_files(bucket_of(p.output_uri)) == [f"{p.expected_model_uri}/saved_model.pb"]
+    assert model_files(bucket_of(p.train.output)) == [f"{p.train.model_uri}/saved_model.pb"]
 
 
 # --- c. the seed's failure: every worker runs the trainer itself ----------------------------
@@ -160,7 +165,7 @@ def test_workers_running_the_trainer_themselves_stop_as_independent_copies(
     p = params(trainer_image, data_uri, "independent", workers=3)
     manifest = build_manifest(p, NAMESPACE)
     worker = manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    worker["command"], worker["args"] = trainer_args(p), []
+    worker["command"], worker["args"] = trainer_command(p), []
     with MPIJobRun(manifest, docker_client, tmp_path, emulator=gcs_container[0]) as job:
         job.start_workers()
         codes = [w.wait(timeout=300)["StatusCode"] for w in job.workers]
@@ -168,7 +173,7 @@ def test_workers_running_the_trainer_themselves_stop_as_independent_copies(
     assert codes == [3, 3, 3], logs
     for log in logs.values():
         assert "independent copies, not one job" in log, log
-    assert storage.list_files(p.output_uri) == []
+    assert storage.list_files(p.train.output) == []
 
 
 # --- d. a worker container killed mid-run ---------------------------------------------------
@@ -190,7 +195,7 @@ def test_killed_worker_fails_the_job_fast_and_a_rerun_resumes(
     trainer_image: str, data_uri: str, docker_client: Any, gcs_container: Any, tmp_path: Path
 ) -> None:
     p = params(trainer_image, data_uri, "killed", workers=3, epochs=6)
-    checkpoint_uri = trainer_config(p).checkpoint_uri
+    checkpoint_uri = p.train.checkpoint_uri
     with MPIJobRun(build_manifest(p, NAMESPACE), docker_client, tmp_path / "1", emulator=gcs_container[0]) as job:  # fmt: skip  # noqa: E501
         job.start_workers()
         job.wait_ready()
@@ -207,12 +212,12 @@ def test_killed_worker_fails_the_job_fast_and_a_rerun_resumes(
     assert detected_after < STALL_SECONDS, f"the job took {detected_after:.0f} s to fail"
     assert job.worker_name(1) in result.log, result.log[-3000:]
     # No model, and nothing half-written where the model goes.
-    assert storage.list_files(p.expected_model_uri) == []
+    assert storage.list_files(p.train.model_uri) == []
     resume_from = checkpoints.latest(checkpoint_uri)
-    assert resume_from is not None and 1 <= resume_from.epoch < p.epochs
+    assert resume_from is not None and 1 <= resume_from.epoch < p.train.epochs
 
     rerun = run_job(p, docker_client, gcs_container, tmp_path / "2")
     assert rerun["result"].exit_code == 0, rerun["result"].log[-4000:]
     assert f"resuming from checkpoint after epoch {resume_from.epoch} of" in rerun["result"].log
     assert rerun["summary"]["resumed_from_epoch"] == resume_from.epoch
-    assert model_files(bucket_of(p.output_uri)) == [f"{p.expected_model_uri}/saved_model.pb"]
+    assert model_files(bucket_of(p.train.output)) == [f"{p.train.model_uri}/saved_model.pb"]

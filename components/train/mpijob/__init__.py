@@ -1,24 +1,9 @@
-"""The MPIJob backend of the train component: manifest, schema check, lifecycle, dry run."""
+"""The MPIJob backend of the train component.
 
-from components.train.mpijob.lifecycle import (
-    MPIJobCancelled,
-    MPIJobError,
-    MPIJobFailed,
-    RunCheckError,
-    run_mpijob,
-)
-from components.train.mpijob.manifest import MPIJobParams, build_manifest, job_name
-from components.train.mpijob.validate import ManifestError, validate_manifest
+Import what you need from its modules (nothing is imported eagerly, so ``kubernetes`` and
+``jsonschema`` load only where a manifest is validated or a job is run):
 
-__all__ = [
-    "MPIJobCancelled",
-    "MPIJobError",
-    "MPIJobFailed",
-    "MPIJobParams",
-    "ManifestError",
-    "RunCheckError",
-    "build_manifest",
-    "job_name",
-    "run_mpijob",
-    "validate_manifest",
-]
+- `manifest`: `MPIJobParams` and the pure `build_manifest`;
+- `validate`: the CRD-schema check, `validate_manifest`;
+- `lifecycle`: `run_mpijob`, which creates, follows and cancels the job on a cluster.
+"""

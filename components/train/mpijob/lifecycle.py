@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import json
 import signal
 import threading
@@ -41,6 +40,7 @@ from components.train.mpijob.manifest import (
     PLURAL,
     MPIJobParams,
     build_manifest,
+    owner_reference,
 )
 from components.train.mpijob.validate import validate_manifest
 
@@ -353,43 +353,43 @@ def check_run(params: MPIJobParams, log: Log = print) -> dict[str, Any]:
     The summary and the SavedModel must exist at the expected URIs, and the Horovod world size
     must equal workers x slots per worker.
     """
-    if not storage.exists(params.summary_uri):
+    train = params.train
+    if not storage.exists(train.summary_uri):
         raise RunCheckError(
-            f"the MPIJob succeeded but there is no run summary at {params.summary_uri}"
+            f"the MPIJob succeeded but there is no run summary at {train.summary_uri}"
         )
     try:
-        summary = json.loads(storage.read_text(params.summary_uri))
+        summary = json.loads(storage.read_text(train.summary_uri))
     except json.JSONDecodeError as exc:
-        raise RunCheckError(f"run summary {params.summary_uri} is not JSON: {exc}") from exc
-    model_uri = params.expected_model_uri
-    if str(summary.get("model_uri", "")).rstrip("/") != model_uri.rstrip("/"):
+        raise RunCheckError(f"run summary {train.summary_uri} is not JSON: {exc}") from exc
+    if str(summary.get("model_uri", "")).rstrip("/") != train.model_uri.rstrip("/"):
         raise RunCheckError(
-            f"run summary {params.summary_uri} names model_uri {summary.get('model_uri')!r}, "
-            f"expected {model_uri!r}"
+            f"run summary {train.summary_uri} names model_uri {summary.get('model_uri')!r}, "
+            f"expected {train.model_uri!r}"
         )
-    saved_model = storage.join(model_uri, "saved_model.pb")
+    saved_model = storage.join(train.model_uri, "saved_model.pb")
     if not storage.exists(saved_model):
         raise RunCheckError(f"the MPIJob succeeded but there is no model at {saved_model}")
     for key in ("world_size", "expected_workers"):
-        if summary.get(key) != params.total_slots:
+        if summary.get(key) != train.world_size:
             raise RunCheckError(
-                f"run summary {params.summary_uri} has {key}={summary.get(key)!r}, expected "
-                f"workers x slots = {params.workers} x {params.slots_per_worker} = "
-                f"{params.total_slots}"
+                f"run summary {train.summary_uri} has {key}={summary.get(key)!r}, expected "
+                f"workers x slots = {train.workers} x {train.slots_per_worker} = "
+                f"{train.world_size}"
             )
     log(
-        f"run summary at {params.summary_uri}: world_size {summary['world_size']}, "
-        f"model {model_uri}"
+        f"run summary at {train.summary_uri}: world_size {summary['world_size']}, "
+        f"model {train.model_uri}"
     )
     return dict(summary)
 
 
-def _resolve_owner(
-    core: client.CoreV1Api, namespace: str, params: MPIJobParams, log: Log
-) -> MPIJobParams:
-    """Fill in the owner pod's uid from the API when only its name is known."""
+def _add_owner(
+    core: client.CoreV1Api, namespace: str, params: MPIJobParams, manifest: dict[str, Any], log: Log
+) -> None:
+    """Make the task's pod the job's owner when only the pod's name is known (reads its uid)."""
     if not params.owner_pod_name or params.owner_pod_uid:
-        return params
+        return  # no owner, or build_manifest already set it
     try:
         pod = core.read_namespaced_pod(params.owner_pod_name, namespace)
     except ApiException as exc:
@@ -397,8 +397,10 @@ def _resolve_owner(
             f"WARNING: cannot read owner pod {params.owner_pod_name} ({exc.status}); "
             "no owner reference"
         )
-        return dataclasses.replace(params, owner_pod_name=None)
-    return dataclasses.replace(params, owner_pod_uid=pod.metadata.uid)
+        return
+    manifest["metadata"]["ownerReferences"] = [
+        owner_reference(params.owner_pod_name, pod.metadata.uid)
+    ]
 
 
 @contextlib.contextmanager
@@ -437,16 +439,15 @@ def run_mpijob(
     """
     if not namespace:
         raise ValueError("namespace is empty")
-    validate_manifest(build_manifest(params, namespace), crd_path)  # before any request
+    manifest = build_manifest(params, namespace)
+    validate_manifest(manifest, crd_path)  # before any request
+    name = manifest["metadata"]["name"]
     api_client = api_client or default_api_client()
     custom = client.CustomObjectsApi(api_client)
     core = client.CoreV1Api(api_client)
-    name = build_manifest(params, namespace)["metadata"]["name"]
     with _sigterm_raises():
         try:
-            params = _resolve_owner(core, namespace, params, log)
-            manifest = build_manifest(params, namespace)
-            validate_manifest(manifest, crd_path)
+            _add_owner(core, namespace, params, manifest, log)
             create_or_reattach(
                 custom, namespace, manifest, log=log, cleanup_timeout_s=cleanup_timeout_s
             )

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.common import defaults, storage
-from components.train.config import TrainConfig
-from components.train.launch import trainer_args as cli_args
+from components.common.params import MINIMUMS, QUANTITY_PARAMETERS, parameter_problems
+from components.train.config import TrainConfig, to_argv
 
 API_GROUP = "kubeflow.org"
 API_VERSION = "v2beta1"
@@ -35,34 +35,24 @@ ANNOTATION_RUN_ID = "kfp-horovod/pipeline-run-id"
 MAX_NAME_LENGTH = 40
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|[KMGTPE]i?|[kMGTPE])?$")
+_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _GPU_RESOURCE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
 class MPIJobParams:
-    """Everything one MPIJob run of the trainer needs.
+    """One MPIJob run of the trainer: its `TrainConfig` plus the pods' and run policy's fields.
 
-    URIs must be ``gs://``: the MPIJob's pods are not the component's pod and cannot see its
-    disk, so the trainer reads the dataset and writes the model to GCS itself.
-    `model_uri` defaults to ``<output_uri>/model`` (the trainer's own default).
+    The trainer's URIs (`train.data`, `train.output`, `train.model_dir`) must be ``gs://``: the
+    MPIJob's pods are not the component's pod and cannot see its disk, so the trainer reads the
+    dataset and writes the model to GCS itself. The job has `train.workers` worker pods of
+    `train.slots_per_worker` ranks each.
     """
 
     run_name: str
-    data_uri: str
-    output_uri: str
+    train: TrainConfig
     pipeline_run_id: str = ""
     image: str = defaults.image_ref("trainer")
-    workers: int = defaults.WORKERS
-    slots_per_worker: int = defaults.SLOTS_PER_WORKER
-    model_uri: str | None = None
-    # trainer arguments
-    epochs: int = defaults.EPOCHS
-    batch_size: int = defaults.BATCH_SIZE_PER_WORKER
-    learning_rate: float = defaults.BASE_LEARNING_RATE
-    warmup_epochs: int = defaults.WARMUP_EPOCHS
-    threads_per_worker: int | None = None
-    seed: int = defaults.SHUFFLE_SEED
     stall_shutdown_seconds: int = defaults.STALL_SHUTDOWN_SECONDS
     # resources of each worker pod (requests == limits: Guaranteed QoS)
     cpu_per_worker: str = defaults.WORKER_CPU
@@ -89,91 +79,47 @@ class MPIJobParams:
         if problems:
             raise ValueError("invalid MPIJob parameters: " + "; ".join(problems))
 
-    @property
-    def total_slots(self) -> int:
-        """The Horovod world size: workers x slots per worker."""
-        return self.workers * self.slots_per_worker
 
-    @property
-    def expected_model_uri(self) -> str:
-        """Where the trainer exports the SavedModel."""
-        return self.model_uri or storage.join(self.output_uri, "model")
-
-    @property
-    def summary_uri(self) -> str:
-        """Where rank 0 writes ``run_summary.json``."""
-        return storage.join(self.output_uri, "run_summary.json")
-
-
-def _positive(problems: list[str], name: str, value: int | None, minimum: int = 1) -> None:
-    if value is not None and (isinstance(value, bool) or value < minimum):
-        problems.append(f"{name} must be >= {minimum}, got {value!r}")
+def uri_problems(data: str, output: str, model_dir: str | None) -> list[str]:
+    """The trainer's URIs that are not ``gs://`` (the MPIJob's pods cannot see local disk)."""
+    return [
+        f"{name} must be a gs:// URI for the MPIJob backend (its pods cannot see the "
+        f"component's disk), got {uri!r}"
+        for name, uri in (
+            ("data", data), ("output", output), ("model_dir", model_dir)
+        )
+        if uri is not None and not storage.is_gcs(uri)
+    ]  # fmt: skip
 
 
 def param_problems(p: MPIJobParams) -> list[str]:
-    """Every problem with `p`, each naming the parameter; empty if it is valid."""
-    problems: list[str] = []
-    if not p.run_name or not p.run_name.strip():
-        problems.append("run_name is empty")
-    for name, uri in (("data_uri", p.data_uri), ("output_uri", p.output_uri)):
-        if not storage.is_gcs(uri or ""):
-            problems.append(
-                f"{name} must be a gs:// URI for the MPIJob backend (its pods cannot see "
-                f"the component's disk), got {uri!r}"
-            )
-    if p.model_uri is not None and not storage.is_gcs(p.model_uri):
-        problems.append(
-            f"model_uri must be a gs:// URI for the MPIJob backend, got {p.model_uri!r}"
-        )
+    """Every problem with `p`, each naming the parameter; empty if it is valid.
+
+    The numeric and quantity rules are `components.common.params`'s; the trainer's own
+    fields were checked when `p.train` was made.
+    """
+    problems = [] if p.run_name.strip() else ["run_name is empty"]
+    problems += uri_problems(p.train.data, p.train.output, p.train.model_dir)
     if not p.image or any(c.isspace() for c in p.image):
         problems.append(f"image must be a non-empty image reference, got {p.image!r}")
-    _positive(problems, "workers", p.workers)
-    _positive(problems, "slots_per_worker", p.slots_per_worker)
-    _positive(problems, "epochs", p.epochs)
-    _positive(problems, "batch_size", p.batch_size)
-    _positive(problems, "warmup_epochs", p.warmup_epochs, 0)
-    _positive(problems, "threads_per_worker", p.threads_per_worker)
-    _positive(problems, "stall_shutdown_seconds", p.stall_shutdown_seconds)
-    if not p.learning_rate > 0:
-        problems.append(f"learning_rate must be > 0, got {p.learning_rate!r}")
-    _positive(problems, "gpus_per_worker", p.gpus_per_worker, 0)
-    for name, qty in (
-        ("cpu_per_worker", p.cpu_per_worker),
-        ("memory_per_worker", p.memory_per_worker),
-        ("launcher_cpu", p.launcher_cpu),
-        ("launcher_memory", p.launcher_memory),
-    ):
-        if not _QUANTITY.match(str(qty)) or _is_zero(str(qty)):
-            problems.append(
-                f"{name} must be a positive Kubernetes quantity like '2', '500m', '4Gi', "
-                f"got {qty!r}"
-            )
-    _positive(problems, "ttl_seconds_after_finished", p.ttl_seconds_after_finished, 0)
-    _positive(problems, "backoff_limit", p.backoff_limit, 0)
-    _positive(problems, "active_deadline_seconds", p.active_deadline_seconds)
-    _positive(problems, "min_available", p.min_available)
-    if p.min_available is not None and p.min_available > p.workers + 1:
+    fields = {
+        name: getattr(p, name)
+        for name in (*QUANTITY_PARAMETERS, *MINIMUMS)
+        if name in MPIJobParams.__dataclass_fields__
+    }
+    problems += parameter_problems(fields)
+    if p.min_available is not None and p.min_available > p.train.workers + 1:
         problems.append(
-            f"min_available must be <= workers + 1 launcher = {p.workers + 1}, "
+            f"min_available must be <= workers + 1 launcher = {p.train.workers + 1}, "
             f"got {p.min_available}"
         )
-    for name, value in (
-        ("queue", p.queue),
-        ("priority_class", p.priority_class),
-        ("scheduler_name", p.scheduler_name),
-        ("service_account", p.service_account),
-        ("owner_pod_name", p.owner_pod_name),
-    ):
-        if value is not None and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", value):
+    for name in ("queue", "priority_class", "scheduler_name", "service_account", "owner_pod_name"):
+        value = getattr(p, name)
+        if value is not None and not _DNS_NAME.match(value):
             problems.append(f"{name} must be a lower-case DNS name, got {value!r}")
     if p.owner_pod_uid and not p.owner_pod_name:
         problems.append("owner_pod_uid is set but owner_pod_name is not")
     return problems
-
-
-def _is_zero(qty: str) -> bool:
-    number = re.match(r"^[\d.]+", qty)
-    return number is not None and float(number.group(0) or 0) == 0.0
 
 
 def sanitize_name(text: str, max_length: int = MAX_NAME_LENGTH) -> str:
@@ -209,25 +155,9 @@ def label_value(text: str) -> str:
     return value
 
 
-def trainer_config(p: MPIJobParams) -> TrainConfig:
-    """The trainer settings this MPIJob runs with: world size = workers x slots per worker."""
-    return TrainConfig(
-        data=p.data_uri,
-        output=p.output_uri,
-        model_dir=p.model_uri,
-        expected_workers=p.total_slots,
-        epochs=p.epochs,
-        batch_size_per_worker=p.batch_size,
-        base_learning_rate=float(p.learning_rate),
-        warmup_epochs=p.warmup_epochs,
-        threads_per_worker=p.threads_per_worker,
-        seed=p.seed,
-    )
-
-
-def trainer_args(p: MPIJobParams) -> list[str]:
+def trainer_command(p: MPIJobParams) -> list[str]:
     """The trainer's command line (``python -m components.train ...``) for these parameters."""
-    return ["python", "-m", "components.train", *cli_args(trainer_config(p))]
+    return ["python", "-m", "components.train", *to_argv(p.train)]
 
 
 def launcher_command(p: MPIJobParams) -> list[str]:
@@ -243,7 +173,7 @@ def launcher_command(p: MPIJobParams) -> list[str]:
     return [
         "mpirun",
         "-np",
-        str(p.total_slots),
+        str(p.train.world_size),
         "--tag-output",
         "-bind-to",
         "none",
@@ -260,7 +190,7 @@ def launcher_command(p: MPIJobParams) -> list[str]:
         "-mca",
         "pml",
         "ob1",
-        *trainer_args(p),
+        *trainer_command(p),
     ]
 
 
@@ -314,10 +244,8 @@ def _common_labels(p: MPIJobParams) -> dict[str, str]:
     return labels
 
 
-def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, Any]:
-    """The MPIJob for `p`: one launcher running ``mpirun``, `p.workers` workers running sshd."""
-    name = job_name(p.run_name, p.pipeline_run_id)
-    launcher = {
+def _launcher(p: MPIJobParams) -> dict[str, Any]:
+    return {
         "name": "launcher",
         "image": p.image,
         "imagePullPolicy": "IfNotPresent",
@@ -325,7 +253,10 @@ def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, A
         "resources": _resources(p.launcher_cpu, p.launcher_memory, 0),
         "securityContext": _security_context(),
     }
-    worker = {
+
+
+def _worker(p: MPIJobParams) -> dict[str, Any]:
+    return {
         "name": "worker",
         "image": p.image,
         "imagePullPolicy": "IfNotPresent",
@@ -340,6 +271,9 @@ def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, A
         "resources": _resources(p.cpu_per_worker, p.memory_per_worker, p.gpus_per_worker),
         "securityContext": _security_context(),
     }
+
+
+def _run_policy(p: MPIJobParams) -> dict[str, Any]:
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": "Running",
         "ttlSecondsAfterFinished": p.ttl_seconds_after_finished,
@@ -355,6 +289,10 @@ def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, A
         scheduling["minAvailable"] = p.min_available
     if scheduling:
         run_policy["schedulingPolicy"] = scheduling
+    return run_policy
+
+
+def _metadata(p: MPIJobParams, name: str, namespace: str | None) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "name": name,
         "labels": _common_labels(p),
@@ -364,26 +302,32 @@ def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, A
         metadata["namespace"] = namespace
     if p.owner_pod_name and p.owner_pod_uid:
         metadata["ownerReferences"] = [owner_reference(p.owner_pod_name, p.owner_pod_uid)]
+    return metadata
+
+
+def build_manifest(p: MPIJobParams, namespace: str | None = None) -> dict[str, Any]:
+    """The MPIJob for `p`: one launcher running ``mpirun``, ``p.train.workers`` sshd workers."""
+    name = job_name(p.run_name, p.pipeline_run_id)
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": KIND,
-        "metadata": metadata,
+        "metadata": _metadata(p, name, namespace),
         "spec": {
-            "slotsPerWorker": p.slots_per_worker,
+            "slotsPerWorker": p.train.slots_per_worker,
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiImplementation": "OpenMPI",
             "sshAuthMountPath": defaults.MPI_SSH_AUTH_MOUNT_PATH,
-            "runPolicy": run_policy,
+            "runPolicy": _run_policy(p),
             "mpiReplicaSpecs": {
                 "Launcher": {
                     "replicas": 1,
                     "restartPolicy": "OnFailure",
-                    "template": _pod_template(p, name, "launcher", launcher),
+                    "template": _pod_template(p, name, "launcher", _launcher(p)),
                 },
                 "Worker": {
-                    "replicas": p.workers,
+                    "replicas": p.train.workers,
                     "restartPolicy": "Never",
-                    "template": _pod_template(p, name, "worker", worker),
+                    "template": _pod_template(p, name, "worker", _worker(p)),
                 },
             },
         },

@@ -34,6 +34,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from components.common import storage
+from components.train.config import TrainConfig
 from components.train.mpijob.lifecycle import (
     MPIJobCancelled,
     MPIJobError,
@@ -151,31 +152,30 @@ def bucket(gcs_uri: str) -> str:
 
 
 def make_params(bucket: str, **overrides: Any) -> MPIJobParams:
-    base: dict[str, Any] = {
-        "run_name": "nightly",
-        "pipeline_run_id": "run-123",
-        "data_uri": f"{bucket}/data",
-        "output_uri": f"{bucket}/runs/nightly",
-        "workers": 2,
+    """A 2 x 2 run; `overrides` may name TrainConfig or MPIJobParams fields."""
+    train: dict[str, Any] = {
+        "data": f"{bucket}/data", "output": f"{bucket}/runs/nightly", "workers": 2,
         "slots_per_worker": 2,
-    }
-    base.update(overrides)
-    return MPIJobParams(**base)
+    }  # fmt: skip
+    pods: dict[str, Any] = {"run_name": "nightly", "pipeline_run_id": "run-123"}
+    for name, value in overrides.items():
+        (train if name in TrainConfig.__dataclass_fields__ else pods)[name] = value
+    return MPIJobParams(train=TrainConfig(**train), **pods)
 
 
 def write_outputs(p: MPIJobParams, world_size: int | None = None) -> None:
     """What rank 0 of the trainer leaves behind on success."""
     import json
 
-    size = p.total_slots if world_size is None else world_size
-    storage.write_bytes(storage.join(p.expected_model_uri, "saved_model.pb"), b"pb")
+    size = p.train.world_size if world_size is None else world_size
+    storage.write_bytes(storage.join(p.train.model_uri, "saved_model.pb"), b"pb")
     storage.write_text(
-        p.summary_uri,
+        p.train.summary_uri,
         json.dumps(
             {
                 "world_size": size,
-                "expected_workers": p.total_slots,
-                "model_uri": p.expected_model_uri,
+                "expected_workers": p.train.world_size,
+                "model_uri": p.train.model_uri,
                 "per_rank": [],
                 "final_metrics": {"accuracy": 0.97},
             }
@@ -254,9 +254,9 @@ def progress(name: str, op: Operator, p: MPIJobParams) -> str:
         ("Created", "MPIJobCreated", "MPIJob created"),
         ("Running", "MPIJobRunning", "launcher is running"),
     )
-    op.say(pod_name, f"[1,0]<stdout>:[rank 0/{p.total_slots}] epoch 1/4 loss 0.9")
+    op.say(pod_name, f"[1,0]<stdout>:[rank 0/{p.train.world_size}] epoch 1/4 loss 0.9")
     time.sleep(0.2)
-    op.say(pod_name, f"[1,0]<stdout>:[rank 0/{p.total_slots}] epoch 2/4 loss 0.5")
+    op.say(pod_name, f"[1,0]<stdout>:[rank 0/{p.train.world_size}] epoch 2/4 loss 0.5")
     time.sleep(0.2)
     return pod_name
 
@@ -287,7 +287,7 @@ def test_create_follow_and_succeed(cluster: Cluster, bucket: str) -> None:
     )
     op.join()
 
-    assert summary["world_size"] == 4 and summary["model_uri"] == p.expected_model_uri
+    assert summary["world_size"] == 4 and summary["model_uri"] == p.train.model_uri
     name = job_name("nightly", "run-123")
     assert lines[0] == f"created MPIJob {NS}/{name}"
     # exactly one job was created, and it is the manifest the builder makes
@@ -514,8 +514,9 @@ def test_a_same_named_job_of_another_run_is_not_adopted(cluster: Cluster, bucket
     assert not cluster.requests("DELETE", "/mpijobs")
 
 
-def test_owner_reference_to_the_task_pod(cluster: Cluster, bucket: str) -> None:
-    cluster.core.create_namespaced_pod(NS, pod("train-task-pod", {}, uid="uid-42"))
+def run_owned_job_to_success(cluster: Cluster, bucket: str, uid: str) -> dict[str, Any]:
+    """Run a job owned by the task pod (uid `uid`) to success; return the created MPIJob."""
+    cluster.core.create_namespaced_pod(NS, pod("train-task-pod", {}, uid=uid))
     p = make_params(bucket, owner_pod_name="train-task-pod")
     op = Operator(cluster)
 
@@ -529,6 +530,11 @@ def test_owner_reference_to_the_task_pod(cluster: Cluster, bucket: str) -> None:
     op.join()
     job = cluster.job(job_name("nightly", "run-123"))
     assert job is not None
+    return job
+
+
+def test_owner_reference_to_the_task_pod(cluster: Cluster, bucket: str) -> None:
+    job = run_owned_job_to_success(cluster, bucket, uid="uid-42")
     (ref,) = job["metadata"]["ownerReferences"]
     assert (ref["kind"], ref["name"], ref["uid"]) == ("Pod", "train-task-pod", "uid-42")
 
@@ -571,12 +577,36 @@ def test_success_checks(
     if drop != "summary":
         write_outputs(p, world_size)
     if drop == "model":
-        storage.remove_tree(p.expected_model_uri)
+        storage.remove_tree(p.train.model_uri)
     with pytest.raises(RunCheckError, match=message):
         check_run(p, log=lambda _: None)
 
 
 def test_success_check_passes_on_good_outputs(bucket: str) -> None:
-    p = make_params(bucket, model_uri=f"{bucket}/models/m")
+    p = make_params(bucket, model_dir=f"{bucket}/models/m")
     write_outputs(p)
     assert check_run(p, log=lambda _: None)["expected_workers"] == 4
+
+
+def test_manifest_is_built_and_validated_once(
+    cluster: Cluster, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real builder and validator, counted: one manifest per run, checked once."""
+    from components.train.mpijob import lifecycle
+
+    calls = {"build": 0, "validate": 0}
+
+    def counted(name: str, real: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(lifecycle, "build_manifest", counted("build", lifecycle.build_manifest))
+    monkeypatch.setattr(
+        lifecycle, "validate_manifest", counted("validate", lifecycle.validate_manifest)
+    )
+    job = run_owned_job_to_success(cluster, bucket, uid="uid-7")
+    assert calls == {"build": 1, "validate": 1}
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-7"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from components.common import defaults
+from components.train.config import TrainConfig
 from components.train.mpijob.manifest import (
     LABEL_JOB,
     LABEL_ROLE,
@@ -32,15 +35,21 @@ from components.train.mpijob.validate import (
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def params(**overrides: object) -> MPIJobParams:
-    base: dict[str, object] = {
-        "run_name": "nightly",
-        "pipeline_run_id": "0b5e-run-42",
-        "data_uri": "gs://bkt/data",
-        "output_uri": "gs://bkt/runs/nightly",
+def params(**overrides: Any) -> MPIJobParams:
+    """MPIJobParams of a nightly run; `overrides` may name TrainConfig or MPIJobParams fields."""
+    train: dict[str, Any] = {
+        "data": "gs://bkt/data",
+        "output": "gs://bkt/runs/nightly",
+        "workers": defaults.WORKERS,
     }
-    base.update(overrides)
-    return MPIJobParams(**base)  # type: ignore[arg-type]
+    pods: dict[str, Any] = {"run_name": "nightly", "pipeline_run_id": "0b5e-run-42"}
+    for name, value in overrides.items():
+        (train if name in fields_of(TrainConfig) else pods)[name] = value
+    return MPIJobParams(train=TrainConfig(**train), **pods)
+
+
+def fields_of(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
 
 
 def containers(manifest: dict, role: str) -> dict:
@@ -130,9 +139,9 @@ def test_expected_workers_is_workers_times_slots(workers: int, slots: int) -> No
 
 def test_trainer_reads_and_writes_gcs_directly() -> None:
     p = params(
-        model_uri="gs://bkt/models/m1",
+        model_dir="gs://bkt/models/m1",
         epochs=7,
-        batch_size=32,
+        batch_size_per_worker=32,
         learning_rate=0.01,
         warmup_epochs=2,
         threads_per_worker=3,
@@ -152,12 +161,12 @@ def test_trainer_reads_and_writes_gcs_directly() -> None:
     assert float(flag("--learning-rate")) == 0.01
     assert (flag("--warmup-epochs"), flag("--threads-per-worker")) == ("2", "3")
     assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=99" in cmd
-    assert p.expected_model_uri == "gs://bkt/models/m1"
+    assert p.train.model_uri == "gs://bkt/models/m1"
     # without --model-dir the trainer's default applies, and no --model-dir flag is passed
     plain = params()
     assert "--model-dir" not in launcher_command(plain)
     assert "--threads-per-worker" not in launcher_command(plain)
-    assert plain.expected_model_uri == "gs://bkt/runs/nightly/model"
+    assert plain.train.model_uri == "gs://bkt/runs/nightly/model"
 
 
 def test_resources_requests_equal_limits_and_gpu() -> None:
@@ -214,15 +223,17 @@ def test_scheduling_policy_and_identity() -> None:
     [
         ({"workers": 0}, "workers"),
         ({"slots_per_worker": 0}, "slots_per_worker"),
-        ({"data_uri": "/mnt/data"}, "data_uri"),
-        ({"output_uri": "s3://bkt/out"}, "output_uri"),
-        ({"model_uri": "/tmp/model"}, "model_uri"),
+        ({"data": "/mnt/data"}, "data"),
+        ({"output": "s3://bkt/out"}, "output"),
+        ({"model_dir": "/tmp/model"}, "model_dir"),
         ({"run_name": "  "}, "run_name"),
         ({"epochs": 0}, "epochs"),
-        ({"batch_size": -1}, "batch_size"),
+        ({"batch_size_per_worker": -1}, "batch_size_per_worker"),
         ({"learning_rate": 0.0}, "learning_rate"),
         ({"warmup_epochs": -1}, "warmup_epochs"),
-        ({"threads_per_worker": 0}, "threads_per_worker"),
+        ({"threads_per_worker": -1}, "threads_per_worker"),
+        ({"launcher_cpu": "0"}, "launcher_cpu"),
+        ({"stall_shutdown_seconds": 0}, "stall_shutdown_seconds"),
         ({"cpu_per_worker": "two"}, "cpu_per_worker"),
         ({"memory_per_worker": "0Gi"}, "memory_per_worker"),
         ({"gpus_per_worker": -1}, "gpus_per_worker"),
@@ -243,9 +254,15 @@ def test_bad_parameters_are_named(overrides: dict, names: str) -> None:
 
 def test_all_problems_reported_at_once() -> None:
     with pytest.raises(ValueError) as info:
-        params(workers=0, data_uri="data")
+        params(workers=0, epochs=0, learning_rate=11.0)
     assert "workers must be >= 1, got 0" in str(info.value)
-    assert "data_uri must be a gs:// URI" in str(info.value)
+    assert "epochs must be >= 1, got 0" in str(info.value)
+    assert "learning_rate must be in (0, 10], got 11.0" in str(info.value)
+    with pytest.raises(ValueError) as info:
+        params(data="data", cpu_per_worker="1K", gpus_per_worker=-1)
+    assert "data must be a gs:// URI" in str(info.value)
+    assert "cpu_per_worker must be a positive Kubernetes quantity" in str(info.value)
+    assert "gpus_per_worker must be >= 0, got -1" in str(info.value)
 
 
 def test_schema_refuses_typos_wrong_types_and_bad_policy() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
+from components.train.config import TrainConfig
 from components.train.mpijob.manifest import MPIJobParams, build_manifest, job_name
 from components.train.mpijob.validate import validate_manifest
 from pipeline.cli import cli
@@ -49,10 +50,9 @@ def test_render_prints_the_exact_valid_manifest() -> None:
         MPIJobParams(
             run_name="Nightly #7",
             pipeline_run_id="r-1",
-            workers=3,
-            slots_per_worker=2,
-            data_uri="gs://b/data",
-            output_uri="gs://b/out",
+            train=TrainConfig(
+                data="gs://b/data", output="gs://b/out", workers=3, slots_per_worker=2
+            ),
             gpus_per_worker=1,
             queue="train",
         ),
@@ -83,7 +83,7 @@ def test_render_bad_input_is_a_usage_error_naming_the_parameter() -> None:
     code, out = render("--workers", "0", "--data", "/local/data")
     assert code == 2
     assert "workers must be >= 1, got 0" in out
-    assert "data_uri must be a gs:// URI" in out
+    assert "data must be a gs:// URI" in out
 
 
 def test_module_entry_point_prints_yaml() -> None:

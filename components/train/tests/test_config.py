@@ -1,0 +1,104 @@
+"""The trainer's contract: TrainConfig <-> argv is one pair of functions, and they round-trip."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from components.train.config import TrainConfig, from_argv, to_argv
+
+
+def random_config(rng: random.Random) -> TrainConfig:
+    """A valid TrainConfig with every field varied (optional ones sometimes left unset)."""
+
+    def maybe(value: str) -> str | None:
+        return value if rng.random() < 0.5 else None
+
+    return TrainConfig(
+        data=rng.choice(["/d", "gs://b/data set", "rel/dir", "/tmp/--data"]),
+        output=rng.choice(["/o", "gs://b/runs/r 1", "out"]),
+        workers=rng.randint(1, 64),
+        slots_per_worker=rng.choice([1, 1, 2, 8]),
+        epochs=rng.randint(1, 500),
+        batch_size_per_worker=rng.randint(1, 4096),
+        learning_rate=rng.choice([1e-6, 0.001, 1 / 3, 0.1 + 0.2, 10.0, rng.uniform(1e-9, 10)]),
+        warmup_epochs=rng.randint(0, 10),
+        threads_per_worker=rng.randint(0, 32),
+        seed=rng.randint(0, 2**31),
+        model_dir=maybe(rng.choice(["gs://b/m", "/m"])),
+        checkpoint_dir=maybe(rng.choice(["gs://b/c", "/c d"])),
+    )
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_argv_round_trips_every_field(seed: int) -> None:
+    config = random_config(random.Random(seed))
+    argv = to_argv(config)
+    assert from_argv(argv) == config
+    assert to_argv(from_argv(argv)) == argv
+
+
+def test_flags_keep_their_user_names() -> None:
+    config = TrainConfig(
+        data="/d", output="/o", workers=3, slots_per_worker=2, batch_size_per_worker=16,
+        learning_rate=0.01, threads_per_worker=2, model_dir="/m", checkpoint_dir="/c",
+    )  # fmt: skip
+    argv = to_argv(config)
+    flag = dict(zip(argv[::2], argv[1::2], strict=True))
+    assert flag["--expected-workers"] == "6"  # the world size: workers x slots
+    assert flag["--slots-per-worker"] == "2"
+    assert (flag["--batch-size"], flag["--learning-rate"]) == ("16", "0.01")
+    assert (flag["--threads-per-worker"], flag["--model-dir"], flag["--checkpoint-dir"]) == (
+        "2", "/m", "/c",
+    )  # fmt: skip
+    plain = to_argv(TrainConfig(data="/d", output="/o", workers=2))
+    for optional in ("--slots-per-worker", "--threads-per-worker", "--model-dir"):
+        assert optional not in plain
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--expected-workers", "0"], "--expected-workers must be >= 1, got 0"),
+        (["--expected-workers", "2", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--expected-workers", "2", "--learning-rate", "0"], "--learning-rate must be in (0, 10]"),
+        (["--expected-workers", "2", "--epochs", "0"], "--epochs must be >= 1, got 0"),
+        (["--expected-workers", "2", "--threads-per-worker", "-1"], "--threads-per-worker must"),
+        (["--expected-workers", "2", "--warmup-epochs", "-1"], "--warmup-epochs must be >= 0"),
+        (
+            ["--expected-workers", "5", "--slots-per-worker", "2"],
+            "--expected-workers 5 is not a multiple of --slots-per-worker 2",
+        ),
+        (["--expected-workers", "2", "--data", ""], "data is empty"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        from_argv(["--data", "/d", "--output", "/o", *args])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("workers", 0), ("slots_per_worker", 0), ("epochs", 0), ("batch_size_per_worker", 0),
+     ("learning_rate", 0.0), ("learning_rate", 10.5), ("warmup_epochs", -1),
+     ("threads_per_worker", -1), ("data", ""), ("output", "")],
+)  # fmt: skip
+def test_bad_fields_are_refused_by_name(field: str, value: Any) -> None:
+    fields: dict[str, Any] = {"data": "/d", "output": "/o", "workers": 2, field: value}
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        TrainConfig(**fields)
+
+
+def test_uris_derive_from_output_once() -> None:
+    c = TrainConfig(data="/d", output="gs://b/out", workers=1)
+    assert (c.model_uri, c.checkpoint_uri, c.summary_uri) == (
+        "gs://b/out/model", "gs://b/out/checkpoints", "gs://b/out/run_summary.json",
+    )  # fmt: skip
+    moved = TrainConfig(data="/d", output="/o", workers=1, model_dir="/m", checkpoint_dir="/c")
+    assert (moved.model_uri, moved.checkpoint_uri) == ("/m", "/c")
