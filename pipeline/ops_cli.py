@@ -430,8 +430,9 @@ def schedule_list_command(settings: ops.KfpSettings, pipeline_name: str | None) 
         )
 
 
-def _schedule_action(verb: str, action: Callable[[Any, str], None]) -> click.Command:
-    """Build ``schedule <verb> NAME_OR_ID`` applying `action` to the schedule found."""
+def _schedule_action(verb: str) -> click.Command:
+    """Build ``schedule <verb> NAME_OR_ID`` applying ``ops.<verb>_schedule`` to the schedule
+    found (looked up when it runs: importing ``ops`` at start-up would import ``kfp``)."""
 
     @click.argument("ref", metavar="NAME_OR_ID")
     @connection_options
@@ -439,16 +440,15 @@ def _schedule_action(verb: str, action: Callable[[Any, str], None]) -> click.Com
     def command(settings: ops.KfpSettings, ref: str) -> None:
         client = ops.connect(settings)
         schedule = ops.resolve_schedule(client, ref, settings.namespace)
-        action(client, schedule.recurring_run_id)
+        getattr(ops, f"{verb}_schedule")(client, schedule.recurring_run_id)
         click.echo(f"{verb}d schedule {schedule.recurring_run_id}: {schedule.display_name}")
 
     command.__doc__ = f"{verb.capitalize()} the schedule with this name (or id)."
     return click.command(verb)(command)
 
 
-schedule_group.add_command(_schedule_action("pause", ops.pause_schedule))
-schedule_group.add_command(_schedule_action("resume", ops.resume_schedule))
-schedule_group.add_command(_schedule_action("delete", ops.delete_schedule))
+for _verb in ("pause", "resume", "delete"):
+    schedule_group.add_command(_schedule_action(_verb))
 
 COMMANDS: tuple[click.Command, ...] = (
     upload_command,

@@ -37,11 +37,6 @@ def test_help_does_not_import_jsonschema(args: list[str]) -> None:
     assert "jsonschema" not in heavy.split(",")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipeline/ops.py imports kfp at module level, and kfp imports kubernetes; the ops "
-    "split (pipeline/ops*.py, another branch) must import kfp lazily. Remove this mark then.",
-)
 def test_help_does_not_import_kubernetes() -> None:
     heavy, code = loaded("--help")
     assert code == "0"

@@ -22,8 +22,7 @@ import urllib3
 
 from pipeline.ops.api import error_detail
 from pipeline.ops.errors import OpsError
-
-DEFAULT_REQUEST_TIMEOUT_S = 30.0
+from pipeline.ops.settings import DEFAULT_REQUEST_TIMEOUT_S
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,6 @@ from pipeline.ops.errors import AlreadyExistsError, NotFoundError, OpsError
 from pipeline.ops.parameters import unwrap_spec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_PACKAGE = Path("build/pipeline.yaml")
-DEFAULT_PIPELINE_NAME = "kfp-horovod-mnist"
 
 
 def read_pipeline_spec(package_path: str | Path) -> dict[str, Any]:

@@ -23,7 +23,6 @@ import kfp_server_api
 from pipeline.ops.api import call, named
 from pipeline.ops.errors import OpsError, RunFailedError, RunTimeoutError
 
-DEFAULT_EXPERIMENT = "Default"
 # Run states (kfp_server_api.V2beta1RuntimeState) after which a run will not change any more.
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "SKIPPED", "CANCELED"})
 SUCCESS_STATES = frozenset({"SUCCEEDED"})

@@ -17,9 +17,9 @@ import kfp
 
 from pipeline.ops.api import PAGE_SIZE, call, equals_filter, pages
 from pipeline.ops.errors import AlreadyExistsError, CronError, NotFoundError, OpsError
+from pipeline.ops.settings import MAX_CONCURRENCY_LIMIT
 
 # KFP's scheduled workflow controller allows 1..10 concurrent runs per recurring run.
-MAX_CONCURRENCY_LIMIT = 10
 
 _MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
 _WEEKDAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
