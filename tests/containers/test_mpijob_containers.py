@@ -120,7 +120,7 @@ def test_3x1_exports_exactly_one_model_with_identical_weights(job_3x1: dict[str,
 def test_3x1_logs_every_epoch_once_and_no_line_once_per_rank(job_3x1: dict[str, Any]) -> None:
     lines = tagged_lines(job_3x1["result"].log)
     assert lines, "no rank-tagged output: was --tag-output dropped?"
-    epochs = job_3x1["p"].epochs
+    epochs = job_3x1["p"].train.epochs
     for epoch in range(1, epochs + 1):
         hits = [(r, t) for r, t in lines if f"Epoch {epoch}/{epochs} " in t]
         assert len(hits) == 1 and hits[0][0] == 0, hits
