@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from components.common import dataset, storage
+from components.common import dataset, keras_env, storage
 from components.train import checkpoints
 from components.train.config import TrainConfig
 from components.train.cpus import default_threads
@@ -183,6 +183,7 @@ def _agree(error: str | None) -> list[str | None]:
 def run(config: TrainConfig) -> int:
     """Run this rank's part of the job. Returns the process exit code."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    keras_env.keras()  # first: Keras 2 and the `keras` alias, before Horovod loads (issue 12)
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
@@ -278,8 +279,9 @@ def _train_in(
     resume_info = broadcast_object(resume_info, root_rank=0)
     initial_epoch = resume_info.epoch if resume_info else 0
 
+    keras = keras_env.keras()
     model = build_model(config.seed)
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.Adam(learning_rate=scaled_lr))
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.legacy.Adam(learning_rate=scaled_lr))
     model.compile(
         optimizer=optimizer,
         loss="sparse_categorical_crossentropy",
@@ -310,10 +312,10 @@ def _train_in(
                 steps_per_epoch=shard.steps,
             )
         )
-    callbacks.append(_make_stats_callback(tf, stats))
+    callbacks.append(_make_stats_callback(keras, stats))
     if rank == 0:
-        callbacks.append(_make_progress_callback(tf, log, config.epochs, size, stats))
-        callbacks.append(_make_checkpoint_callback(tf, ckpt, config.checkpoint_uri, log))
+        callbacks.append(_make_progress_callback(keras, log, config.epochs, size, stats))
+        callbacks.append(_make_checkpoint_callback(keras, ckpt, config.checkpoint_uri, log))
 
     final_metrics = dict(resume_info.metrics) if resume_info else {}
     if initial_epoch < config.epochs:
@@ -372,8 +374,8 @@ class _EpochStats:
         return round(self.samples_per_epoch / float(np.median(timed)), 1)
 
 
-def _make_stats_callback(tf: Any, stats: _EpochStats) -> Any:
-    class StatsCallback(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+def _make_stats_callback(keras: Any, stats: _EpochStats) -> Any:
+    class StatsCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self._t0 = time.perf_counter()
 
@@ -384,12 +386,12 @@ def _make_stats_callback(tf: Any, stats: _EpochStats) -> Any:
 
 
 def _make_progress_callback(
-    tf: Any, log: logging.Logger, epochs: int, size: int, stats: _EpochStats
+    keras: Any, log: logging.Logger, epochs: int, size: int, stats: _EpochStats
 ) -> Any:
-    class ProgressCallback(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+    class ProgressCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             logs = logs or {}
-            lr = float(tf.keras.backend.get_value(self.model.optimizer.lr))
+            lr = float(keras.backend.get_value(self.model.optimizer.lr))
             rate = stats.samples_per_epoch / stats.seconds[-1] if stats.seconds else 0.0
             log.info(
                 "Epoch %d/%d - loss %.4f - accuracy %.4f (averaged over %d ranks) - lr %.5f - "
@@ -406,8 +408,10 @@ def _make_progress_callback(
     return ProgressCallback()
 
 
-def _make_checkpoint_callback(tf: Any, ckpt: Any, checkpoint_uri: str, log: logging.Logger) -> Any:
-    class CheckpointCallback(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+def _make_checkpoint_callback(
+    keras: Any, ckpt: Any, checkpoint_uri: str, log: logging.Logger
+) -> Any:
+    class CheckpointCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
             checkpoints.save(ckpt, checkpoint_uri, epoch + 1, metrics)
