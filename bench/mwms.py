@@ -64,10 +64,11 @@ def worker(data: str, epochs: int, batch_size: int, threads: int, seed: int, res
     """One MWMS worker: train the project's model on this worker's shard, write epoch times."""
     import tensorflow as tf
 
-    from components.common import dataset
+    from components.common import dataset, keras_env
     from components.train.model import build_model
     from components.train.sharding import shard_range, steps_per_epoch
 
+    keras = keras_env.keras()
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
     options = tf.distribute.experimental.CommunicationOptions(
@@ -88,13 +89,13 @@ def worker(data: str, epochs: int, batch_size: int, threads: int, seed: int, res
     with strategy.scope():
         model = build_model(seed)
         model.compile(
-            optimizer=tf.keras.optimizers.legacy.Adam(learning_rate=0.001 * size),
+            optimizer=keras.optimizers.legacy.Adam(learning_rate=0.001 * size),
             loss="sparse_categorical_crossentropy",
             metrics=["accuracy"],
         )
     seconds: list[float] = []
 
-    class EpochTimer(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+    class EpochTimer(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.t0 = time.perf_counter()
 
@@ -102,7 +103,7 @@ def worker(data: str, epochs: int, batch_size: int, threads: int, seed: int, res
             seconds.append(time.perf_counter() - self.t0)
 
     history = model.fit(
-        tf.keras.utils.experimental.DatasetCreator(dataset_fn),
+        keras.utils.experimental.DatasetCreator(dataset_fn),
         epochs=epochs,
         steps_per_epoch=steps,
         callbacks=[EpochTimer()],

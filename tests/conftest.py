@@ -132,8 +132,7 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
 def trained_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -> TrainedModel:
     """`build_model` trained 3 quick epochs on `tiny_dataset` and exported as the trainer does
     (``model.save(dir, include_optimizer=False)``). Not Horovod: just a real SavedModel."""
-    import tensorflow as tf
-
+    from components.common import keras_env
     from components.common.dataset import load_split
     from components.train.model import build_model
 
@@ -141,7 +140,7 @@ def trained_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -
     x_test, y_test = load_split(tiny_dataset, "test")
     model = build_model(seed=7)
     model.compile(
-        optimizer=tf.keras.optimizers.Adam(0.003),
+        optimizer=keras_env.keras().optimizers.Adam(0.003),
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
     )

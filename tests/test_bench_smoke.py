@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 
-from bench import allreduce, data_prep, mwms, pipeline_overhead, scaling, time_to_accuracy
+from bench import (
+    allreduce,
+    data_prep,
+    mwms,
+    pipeline_overhead,
+    scaling,
+    stack,
+    time_to_accuracy,
+)
 from bench.report import write_report
 
 
@@ -69,6 +77,14 @@ def test_report_writes_summary_and_plot(results: Path) -> None:
     assert "| What | Measured | Target | Verdict |" in summary
     assert (results / "scaling.png").read_bytes()[:4] == b"\x89PNG"
     assert len(written) == 2
+
+
+def test_stack_runs_each_stack_with_its_own_python_and_horovodrun(tmp_path: Path) -> None:
+    python = str(tmp_path / "venv" / "bin" / "python")
+    command = stack.stack_command(python, 2, ["--epochs", "1"])
+    assert command[0] == str(tmp_path / "venv" / "bin" / "horovodrun")
+    assert command[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
+    assert command[6:] == [python, "-m", "components.train", "--epochs", "1"]
 
 
 def test_scaling_layouts_parse() -> None:

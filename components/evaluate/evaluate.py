@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from components.common import dataset, model_files
+from components.common import dataset, keras_env, model_files
 from components.common.defaults import EVAL_BATCH_SIZE, NUM_CLASSES
 from components.common.model_files import (
     ModelError,
@@ -116,10 +116,9 @@ def score(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
 def load_model(local_dir: Path, where: str) -> Any:
     """Load the SavedModel at `local_dir` for inference (no optimizer, no custom objects)."""
     check_saved_model(local_dir, where)
-    import tensorflow as tf
-
+    keras = keras_env.keras()
     try:
-        return tf.keras.models.load_model(str(local_dir), compile=False)
+        return keras.models.load_model(str(local_dir), compile=False)
     except Exception as exc:  # TF raises many types for unloadable models
         raise ModelError(f"{where}: cannot be loaded as a Keras model ({exc})") from exc
 

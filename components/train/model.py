@@ -4,26 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.common import keras_env
 from components.common.defaults import IMAGE_SHAPE, NUM_CLASSES
 
 
 def build_model(seed: int) -> Any:
     """A small CNN, initialised identically on every rank for a given `seed`."""
-    import tensorflow as tf
-
-    tf.keras.utils.set_random_seed(seed)
-    return tf.keras.Sequential(
+    keras = keras_env.keras()
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
         [
-            tf.keras.layers.Input(shape=IMAGE_SHAPE, name="image"),
-            tf.keras.layers.Rescaling(1.0 / 255),
-            tf.keras.layers.Reshape((*IMAGE_SHAPE, 1)),
-            tf.keras.layers.Conv2D(16, 3, activation="relu"),
-            tf.keras.layers.MaxPooling2D(),
-            tf.keras.layers.Conv2D(32, 3, activation="relu"),
-            tf.keras.layers.MaxPooling2D(),
-            tf.keras.layers.Flatten(),
-            tf.keras.layers.Dense(64, activation="relu"),
-            tf.keras.layers.Dense(NUM_CLASSES, activation="softmax", name="probabilities"),
+            keras.layers.Input(shape=IMAGE_SHAPE, name="image"),
+            keras.layers.Rescaling(1.0 / 255),
+            keras.layers.Reshape((*IMAGE_SHAPE, 1)),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(NUM_CLASSES, activation="softmax", name="probabilities"),
         ],
         name="mnist_cnn",
     )

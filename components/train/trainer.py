@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from components.common import dataset, storage
+from components.common import dataset, keras_env, storage
 from components.train import checkpoints
 from components.train.config import TrainConfig
 from components.train.cpus import default_threads
@@ -198,6 +198,7 @@ DISJOINT = Sampling(load=load_shard, batches=epoch_batches)
 def run(config: TrainConfig, sampling: Sampling = DISJOINT) -> int:
     """Run this rank's part of the job. Returns the process exit code."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    keras_env.keras()  # first: Keras 2 and the `keras` alias, before Horovod loads (issue 12)
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
@@ -319,8 +320,9 @@ def _build_or_resume(job: _Job) -> _Trainee:
     resume = checkpoints.latest(config.checkpoint_uri) if job.rank == 0 else None
     resume = broadcast_object(resume, root_rank=0)
     model = build_model(config.seed)
+    keras = keras_env.keras()
     optimizer = job.hvd.DistributedOptimizer(
-        tf.keras.optimizers.legacy.Adam(learning_rate=job.scaled_lr)
+        keras.optimizers.legacy.Adam(learning_rate=job.scaled_lr)
     )
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
@@ -332,7 +334,8 @@ def _build_or_resume(job: _Job) -> _Trainee:
 
 def _callbacks(job: _Job, trainee: _Trainee, steps: int, stats: _EpochStats) -> list[Any]:
     """Horovod's broadcast, metric averaging and warmup; our stats, progress and checkpoints."""
-    hvd, tf, config = job.hvd, job.tf, job.config
+    hvd, config = job.hvd, job.config
+    keras = keras_env.keras()
     callbacks: list[Any] = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         hvd.callbacks.MetricAverageCallback(),
@@ -343,11 +346,11 @@ def _callbacks(job: _Job, trainee: _Trainee, steps: int, stats: _EpochStats) -> 
                 initial_lr=job.scaled_lr, warmup_epochs=config.warmup_epochs, steps_per_epoch=steps
             )
         )
-    callbacks.append(_make_stats_callback(tf, stats))
+    callbacks.append(_make_stats_callback(keras, stats))
     if job.rank == 0:
-        callbacks.append(_make_progress_callback(tf, job.log, config.epochs, job.size, stats))
+        callbacks.append(_make_progress_callback(keras, job.log, config.epochs, job.size, stats))
         callbacks.append(
-            _make_checkpoint_callback(tf, trainee.ckpt, config.checkpoint_uri, job.log)
+            _make_checkpoint_callback(keras, trainee.ckpt, config.checkpoint_uri, job.log)
         )
     return callbacks
 
@@ -434,8 +437,8 @@ class _EpochStats:
         return round(self.samples_per_epoch / float(np.median(timed)), 1)
 
 
-def _make_stats_callback(tf: Any, stats: _EpochStats) -> Any:
-    class StatsCallback(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+def _make_stats_callback(keras: Any, stats: _EpochStats) -> Any:
+    class StatsCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self._t0 = time.perf_counter()
 
@@ -446,12 +449,12 @@ def _make_stats_callback(tf: Any, stats: _EpochStats) -> Any:
 
 
 def _make_progress_callback(
-    tf: Any, log: logging.Logger, epochs: int, size: int, stats: _EpochStats
+    keras: Any, log: logging.Logger, epochs: int, size: int, stats: _EpochStats
 ) -> Any:
-    class ProgressCallback(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+    class ProgressCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             logs = logs or {}
-            lr = float(tf.keras.backend.get_value(self.model.optimizer.lr))
+            lr = float(keras.backend.get_value(self.model.optimizer.lr))
             rate = stats.samples_per_epoch / stats.seconds[-1] if stats.seconds else 0.0
             log.info(
                 "Epoch %d/%d - loss %.4f - accuracy %.4f (averaged over %d ranks) - lr %.5f - "
@@ -468,8 +471,10 @@ def _make_progress_callback(
     return ProgressCallback()
 
 
-def _make_checkpoint_callback(tf: Any, ckpt: Any, checkpoint_uri: str, log: logging.Logger) -> Any:
-    class CheckpointCallback(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+def _make_checkpoint_callback(
+    keras: Any, ckpt: Any, checkpoint_uri: str, log: logging.Logger
+) -> Any:
+    class CheckpointCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
             checkpoints.save(ckpt, checkpoint_uri, epoch + 1, metrics)

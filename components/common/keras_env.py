@@ -1,0 +1,54 @@
+"""The one way into Keras for the trainer, the model code, evaluate, the tests and the benchmarks:
+``keras()``, never ``tf.keras``; the trainer calls it before it imports Horovod.
+
+Issue 12: Horovod 0.28.1 does ``from keras import backend as K``, and from TF 2.16 on ``keras``
+is Keras 3, which breaks Horovod's callbacks: so select Keras 2 (tf-keras), aliased as ``keras``.
+
+Nothing happens at import. TF reads ``TF_USE_LEGACY_KERAS`` when ``tf.keras`` is first accessed
+(``tensorflow.python.util.lazy_loader.KerasLazyLoader``), so ``keras()`` sets it before that and
+before Horovod is imported, and raises Keras3Loaded if Keras 3 got there first. (No Horovod
+import here: the evaluate image, which imports this module, has no Horovod.)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+
+
+class Keras3Loaded(RuntimeError):
+    """``tf.keras`` or Horovod's Keras API was bound to Keras 3 before :func:`keras` ran."""
+
+
+def keras() -> ModuleType:
+    """Select Keras 2 and return it (the ``tf_keras`` module); idempotent.
+
+    Sets ``TF_USE_LEGACY_KERAS=1`` (so ``tf.keras`` is tf-keras for TensorFlow and Horovod) and
+    makes ``import keras`` give ``tf_keras`` (so Horovod's ``K`` is Keras 2's backend).
+    """
+    os.environ[LEGACY_KERAS_ENV] = "1"
+    import tensorflow as tf
+    import tf_keras
+
+    sys.modules["keras"] = tf_keras
+    _check_bound(tf, tf_keras)
+    return tf_keras
+
+
+def _check_bound(tf: ModuleType, tf_keras: ModuleType) -> None:
+    """Keras3Loaded unless ``tf.keras`` (and Horovod's Keras API, if imported) are tf-keras."""
+    # tf.keras.Model resolves through TF's lazy loader: tf_keras's class when Keras 2 is selected.
+    if tf.keras.Model is not tf_keras.Model:
+        raise Keras3Loaded(
+            f"tf.keras was loaded as {tf.keras.Model.__module__} before "
+            "components.common.keras_env.keras() selected Keras 2 (issue 12)"
+        )
+    callbacks = sys.modules.get("horovod.tensorflow.keras.callbacks")
+    if callbacks is not None and getattr(callbacks, "K", None) is not tf_keras.backend:
+        raise Keras3Loaded(
+            "horovod.tensorflow.keras was imported before components.common.keras_env.keras(): "
+            f"its callbacks use {callbacks.K.__name__}, not tf_keras.backend (issue 12)"
+        )
