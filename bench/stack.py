@@ -34,8 +34,9 @@ from bench.common import (
     scratch,
     write_result,
 )
-from components.train.config import TrainConfig
-from components.train.launch import local_command, trainer_args
+from components.common import defaults
+from components.train.config import TrainConfig, to_argv
+from components.train.launch import local_command
 
 NAME = "stack"
 
@@ -67,15 +68,16 @@ def measure(
     """One training run of this stack at `workers` x 1 thread; its job throughput."""
     output = fresh(work / f"{label}-{workers}x1-r{round_no}")
     config = TrainConfig(
-        data=data, output=str(output), expected_workers=workers, epochs=epochs,
-        batch_size_per_worker=64, threads_per_worker=1, seed=42,
+        data=data, output=str(output), workers=workers, epochs=epochs,
+        batch_size_per_worker=defaults.BATCH_SIZE_PER_WORKER, threads_per_worker=1,
+        seed=defaults.SHUFFLE_SEED,
     )  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
     env.pop("TF_USE_LEGACY_KERAS", None)  # each tree selects its Keras itself
     previous = Path.cwd()
     os.chdir(tree)  # the ranks run `python -m components.train` from this tree
     try:
-        job = run_job(stack_command(python, workers, trainer_args(config)), env)
+        job = run_job(stack_command(python, workers, to_argv(config)), env)
     finally:
         os.chdir(previous)
     summary = json.loads((output / "run_summary.json").read_text())

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 # Not importorskip: importing horovod.tensorflow binds tf.keras to Keras 3 in this process.
+# In CI (CI set) the tests run regardless, so a missing Horovod fails them instead of skipping.
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("horovod") is None, reason="needs Horovod (make install)"
+    importlib.util.find_spec("horovod") is None and not os.environ.get("CI"),
+    reason="needs Horovod (make install)",
 )
 
 # A rank's real path (python -m components.train -> cli.main -> trainer.run), stopped by the
