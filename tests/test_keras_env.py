@@ -89,3 +89,25 @@ def test_horovod_imported_before_keras_env_is_refused() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1].startswith("refused: ")
+
+
+def test_tensorflow_import_noise_is_dropped_and_nothing_else() -> None:
+    """The 2.18 wheel's C++ CUDA-registration lines (once per process: once per rank) are
+    dropped at the first TF import; anything else native code writes then still comes out."""
+    code = (
+        "import os\n"
+        "from components.common import keras_env\n"
+        "with keras_env._without_import_noise():\n"
+        "    os.write(2, b'E0000 cuda_dnn.cc] Unable to register cuDNN factory: '\n"
+        "                b'Attempting to register factory for plugin cuDNN\\n')\n"
+        "    os.write(2, b'a real error\\n')\n"
+        "keras_env.keras()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "a real error" in out.stderr
+    assert "Unable to register" not in out.stderr
+    assert "absl::InitializeLog" not in out.stderr

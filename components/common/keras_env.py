@@ -12,11 +12,22 @@ import here: the evaluate image, which imports this module, has no Horovod.)
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
+import tempfile
+from collections.abc import Iterator
 from types import ModuleType
 
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+# What the `tensorflow` 2.18 wheel's C++ writes to stderr on import on every machine, GPU or not:
+# its CUDA plugins registering twice, through absl logging (TF_CPP_MIN_LOG_LEVEL does not reach
+# it). Harmless, and printed once per process: once per rank in a Horovod job.
+IMPORT_NOISE = re.compile(
+    r"Unable to register cu(FFT|DNN|BLAS) factory: Attempting to register factory for plugin"
+    r"|All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+)
 
 
 class Keras3Loaded(RuntimeError):
@@ -30,7 +41,8 @@ def keras() -> ModuleType:
     makes ``import keras`` give ``tf_keras`` (so Horovod's ``K`` is Keras 2's backend).
     """
     os.environ[LEGACY_KERAS_ENV] = "1"
-    import tensorflow as tf
+    with _without_import_noise():
+        import tensorflow as tf
     import tf_keras
 
     sys.modules["keras"] = tf_keras
@@ -52,3 +64,25 @@ def _check_bound(tf: ModuleType, tf_keras: ModuleType) -> None:
             "horovod.tensorflow.keras was imported before components.common.keras_env.keras(): "
             f"its callbacks use {callbacks.K.__name__}, not tf_keras.backend (issue 12)"
         )
+
+
+@contextlib.contextmanager
+def _without_import_noise() -> Iterator[None]:
+    """Hold back what native code writes to stderr (fd 2) while TensorFlow is first imported,
+    then pass on every line but the known `IMPORT_NOISE`. Does nothing once TF is imported."""
+    if "tensorflow" in sys.modules:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not IMPORT_NOISE.search(line)))
+            sys.stderr.flush()
