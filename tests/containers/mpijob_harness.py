@@ -126,6 +126,7 @@ class MPIJobRun:
     )
     workers: list[Any] = field(default_factory=list)
     network: Any = None
+    launcher: Any = None
 
     def __post_init__(self) -> None:
         meta, spec = self.manifest["metadata"], self.manifest["spec"]
@@ -335,7 +336,7 @@ class MPIJobRun:
 
     def close(self) -> None:
         """Remove the pods and the network (cleanPodPolicy: everything, here)."""
-        for container in [*self.workers, getattr(self, "launcher", None)]:
+        for container in [*self.workers, self.launcher]:
             if container is not None:
                 container.remove(force=True)
         if self.network is not None:

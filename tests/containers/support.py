@@ -15,8 +15,10 @@ _buckets = itertools.count()
 
 def local_image(component: str) -> str:
     """The reference `make images-local` tags a component image (or a support image) with."""
-    name = defaults.IMAGE_NAMES.get(component, component)
-    return f"{defaults.LOCAL_IMAGE_REGISTRY}/{name}:{defaults.LOCAL_IMAGE_TAG}"
+    registry, tag = defaults.LOCAL_IMAGE_REGISTRY, defaults.LOCAL_IMAGE_TAG
+    if component in defaults.IMAGE_NAMES:
+        return defaults.image_ref(component, registry, tag)
+    return f"{registry}/{component}:{tag}"
 
 
 def unavailable(why: str) -> None:

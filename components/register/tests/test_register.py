@@ -21,15 +21,6 @@ from components.register.registry import METADATA_FILE, ModelStore
 FIXED_TIME = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
 
-@pytest.fixture
-def summary(trained_model, tmp_path: Path) -> str:
-    """A run summary as the trainer writes it, recording the model's saved_model.pb digest."""
-    path = tmp_path / "run_summary.json"
-    record = {"workers": 2, "epochs": 1, "final_loss": 0.5}
-    path.write_text(json.dumps({**record, "saved_model_sha256": trained_model.saved_model_sha256}))
-    return str(path)
-
-
 def _register(
     trained_model, summary: str, root: str, run_id: str, accuracy: float, loss: float = 0.3, **kw
 ):

@@ -28,15 +28,6 @@ FIXED_TIME = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 ACCURACIES = [0.91, 0.97, 0.93, 0.99, 0.92, 0.95, 0.94, 0.96]  # 8 concurrent writers
 
 
-@pytest.fixture
-def summary(trained_model, tmp_path: Path) -> str:
-    """A run summary as the trainer writes it, recording the model's saved_model.pb digest."""
-    path = tmp_path / "run_summary.json"
-    record = {"workers": 2, "epochs": 1, "final_loss": 0.5}
-    path.write_text(json.dumps({**record, "saved_model_sha256": trained_model.saved_model_sha256}))
-    return str(path)
-
-
 @pytest.fixture(params=["local", "gcs"])
 def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "local":

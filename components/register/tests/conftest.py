@@ -1,0 +1,17 @@
+"""Fixtures shared by the register tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def summary(trained_model, tmp_path: Path) -> str:
+    """A run summary as the trainer writes it, recording the model's saved_model.pb digest."""
+    path = tmp_path / "run_summary.json"
+    record = {"workers": 2, "epochs": 1, "final_loss": 0.5}
+    path.write_text(json.dumps({**record, "saved_model_sha256": trained_model.saved_model_sha256}))
+    return str(path)
