@@ -16,17 +16,35 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 _bucket_ids = itertools.count()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Start every test's subprocesses from the environment a user's shell has.
+
+    `keras_env.keras()` sets ``TF_USE_LEGACY_KERAS=1`` in ``os.environ`` (TensorFlow reads it at
+    import), so once any test has called it in this process, every later subprocess would
+    inherit Keras 2 for free, and a program that forgets to select it would pass here and fail
+    for users (bench.allreduce's ranks did). Nothing is lost in-process: TensorFlow stays bound
+    to whichever Keras it first imported.
+    """
+    os.environ.pop("TF_USE_LEGACY_KERAS", None)
+
+
 _EMULATOR_START_S = 30.0  # the binary is up in well under a second; this only bounds a hang
 
 
@@ -149,3 +167,42 @@ def trained_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -
     path = tmp_path_factory.mktemp("trained-model") / "model"
     model.save(str(path), include_optimizer=False)
     return TrainedModel(str(path), tiny_dataset, float(accuracy), float(loss))
+
+
+# What `make run` runs, on a tiny configuration: kfp.local, a real 2-rank horovodrun, local disk.
+LOCAL_RUN_FLAGS = [
+    "--workers", "2", "--epochs", "2", "--data-limit", "800", "--threads-per-worker", "1",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """One finished ``python -m pipeline run-local``: its root, and every line it printed with
+    the time it arrived (`bench.common.JobResult`)."""
+
+    root: Path
+    job: Any
+
+    def outputs(self) -> dict[str, str]:
+        """The ``name: value`` lines of the closing report (after the ``====`` rule)."""
+        lines = [line for _, line in self.job.lines]
+        rule = max(i for i, line in enumerate(lines) if line == "=" * 80)
+        return dict(line.split(": ", 1) for line in lines[rule + 2 :] if ": " in line)
+
+
+def run_local_pipeline(root: Path, *extra: str) -> LocalRun:
+    """Run ``python -m pipeline run-local`` at `root` with `LOCAL_RUN_FLAGS` and `extra`; raises
+    with the output's tail if it fails."""
+    import sys
+
+    from bench.common import run_job
+
+    command = [sys.executable, "-m", "pipeline", "run-local", "--root", str(root)]
+    return LocalRun(root, run_job([*command, *LOCAL_RUN_FLAGS, *extra], timeout_s=600))
+
+
+@pytest.fixture(scope="session")
+def local_pipeline_run(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
+    """One tiny ``run-local`` for the session (minimum accuracy 0.3). `test_e2e_local` asserts on
+    its outputs and the benchmark smoke test on its timing, so the suite pays for one run."""
+    return run_local_pipeline(tmp_path_factory.mktemp("local-run"), "--min-accuracy", "0.3")
