@@ -5,7 +5,8 @@ Nothing touches a cluster. The manifest is validated against the CRD schema befo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -13,6 +14,8 @@ from components.common import defaults, storage
 
 if TYPE_CHECKING:
     from components.train.mpijob.manifest import MPIJobParams
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 EXAMPLE_BUCKET = "gs://YOUR_BUCKET/kfp-horovod"
 TRAIN_OPTIONS = (
@@ -53,9 +56,71 @@ def params_from_options(
     return MPIJobParams(run_name=run_name, train=train, **options)
 
 
+def _options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator applying `decorators` in the order written (the first is outermost)."""
+
+    def apply(func: F) -> F:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return apply
+
+
+# What the trainer is told (TrainConfig's fields, TRAIN_OPTIONS).
+trainer_options = _options(
+    click.option("--workers", type=int, default=defaults.WORKERS, show_default=True),
+    click.option(
+        "--slots-per-worker", type=int, default=defaults.SLOTS_PER_WORKER, show_default=True
+    ),
+    click.option("--epochs", type=int, default=defaults.EPOCHS, show_default=True),
+    click.option(
+        "--batch-size",
+        "batch_size_per_worker",
+        type=int,
+        default=defaults.BATCH_SIZE_PER_WORKER,
+        show_default=True,
+    ),
+    click.option(
+        "--learning-rate", type=float, default=defaults.BASE_LEARNING_RATE, show_default=True
+    ),
+    click.option("--warmup-epochs", type=int, default=defaults.WARMUP_EPOCHS, show_default=True),
+    click.option("--threads-per-worker", type=int, default=0, help="0: cores / local workers"),
+    click.option("--seed", type=int, default=defaults.SHUFFLE_SEED, show_default=True),
+)
+# How the pods are sized, scheduled and cleaned up (MPIJobParams' own fields).
+pod_options = _options(
+    click.option("--cpu", "cpu_per_worker", default=defaults.WORKER_CPU, show_default=True),
+    click.option(
+        "--memory", "memory_per_worker", default=defaults.WORKER_MEMORY, show_default=True
+    ),
+    click.option("--gpus", "gpus_per_worker", type=int, default=0, show_default=True),
+    click.option(
+        "--ttl-seconds",
+        "ttl_seconds_after_finished",
+        type=int,
+        default=defaults.MPIJOB_TTL_SECONDS_AFTER_FINISHED,
+        show_default=True,
+    ),
+    click.option(
+        "--backoff-limit", type=int, default=defaults.MPIJOB_BACKOFF_LIMIT, show_default=True
+    ),
+    click.option(
+        "--deadline-seconds",
+        "active_deadline_seconds",
+        type=int,
+        default=defaults.MPIJOB_ACTIVE_DEADLINE_SECONDS,
+        show_default=True,
+    ),
+    click.option("--queue", default=None, help="Gang-scheduling queue (Volcano)."),
+    click.option("--priority-class", default=None),
+    click.option("--min-available", type=int, default=None, help="Gang size (default: all pods)."),
+    click.option("--scheduler-name", default=None, help="e.g. volcano"),
+    click.option("--service-account", default=None, help="KSA of the pods (Workload Identity)."),
+)
+
+
 @click.command("render-mpijob")
-@click.option("--workers", type=int, default=defaults.WORKERS, show_default=True)
-@click.option("--slots-per-worker", type=int, default=defaults.SLOTS_PER_WORKER, show_default=True)
 @click.option("--run-name", default="dry-run", show_default=True, help="Names the MPIJob.")
 @click.option("--pipeline-run-id", default="", help="KFP run id (a label, and part of the name).")
 @click.option("--namespace", default=None, help="Set metadata.namespace.")
@@ -65,42 +130,9 @@ def params_from_options(
 @click.option("--image", default=None, help="Trainer image (overrides registry and tag).")
 @click.option("--image-registry", default=defaults.DEFAULT_IMAGE_REGISTRY, show_default=True)
 @click.option("--image-tag", default=defaults.PACKAGE_VERSION, show_default=True)
-@click.option("--epochs", type=int, default=defaults.EPOCHS, show_default=True)
-@click.option(
-    "--batch-size",
-    "batch_size_per_worker",
-    type=int,
-    default=defaults.BATCH_SIZE_PER_WORKER,
-    show_default=True,
-)
-@click.option("--learning-rate", type=float, default=defaults.BASE_LEARNING_RATE, show_default=True)
-@click.option("--warmup-epochs", type=int, default=defaults.WARMUP_EPOCHS, show_default=True)
-@click.option("--threads-per-worker", type=int, default=0, help="0: cores / local workers")
-@click.option("--seed", type=int, default=defaults.SHUFFLE_SEED, show_default=True)
-@click.option("--cpu", "cpu_per_worker", default=defaults.WORKER_CPU, show_default=True)
-@click.option("--memory", "memory_per_worker", default=defaults.WORKER_MEMORY, show_default=True)
-@click.option("--gpus", "gpus_per_worker", type=int, default=0, show_default=True)
-@click.option(
-    "--ttl-seconds",
-    "ttl_seconds_after_finished",
-    type=int,
-    default=defaults.MPIJOB_TTL_SECONDS_AFTER_FINISHED,
-    show_default=True,
-)
-@click.option("--backoff-limit", type=int, default=defaults.MPIJOB_BACKOFF_LIMIT, show_default=True)
-@click.option(
-    "--deadline-seconds",
-    "active_deadline_seconds",
-    type=int,
-    default=defaults.MPIJOB_ACTIVE_DEADLINE_SECONDS,
-    show_default=True,
-)
-@click.option("--queue", default=None, help="Gang-scheduling queue (Volcano).")
-@click.option("--priority-class", default=None)
-@click.option("--min-available", type=int, default=None, help="Gang size (default: all pods).")
-@click.option("--scheduler-name", default=None, help="e.g. volcano")
-@click.option("--service-account", default=None, help="KSA of the pods (Workload Identity).")
 @click.option("--crd", "crd_path", default=None, help="CRD file [deploy/crd/...].")
+@trainer_options
+@pod_options
 def render_mpijob(
     namespace: str | None,
     image: str | None,
