@@ -6,6 +6,7 @@ so that drift on a shared machine hits all of them alike, and reports medians an
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -116,14 +117,21 @@ def _spin(processes: int, loops: int) -> float:
     return median([float(p.communicate()[0]) for p in procs])
 
 
-def cpu_parallel_capacity(loops: int = 5_000_000) -> dict[str, float]:
+# The capacity probe's size: loops per spin, and spins per median. `--quick` (BenchParser)
+# shrinks it to a tenth and one spin, since a smoke run's figures mean nothing anyway.
+PROBE = {"loops": 5_000_000, "rounds": 3}
+QUICK_PROBE = {"loops": 500_000, "rounds": 1}
+
+
+def cpu_parallel_capacity() -> dict[str, float]:
     """How many cores this machine gives *now*: 2 x t(1 loop) / t(2 loops at once).
 
     2.0 on two free cores; less when other work (or SMT siblings) shares them. Recorded with
     every result, because a scaling figure means little without it.
     """
-    one = median([_spin(1, loops) for _ in range(3)])
-    two = median([_spin(2, loops) for _ in range(3)])
+    loops, rounds = PROBE["loops"], PROBE["rounds"]
+    one = median([_spin(1, loops) for _ in range(rounds)])
+    two = median([_spin(2, loops) for _ in range(rounds)])
     return {
         "one_process_seconds": round(one, 3),
         "two_processes_seconds": round(two, 3),
@@ -344,11 +352,19 @@ def job_throughput(summary: dict[str, Any]) -> float:
     return len(rates) * min(rates)
 
 
-def base_parser(description: str) -> Any:
-    """An argparse parser with the options every benchmark has."""
-    import argparse
+class BenchParser(argparse.ArgumentParser):
+    """The benchmarks' parser: ``--quick`` also shrinks the capacity probe (`QUICK_PROBE`)."""
 
-    p = argparse.ArgumentParser(description=description)
+    def parse_args(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        parsed = super().parse_args(*args, **kwargs)
+        if getattr(parsed, "quick", False):
+            PROBE.update(QUICK_PROBE)
+        return parsed
+
+
+def base_parser(description: str) -> BenchParser:
+    """An argparse parser with the options every benchmark has."""
+    p = BenchParser(description=description)
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for <name>.json")
     p.add_argument("--work", type=Path, default=None, help="scratch directory (default: temp)")
     p.add_argument("--repeats", type=int, default=3, help="runs per variant (median reported)")

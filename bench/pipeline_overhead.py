@@ -106,9 +106,22 @@ def run(configs: dict[str, list[str]], workers: int, repeats: int, work: Path) -
         epochs = int(flags[flags.index("--epochs") + 1])
         extra = [f for i, f in enumerate(flags) if f != "--epochs" and flags[i - 1] != "--epochs"]
         variants[name] = lambda r, n=name, e=epochs, x=extra: measure(work / n, workers, e, x, r)
-    runs = interleave(variants, repeats)
+    return record(configs, workers, interleave(variants, repeats), machine_before)
+
+
+def record(
+    configs: dict[str, list[str]],
+    workers: int,
+    runs: dict[str, list[dict[str, Any]]],
+    machine_before: dict[str, Any],
+) -> dict[str, Any]:
+    """The result of `runs` (name -> each run's `segments`) of `configs`, with their medians."""
     return {
-        "settings": {"workers": workers, "configs": configs, "repeats": repeats},
+        "settings": {
+            "workers": workers,
+            "configs": configs,
+            "repeats": max(len(rs) for rs in runs.values()),
+        },
         "machine_before": machine_before,
         "runs": runs,
         "medians": {name: summarise(rs) for name, rs in runs.items()},

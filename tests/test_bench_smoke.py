@@ -22,7 +22,9 @@ from bench import (
     stack,
     time_to_accuracy,
 )
+from bench.common import machine_state, write_result
 from bench.report import write_report
+from tests.conftest import LOCAL_RUN_FLAGS, LocalRun
 
 
 def _read(out: Path, name: str) -> dict[str, Any]:
@@ -113,20 +115,31 @@ def test_pin_gives_each_rank_its_own_cores() -> None:
 
 
 @pytest.mark.horovod
-def test_multi_job_benchmarks_run(tmp_path: Path) -> None:
+def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) -> None:
+    """The benchmarks that need several real jobs. The pipeline's segments are those of the
+    session's tiny `run-local` (which test_e2e_local checks), and the allreduce sizes were
+    measured by the module's fixture: only the profiled timeline run is added here."""
     out, work = tmp_path / "results", tmp_path / "work"
     common = ["--quick", "--out", str(out), "--work", str(work)]
     assert mwms.main(common) == 0
     assert time_to_accuracy.main(common) == 0
-    assert allreduce.main(common) == 0
-    assert pipeline_overhead.main(common) == 0
+    profile = allreduce.timeline_run(work, 600, 1, grad_allreduce_seconds=0.001)
+    assert profile["timeline"]["step_ms"] > 0 and profile["step"]["step_seconds_2x1"] > 0
+    segments = pipeline_overhead.segments(local_pipeline_run.job)
+    configs = {"e2e": LOCAL_RUN_FLAGS}
+    write_result(
+        pipeline_overhead.NAME,
+        pipeline_overhead.record(configs, 2, {"e2e": [segments]}, machine_state()),
+        out,
+    )
     assert _read(out, "mwms")["ratios"]["horovod_over_mwms_throughput"] > 0
     tta = _read(out, "time_to_accuracy")
     assert set(tta["median_wall_seconds_to_target"]) == {"one_process", "horovod_2x1", "two_copies"}
     assert tta["sampling_runs"]["random_2019"][0]["coverage"]["disjoint"] is False
     assert tta["sampling_runs"]["disjoint_shards"][0]["coverage"]["disjoint"] is True
-    assert "step_ms" in _read(out, "allreduce")["timeline"]
-    pipe = _read(out, "pipeline_overhead")["medians"]["quick"]
-    assert pipe["train_task_seconds"] > 0 and 0 <= pipe["not_training_share"] <= 1
+    pipe = _read(out, "pipeline_overhead")["medians"]["e2e"]
+    assert set(pipe["task_seconds"]) >= {"prepare-data", "train", "evaluate", "register-model"}
+    assert 0 < pipe["training_seconds"] < pipe["train_task_seconds"] < pipe["total_seconds"]
+    assert 0 < pipe["not_training_share"] < 1
     write_report(out)
     assert "Time to" in (out / "summary.md").read_text()

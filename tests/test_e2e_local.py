@@ -1,5 +1,7 @@
 """The embedded default end to end: ``python -m pipeline run-local`` (what ``make run`` runs),
-on a tiny configuration: kfp.local, a real 2-rank horovodrun, local disk for GCS."""
+on a tiny configuration: kfp.local, a real 2-rank horovodrun, local disk for GCS. The first run
+is the session's `local_pipeline_run` (tests/conftest.py), which the benchmark smoke test
+also times."""
 
 from __future__ import annotations
 
@@ -10,23 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import LocalRun, run_local_pipeline
+
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_local(root: Path, *extra: str) -> dict[str, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", "run-local", "--root", str(root), "--workers", "2",
-         "--epochs", "2", "--data-limit", "800", "--threads-per-worker", "1", *extra],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    tail = proc.stdout.split("=" * 80)[-1]
-    return dict(line.split(": ", 1) for line in tail.strip().splitlines()[1:])
-
-
-def test_make_run_equivalent_end_to_end(tmp_path: Path) -> None:
-    first = _run_local(tmp_path, "--min-accuracy", "0.3")
+def test_make_run_equivalent_end_to_end(local_pipeline_run: LocalRun) -> None:
+    root, first = local_pipeline_run.root, local_pipeline_run.outputs()
 
     summary_path = Path(first["run_summary"])
     # the train step's run_summary artifact, beside its model artifact
@@ -35,23 +28,23 @@ def test_make_run_equivalent_end_to_end(tmp_path: Path) -> None:
     assert summary["world_size"] == 2 and summary["weights_identical_across_ranks"] is True
     model = Path(first["model"])
     assert (model / "saved_model.pb").exists()
-    assert len(list(tmp_path.rglob("pipeline-root/**/saved_model.pb"))) == 1  # ONE model
+    assert len(list(root.rglob("pipeline-root/**/saved_model.pb"))) == 1  # ONE model
     assert "2 workers formed ONE Horovod job" in Path(first["coordination_report"]).read_text()
     assert "| 9 |" in Path(first["evaluation_report"]).read_text()  # per-class table
     accuracy = float(first["metrics"].split()[1].rstrip(","))
     assert accuracy > 0.3
 
     version = Path(first["registry_entry"])
-    assert version == tmp_path / "registry" / "mnist-cnn" / "1"
+    assert version == root / "registry" / "mnist-cnn" / "1"
     assert (version / "saved_model.pb").read_bytes() == (model / "saved_model.pb").read_bytes()
     assert first["decision"].startswith("registered as version 1; promoted")
 
     # A second run with a bar it cannot reach: recorded as a decision, nothing registered.
-    second = _run_local(tmp_path, "--min-accuracy", "0.999")
+    second = run_local_pipeline(root, "--min-accuracy", "0.999").outputs()
     assert second["decision"].startswith("not registered:"), second["decision"]
     assert "< minimum 0.9990" in second["decision"]
     assert second["registry_entry"] == "(none)"
-    versions = sorted(p.name for p in (tmp_path / "registry" / "mnist-cnn").iterdir())
+    versions = sorted(p.name for p in (root / "registry" / "mnist-cnn").iterdir())
     assert [v for v in versions if v.isdigit()] == ["1"]
 
 
