@@ -25,7 +25,7 @@ import numpy as np
 from components.common.defaults import SPLIT_SEED
 from components.data_prep.prep import prepare
 from components.train.config import TrainConfig, to_argv
-from components.train.launch import horovodrun_path, job_environment
+from components.train.launch import hvdrun_command, job_environment
 
 RESULTS_DIR = Path(__file__).with_name("results")
 SCHEMA = "kfp-horovod/bench/v1"
@@ -242,15 +242,12 @@ class JobResult:
 
 
 def horovod_command(workers: int, module: str, args: list[str], pin_threads: int = 0) -> list[str]:
-    """``horovodrun -np N -H localhost:N --gloo python -m MODULE ARGS``.
+    """``horovodrun -np N -H localhost:N --gloo python -m MODULE ARGS`` (`launch.hvdrun_command`).
 
     With `pin_threads`, each rank is first pinned to that many cores of its own (bench.pin).
     """
     pin = [sys.executable, "-m", "bench.pin", str(pin_threads), "--"] if pin_threads else []
-    return [
-        horovodrun_path(), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
-        *pin, sys.executable, "-m", module, *args,
-    ]  # fmt: skip
+    return hvdrun_command(workers, [*pin, sys.executable, "-m", module, *args])
 
 
 def fresh(path: Path) -> Path:

@@ -2,9 +2,10 @@
 command on TF 2.15.1 (Keras 2) and on TF 2.18.1 + tf-keras, 1x1 and 2x1, interleaved.
 
 The bench harness runs everything under its own interpreter; this one takes one Python (a venv)
-and one source tree per stack. Each run is ``launch.local_command`` (``horovodrun -np N --gloo
-python -m components.train``, with the args of ``launch.trainer_args``) using that venv's Python
-and horovodrun, in that tree. The trees differ only in how they reach Keras (keras_env)::
+and one source tree per stack. Each run is ``horovodrun -np N --gloo python -m components.train``
+(``launch.launcher_args``, with the args of ``launch.trainer_args``) using that venv's Python
+and its own horovodrun (an older tree has no ``components.train.hvdrun``), in that tree. The
+trees differ only in how they reach Keras (keras_env)::
 
     git archive 4a6b771 | tar -x -C /tmp/stack-before
     .venv-tf218/bin/python -m bench.stack \\
@@ -36,7 +37,7 @@ from bench.common import (
 )
 from components.common import defaults
 from components.train.config import TrainConfig, to_argv
-from components.train.launch import local_command
+from components.train.launch import launcher_args
 
 NAME = "stack"
 
@@ -57,8 +58,8 @@ def stack_versions(python: str) -> dict[str, str]:
 
 def stack_command(python: str, workers: int, args: list[str]) -> list[str]:
     """The project's trainer command, with this stack's Python and its own horovodrun."""
-    command = local_command(workers, args, python=python)
-    return [str(Path(python).parent / "horovodrun"), *command[1:]]
+    program = [python, "-m", "components.train", *args]
+    return [str(Path(python).parent / "horovodrun"), *launcher_args(workers), *program]
 
 
 def measure(

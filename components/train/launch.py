@@ -1,4 +1,5 @@
-"""Start the trainer as ONE Horovod job on this machine: ``horovodrun -np N --gloo``.
+"""Start the trainer as ONE Horovod job on this machine: ``horovodrun -np N --gloo`` (run by
+`components.train.hvdrun`).
 
 Used by the train component's local backend, by ``make run`` and by the tests. (On a
 cluster the MPIJob launcher starts the same trainer across pods instead.)
@@ -7,36 +8,31 @@ cluster the MPIJob launcher starts the same trainer across pods instead.)
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
 from components.train.config import TrainConfig, to_argv
 
 
-def horovodrun_path() -> str:
-    """The ``horovodrun`` next to this Python, else the one on PATH."""
-    beside = Path(sys.executable).parent / "horovodrun"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("horovodrun")
-    if not found:
-        raise FileNotFoundError("horovodrun not found: is Horovod installed (make install)?")
-    return found
+def launcher_args(workers: int) -> list[str]:
+    """horovodrun's arguments for one job of `workers` processes on this machine, over Gloo."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return ["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
+
+
+def hvdrun_command(workers: int, program: list[str]) -> list[str]:
+    """``horovodrun -np N -H localhost:N --gloo PROGRAM``, through `components.train.hvdrun`
+    (horovodrun's own command line, less the TensorFlow import of its start-up check)."""
+    return [sys.executable, "-m", "components.train.hvdrun", *launcher_args(workers), *program]
 
 
 def local_command(workers: int, args: list[str], python: str | None = None) -> list[str]:
-    """``horovodrun -np N -H localhost:N --gloo python -m components.train ARGS``."""
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    return [
-        horovodrun_path(), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
-        python or sys.executable, "-m", "components.train", *args,
-    ]  # fmt: skip
+    """The trainer as one job: ``hvdrun -np N ... python -m components.train ARGS``."""
+    return hvdrun_command(workers, [python or sys.executable, "-m", "components.train", *args])
 
 
 def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from components.data_prep.prep import prepare
-from components.train.launch import job_environment, local_command
+from components.train.launch import hvdrun_command, job_environment, local_command
 
 AUDIT_SCRIPT = Path(__file__).with_name("audit_writes.py")
 JobRunner = Callable[..., subprocess.CompletedProcess]
@@ -33,10 +33,8 @@ def _run_job(
     """Run the trainer under a real ``horovodrun -np workers --gloo``; capture its output."""
     command = local_command(workers, args)
     if audit is not None:
-        python_at = command.index(sys.executable)
-        command[python_at + 1 : python_at + 3] = [
-            str(AUDIT_SCRIPT), str(audit[0]), str(audit[1]), "-m", "components.train",
-        ]  # fmt: skip
+        audited = [sys.executable, str(AUDIT_SCRIPT), str(audit[0]), str(audit[1])]
+        command = hvdrun_command(workers, [*audited, "-m", "components.train", *args])
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, env=job_environment()
     )
