@@ -12,6 +12,8 @@ def train(
     learning_rate: float,
     warmup_epochs: int,
     threads_per_worker: int,
+    architecture: str,
+    augment: bool,
     training_backend: str,
     trainer_image: str,
     slots_per_worker: int,
@@ -25,7 +27,11 @@ def train(
     run_summary: Output[Artifact],
     coordination_report: Output[Markdown],
 ) -> None:
-    """Train ONE model with a Horovod job of `workers` processes (local or an MPIJob)."""
+    """Train ONE model with a Horovod job of `workers` processes (local or an MPIJob).
+
+    `architecture` is the pipeline's ``model`` parameter (a built-in model or a
+    ``package.module:function`` entry point); it cannot share the name of the output `model`.
+    """
     from components.train.config import TrainConfig
     from components.train.task import run_train_task, work_uri
 
@@ -41,6 +47,8 @@ def train(
             learning_rate=learning_rate,
             warmup_epochs=warmup_epochs,
             threads_per_worker=threads_per_worker,
+            model=architecture,
+            augment=augment,
         ),
         backend=training_backend,
         dataset_path=dataset.path,
@@ -59,6 +67,8 @@ def train(
     )
     model.metadata.update(
         framework="tensorflow-savedmodel",
+        model=architecture,
+        augment=augment,
         **{k: summary[k] for k in ("world_size", "saved_model_sha256", "final_metrics")},
     )
     run_summary.metadata.update(

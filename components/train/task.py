@@ -20,6 +20,7 @@ from components.common import storage
 from components.common.params import check_parameters
 from components.train.config import TrainConfig
 from components.train.launch import run_local
+from components.train.preflight import check_model_before_launch
 from components.train.report import coordination_report
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -80,6 +81,7 @@ def train_on_mpijob(
     namespace = namespace or current_namespace()
     if not namespace:
         raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")
+    check_model_before_launch(config.model)  # this pod runs the trainer's image, as the ranks do
     params = MPIJobParams(train=config, owner_pod_name=os.environ.get("HOSTNAME") or None, **pods)
     return run_mpijob(params, namespace=namespace, log=log)
 
