@@ -61,6 +61,9 @@ def _time_allreduce(hvd: Any, tensors: list[Any], iterations: int) -> float:
 
 def rank_program(sizes: list[int], result: Path) -> None:
     """Run under horovodrun: time allreduce per size and for the model's gradients."""
+    from components.common import keras_env
+
+    keras_env.keras()  # first: horovod.tensorflow's import reaches tf.keras (issue 12)
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
