@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import (
+    BENCH_MODEL,
     base_parser,
     bench_dataset,
     horovod_command,
@@ -86,7 +87,7 @@ def rank_program(sizes: list[int], result: Path) -> None:
                 "iterations": iterations,
             }
         )
-    model = build_model(SHUFFLE_SEED)
+    model = build_model(SHUFFLE_SEED, BENCH_MODEL)
     grads = [tf.ones_like(w) for w in model.trainable_weights]
     grad_bytes = int(sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights))
     grad_seconds = _time_allreduce(hvd, grads, 200)

@@ -1,5 +1,6 @@
 """The embedded default end to end: ``python -m pipeline run-local`` (what ``make run`` runs),
-on a tiny configuration: kfp.local, a real 2-rank horovodrun, local disk for GCS."""
+on a tiny configuration: kfp.local, a real 2-rank horovodrun, local disk for GCS, and the
+``small`` model (the default, mnist_advanced, is 17x the compute per example)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _run_local(root: Path, *extra: str) -> dict[str, str]:
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline", "run-local", "--root", str(root), "--workers", "2",
-         "--epochs", "2", "--data-limit", "800", "--threads-per-worker", "1", *extra],
+         "--epochs", "2", "--data-limit", "800", "--threads-per-worker", "1", "--model", "small",
+         *extra],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -33,6 +35,7 @@ def test_make_run_equivalent_end_to_end(tmp_path: Path) -> None:
     assert summary_path == Path(first["model"]).parent / "run_summary"
     summary = json.loads(summary_path.read_text())
     assert summary["world_size"] == 2 and summary["weights_identical_across_ranks"] is True
+    assert (summary["model"], summary["augment"]) == ("small", False)
     model = Path(first["model"])
     assert (model / "saved_model.pb").exists()
     assert len(list(tmp_path.rglob("pipeline-root/**/saved_model.pb"))) == 1  # ONE model
