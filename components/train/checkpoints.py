@@ -21,21 +21,23 @@ from typing import Any
 from components.common import storage
 
 LATEST = "latest.json"
+# Markers written before the model was a choice name no model: all of them trained this one.
+MODEL_BEFORE_THE_CHOICE = "small"
 
 
 @dataclass(frozen=True)
 class CheckpointInfo:
     """The latest complete checkpoint: the number of finished epochs, their metrics, and the
-    model that was trained (None in markers written before the model was a choice)."""
+    model that was trained."""
 
     epoch: int
     prefix: str
     metrics: dict[str, float]
-    model: str | None = None
+    model: str = MODEL_BEFORE_THE_CHOICE
 
     def model_problem(self, model: str, checkpoint_uri: str) -> str | None:
         """Why a run training `model` cannot resume from this checkpoint, or None."""
-        if self.model is None or self.model == model:
+        if self.model == model:
             return None
         return (
             f"the checkpoints at {checkpoint_uri} were written training model {self.model!r}, "
@@ -51,12 +53,11 @@ def latest(checkpoint_uri: str) -> CheckpointInfo | None:
         return None
     try:
         raw = json.loads(storage.read_text(marker))
-        model = raw.get("model")
         return CheckpointInfo(
             int(raw["epoch"]),
             str(raw["prefix"]),
             dict(raw.get("metrics", {})),
-            None if model is None else str(model),
+            str(raw.get("model", MODEL_BEFORE_THE_CHOICE)),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{marker}: unreadable checkpoint marker ({exc})") from exc
