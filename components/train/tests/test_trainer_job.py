@@ -116,7 +116,8 @@ print(json.dumps({{"shape": list(p.shape), "acc": float((p.argmax(1) == y[:200])
                   "served_matches": bool(np.allclose(served, p[:5], atol=1e-5)),
                   "fp": weights_fingerprint(model),
                   "horovod": "horovod" in __import__("sys").modules,
-                  "user_module": {USER_MODEL.split(":")[0]!r} in __import__("sys").modules}}))
+                  "user_module": {USER_MODEL.split(":")[0]!r} in __import__("sys").modules,
+                  "augment": "components.train.augment" in __import__("sys").modules}}))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
@@ -125,5 +126,6 @@ print(json.dumps({{"shape": list(p.shape), "acc": float((p.argmax(1) == y[:200])
     assert result["served_matches"] is True  # serving_default: image [n, 28, 28] -> probabilities
     assert result["horovod"] is False  # the model needs no Horovod to load
     assert result["user_module"] is False  # nor the user's module: the SavedModel holds it
+    assert result["augment"] is False  # nor the augmentation's code (RandomShear)
     assert result["acc"] > 0.5  # 2 short epochs on 1,000 digits: well above chance (0.1)
     assert result["fp"] == job["summary"]["per_rank"][0]["weights_sha256"]  # the trained weights
