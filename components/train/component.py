@@ -12,7 +12,7 @@ def train(
     learning_rate: float,
     warmup_epochs: int,
     threads_per_worker: int,
-    architecture: str,
+    architecture: str,  # the pipeline's `model` (this step's output artifact is `model`)
     augment: bool,
     training_backend: str,
     trainer_image: str,
@@ -27,13 +27,9 @@ def train(
     run_summary: Output[Artifact],
     coordination_report: Output[Markdown],
 ) -> None:
-    """Train ONE model with a Horovod job of `workers` processes (local or an MPIJob).
-
-    `architecture` is the pipeline's ``model`` parameter (a built-in model or a
-    ``package.module:function`` entry point); it cannot share the name of the output `model`.
-    """
+    """Train ONE model with a Horovod job of `workers` processes (local or an MPIJob)."""
     from components.train.config import TrainConfig
-    from components.train.task import run_train_task, work_uri
+    from components.train.task import artifact_metadata, run_train_task, work_uri
 
     summary = run_train_task(
         TrainConfig(
@@ -65,15 +61,9 @@ def train(
         },
         namespace=namespace,
     )
-    model.metadata.update(
-        framework="tensorflow-savedmodel",
-        model=architecture,
-        augment=augment,
-        **{k: summary[k] for k in ("world_size", "saved_model_sha256", "final_metrics")},
-    )
-    run_summary.metadata.update(
-        {k: summary[k] for k in ("world_size", "weights_identical_across_ranks")}
-    )
+    model_metadata, summary_metadata = artifact_metadata(summary)
+    model.metadata.update(model_metadata)
+    run_summary.metadata.update(summary_metadata)
 
 
 def make_component(image: str) -> dsl.base_component.BaseComponent:

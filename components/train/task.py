@@ -114,6 +114,14 @@ def run_train_task(
     return summary
 
 
+def artifact_metadata(summary: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The metadata of the Model and the run_summary artifacts, from the run summary."""
+    model_keys = ("model", "augment", "world_size", "saved_model_sha256", "final_metrics")
+    model = {"framework": "tensorflow-savedmodel", **{k: summary[k] for k in model_keys}}
+    run = {k: summary[k] for k in ("world_size", "weights_identical_across_ranks")}
+    return model, run
+
+
 def _write(path: str, text: str) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text)

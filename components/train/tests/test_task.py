@@ -167,6 +167,16 @@ def test_mpijob_launcher_checks_the_model_before_creating_the_job(
         )  # fmt: skip
 
 
+def test_artifact_metadata_says_which_model_was_trained() -> None:
+    model, run = task.artifact_metadata({**_summary(), "weights_identical_across_ranks": True})
+    assert model == {
+        "framework": "tensorflow-savedmodel", "model": "mnist_advanced", "augment": True,
+        "world_size": 3, "saved_model_sha256": "ef" * 32,
+        "final_metrics": {"accuracy": 0.9, "loss": 0.3},
+    }  # fmt: skip
+    assert run == {"world_size": 3, "weights_identical_across_ranks": True}
+
+
 def test_report_flags_diverged_ranks() -> None:
     assert "WARNING: ranks ended with 2 different weight fingerprints" in coordination_report(
         _summary(same=False)
