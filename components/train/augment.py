@@ -25,7 +25,8 @@ model with ``training=True``); ``predict``, ``evaluate`` and the exported SavedM
 ``serving_default`` (``training=False``) pass the images through unchanged. `RandomShear`
 follows the same rule. The layers have no weights: `components.train.model.build_model` adds
 them without changing the initial weights, which stay identical on every rank. Their random
-draws come from TensorFlow's seeded generators; nothing ties them across ranks.
+draws follow the seed the trainer sets before building the model, so a run's augmentation is
+reproducible; each rank augments the samples of its own shard.
 """
 
 from __future__ import annotations
