@@ -25,6 +25,10 @@ HOROVOD_BUILD_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" HOROVOD_WITH_TENSORFLO
 
 WORKERS ?= $(call defaults,WORKERS)
 EPOCHS ?= $(call defaults,EPOCHS)
+# MODEL: a built-in model (mnist_advanced, small) or package.module:function; AUGMENT=1 augments.
+MODEL ?= $(call defaults,MODEL)
+AUGMENT ?= $(call defaults,AUGMENT)
+AUGMENT_FLAG = $(if $(filter 1 true True yes,$(AUGMENT)),--augment,--no-augment)
 REGISTRY ?= $(call defaults,DEFAULT_IMAGE_REGISTRY)
 TAG ?= $(call defaults,PACKAGE_VERSION)
 LOCAL_REGISTRY ?= $(call defaults,LOCAL_IMAGE_REGISTRY)
@@ -78,7 +82,8 @@ lock: ## re-resolve requirements/main.in into requirements/lock.txt (needs the n
 	  build/lock-venv/bin/pip freeze --all | grep -viE "^(pip|horovod|kfp-horovod)==|^-e "; } > requirements/lock.txt
 
 run: install ## the whole pipeline on this machine (kfp.local, horovodrun -np $WORKERS, local disk)
-	$(PY) -m pipeline run-local --workers $(WORKERS) --epochs $(EPOCHS)
+	$(PY) -m pipeline run-local --workers $(WORKERS) --epochs $(EPOCHS) --model $(MODEL) \
+		$(AUGMENT_FLAG)
 
 test: install ## the test suite, without the container tests (installs first)
 	$(PY) -m pytest -m "not containers"

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import BENCH_MODEL
+
 
 @dataclass
 class EpochMark:
@@ -85,7 +87,7 @@ def score_checkpoints(
     from components.train.model import build_model
 
     images, labels = dataset.load_split(data, "test")
-    model = build_model(seed)
+    model = build_model(seed, BENCH_MODEL)
     scored = []
     for mark in marks:
         tf.train.Checkpoint(model=model).read(str(mark.copy / "ckpt")).expect_partial()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    BENCH_MODEL,
     base_parser,
     bench_dataset,
     interleave,
@@ -87,7 +88,7 @@ def worker(data: str, epochs: int, batch_size: int, threads: int, seed: int, res
         return ds.shuffle(len(labels), seed=seed + index).repeat().batch(batch_size).prefetch(2)
 
     with strategy.scope():
-        model = build_model(seed)
+        model = build_model(seed, BENCH_MODEL)
         model.compile(
             optimizer=keras.optimizers.legacy.Adam(learning_rate=0.001 * size),
             loss="sparse_categorical_crossentropy",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    BENCH_MODEL,
     base_parser,
     bench_dataset,
     fresh,
@@ -62,6 +63,19 @@ def stack_command(python: str, workers: int, args: list[str]) -> list[str]:
     return [str(Path(python).parent / "horovodrun"), *launcher_args(workers), *program]
 
 
+def tree_argv(tree: Path, config: TrainConfig) -> list[str]:
+    """`config` as arguments of the trainer in `tree`. A tree from before the model choice has
+    no ``--model`` (its argparse would read it as ``--model-dir``) and trains only the small
+    CNN, so the flag is left out there; `config.model` must then be ``small``."""
+    argv = to_argv(config)
+    if '"--model"' in (tree / "components" / "train" / "config.py").read_text():
+        return argv
+    if config.model != "small":
+        raise ValueError(f"{tree} predates --model: it can only train small, not {config.model}")
+    at = argv.index("--model")
+    return argv[:at] + argv[at + 2 :]
+
+
 def measure(
     python: str, tree: Path, data: str, work: Path, label: str, workers: int, epochs: int,
     round_no: int,
@@ -71,14 +85,14 @@ def measure(
     config = TrainConfig(
         data=data, output=str(output), workers=workers, epochs=epochs,
         batch_size_per_worker=defaults.BATCH_SIZE_PER_WORKER, threads_per_worker=1,
-        seed=defaults.SHUFFLE_SEED,
+        seed=defaults.SHUFFLE_SEED, model=BENCH_MODEL,
     )  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
     env.pop("TF_USE_LEGACY_KERAS", None)  # each tree selects its Keras itself
     previous = Path.cwd()
     os.chdir(tree)  # the ranks run `python -m components.train` from this tree
     try:
-        job = run_job(stack_command(python, workers, to_argv(config)), env)
+        job = run_job(stack_command(python, workers, tree_argv(tree, config)), env)
     finally:
         os.chdir(previous)
     summary = json.loads((output / "run_summary.json").read_text())

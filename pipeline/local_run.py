@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common.defaults import PIPELINE_NAME
+from components.common.defaults import MODEL, PIPELINE_NAME
 from components.common.params import check_parameters
+from components.train.preflight import check_model_before_launch
 from pipeline.pipeline import build_pipeline, image_refs
 
 
@@ -76,8 +77,10 @@ def run_pipeline_locally(
     """Run the pipeline with kfp.local under `root` and return where everything went.
 
     `params` are pipeline parameters; ``registry_root`` defaults to ``<root>/registry``.
-    Parameters are checked before anything runs. With `docker_images` = ``(registry, tag)``
-    every step runs in its image (``kfp.local.DockerRunner``), else in this environment.
+    Parameters are checked before anything runs, and a ``model`` entry point is built once
+    here when the steps run in this environment (with `docker_images`, the train step checks
+    it in the trainer image before starting horovodrun). With `docker_images` = ``(registry,
+    tag)`` every step runs in its image (``kfp.local.DockerRunner``), else in this environment.
     """
     import kfp.local
 
@@ -88,6 +91,8 @@ def run_pipeline_locally(
     check_parameters(params)
     if params.get("training_backend", "local") != "local":
         raise ValueError("training_backend must be 'local' for a local run (no cluster here)")
+    if not docker_images:
+        check_model_before_launch(params.get("model", MODEL))
     pipeline_root.mkdir(parents=True, exist_ok=True)
     if docker_images:
         _share_with_image_user(pipeline_root, Path(params["registry_root"]))

@@ -20,7 +20,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXAMPLE_BUCKET = "gs://YOUR_BUCKET/kfp-horovod"
 TRAIN_OPTIONS = (
     "workers", "slots_per_worker", "epochs", "batch_size_per_worker", "learning_rate",
-    "warmup_epochs", "threads_per_worker", "seed",
+    "warmup_epochs", "threads_per_worker", "seed", "model", "augment",
 )  # fmt: skip
 
 
@@ -87,6 +87,13 @@ trainer_options = _options(
     click.option("--warmup-epochs", type=int, default=defaults.WARMUP_EPOCHS, show_default=True),
     click.option("--threads-per-worker", type=int, default=0, help="0: cores / local workers"),
     click.option("--seed", type=int, default=defaults.SHUFFLE_SEED, show_default=True),
+    click.option(
+        "--model",
+        default=defaults.MODEL,
+        show_default=True,
+        help=f"{' or '.join(defaults.MODELS)}, or package.module:function (in the trainer image)",
+    ),
+    click.option("--augment/--no-augment", default=defaults.AUGMENT, show_default=True),
 )
 # How the pods are sized, scheduled and cleaned up (MPIJobParams' own fields).
 pod_options = _options(

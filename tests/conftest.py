@@ -148,15 +148,16 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def trained_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -> TrainedModel:
-    """`build_model` trained 3 quick epochs on `tiny_dataset` and exported as the trainer does
-    (``model.save(dir, include_optimizer=False)``). Not Horovod: just a real SavedModel."""
+    """`build_model` (``small``) trained 3 quick epochs on `tiny_dataset` and exported as the
+    trainer does (``model.save(dir, include_optimizer=False)``). Not Horovod: just a real
+    SavedModel."""
     from components.common import keras_env
     from components.common.dataset import load_split
     from components.train.model import build_model
 
     x, y = load_split(tiny_dataset, "train")
     x_test, y_test = load_split(tiny_dataset, "test")
-    model = build_model(seed=7)
+    model = build_model(seed=7, model="small")
     model.compile(
         optimizer=keras_env.keras().optimizers.Adam(0.003),
         loss="sparse_categorical_crossentropy",
@@ -172,6 +173,7 @@ def trained_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -
 # What `make run` runs, on a tiny configuration: kfp.local, a real 2-rank horovodrun, local disk.
 LOCAL_RUN_FLAGS = [
     "--workers", "2", "--epochs", "2", "--data-limit", "800", "--threads-per-worker", "1",
+    "--model", "small",
 ]  # fmt: skip
 
 

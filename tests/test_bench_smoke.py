@@ -89,6 +89,20 @@ def test_stack_runs_each_stack_with_its_own_python_and_horovodrun(tmp_path: Path
     assert command[6:] == [python, "-m", "components.train", "--epochs", "1"]
 
 
+def test_stack_leaves_out_model_for_a_tree_from_before_the_choice(tmp_path: Path) -> None:
+    from components.train.config import TrainConfig
+
+    config = TrainConfig(data="/d", output="/o", workers=2, model="small")
+    before, after = tmp_path / "before", tmp_path / "after"
+    for tree, flags in ((before, '"--model-dir"'), (after, '"--model-dir" "--model"')):
+        (tree / "components" / "train").mkdir(parents=True)
+        (tree / "components" / "train" / "config.py").write_text(flags)
+    assert stack.tree_argv(after, config)[-2:] == ["--model", "small"]
+    assert "--model" not in stack.tree_argv(before, config)
+    with pytest.raises(ValueError, match="predates --model"):
+        stack.tree_argv(before, TrainConfig(data="/d", output="/o", workers=2))
+
+
 def test_scaling_layouts_parse() -> None:
     assert scaling.parse_layout("2x1") == (2, 1, False)
     assert scaling.parse_layout("4") == (4, 1, False)

@@ -1,5 +1,6 @@
 """The embedded default end to end: ``python -m pipeline run-local`` (what ``make run`` runs),
-on a tiny configuration: kfp.local, a real 2-rank horovodrun, local disk for GCS. The first run
+on a tiny configuration: kfp.local, a real 2-rank horovodrun, local disk for GCS, and the
+``small`` model (the default, mnist_advanced, is 17x the compute per example). The first run
 is the session's `local_pipeline_run` (tests/conftest.py), which the benchmark smoke test
 also times."""
 
@@ -26,6 +27,7 @@ def test_make_run_equivalent_end_to_end(local_pipeline_run: LocalRun) -> None:
     assert summary_path == Path(first["model"]).parent / "run_summary"
     summary = json.loads(summary_path.read_text())
     assert summary["world_size"] == 2 and summary["weights_identical_across_ranks"] is True
+    assert (summary["model"], summary["augment"]) == ("small", False)
     model = Path(first["model"])
     assert (model / "saved_model.pb").exists()
     assert len(list(root.rglob("pipeline-root/**/saved_model.pb"))) == 1  # ONE model

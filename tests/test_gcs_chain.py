@@ -29,7 +29,7 @@ def test_prep_train_evaluate_register_through_gcs(gcs_uri: str) -> None:
     lines: list[str] = []
     config = TrainConfig(
         data=data, output=f"{gcs_uri}/runs/r1", workers=2, epochs=2,
-        batch_size_per_worker=32, threads_per_worker=1,
+        batch_size_per_worker=32, threads_per_worker=1, model="small",
     )  # fmt: skip
     code = run_local(config, timeout_s=400, log=lines.append)
     assert code == 0, "\n".join(lines)

@@ -15,7 +15,8 @@ from pipeline.build import compile_pipeline
 
 EXPECTED_PARAMETERS = {
     "workers", "epochs", "batch_size_per_worker", "learning_rate", "warmup_epochs",
-    "threads_per_worker", "data_source", "data_sha256", "data_limit", "shard_size",
+    "threads_per_worker", "model", "augment", "data_source", "data_sha256", "data_limit",
+    "shard_size",
     "min_accuracy", "model_name", "registry_root", "training_backend", "trainer_image",
     "slots_per_worker", "cpu_per_worker", "memory_per_worker", "gpus_per_worker", "namespace",
     "trainer_service_account",
@@ -39,6 +40,26 @@ def test_compiles_to_one_yaml_that_kfp_loads_back(tmp_path: Path) -> None:
     assert tasks["evaluate"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"] == {
         "outputArtifactKey": "model", "producerTask": "train",
     }  # fmt: skip
+
+
+def test_model_and_augment_reach_the_check_and_the_train_step(tmp_path: Path) -> None:
+    """The compiled defaults are mnist_advanced, no augmentation; the check step sees both
+    parameters and the train step gets them (``model`` as its input ``architecture``)."""
+    spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert parameters["model"] == {
+        "defaultValue": "mnist_advanced", "isOptional": True, "parameterType": "STRING",
+    }  # fmt: skip
+    assert parameters["augment"] == {
+        "defaultValue": False, "isOptional": True, "parameterType": "BOOLEAN",
+    }  # fmt: skip
+    tasks = spec["root"]["dag"]["tasks"]
+    train = tasks["train"]["inputs"]["parameters"]
+    assert train["architecture"] == {"componentInputParameter": "model"}
+    assert train["augment"] == {"componentInputParameter": "augment"}
+    check = tasks["check-parameters"]["inputs"]["parameters"]
+    assert check["model"] == {"componentInputParameter": "model"}
+    assert check["augment"] == {"componentInputParameter": "augment"}
 
 
 def test_one_image_per_component_tagged_with_the_version(tmp_path: Path) -> None:

@@ -62,6 +62,12 @@ TEST_FRACTION = 0.2  # only for sources without their own test split (the bundle
 SPLIT_SEED = 20191
 
 # Training defaults.
+# The model the trainer builds: a built-in name (components/train/model.py) or a user's
+# ``package.module:function`` entry point. `MODELS` are the built-in names.
+MODEL = "mnist_advanced"
+MODELS = ("mnist_advanced", "small")
+# Horovod's keras_mnist_advanced.py augmentation (rotation, shifts, shear, zoom), training only.
+AUGMENT = False
 WORKERS = 2
 EPOCHS = 8
 BATCH_SIZE_PER_WORKER = 64

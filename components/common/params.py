@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from components.common.defaults import BUNDLED_SOURCE
+from components.common.defaults import BUNDLED_SOURCE, MODELS
 
 TRAINING_BACKENDS = ("local", "mpijob")
 SOURCE_SCHEMES = ("http", "https", "gs")
@@ -24,6 +24,9 @@ QUANTITY_PARAMETERS = ("cpu_per_worker", "memory_per_worker", "launcher_cpu", "l
 _MODEL_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _SOURCE_FORMS = "'bundled', a gs:// or http(s) URL, or an absolute path"
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+# A user's model: ``package.module:function`` (dotted module path, one function name).
+ENTRY_POINT = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}$")
 # The least value of each integer parameter (pipeline parameters and MPIJob run policy).
 MINIMUMS: dict[str, int] = {
     "workers": 1, "epochs": 1, "batch_size_per_worker": 1, "warmup_epochs": 0,
@@ -62,6 +65,21 @@ def data_sha256_problem(sha256: str) -> str | None:
     if sha256.lower() == "none" or _SHA256.match(sha256):
         return None
     return f"data_sha256 {sha256!r} is not 64 hex digits (or 'none')"
+
+
+def model_problem(model: object, label: str = "model") -> str | None:
+    """Why `model` is neither a built-in model nor a ``package.module:function`` entry point.
+
+    Only the form is checked here: whether the entry point imports and builds a fitting model is
+    the trainer's preflight (``components.train.preflight.model_problem``).
+    """
+    if isinstance(model, str) and (model in MODELS or ENTRY_POINT.match(model)):
+        return None
+    return (
+        f"{label} must be one of the built-in models {', '.join(MODELS)} or a Python entry "
+        f"point 'package.module:function' (a function (input_shape, num_classes) -> Keras "
+        f"model), got {model!r}"
+    )
 
 
 def _number_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[str]:
@@ -113,7 +131,20 @@ def parameter_problems(
 
     Only the parameters present are checked; ``None`` means "not set".
     """
-    return _number_problems(params, labels or {}) + _text_problems(params)
+    labels = labels or {}
+    return (
+        _number_problems(params, labels) + _text_problems(params) + _model_problems(params, labels)
+    )
+
+
+def _model_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[str]:
+    problems = []
+    if p.get("model") is not None:
+        problems.append(model_problem(p["model"], label.get("model", "model")) or "")
+    augment = p.get("augment")
+    if augment is not None and not isinstance(augment, bool):
+        problems.append(f"{label.get('augment', 'augment')} must be true or false, got {augment!r}")
+    return [problem for problem in problems if problem]
 
 
 def check_parameters(params: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> None:

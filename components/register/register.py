@@ -190,6 +190,10 @@ class Provenance:
                 "counts": {split: manifest.count(split) for split in manifest.splits},
                 "source": manifest.raw.get("source", {}),
             },
+            # which model the trainer trained (the pipeline's `model` and `augment`); None
+            # for a run summary from before the model was a choice
+            "model": self.run_summary.get("model"),
+            "augment": self.run_summary.get("augment"),
             "run_summary": self.run_summary,
             "pipeline_run_id": candidate.run_id,
             "registered_at": registered_at,

@@ -12,6 +12,8 @@ def train(
     learning_rate: float,
     warmup_epochs: int,
     threads_per_worker: int,
+    architecture: str,  # the pipeline's `model` (this step's output artifact is `model`)
+    augment: bool,
     training_backend: str,
     trainer_image: str,
     slots_per_worker: int,
@@ -27,7 +29,7 @@ def train(
 ) -> None:
     """Train ONE model with a Horovod job of `workers` processes (local or an MPIJob)."""
     from components.train.config import TrainConfig
-    from components.train.task import run_train_task, work_uri
+    from components.train.task import artifact_metadata, run_train_task, work_uri
 
     summary = run_train_task(
         TrainConfig(
@@ -41,6 +43,8 @@ def train(
             learning_rate=learning_rate,
             warmup_epochs=warmup_epochs,
             threads_per_worker=threads_per_worker,
+            model=architecture,
+            augment=augment,
         ),
         backend=training_backend,
         dataset_path=dataset.path,
@@ -57,13 +61,9 @@ def train(
         },
         namespace=namespace,
     )
-    model.metadata.update(
-        framework="tensorflow-savedmodel",
-        **{k: summary[k] for k in ("world_size", "saved_model_sha256", "final_metrics")},
-    )
-    run_summary.metadata.update(
-        {k: summary[k] for k in ("world_size", "weights_identical_across_ranks")}
-    )
+    model_metadata, summary_metadata = artifact_metadata(summary)
+    model.metadata.update(model_metadata)
+    run_summary.metadata.update(summary_metadata)
 
 
 def make_component(image: str) -> dsl.base_component.BaseComponent:

@@ -2,7 +2,9 @@
 
 Every way of starting the trainer (the local launcher, the MPIJob manifest, the benchmarks)
 turns a `TrainConfig` into argv with `to_argv`; every rank turns it back with `from_argv`.
-The fields carry the pipeline parameters' names; the flags are the trainer's CLI:
+The fields carry the pipeline parameters' names; the flags are the trainer's CLI. (The train
+step's KFP input for `model` alone has another name, ``architecture``: the step's output
+artifact is already called ``model``.)
 
 =======================  ======================  ========================================
 TrainConfig field        pipeline parameter      trainer flag
@@ -17,6 +19,8 @@ learning_rate            learning_rate           ``--learning-rate`` (before x w
 warmup_epochs            warmup_epochs           ``--warmup-epochs``
 threads_per_worker       threads_per_worker      ``--threads-per-worker`` (0: cores/local)
 seed                     (default)               ``--seed``
+model                    model                   ``--model`` (train step input: ``architecture``)
+augment                  augment                 ``--augment`` (a switch; off by default)
 model_dir                (model artifact)        ``--model-dir``
 checkpoint_dir           (default)               ``--checkpoint-dir``
 =======================  ======================  ========================================
@@ -29,9 +33,12 @@ from dataclasses import dataclass
 
 from components.common import storage
 from components.common.defaults import (
+    AUGMENT,
     BASE_LEARNING_RATE,
     BATCH_SIZE_PER_WORKER,
     EPOCHS,
+    MODEL,
+    MODELS,
     SHUFFLE_SEED,
     WARMUP_EPOCHS,
 )
@@ -63,12 +70,16 @@ class TrainConfig:
     warmup_epochs: int = WARMUP_EPOCHS
     threads_per_worker: int = 0  # 0: cores / local workers
     seed: int = SHUFFLE_SEED
+    model: str = MODEL  # a built-in model or a "package.module:function" entry point
+    augment: bool = AUGMENT
     model_dir: str | None = None
     checkpoint_dir: str | None = None
 
     def __post_init__(self) -> None:
         problems = [f"{name} is empty" for name in ("data", "output") if not getattr(self, name)]
-        problems += parameter_problems(self.numbers())
+        problems += parameter_problems(
+            {**self.numbers(), "model": self.model, "augment": self.augment}
+        )
         if problems:
             raise ValueError("invalid training parameters: " + "; ".join(problems))
 
@@ -117,7 +128,10 @@ def to_argv(config: TrainConfig) -> list[str]:
         "--learning-rate", repr(float(config.learning_rate)),
         "--warmup-epochs", str(config.warmup_epochs),
         "--seed", str(config.seed),
+        "--model", config.model,
     ]  # fmt: skip
+    if config.augment:
+        args.append("--augment")
     if config.slots_per_worker != 1:
         args += ["--slots-per-worker", str(config.slots_per_worker)]
     if config.threads_per_worker:
@@ -133,7 +147,7 @@ def argument_parser() -> argparse.ArgumentParser:
     """The trainer's argparse parser (flags as in the module docstring)."""
     p = argparse.ArgumentParser(
         prog="python -m components.train",
-        description="Train the MNIST CNN as one Horovod job (every rank gets the same arguments).",
+        description="Train one model as one Horovod job (every rank gets the same arguments).",
     )
     p.add_argument("--data", required=True, help="dataset directory written by data prep")
     p.add_argument("--output", required=True, help="run_summary.json (and checkpoints/, model/)")
@@ -154,6 +168,18 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-epochs", type=int, default=WARMUP_EPOCHS)
     p.add_argument("--threads-per-worker", type=int, default=0, help="0: cores / local workers")
     p.add_argument("--seed", type=int, default=SHUFFLE_SEED)
+    p.add_argument(
+        "--model",
+        default=MODEL,
+        help=f"{' or '.join(MODELS)}, or a Python entry point package.module:function "
+        "(called as function(input_shape, num_classes); returns a Keras model)",
+    )
+    p.add_argument(
+        "--augment",
+        action="store_true",
+        default=AUGMENT,
+        help="augment the training images (rotation, shifts, shear, zoom; training only)",
+    )
     return p
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
 from components.train.config import TrainConfig, to_argv
+from components.train.preflight import check_model_before_launch
 
 
 def launcher_args(workers: int) -> list[str]:
@@ -55,8 +56,10 @@ def run_local(
     """Run the trainer as one job of ``config.world_size`` local processes.
 
     Output is streamed line by line to `log`. On timeout the whole process group is killed and
-    TimeoutError raised. Returns horovodrun's exit code.
+    TimeoutError raised. Returns horovodrun's exit code. Raises PreflightError, starting
+    nothing, if ``config.model`` is an entry point that does not build a fitting model.
     """
+    check_model_before_launch(config.model)
     command = local_command(config.world_size, to_argv(config))
     proc = subprocess.Popen(
         command,

@@ -1,32 +1,212 @@
-"""The Keras CNN. Raw 28x28 uint8 digits in, class probabilities out (scaling is in the model)."""
+"""The trainer's models. Raw 28x28 uint8 digits in (input ``image``), class probabilities out
+(output ``probabilities``); the scaling to [0, 1] is inside the model.
+
+The ``model`` parameter picks one:
+
+- ``mnist_advanced`` (the default): the network of Horovod's ``keras_mnist_advanced.py``:
+  Conv2D 32 3x3 relu, Conv2D 64 3x3 relu, MaxPool 2x2, Dropout 0.25, Flatten, Dense 128 relu,
+  Dropout 0.5, Dense 10 softmax (1,199,882 parameters).
+- ``small``: the project's first CNN (56,714 parameters), unchanged: the same weights for the
+  same seed as before the choice existed.
+- ``package.module:function``: the user's own model. The trainer calls
+  ``function(input_shape, num_classes)``, here ``function((28, 28, 1), 10)``, which returns a
+  Keras model (``keras.Model``, e.g. a ``Sequential``) taking float32 images of
+  ``input_shape`` scaled to [0, 1] (as the Horovod example feeds them) and returning
+  ``(batch, num_classes)`` class probabilities (a softmax: the loss is
+  ``sparse_categorical_crossentropy`` on probabilities). The trainer wraps it between the
+  ``image`` input, the scaling (and the augmentation) and the ``probabilities`` output.
+
+Whatever the choice, `build_model` seeds every random generator with the run's seed first, so
+every rank builds the same initial weights. ``augment`` adds the layers of
+``components.train.augment`` after the scaling: active in ``fit``, the identity otherwise.
+"""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 from components.common import keras_env
-from components.common.defaults import IMAGE_SHAPE, NUM_CLASSES
+from components.common.defaults import AUGMENT, IMAGE_SHAPE, MODEL, MODELS, NUM_CLASSES
+from components.common.params import model_problem
+
+# What the user's function gets: one channel of 28x28, ten classes.
+INPUT_SHAPE = (*IMAGE_SHAPE, 1)
+OUTPUT_NAME = "probabilities"
 
 
-def build_model(seed: int) -> Any:
-    """A small CNN, initialised identically on every rank for a given `seed`."""
+class ModelChoiceError(ValueError):
+    """The ``model`` parameter names no model the trainer can build; the message says why."""
+
+
+def _small(keras: Any) -> list[Any]:
+    return [
+        keras.layers.Conv2D(16, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(NUM_CLASSES, activation="softmax", name=OUTPUT_NAME),
+    ]
+
+
+def _mnist_advanced(keras: Any) -> list[Any]:
+    return [
+        keras.layers.Conv2D(32, kernel_size=(3, 3), activation="relu"),
+        keras.layers.Conv2D(64, (3, 3), activation="relu"),
+        keras.layers.MaxPooling2D(pool_size=(2, 2)),
+        keras.layers.Dropout(0.25),
+        keras.layers.Flatten(),
+        keras.layers.Dense(128, activation="relu"),
+        keras.layers.Dropout(0.5),
+        keras.layers.Dense(NUM_CLASSES, activation="softmax", name=OUTPUT_NAME),
+    ]
+
+
+# Built-in model -> (the Keras model's name, its layers after the scaling). Names: MODELS.
+BUILT_IN: dict[str, tuple[str, Callable[[Any], list[Any]]]] = {
+    "mnist_advanced": ("mnist_advanced", _mnist_advanced),
+    "small": ("mnist_cnn", _small),
+}
+assert tuple(BUILT_IN) == MODELS, "defaults.MODELS names the built-in models"
+
+
+def build_model(seed: int, model: str = MODEL, augment: bool = AUGMENT) -> Any:
+    """The Keras model `model`, initialised identically on every rank for a given `seed`.
+
+    Raises ModelChoiceError when `model` is not a built-in name and its entry point does not
+    import, does not return a Keras model, or one whose input or output shape does not fit.
+    """
     keras = keras_env.keras()
     keras.utils.set_random_seed(seed)
+    front = [
+        keras.layers.Input(shape=IMAGE_SHAPE, name="image"),
+        keras.layers.Rescaling(1.0 / 255),
+        keras.layers.Reshape(INPUT_SHAPE),
+    ]
+    if model in BUILT_IN:
+        name, layers = BUILT_IN[model]
+        built = keras.Sequential([*front, *layers(keras)], name=name)
+    else:
+        built = _wrap_user_model(keras, model, front)
+    return _with_augmentation(keras, built) if augment else built
+
+
+def _with_augmentation(keras: Any, built: Any) -> Any:
+    """`built` with the augmentation layers after its scaling and reshaping (its first two
+    layers). Its layers are reused as built, so the initial weights are the same with or
+    without augmentation (the augmentation layers draw random seeds of their own, which would
+    shift the weights' draws if they were made first)."""
+    from components.train.augment import augmentation_layers
+
+    front, rest = built.layers[:2], built.layers[2:]
     return keras.Sequential(
         [
             keras.layers.Input(shape=IMAGE_SHAPE, name="image"),
-            keras.layers.Rescaling(1.0 / 255),
-            keras.layers.Reshape((*IMAGE_SHAPE, 1)),
-            keras.layers.Conv2D(16, 3, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(32, 3, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(NUM_CLASSES, activation="softmax", name="probabilities"),
+            *front,
+            *augmentation_layers(keras),
+            *rest,
         ],
-        name="mnist_cnn",
+        name=built.name,
     )
+
+
+def load_entry_point(model: str) -> Callable[..., Any]:
+    """The function ``package.module:function`` names; ModelChoiceError if it cannot be had."""
+    problem = model_problem(model)
+    if problem:
+        raise ModelChoiceError(problem)
+    module_name, function_name = model.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may fail in any way while importing
+        raise ModelChoiceError(
+            f"model {model!r}: cannot import module {module_name!r} "
+            f"({type(exc).__name__}: {exc}); is it installed or on PYTHONPATH in the trainer?"
+        ) from exc
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        found = "is not callable" if hasattr(module, function_name) else "is not defined"
+        raise ModelChoiceError(
+            f"model {model!r}: {function_name!r} {found} in module {module_name!r} "
+            f"({getattr(module, '__file__', None) or 'no file'})"
+        )
+    return function  # type: ignore[no-any-return]
+
+
+def _user_model(keras: Any, model: str) -> Any:
+    """Call the user's function as ``function((28, 28, 1), 10)``; it must give a Keras model."""
+    function = load_entry_point(model)
+    try:
+        built = function(INPUT_SHAPE, NUM_CLASSES)
+    except Exception as exc:
+        raise ModelChoiceError(
+            f"model {model!r}: calling it as {model.split(':')[1]}(input_shape={INPUT_SHAPE}, "
+            f"num_classes={NUM_CLASSES}) raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(built, keras.Model):
+        raise ModelChoiceError(
+            f"model {model!r} returned {type(built).__module__}.{type(built).__qualname__}, "
+            "not a Keras model (keras.Model, e.g. keras.Sequential)"
+        )
+    return built
+
+
+def _wrap_user_model(keras: Any, model: str, front: list[Any]) -> Any:
+    """The user's model between `front` and the ``probabilities`` output; ModelChoiceError
+    unless it takes ``(None, 28, 28, 1)`` and returns ``(None, 10)``."""
+    user = _user_model(keras, model)
+    try:
+        wrapped = keras.Sequential(
+            [*front, user, keras.layers.Activation("linear", name=OUTPUT_NAME)], name="user_model"
+        )
+    except Exception as exc:  # Keras says why the input does not fit in its own words
+        reason = next(
+            (line for line in str(exc).splitlines() if line.strip() and "encountered" not in line),
+            type(exc).__name__,
+        )  # Keras' reason, without its "Exception encountered when calling layer" wrapping
+        raise ModelChoiceError(
+            f"model {model!r} does not take the trainer's images, float32 batches of shape "
+            f"(None, {', '.join(map(str, INPUT_SHAPE))}) scaled to [0, 1]: {reason}"
+        ) from exc
+    got = wrapped.output_shape
+    if not isinstance(got, tuple) or tuple(got) != (None, NUM_CLASSES):
+        raise ModelChoiceError(
+            f"model {model!r} returns outputs of shape {got}; the trainer needs "
+            f"(None, {NUM_CLASSES}): one probability per class"
+        )
+    return wrapped
+
+
+def check_model(model: str) -> Any:
+    """Build `model` once and check that it fits the trainer; return it or raise
+    ModelChoiceError saying what does not fit.
+
+    `build_model` checks that the entry point imports, returns a Keras model, takes
+    ``(None, 28, 28, 1)`` and returns ``(None, 10)``; this also runs it once on a black and a
+    white image: its rows must be probabilities (non-negative, summing to 1).
+    """
+    import numpy as np
+
+    built = build_model(0, model)
+    if model in BUILT_IN:
+        return built
+    images = np.stack([np.zeros(IMAGE_SHAPE), np.full(IMAGE_SHAPE, 255.0)]).astype(np.float32)
+    rows = np.asarray(built(images, training=False))
+    if not (np.isfinite(rows).all() and (rows >= 0).all() and np.allclose(rows.sum(1), 1, 1e-3)):
+        raise ModelChoiceError(
+            f"model {model!r} returns outputs that are not class probabilities (rows of "
+            f"non-negative numbers summing to 1, e.g. {np.round(rows[0], 3).tolist()}): end it "
+            "with a softmax; the trainer's loss is sparse_categorical_crossentropy on probabilities"
+        )
+    return built
+
+
+def count_parameters(model: Any) -> int:
+    """The number of weights (trainable or not) of `model`."""
+    return int(model.count_params())
 
 
 def weights_fingerprint(model: Any) -> str:

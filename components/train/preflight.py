@@ -1,13 +1,23 @@
-"""Preflight: are we one Horovod job of the expected size, or N unrelated copies?
+"""Preflight: what must hold before any rank trains.
 
-This is the failure in the original report: an MPIJob whose N processes each ran the training
-script on its own, so every process had a world of size 1, trained its own model on all the
-data, and printed its own copy of every log line.
+- `world_size_problem` (every rank, first thing): are we one Horovod job of the expected size,
+  or N unrelated copies? This is the failure in the original report: an MPIJob whose N
+  processes each ran the training script on its own, so every process had a world of size 1,
+  trained its own model on all the data, and printed its own copy of every log line.
+- `model_problem` (the launcher, once, before ``horovodrun`` or the MPIJob starts): does the
+  ``model`` parameter name a model the trainer can build? A typo in a user's entry point is one
+  clear message instead of one traceback per rank.
 """
 
 from __future__ import annotations
 
+from components.common.defaults import MODELS
+
 EXIT_PREFLIGHT = 3
+
+
+class PreflightError(ValueError):
+    """A launcher's preflight failed; nothing was started."""
 
 
 def world_size_problem(world_size: int, expected_workers: int, rank: int) -> str | None:
@@ -36,3 +46,33 @@ def world_size_problem(world_size: int, expected_workers: int, rank: int) -> str
         "`python -m pipeline render-mpijob`). Nothing was trained or written."
     )
     return f"kfp-horovod preflight failed {tag}: {what} {how}"
+
+
+def model_problem(model: str) -> str | None:
+    """Why the trainer cannot train `model`, or None; checked before any rank starts.
+
+    A built-in name needs no more than its spelling (and no TensorFlow here). An entry point
+    ``package.module:function`` is imported and built once, here, as every rank would build it,
+    and checked: a Keras model, the trainer's input and output shapes, probabilities out
+    (``components.train.model.check_model``).
+    """
+    from components.common.params import model_problem as form_problem
+
+    problem = form_problem(model)
+    if problem is None and model not in MODELS:
+        from components.train.model import ModelChoiceError, check_model
+
+        try:
+            check_model(model)
+        except ModelChoiceError as exc:
+            problem = str(exc)
+    if problem is None:
+        return None
+    return f"kfp-horovod preflight failed: {problem}. No rank was started."
+
+
+def check_model_before_launch(model: str) -> None:
+    """Raise PreflightError if `model` cannot be trained (`model_problem`)."""
+    problem = model_problem(model)
+    if problem:
+        raise PreflightError(problem)

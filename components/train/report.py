@@ -22,6 +22,7 @@ def coordination_report(summary: dict[str, Any]) -> str:
         f"{summary['batch_size_per_worker']} per worker",
         f"- Learning rate: **{summary['learning_rate']:g}** = {summary['base_learning_rate']:g} x "
         f"{size} workers, warmed up over {summary['warmup_epochs']} epoch(s)",
+        *_model_lines(summary),
         f"- Epochs: {summary['epochs']}"
         + (
             f" (resumed after epoch {summary['resumed_from_epoch']})"
@@ -60,3 +61,14 @@ def coordination_report(summary: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _model_lines(summary: dict[str, Any]) -> list[str]:
+    """Which model was trained, and whether augmented (none for summaries from before the
+    model was a choice)."""
+    if "model" not in summary:
+        return []
+    size = summary.get("model_parameters")
+    parameters = f" ({size:,} parameters)" if size is not None else ""
+    augment = "on (training only)" if summary.get("augment") else "off"
+    return [f"- Model: **{summary['model']}**{parameters}, augmentation {augment}"]

@@ -20,6 +20,7 @@ from components.common import storage
 from components.common.params import check_parameters
 from components.train.config import TrainConfig
 from components.train.launch import run_local
+from components.train.preflight import check_model_before_launch
 from components.train.report import coordination_report
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -80,6 +81,7 @@ def train_on_mpijob(
     namespace = namespace or current_namespace()
     if not namespace:
         raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")
+    check_model_before_launch(config.model)  # this pod runs the trainer's image, as the ranks do
     params = MPIJobParams(train=config, owner_pod_name=os.environ.get("HOSTNAME") or None, **pods)
     return run_mpijob(params, namespace=namespace, log=log)
 
@@ -110,6 +112,14 @@ def run_train_task(
     _write(summary_path, json.dumps(summary, indent=2, sort_keys=True))
     _write(report_path, coordination_report(summary))
     return summary
+
+
+def artifact_metadata(summary: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The metadata of the Model and the run_summary artifacts, from the run summary."""
+    model_keys = ("model", "augment", "world_size", "saved_model_sha256", "final_metrics")
+    model = {"framework": "tensorflow-savedmodel", **{k: summary[k] for k in model_keys}}
+    run = {k: summary[k] for k in ("world_size", "weights_identical_across_ranks")}
+    return model, run
 
 
 def _write(path: str, text: str) -> None:

@@ -5,9 +5,11 @@ What each rank does, in order:
 1. ``hvd.init()`` and the preflight: the world size must equal ``--expected-workers``.
 2. Pin itself to one GPU by local rank (if any) and set its CPU thread count.
 3. Read only its own disjoint shard of the training split (all ranks agree on any error).
-4. Train with ``hvd.DistributedOptimizer`` (gradients averaged every step), the learning rate
-   scaled by world size with warmup, state broadcast from rank 0 and metrics averaged
-   (Horovod's own callbacks). Rank 0 alone prints progress and writes one checkpoint per epoch.
+4. Build the chosen model (``--model``: the same initial weights on every rank, from the
+   seed) and train it with ``hvd.DistributedOptimizer`` (gradients averaged every step), the
+   learning rate scaled by world size with warmup, state broadcast from rank 0 and metrics
+   averaged (Horovod's own callbacks). Rank 0 alone prints progress and writes one checkpoint
+   per epoch.
 5. Gather what every rank did; rank 0 exports the single SavedModel and ``run_summary.json``.
 """
 
@@ -32,7 +34,12 @@ from components.common import dataset, keras_env, storage
 from components.train import checkpoints
 from components.train.config import TrainConfig
 from components.train.cpus import default_threads
-from components.train.model import build_model, weights_fingerprint
+from components.train.model import (
+    ModelChoiceError,
+    build_model,
+    count_parameters,
+    weights_fingerprint,
+)
 from components.train.preflight import EXIT_PREFLIGHT, world_size_problem
 from components.train.sharding import batch_bounds, epoch_permutation, shard_range, steps_per_epoch
 
@@ -319,7 +326,18 @@ def _build_or_resume(job: _Job) -> _Trainee:
     config, tf = job.config, job.tf
     resume = checkpoints.latest(config.checkpoint_uri) if job.rank == 0 else None
     resume = broadcast_object(resume, root_rank=0)
-    model = build_model(config.seed)
+    problem = resume.model_problem(config.model, config.checkpoint_uri) if resume else None
+    if problem:  # every rank has the same marker: every rank stops here
+        raise JobError(problem)
+    try:
+        model = build_model(config.seed, config.model, config.augment)
+    except ModelChoiceError as exc:  # every rank builds the same: every rank stops here
+        raise JobError(str(exc)) from exc
+    augmentation = "on (training only)" if config.augment else "off"
+    job.log.info(
+        "model %s: %s parameters; augmentation %s",
+        config.model, f"{count_parameters(model):,}", augmentation,
+    )  # fmt: skip
     keras = keras_env.keras()
     optimizer = job.hvd.DistributedOptimizer(
         keras.optimizers.legacy.Adam(learning_rate=job.scaled_lr)
@@ -350,7 +368,9 @@ def _callbacks(job: _Job, trainee: _Trainee, steps: int, stats: _EpochStats) -> 
     if job.rank == 0:
         callbacks.append(_make_progress_callback(keras, job.log, config.epochs, job.size, stats))
         callbacks.append(
-            _make_checkpoint_callback(keras, trainee.ckpt, config.checkpoint_uri, job.log)
+            _make_checkpoint_callback(
+                keras, trainee.ckpt, config.checkpoint_uri, config.model, job.log
+            )
         )
     return callbacks
 
@@ -416,6 +436,7 @@ def _gather_and_export(
         per_rank, all_ids,
     )  # fmt: skip
     summary["controller"] = controller(job.hvd)
+    summary["model_parameters"] = count_parameters(trainee.model)
     summary.update(_export(trainee.model, job.config.model_uri))
     storage.write_text(job.config.summary_uri, json.dumps(summary, indent=2, sort_keys=True))
     for line in coordination_lines(summary):
@@ -472,12 +493,12 @@ def _make_progress_callback(
 
 
 def _make_checkpoint_callback(
-    keras: Any, ckpt: Any, checkpoint_uri: str, log: logging.Logger
+    keras: Any, ckpt: Any, checkpoint_uri: str, model: str, log: logging.Logger
 ) -> Any:
     class CheckpointCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
-            checkpoints.save(ckpt, checkpoint_uri, epoch + 1, metrics)
+            checkpoints.save(ckpt, checkpoint_uri, epoch + 1, metrics, model)
             log.info("checkpoint after epoch %d written to %s", epoch + 1, checkpoint_uri)
 
     return CheckpointCallback()
@@ -507,6 +528,8 @@ def _summarise(
         "base_learning_rate": config.learning_rate,
         "learning_rate": scaled_lr,
         "warmup_epochs": config.warmup_epochs,
+        "model": config.model,
+        "augment": config.augment,
         "dataset": {
             "uri": config.data,
             "manifest_sha256": shard.manifest_sha256,
@@ -543,6 +566,8 @@ def coordination_lines(summary: dict[str, Any]) -> list[str]:
     lines = [
         f"{size} workers formed ONE job ({summary['controller']} controller) and trained ONE "
         f"model (weights identical on all ranks: {summary['weights_identical_across_ranks']}).",
+        f"model {summary['model']} ({summary['model_parameters']:,} parameters), augmentation "
+        f"{'on' if summary['augment'] else 'off'}",
     ]
     for r in summary["per_rank"]:
         lo, hi = r["sample_range"]

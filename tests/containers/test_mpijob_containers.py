@@ -51,10 +51,11 @@ def data_uri(gcs_host: str) -> str:
 
 
 def params(image: str, data_uri: str, run: str, **train: Any) -> MPIJobParams:
-    """A run of 2 epochs, batch 32; `train` sets TrainConfig fields (workers, epochs, ...)."""
+    """A run of 2 epochs, batch 32, of the small model; `train` sets TrainConfig fields
+    (workers, epochs, ...)."""
     config = TrainConfig(
         **{"data": data_uri, "output": f"gs://{new_bucket()}/{run}", "workers": 2, "epochs": 2,
-           "batch_size_per_worker": 32, **train}
+           "batch_size_per_worker": 32, "model": "small", **train}
     )  # fmt: skip
     return MPIJobParams(
         run_name=run, train=config, image=image, cpu_per_worker="1", memory_per_worker="2Gi",

@@ -27,6 +27,7 @@ def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Pat
     command = [
         sys.executable, "-m", "pipeline", "run-local", "--runner", "docker", "--root", str(root),
         "--workers", "2", "--epochs", "2", "--data-limit", "1000", "--min-accuracy", "0.5",
+        "--model", "small",
     ]  # fmt: skip
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=900)

@@ -83,3 +83,46 @@ def test_every_problem_is_named_at_once() -> None:
 def test_labels_name_parameters_as_the_caller_knows_them() -> None:
     problems = parameter_problems({"batch_size_per_worker": 0}, {"batch_size_per_worker": "--bs"})
     assert problems == ["--bs must be >= 1, got 0"]
+
+
+@pytest.mark.parametrize(
+    ("model", "valid"),
+    [
+        ("mnist_advanced", True),
+        ("small", True),
+        ("my_models:build", True),
+        ("team.models.cnn:build_v2", True),
+        ("_private.mod:_fn", True),
+        ("", False),
+        ("Small", False),  # the built-in names are exact
+        ("resnet50", False),  # neither a built-in model nor an entry point
+        ("models.cnn", False),  # no function
+        ("models.cnn:", False),
+        (":build", False),
+        ("models.cnn:build:v2", False),
+        ("models.cnn:Builder.build", False),  # one function name
+        ("my-models:build", False),  # not a Python module name
+        ("models/cnn.py:build", False),
+        ("2models:build", False),
+        (None, True),  # not set
+        (3, False),
+    ],
+)
+def test_model_is_a_built_in_name_or_an_entry_point(model: object, valid: bool) -> None:
+    problems = parameter_problems({"model": model})
+    assert (problems == []) is valid
+    if not valid:
+        assert problems == [
+            "model must be one of the built-in models mnist_advanced, small or a Python entry "
+            "point 'package.module:function' (a function (input_shape, num_classes) -> Keras "
+            f"model), got {model!r}"
+        ]
+
+
+def test_model_and_augment_problems_carry_the_callers_labels() -> None:
+    problems = parameter_problems(
+        {"model": "x", "augment": "yes"}, {"model": "--model", "augment": "--augment"}
+    )
+    assert problems[0].startswith("--model must be one of the built-in models")
+    assert problems[1] == "--augment must be true or false, got 'yes'"
+    assert parameter_problems({"augment": True}) == parameter_problems({"augment": False}) == []

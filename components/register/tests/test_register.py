@@ -60,6 +60,7 @@ def test_first_registration_has_the_serving_layout_and_metadata(
     assert meta["dataset"]["manifest_sha256"] == read_manifest(trained_model.dataset).sha256
     assert meta["dataset"]["counts"] == {"train": 400, "test": 400}
     assert meta["run_summary"] == json.loads(Path(summary).read_text())
+    assert (meta["model"], meta["augment"]) == ("small", False)  # from the run summary
     assert meta["pipeline_run_id"] == "run-1" and meta["image_refs"] == refs
     assert meta["registered_at"] == FIXED_TIME.isoformat()
     assert meta["saved_model_sha256"] == trained_model.saved_model_sha256

@@ -27,6 +27,8 @@ def random_config(rng: random.Random) -> TrainConfig:
         warmup_epochs=rng.randint(0, 10),
         threads_per_worker=rng.randint(0, 32),
         seed=rng.randint(0, 2**31),
+        model=rng.choice(["mnist_advanced", "small", "team.models:build"]),
+        augment=rng.random() < 0.5,
         model_dir=maybe(rng.choice(["gs://b/m", "/m"])),
         checkpoint_dir=maybe(rng.choice(["gs://b/c", "/c d"])),
     )
@@ -54,8 +56,20 @@ def test_flags_keep_their_user_names() -> None:
         "2", "/m", "/c",
     )  # fmt: skip
     plain = to_argv(TrainConfig(data="/d", output="/o", workers=2))
-    for optional in ("--slots-per-worker", "--threads-per-worker", "--model-dir"):
+    for optional in ("--slots-per-worker", "--threads-per-worker", "--model-dir", "--augment"):
         assert optional not in plain
+    assert plain[plain.index("--model") + 1] == "mnist_advanced"  # the default, said explicitly
+
+
+def test_model_and_augment_flags() -> None:
+    config = TrainConfig(data="/d", output="/o", workers=2, model="team.models:build", augment=True)
+    argv = to_argv(config)
+    assert argv[argv.index("--model") + 1] == "team.models:build" and "--augment" in argv
+    parsed = from_argv(["--data", "/d", "--output", "/o", "--expected-workers", "2"])
+    assert (parsed.model, parsed.augment) == ("mnist_advanced", False)
+    small = from_argv(["--data", "/d", "--output", "/o", "--expected-workers", "1", "--model",
+                       "small", "--augment"])  # fmt: skip
+    assert (small.model, small.augment) == ("small", True)
 
 
 @pytest.mark.parametrize(
@@ -72,6 +86,12 @@ def test_flags_keep_their_user_names() -> None:
             "--expected-workers 5 is not a multiple of --slots-per-worker 2",
         ),
         (["--expected-workers", "2", "--data", ""], "data is empty"),
+        (
+            ["--expected-workers", "2", "--model", "resnet"],
+            "--model must be one of the built-in models mnist_advanced, small or a Python entry "
+            "point 'package.module:function'",
+        ),
+        (["--expected-workers", "2", "--model", "a.b"], "got 'a.b'"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(
@@ -87,7 +107,8 @@ def test_bad_flags_exit_2_naming_the_flag(
     ("field", "value"),
     [("workers", 0), ("slots_per_worker", 0), ("epochs", 0), ("batch_size_per_worker", 0),
      ("learning_rate", 0.0), ("learning_rate", 10.5), ("warmup_epochs", -1),
-     ("threads_per_worker", -1), ("data", ""), ("output", "")],
+     ("threads_per_worker", -1), ("data", ""), ("output", ""), ("model", "resnet"),
+     ("model", "pkg.mod"), ("augment", "yes")],
 )  # fmt: skip
 def test_bad_fields_are_refused_by_name(field: str, value: Any) -> None:
     fields: dict[str, Any] = {"data": "/d", "output": "/o", "workers": 2, field: value}

@@ -146,6 +146,8 @@ def test_trainer_reads_and_writes_gcs_directly() -> None:
         warmup_epochs=2,
         threads_per_worker=3,
         seed=5,
+        model="team.models:build",
+        augment=True,
         stall_shutdown_seconds=99,
     )
     cmd = launcher_command(p)
@@ -160,12 +162,15 @@ def test_trainer_reads_and_writes_gcs_directly() -> None:
     assert (flag("--epochs"), flag("--batch-size"), flag("--seed")) == ("7", "32", "5")
     assert float(flag("--learning-rate")) == 0.01
     assert (flag("--warmup-epochs"), flag("--threads-per-worker")) == ("2", "3")
+    assert flag("--model") == "team.models:build" and "--augment" in trainer
     assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=99" in cmd
     assert p.train.model_uri == "gs://bkt/models/m1"
     # without --model-dir the trainer's default applies, and no --model-dir flag is passed
     plain = params()
     assert "--model-dir" not in launcher_command(plain)
     assert "--threads-per-worker" not in launcher_command(plain)
+    assert "--augment" not in launcher_command(plain)
+    assert "--model mnist_advanced" in " ".join(launcher_command(plain))  # the default, explicit
     assert plain.train.model_uri == "gs://bkt/runs/nightly/model"
 
 

@@ -80,10 +80,21 @@ def test_render_defaults_use_placeholder_bucket_and_image_options() -> None:
 
 
 def test_render_bad_input_is_a_usage_error_naming_the_parameter() -> None:
-    code, out = render("--workers", "0", "--data", "/local/data")
+    code, out = render("--workers", "0", "--data", "/local/data", "--model", "resnet")
     assert code == 2
     assert "workers must be >= 1, got 0" in out
     assert "data must be a gs:// URI" in out
+    assert "model must be one of the built-in models mnist_advanced, small" in out
+
+
+def test_render_passes_model_and_augment_to_the_trainer() -> None:
+    code, out = render("--model", "small", "--augment")
+    assert code == 0, out
+    launcher = yaml.safe_load(out)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"][
+        "containers"
+    ][0]
+    command = launcher["command"]
+    assert command[command.index("--model") + 1] == "small" and "--augment" in command
 
 
 def test_module_entry_point_prints_yaml() -> None:

@@ -40,6 +40,7 @@ def _summary(world_size: int = 3, same: bool = True) -> dict[str, Any]:
         ],
         "final_metrics": {"accuracy": 0.9, "loss": 0.3},
         "model_uri": "gs://b/run/train/model", "saved_model_sha256": "ef" * 32,
+        "model": "mnist_advanced", "augment": True, "model_parameters": 1199882,
     }  # fmt: skip
 
 
@@ -120,6 +121,60 @@ def test_report_answers_one_model_or_n() -> None:
     assert "| 2 | w-0 | CPU | 1 | [600, 900) | 300 | 10 | 100.0 |" in text
     assert "identical on all 3 ranks" in text
     assert "**1 model, exported by rank 0, at `gs://b/run/train/model`**" in text
+    assert "- Model: **mnist_advanced** (1,199,882 parameters), augmentation on" in text
+    older = {k: v for k, v in _summary().items() if k not in ("model", "model_parameters")}
+    assert "Model:" not in coordination_report(older)  # a summary from before the choice
+
+
+BAD_ENTRY_POINT = "components.train.tests.user_model:five_classes"
+
+
+def test_local_launcher_checks_the_model_before_starting_horovodrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from components.train import launch
+    from components.train.preflight import PreflightError
+
+    def no_horovodrun(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("horovodrun must not start")
+
+    monkeypatch.setattr(launch, "local_command", no_horovodrun)
+    config = TrainConfig(data="/d", output=str(tmp_path), workers=3, model=BAD_ENTRY_POINT)
+    with pytest.raises(PreflightError) as info:
+        launch.run_local(config)
+    assert str(info.value) == (
+        f"kfp-horovod preflight failed: model '{BAD_ENTRY_POINT}' returns outputs of shape "
+        "(None, 5); the trainer needs (None, 10): one probability per class. No rank was started."
+    )
+
+
+def test_mpijob_launcher_checks_the_model_before_creating_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from components.train.mpijob import lifecycle
+    from components.train.preflight import PreflightError
+
+    def no_job(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("no MPIJob may be created")
+
+    monkeypatch.setattr(lifecycle, "run_mpijob", no_job)
+    with pytest.raises(PreflightError, match="returns outputs of shape"):
+        run_train_task(
+            _config(model=BAD_ENTRY_POINT), "mpijob", dataset_path="/gcs/b/data",
+            model_path="/gcs/b/run/train/model",
+            outputs=(str(tmp_path / "summary"), str(tmp_path / "report")),
+            pods={"image": "reg/trainer:9", "run_name": "train"}, namespace="team-a",
+        )  # fmt: skip
+
+
+def test_artifact_metadata_says_which_model_was_trained() -> None:
+    model, run = task.artifact_metadata({**_summary(), "weights_identical_across_ranks": True})
+    assert model == {
+        "framework": "tensorflow-savedmodel", "model": "mnist_advanced", "augment": True,
+        "world_size": 3, "saved_model_sha256": "ef" * 32,
+        "final_metrics": {"accuracy": 0.9, "loss": 0.3},
+    }  # fmt: skip
+    assert run == {"world_size": 3, "weights_identical_across_ranks": True}
 
 
 def test_report_flags_diverged_ranks() -> None:

@@ -1,6 +1,10 @@
 """A real 3-rank ``horovodrun`` job on 1,000 real MNIST digits, and what it must show.
 
 No mocks: three processes, Gloo, Keras. One job runs per module; each test checks one claim.
+The job trains a user's model (``--model package.module:function``, a CNN about a quarter the
+size of ``small``) with ``--augment``: the claims hold for any model, and this one job also
+shows an entry point and the augmentation training across ranks and exporting a model that
+serves without them.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pytest
 pytestmark = pytest.mark.horovod
 
 WORKERS = 3
+USER_MODEL = "components.train.tests.user_model:build"
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +30,7 @@ def job(mnist_1000: str, tmp_path_factory: pytest.TempPathFactory, run_job: Any)
     args = [
         "--data", mnist_1000, "--output", str(output), "--expected-workers", str(WORKERS),
         "--epochs", "2", "--batch-size", "32", "--threads-per-worker", "1",
+        "--model", USER_MODEL, "--augment",
     ]  # fmt: skip
     proc = run_job(WORKERS, args, audit=(audit, output))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -68,6 +74,7 @@ def test_only_rank_0_prints_progress(job: dict[str, Any]) -> None:
         assert f"[{rank}]<stdout>:" not in out
     assert "3 workers formed ONE job (gloo controller) and trained ONE model" in out
     assert "1 model, exported by rank 0" in out
+    assert f"[rank 0/3] model {USER_MODEL}: 13,610 parameters; augmentation on" in out
 
 
 def test_exactly_one_model_directory(job: dict[str, Any]) -> None:
@@ -84,6 +91,7 @@ def test_summary_answers_one_model_or_n(job: dict[str, Any]) -> None:
     assert s["global_batch_size"] == 96
     assert s["learning_rate"] == pytest.approx(3 * s["base_learning_rate"])
     assert set(s["final_metrics"]) == {"loss", "accuracy"}
+    assert (s["model"], s["augment"], s["model_parameters"]) == (USER_MODEL, True, 13_610)
     assert all(r["examples_per_second"] > 0 for r in s["per_rank"])
     import hashlib
 
@@ -107,7 +115,9 @@ served = sig(image=tf.constant(x[:5], tf.float32))["probabilities"].numpy()
 print(json.dumps({{"shape": list(p.shape), "acc": float((p.argmax(1) == y[:200]).mean()),
                   "served_matches": bool(np.allclose(served, p[:5], atol=1e-5)),
                   "fp": weights_fingerprint(model),
-                  "horovod": "horovod" in __import__("sys").modules}}))
+                  "horovod": "horovod" in __import__("sys").modules,
+                  "user_module": {USER_MODEL.split(":")[0]!r} in __import__("sys").modules,
+                  "augment": "components.train.augment" in __import__("sys").modules}}))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
@@ -115,5 +125,7 @@ print(json.dumps({{"shape": list(p.shape), "acc": float((p.argmax(1) == y[:200])
     assert result["shape"] == [200, 10]
     assert result["served_matches"] is True  # serving_default: image [n, 28, 28] -> probabilities
     assert result["horovod"] is False  # the model needs no Horovod to load
+    assert result["user_module"] is False  # nor the user's module: the SavedModel holds it
+    assert result["augment"] is False  # nor the augmentation's code (RandomShear)
     assert result["acc"] > 0.5  # 2 short epochs on 1,000 digits: well above chance (0.1)
     assert result["fp"] == job["summary"]["per_rank"][0]["weights_sha256"]  # the trained weights

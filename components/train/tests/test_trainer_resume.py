@@ -36,6 +36,7 @@ def test_killed_run_resumes_at_the_next_epoch(
     args = [
         "--data", mnist_1000, "--output", str(tmp_path / "out"), "--expected-workers", "2",
         "--epochs", str(epochs), "--batch-size", "16", "--threads-per-worker", "1",
+        "--model", "small",
     ]  # fmt: skip
     marker = tmp_path / "out" / "checkpoints" / "latest.json"
     first = subprocess.Popen(

@@ -1,0 +1,106 @@
+"""The ``augment`` option: Horovod's keras_mnist_advanced.py augmentation as Keras layers.
+
+The example feeds its training batches through ``ImageDataGenerator(rotation_range=8,
+width_shift_range=0.08, height_shift_range=0.08, shear_range=0.3, zoom_range=0.08)``. Here
+the same ranges are layers inside the model, between the scaling and the first layer of the
+model proper, so they run where the model runs and Horovod sees nothing new:
+
+=====================  ==========================================================
+ImageDataGenerator     layer
+=====================  ==========================================================
+rotation_range=8       ``RandomRotation(8 / 360)``: +-8 degrees
+width/height_shift     ``RandomTranslation(0.08, 0.08)``: +-8% of each side
+shear_range=0.3        `RandomShear` (below): +-0.3 *degrees*, as the generator reads
+                       ``shear_range`` (an angle in degrees; tan 0.3 deg = 0.005)
+zoom_range=0.08        ``RandomZoom(0.08, 0.08)``: height and width each x[0.92, 1.08]
+=====================  ==========================================================
+
+Every layer fills with the nearest pixel (the generator's ``fill_mode='nearest'``) and
+interpolates bilinearly (its ``order=1``). One difference: the generator resamples once with
+the combined transform, the layers resample once each. Keras has no RandomShear in tf-keras
+2.18, hence the small layer here.
+
+Keras' preprocessing layers are active in training only: ``fit`` augments (it calls the
+model with ``training=True``); ``predict``, ``evaluate`` and the exported SavedModel's
+``serving_default`` (``training=False``) pass the images through unchanged. `RandomShear`
+follows the same rule. The layers have no weights: `components.train.model.build_model` adds
+them without changing the initial weights, which stay identical on every rank. Their random
+draws follow the seed the trainer sets before building the model, so a run's augmentation is
+reproducible; each rank augments the samples of its own shard.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+ROTATION_DEGREES = 8.0
+SHIFT_FRACTION = 0.08
+SHEAR_DEGREES = 0.3
+ZOOM_FRACTION = 0.08
+FILL_MODE = "nearest"
+
+
+def augmentation_layers(keras: Any) -> list[Any]:
+    """The augmentation, as layers on ``(28, 28, 1)`` float images (identity at inference)."""
+    return [
+        keras.layers.RandomRotation(ROTATION_DEGREES / 360, fill_mode=FILL_MODE, name="rotate"),
+        keras.layers.RandomTranslation(
+            SHIFT_FRACTION, SHIFT_FRACTION, fill_mode=FILL_MODE, name="shift"
+        ),
+        random_shear_class(keras)(SHEAR_DEGREES, name="shear"),
+        keras.layers.RandomZoom(ZOOM_FRACTION, ZOOM_FRACTION, fill_mode=FILL_MODE, name="zoom"),
+    ]
+
+
+@functools.cache
+def random_shear_class(keras: Any) -> type:
+    """The `RandomShear` layer class (made once Keras is selected: see keras_env)."""
+    import tensorflow as tf
+
+    class RandomShear(keras.layers.Layer):  # type: ignore[misc, name-defined]
+        """Shear images by a random angle in ``[-degrees, degrees]``, one per image, as
+        ImageDataGenerator's ``shear_range`` does (`shear_transforms`). Like Keras' own
+        augmentation layers, it acts unless called with ``training=False`` (``predict``,
+        ``evaluate`` and the SavedModel's signature call it so)."""
+
+        def __init__(self, degrees: float, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.degrees = float(degrees)
+
+        def call(self, images: Any, training: Any = True) -> Any:
+            if not training or not self.degrees:
+                return images
+            batch = tf.shape(images)[0]
+            limit = math.radians(self.degrees)
+            angles = tf.random.uniform([batch], -limit, limit)
+            sheared = tf.raw_ops.ImageProjectiveTransformV3(
+                images=images,
+                transforms=shear_transforms(tf, angles, tf.shape(images)[1]),
+                output_shape=tf.shape(images)[1:3],
+                fill_value=0.0,
+                interpolation="BILINEAR",
+                fill_mode=FILL_MODE.upper(),
+            )
+            sheared.set_shape(images.shape)
+            return sheared
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "degrees": self.degrees}
+
+    return RandomShear
+
+
+def shear_transforms(tf: Any, angles: Any, height: Any) -> Any:
+    """One projective transform per angle, ``[a0, a1, a2, b0, b1, b2, 0, 0]``: each output pixel
+    ``(x, y)`` samples the input at ``(a0 x + a1 y + a2, b0 x + b1 y + b2)``.
+
+    ImageDataGenerator's shear matrix in x/y axes, ``[[1, -sin a], [0, cos a]]`` about the
+    centre: ``x' = x - sin(a) (y - c)`` and ``y' = cos(a) (y - c) + c``, ``c = (height - 1) / 2``.
+    """
+    centre = (tf.cast(height, tf.float32) - 1.0) / 2.0
+    cos, sin = tf.cos(angles), tf.sin(angles)
+    zeros, ones = tf.zeros_like(angles), tf.ones_like(angles)
+    columns = [ones, -sin, sin * centre, zeros, cos, centre - cos * centre, zeros, zeros]
+    return tf.stack(columns, axis=1)

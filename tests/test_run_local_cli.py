@@ -1,0 +1,87 @@
+"""``make run MODEL=… AUGMENT=1`` -> ``python -m pipeline run-local --model … --augment`` -> the
+pipeline's ``model`` and ``augment`` parameters; a bad model stops before any step runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline import local_run
+from pipeline.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _make_run_command(tmp_path: Path, *variables: str) -> str:
+    """The command ``make run VARIABLES`` would run (``make -n``, the install already done)."""
+    stamp = tmp_path / "installed"
+    stamp.touch()  # newer than the lock: `install` has nothing to do
+    proc = subprocess.run(
+        ["make", "-n", "-s", "run", f"STAMP={stamp}", f"PYTHON={sys.executable}", "PY=python",
+         *variables],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return " ".join(proc.stdout.replace("\\\n", " ").split())
+
+
+def test_make_run_passes_model_and_augment(tmp_path: Path) -> None:
+    assert _make_run_command(tmp_path, "MODEL=small", "AUGMENT=1", "EPOCHS=3") == (
+        "python -m pipeline run-local --workers 2 --epochs 3 --model small --augment"
+    )
+    assert _make_run_command(tmp_path) == (
+        "python -m pipeline run-local --workers 2 --epochs 8 --model mnist_advanced --no-augment"
+    )
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What run-local hands to the pipeline (the run itself replaced: nothing is started)."""
+    seen: dict[str, Any] = {}
+
+    def fake_run(root: str, docker_images: Any = None, **params: Any) -> Any:
+        seen.update(params)
+        raise ValueError("stopped by the test")
+
+    monkeypatch.setattr(local_run, "run_pipeline_locally", fake_run)
+    return seen
+
+
+def test_run_local_passes_model_and_augment_as_pipeline_parameters(
+    captured: dict[str, Any],
+) -> None:
+    CliRunner().invoke(cli, ["run-local", "--model", "small", "--augment"])
+    assert (captured["model"], captured["augment"]) == ("small", True)
+    captured.clear()
+    CliRunner().invoke(cli, ["run-local"])
+    assert (captured["model"], captured["augment"]) == ("mnist_advanced", False)
+
+
+def test_run_local_help_lists_the_models() -> None:
+    result = CliRunner().invoke(cli, ["run-local", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "--model TEXT mnist_advanced or small, or your own as package.module:function" in text
+    assert "--augment / --no-augment" in text
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("resnet", "model must be one of the built-in models mnist_advanced, small or a Python "
+         "entry point 'package.module:function'"),
+        ("components.train.tests.user_model:missing", "kfp-horovod preflight failed: model "
+         "'components.train.tests.user_model:missing': 'missing' is not defined in module"),
+    ],
+)  # fmt: skip
+def test_a_bad_model_stops_run_local_before_any_step(
+    model: str, message: str, tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(cli, ["run-local", "--root", str(tmp_path), "--model", model])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not (tmp_path / "pipeline-root").exists()
