@@ -19,7 +19,14 @@ threads_per_worker       threads_per_worker      ``--threads-per-worker`` (0: co
 seed                     (default)               ``--seed``
 model_dir                (model artifact)        ``--model-dir``
 checkpoint_dir           (default)               ``--checkpoint-dir``
+compression              (default)               ``--compression`` (none | fp16)
+backward_passes_per_step (default)               ``--backward-passes-per-step``
+jit_compile              (default)               ``--jit-compile`` (XLA; off unless given)
+inter_op_threads         (default)               ``--inter-op-threads`` (0: min(2, intra))
 =======================  ======================  ========================================
+
+The last four are the scaling levers of issue 10 (``bench/levers.py`` measures them); their
+defaults keep the trainer as it was until a measurement justifies changing one.
 """
 
 from __future__ import annotations
@@ -65,10 +72,14 @@ class TrainConfig:
     seed: int = SHUFFLE_SEED
     model_dir: str | None = None
     checkpoint_dir: str | None = None
+    compression: str = "none"  # gradient compression on the wire: none | fp16
+    backward_passes_per_step: int = 1  # local batches summed before each allreduce
+    jit_compile: bool = False  # XLA for the model's step
+    inter_op_threads: int = 0  # 0: min(2, intra-op threads), as before
 
     def __post_init__(self) -> None:
         problems = [f"{name} is empty" for name in ("data", "output") if not getattr(self, name)]
-        problems += parameter_problems(self.numbers())
+        problems += parameter_problems({**self.numbers(), "compression": self.compression})
         if problems:
             raise ValueError("invalid training parameters: " + "; ".join(problems))
 
@@ -83,6 +94,8 @@ class TrainConfig:
             "warmup_epochs": self.warmup_epochs,
             "threads_per_worker": self.threads_per_worker,
             "seed": self.seed,
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "inter_op_threads": self.inter_op_threads,
         }
 
     @property
@@ -126,6 +139,14 @@ def to_argv(config: TrainConfig) -> list[str]:
         args += ["--model-dir", config.model_dir]
     if config.checkpoint_dir:
         args += ["--checkpoint-dir", config.checkpoint_dir]
+    if config.compression != "none":
+        args += ["--compression", config.compression]
+    if config.backward_passes_per_step != 1:
+        args += ["--backward-passes-per-step", str(config.backward_passes_per_step)]
+    if config.jit_compile:
+        args += ["--jit-compile"]
+    if config.inter_op_threads:
+        args += ["--inter-op-threads", str(config.inter_op_threads)]
     return args
 
 
@@ -154,6 +175,12 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-epochs", type=int, default=WARMUP_EPOCHS)
     p.add_argument("--threads-per-worker", type=int, default=0, help="0: cores / local workers")
     p.add_argument("--seed", type=int, default=SHUFFLE_SEED)
+    p.add_argument("--compression", default="none", help="gradient compression: none | fp16")
+    p.add_argument(
+        "--backward-passes-per-step", type=int, default=1, help="local batches per allreduce"
+    )
+    p.add_argument("--jit-compile", action="store_true", help="compile the step with XLA")
+    p.add_argument("--inter-op-threads", type=int, default=0, help="0: min(2, intra-op threads)")
     return p
 
 

@@ -83,3 +83,16 @@ def test_every_problem_is_named_at_once() -> None:
 def test_labels_name_parameters_as_the_caller_knows_them() -> None:
     problems = parameter_problems({"batch_size_per_worker": 0}, {"batch_size_per_worker": "--bs"})
     assert problems == ["--bs must be >= 1, got 0"]
+
+
+def test_lever_rules_name_the_parameter() -> None:
+    assert parameter_problems({"compression": "fp16", "backward_passes_per_step": 2}) == []
+    assert parameter_problems({"compression": "fp8"}) == [
+        "compression must be one of none, fp16, got 'fp8'"
+    ]
+    assert parameter_problems({"backward_passes_per_step": 0}) == [
+        "backward_passes_per_step must be >= 1, got 0"
+    ]
+    assert parameter_problems({"inter_op_threads": -1}, {"inter_op_threads": "--inter-op"}) == [
+        "--inter-op must be >= 0, got -1"
+    ]

@@ -16,6 +16,9 @@ import pytest
 pytestmark = pytest.mark.horovod
 
 WORKERS = 3
+# Scaling levers that are off by default, on here: every claim below holds with them too
+# (fp16 on the wire, the XLA-compiled step, more inter-op threads).
+LEVERS = ["--compression", "fp16", "--jit-compile", "--inter-op-threads", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +28,7 @@ def job(mnist_1000: str, tmp_path_factory: pytest.TempPathFactory, run_job: Any)
     args = [
         "--data", mnist_1000, "--output", str(output), "--expected-workers", str(WORKERS),
         "--epochs", "2", "--batch-size", "32", "--threads-per-worker", "1",
+        *LEVERS,
     ]  # fmt: skip
     proc = run_job(WORKERS, args, audit=(audit, output))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -84,6 +88,10 @@ def test_summary_answers_one_model_or_n(job: dict[str, Any]) -> None:
     assert s["global_batch_size"] == 96
     assert s["learning_rate"] == pytest.approx(3 * s["base_learning_rate"])
     assert set(s["final_metrics"]) == {"loss", "accuracy"}
+    assert s["levers"] == {
+        "compression": "fp16", "backward_passes_per_step": 1, "jit_compile": True,
+        "inter_op_threads": 2,
+    }  # fmt: skip
     assert all(r["examples_per_second"] > 0 for r in s["per_rank"])
     import hashlib
 
