@@ -7,6 +7,7 @@ so that drift on a shared machine hits all of them alike, and reports medians an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -241,6 +242,49 @@ class JobResult:
         return None
 
 
+def default_model() -> str:
+    """The model the trainer trains by default (``small`` before it had a model registry)."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    return str(fields["model"].default) if "model" in fields else "small"
+
+
+def has_model_registry() -> bool:
+    """Whether this trainer can train more than its one CNN (``TrainConfig.model``)."""
+    return any(f.name == "model" for f in dataclasses.fields(TrainConfig))
+
+
+def model_fields(model: str | None) -> dict[str, Any]:
+    """The `TrainConfig` fields that select `model` (none for the trainer's default).
+
+    Before the trainer had a model registry its one CNN is ``small``; any other name is an
+    error there, not silently the wrong model.
+    """
+    if model is None:
+        return {}
+    if has_model_registry():
+        return {"model": model}
+    if model == "small":
+        return {}
+    raise ValueError(f"--model {model}: this trainer has only its one CNN ('small')")
+
+
+def build_bench_model(model: str | None, seed: int) -> Any:
+    """The Keras model `model` (None: the trainer's default) as the trainer builds it."""
+    from components.train import model as models
+
+    if not has_model_registry():
+        model_fields(model)  # refuses a name this trainer does not have
+        return models.build_model(seed)
+    return models.build_model(seed, model or default_model())  # type: ignore[call-arg]
+
+
+def add_model_option(p: Any) -> None:
+    """``--model NAME`` (default: the trainer's default model)."""
+    p.add_argument(
+        "--model", default=None, help=f"model to train (default: the trainer's, {default_model()})"
+    )
+
+
 def horovod_command(workers: int, module: str, args: list[str], pin_threads: int = 0) -> list[str]:
     """``horovodrun -np N -H localhost:N --gloo python -m MODULE ARGS`` (`launch.hvdrun_command`).
 
@@ -331,10 +375,18 @@ def run_job(
 
 
 def run_trainer(
-    workers: int, args: list[str], env: dict[str, str] | None = None, pin_threads: int = 0
+    workers: int,
+    args: list[str],
+    env: dict[str, str] | None = None,
+    pin_threads: int = 0,
+    module: str = "components.train",
 ) -> tuple[JobResult, dict[str, Any]]:
-    """Run the project's trainer as one Horovod job; return the job and its run_summary."""
-    result = run_job(horovod_command(workers, "components.train", args, pin_threads), env)
+    """Run the project's trainer (or a rank program wrapping it) as one Horovod job.
+
+    `env` is added to this process's environment. Returns the job and its run_summary.
+    """
+    job_env = {**os.environ, **env} if env else None
+    result = run_job(horovod_command(workers, module, args, pin_threads), job_env)
     output = Path(args[args.index("--output") + 1])
     return result, json.loads((output / "run_summary.json").read_text())
 
