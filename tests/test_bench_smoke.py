@@ -99,11 +99,15 @@ def test_scaling_layouts_parse() -> None:
         {"1x1": 100.0, "2x1": 180.0, "1x2": 150.0, "1x1p": 80.0, "2x1p": 120.0}
     )
     assert ratios == {
-        "efficiency_2x1": 0.9,
-        "efficiency_2x1p": 0.75,
-        "2x1_over_1x2": 1.2,
+        "efficiency": 0.9,
+        "efficiency_pinned": 0.75,
+        "ceiling_ratio": 1.2,
         "1x2_over_1x1": 1.5,
     }
+    assert scaling.derived_ratios({"1x1": 100.0, "4x1": 300.0}) == {"efficiency_4x1": 0.75}
+    assert scaling.secondary_model(None, None, quick=True) is None
+    assert scaling.secondary_model("", "x", quick=False) is None
+    assert scaling.secondary_model(None, "small", quick=False) is None
 
 
 def test_pin_gives_each_rank_its_own_cores() -> None:
@@ -134,7 +138,8 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
     )
     assert _read(out, "mwms")["ratios"]["horovod_over_mwms_throughput"] > 0
     tta = _read(out, "time_to_accuracy")
-    assert set(tta["median_wall_seconds_to_target"]) == {"one_process", "horovod_2x1", "two_copies"}
+    assert set(tta["median_wall_seconds_to_target"]) == {"1x1", "1x2", "2x1"}
+    assert set(tta["speedup_wall"]) == {"2x1_vs_1x1", "2x1_vs_1x2", "1x2_vs_1x1"}
     assert tta["sampling_runs"]["random_2019"][0]["coverage"]["disjoint"] is False
     assert tta["sampling_runs"]["disjoint_shards"][0]["coverage"]["disjoint"] is True
     pipe = _read(out, "pipeline_overhead")["medians"]["e2e"]
@@ -142,4 +147,5 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
     assert 0 < pipe["training_seconds"] < pipe["train_task_seconds"] < pipe["total_seconds"]
     assert 0 < pipe["not_training_share"] < 1
     write_report(out)
-    assert "Time to" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "Time to" in summary and "| Target | Required | Measured | Verdict |" in summary
