@@ -4,8 +4,9 @@
    to 64 MB: ``busbw = bytes / time x 2 (n - 1) / n`` (the nccl-tests convention: what each
    link carries), against a plain memory copy of 64 MB (``numpy.copyto``, bytes / time), the
    physical ceiling here.
-2. The gradients of the project's model in bytes, allreduced the way DistributedOptimizer
-   does (one fused grouped allreduce), against the step time of a 2 x 1 training run.
+2. The gradients of the model (the trainer's default, or ``--model``) in bytes, allreduced
+   the way DistributedOptimizer does (one fused grouped allreduce), against the step time of
+   a 2 x 1 training run of that model.
 3. The Horovod timeline (``HOROVOD_TIMELINE``) of a real 2 x 1 training run: time per step in
    the Gloo allreduce itself and time spent waiting for the other rank (negotiation).
 """
@@ -23,11 +24,15 @@ from typing import Any
 import numpy as np
 
 from bench.common import (
+    add_model_option,
     base_parser,
     bench_dataset,
+    build_bench_model,
+    default_model,
     horovod_command,
     machine_state,
     median,
+    model_fields,
     ratio,
     run_job,
     run_trainer,
@@ -59,15 +64,13 @@ def _time_allreduce(hvd: Any, tensors: list[Any], iterations: int) -> float:
     return float(np.median(times))
 
 
-def rank_program(sizes: list[int], result: Path) -> None:
+def rank_program(sizes: list[int], result: Path, model_name: str | None = None) -> None:
     """Run under horovodrun: time allreduce per size and for the model's gradients."""
     from components.common import keras_env
 
     keras_env.keras()  # Keras 2 first: importing horovod.tensorflow binds tf.keras (issue 12)
     import horovod.tensorflow as hvd
     import tensorflow as tf
-
-    from components.train.model import build_model
 
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -86,7 +89,7 @@ def rank_program(sizes: list[int], result: Path) -> None:
                 "iterations": iterations,
             }
         )
-    model = build_model(SHUFFLE_SEED)
+    model = build_bench_model(model_name, SHUFFLE_SEED)
     grads = [tf.ones_like(w) for w in model.trainable_weights]
     grad_bytes = int(sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights))
     grad_seconds = _time_allreduce(hvd, grads, 200)
@@ -142,16 +145,18 @@ def timeline_profile(path: Path) -> dict[str, float]:
 
 
 def run(
-    sizes: list[int], train_samples: int, epochs: int, work: Path, timeline: bool = True
+    sizes: list[int],
+    train_samples: int,
+    epochs: int,
+    work: Path,
+    timeline: bool = True,
+    model: str | None = None,
 ) -> dict[str, Any]:
     """All three measurements (the third only if `timeline`)."""
     machine_before = machine_state()
     raw = work / "allreduce-rank0.json"
-    run_job(
-        horovod_command(
-            WORKERS, "bench.allreduce", ["rank", "--sizes", ",".join(map(str, sizes)), str(raw)]
-        )
-    )
+    rank_args = ["rank", "--sizes", ",".join(map(str, sizes)), str(raw)]
+    run_job(horovod_command(WORKERS, "bench.allreduce", rank_args + model_option(model)))
     measured = json.loads(raw.read_text())
     copy_gb_s = memcpy_bandwidth()
     for row in measured["sizes"]:
@@ -160,6 +165,7 @@ def run(
     grads = measured["gradients"]
     result: dict[str, Any] = {
         "settings": {
+            "model": model or default_model(),
             "workers": WORKERS,
             "transport": "Gloo over loopback (horovodrun --gloo -H localhost:2)",
             "sizes_bytes": sizes,
@@ -174,12 +180,21 @@ def run(
         "gradients": grads,
     }
     if timeline:
-        result.update(timeline_run(work, train_samples, epochs, grads["allreduce_seconds"]))
+        result.update(timeline_run(work, train_samples, epochs, grads["allreduce_seconds"], model))
     return result
 
 
+def model_option(model: str | None) -> list[str]:
+    """``--model NAME`` for a rank program, or nothing for the trainer's default."""
+    return ["--model", model] if model else []
+
+
 def timeline_run(
-    work: Path, train_samples: int, epochs: int, grad_allreduce_seconds: float
+    work: Path,
+    train_samples: int,
+    epochs: int,
+    grad_allreduce_seconds: float,
+    model: str | None = None,
 ) -> dict[str, Any]:
     """A 2 x 1 training run with HOROVOD_TIMELINE: step time and communication's share."""
     data = bench_dataset(work, train_samples)
@@ -187,7 +202,7 @@ def timeline_run(
     output = work / "timeline-run"
     _, summary = run_trainer(
         WORKERS,
-        trainer_args(data, output, WORKERS, epochs, threads=1),
+        trainer_args(data, output, WORKERS, epochs, threads=1, **model_fields(model)),
         env={"HOROVOD_TIMELINE": str(timeline)},
     )
     rate = min(r["examples_per_second"] for r in summary["per_rank"])
@@ -217,18 +232,21 @@ def main(argv: list[str] | None = None) -> int:
         r = argparse.ArgumentParser(prog="python -m bench.allreduce rank")
         r.add_argument("--sizes", required=True)
         r.add_argument("result", type=Path)
+        r.add_argument("--model", default=None)
         a = r.parse_args(argv[1:])
-        rank_program([int(s) for s in a.sizes.split(",")], a.result)
+        rank_program([int(s) for s in a.sizes.split(",")], a.result, a.model)
         return 0
     p = base_parser(__doc__ or NAME)
     p.add_argument("--train-samples", type=int, default=20000)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--no-timeline", action="store_true", help="skip the profiled training run")
+    add_model_option(p)
     a = p.parse_args(argv)
     sizes = SIZES
     if a.quick:
         sizes, a.train_samples, a.epochs = QUICK_SIZES, 600, 1
-    result = run(sizes, a.train_samples, a.epochs, scratch(a.work, NAME), not a.no_timeline)
+    work = scratch(a.work, NAME)
+    result = run(sizes, a.train_samples, a.epochs, work, not a.no_timeline, a.model)
     write_result(NAME, result, a.out)
     print(result["peak_busbw_over_memcpy"], result["gradients"], result.get("timeline"))
     return 0

@@ -17,8 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import BENCH_MODEL
-
 
 @dataclass
 class EpochMark:
@@ -78,16 +76,17 @@ class CheckpointWatcher:
 
 
 def score_checkpoints(
-    marks: list[EpochMark], data: str, seed: int = 42
+    marks: list[EpochMark], data: str, seed: int = 42, model_name: str | None = None
 ) -> list[tuple[int, float, float]]:
-    """``(epoch, wall_time, test_accuracy)`` for every copied checkpoint."""
+    """``(epoch, wall_time, test_accuracy)`` for every copied checkpoint of `model_name`
+    (None: the trainer's default model)."""
     import tensorflow as tf
 
+    from bench.common import build_bench_model
     from components.common import dataset
-    from components.train.model import build_model
 
     images, labels = dataset.load_split(data, "test")
-    model = build_model(seed, BENCH_MODEL)
+    model = build_bench_model(model_name, seed)
     scored = []
     for mark in marks:
         tf.train.Checkpoint(model=model).read(str(mark.copy / "ckpt")).expect_partial()

@@ -22,14 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from components.common.defaults import SPLIT_SEED
+from components.common.defaults import MODEL, SPLIT_SEED
 from components.data_prep.prep import prepare
 from components.train.config import TrainConfig, to_argv
 from components.train.launch import hvdrun_command, job_environment
 
-# The model every benchmark trains: ``small``, the one bench/results were measured with (the
-# default, mnist_advanced, is about 17x the compute per example; see bench/README.md).
-BENCH_MODEL = "small"
 RESULTS_DIR = Path(__file__).with_name("results")
 SCHEMA = "kfp-horovod/bench/v1"
 
@@ -244,6 +241,30 @@ class JobResult:
         return None
 
 
+def default_model() -> str:
+    """The model the trainer trains by default (`TrainConfig.model`)."""
+    return MODEL
+
+
+def model_fields(model: str | None) -> dict[str, Any]:
+    """The `TrainConfig` fields that select `model` (none for the trainer's default)."""
+    return {} if model is None else {"model": model}
+
+
+def build_bench_model(model: str | None, seed: int) -> Any:
+    """The Keras model `model` (None: the trainer's default) as the trainer builds it."""
+    from components.train.model import build_model
+
+    return build_model(seed, model or MODEL)
+
+
+def add_model_option(p: Any) -> None:
+    """``--model NAME`` (default: the trainer's default model)."""
+    p.add_argument(
+        "--model", default=None, help=f"model to train (default: the trainer's, {default_model()})"
+    )
+
+
 def horovod_command(workers: int, module: str, args: list[str], pin_threads: int = 0) -> list[str]:
     """``horovodrun -np N -H localhost:N --gloo python -m MODULE ARGS`` (`launch.hvdrun_command`).
 
@@ -267,9 +288,8 @@ def trainer_args(
     """Arguments of ``python -m components.train`` for a benchmark run (in a fresh `output`).
 
     The trainer's own defaults apply (batch size, seed, ...) unless `fields` of `TrainConfig`
-    override them; the model is `BENCH_MODEL` unless `fields` name another.
+    override them (the model included: the trainer's default unless `fields` name another).
     """
-    fields.setdefault("model", BENCH_MODEL)
     config = TrainConfig(
         data=data,
         output=str(fresh(output)),
@@ -335,10 +355,18 @@ def run_job(
 
 
 def run_trainer(
-    workers: int, args: list[str], env: dict[str, str] | None = None, pin_threads: int = 0
+    workers: int,
+    args: list[str],
+    env: dict[str, str] | None = None,
+    pin_threads: int = 0,
+    module: str = "components.train",
 ) -> tuple[JobResult, dict[str, Any]]:
-    """Run the project's trainer as one Horovod job; return the job and its run_summary."""
-    result = run_job(horovod_command(workers, "components.train", args, pin_threads), env)
+    """Run the project's trainer (or a rank program wrapping it) as one Horovod job.
+
+    `env` is added to this process's environment. Returns the job and its run_summary.
+    """
+    job_env = {**os.environ, **env} if env else None
+    result = run_job(horovod_command(workers, module, args, pin_threads), job_env)
     output = Path(args[args.index("--output") + 1])
     return result, json.loads((output / "run_summary.json").read_text())
 

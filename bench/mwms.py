@@ -1,6 +1,7 @@
 """Horovod against the alternative users would pick: TF's MultiWorkerMirroredStrategy.
 
-Both at 2 workers x 1 thread on localhost, same model (``build_model``), same data (each
+Both at 2 workers x 1 thread on localhost, same model (the trainer's default, or ``--model``),
+same data (each
 worker reads the same disjoint shard as the trainer's rank), same per-worker batch, same
 steps per epoch and epochs, same optimizer (Adam, learning rate scaled by 2). Horovod is the
 project's trainer under ``horovodrun --gloo``; MWMS is two processes with a ``TF_CONFIG`` of
@@ -24,13 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    BENCH_MODEL,
+    add_model_option,
     base_parser,
     bench_dataset,
+    build_bench_model,
+    default_model,
     interleave,
     job_throughput,
     machine_state,
     median,
+    model_fields,
     ratio,
     run_trainer,
     scratch,
@@ -61,12 +65,32 @@ def tf_config(ports: list[int], index: int) -> str:
     return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
 
 
-def worker(data: str, epochs: int, batch_size: int, threads: int, seed: int, result: Path) -> None:
+def _epoch_timer(keras: Any, seconds: list[float]) -> Any:
+    """A callback appending each epoch's seconds to `seconds`."""
+
+    class EpochTimer(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            seconds.append(time.perf_counter() - self.t0)
+
+    return EpochTimer()
+
+
+def worker(
+    data: str,
+    epochs: int,
+    batch_size: int,
+    threads: int,
+    seed: int,
+    result: Path,
+    model_name: str | None = None,
+) -> None:
     """One MWMS worker: train the project's model on this worker's shard, write epoch times."""
     import tensorflow as tf
 
     from components.common import dataset, keras_env
-    from components.train.model import build_model
     from components.train.sharding import shard_range, steps_per_epoch
 
     keras = keras_env.keras()
@@ -88,26 +112,18 @@ def worker(data: str, epochs: int, batch_size: int, threads: int, seed: int, res
         return ds.shuffle(len(labels), seed=seed + index).repeat().batch(batch_size).prefetch(2)
 
     with strategy.scope():
-        model = build_model(seed, BENCH_MODEL)
+        model = build_bench_model(model_name, seed)
         model.compile(
             optimizer=keras.optimizers.legacy.Adam(learning_rate=0.001 * size),
             loss="sparse_categorical_crossentropy",
             metrics=["accuracy"],
         )
     seconds: list[float] = []
-
-    class EpochTimer(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            self.t0 = time.perf_counter()
-
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            seconds.append(time.perf_counter() - self.t0)
-
     history = model.fit(
         keras.utils.experimental.DatasetCreator(dataset_fn),
         epochs=epochs,
         steps_per_epoch=steps,
-        callbacks=[EpochTimer()],
+        callbacks=[_epoch_timer(keras, seconds)],
         verbose=0,
     )
     timed = seconds[1:] or seconds
@@ -124,7 +140,9 @@ def worker(data: str, epochs: int, batch_size: int, threads: int, seed: int, res
     )
 
 
-def measure_mwms(data: str, work: Path, epochs: int, round_no: int) -> dict[str, Any]:
+def measure_mwms(
+    data: str, work: Path, epochs: int, model: str | None, round_no: int
+) -> dict[str, Any]:
     """Two MWMS worker processes on localhost; job throughput = 2 x the slower worker's."""
     ports = free_ports(WORKERS)
     out = work / f"mwms-r{round_no}"
@@ -136,6 +154,7 @@ def measure_mwms(data: str, work: Path, epochs: int, round_no: int) -> dict[str,
         command = [
             sys.executable, "-m", "bench.mwms", "worker", "--data", data,
             "--epochs", str(epochs), "--result", str(out / f"worker{index}.json"),
+            *(["--model", model] if model else []),
         ]  # fmt: skip
         log = (out / f"worker{index}.log").open("w")
         procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -157,11 +176,14 @@ def measure_mwms(data: str, work: Path, epochs: int, round_no: int) -> dict[str,
     }
 
 
-def measure_horovod(data: str, work: Path, epochs: int, round_no: int) -> dict[str, Any]:
+def measure_horovod(
+    data: str, work: Path, epochs: int, model: str | None, round_no: int
+) -> dict[str, Any]:
     """The project's trainer, 2 ranks x 1 thread."""
     output = work / f"horovod-r{round_no}"
     started = time.monotonic()
-    _, summary = run_trainer(WORKERS, trainer_args(data, output, WORKERS, epochs, threads=1))
+    args = trainer_args(data, output, WORKERS, epochs, threads=1, **model_fields(model))
+    _, summary = run_trainer(WORKERS, args)
     return {
         "examples_per_second": job_throughput(summary),
         "per_worker_examples_per_second": [r["examples_per_second"] for r in summary["per_rank"]],
@@ -170,14 +192,16 @@ def measure_horovod(data: str, work: Path, epochs: int, round_no: int) -> dict[s
     }
 
 
-def run(train_samples: int, epochs: int, repeats: int, work: Path) -> dict[str, Any]:
+def run(
+    train_samples: int, epochs: int, repeats: int, work: Path, model: str | None = None
+) -> dict[str, Any]:
     """Horovod and MWMS, interleaved, `repeats` rounds."""
     data = bench_dataset(work, train_samples)
     machine_before = machine_state()
     runs = interleave(
         {
-            "horovod": lambda r: measure_horovod(data, work, epochs, r),
-            "mwms": lambda r: measure_mwms(data, work, epochs, r),
+            "horovod": lambda r: measure_horovod(data, work, epochs, model, r),
+            "mwms": lambda r: measure_mwms(data, work, epochs, model, r),
         },
         repeats,
     )
@@ -185,6 +209,7 @@ def run(train_samples: int, epochs: int, repeats: int, work: Path) -> dict[str, 
     walls = {k: median([r["wall_seconds"] for r in v]) for k, v in runs.items()}
     return {
         "settings": {
+            "model": model or default_model(),
             "workers": WORKERS,
             "threads_per_worker": 1,
             "batch_size_per_worker": BATCH_SIZE_PER_WORKER,
@@ -216,16 +241,18 @@ def main(argv: list[str] | None = None) -> int:
         w.add_argument("--threads", type=int, default=1)
         w.add_argument("--seed", type=int, default=SHUFFLE_SEED)
         w.add_argument("--result", type=Path, required=True)
+        w.add_argument("--model", default=None)
         a = w.parse_args(argv[1:])
-        worker(a.data, a.epochs, a.batch_size, a.threads, a.seed, a.result)
+        worker(a.data, a.epochs, a.batch_size, a.threads, a.seed, a.result, a.model)
         return 0
     p = base_parser(__doc__ or NAME)
     p.add_argument("--train-samples", type=int, default=20000)
     p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
+    add_model_option(p)
     a = p.parse_args(argv)
     if a.quick:
         a.train_samples, a.epochs, a.repeats = 600, 2, 1
-    result = run(a.train_samples, a.epochs, a.repeats, scratch(a.work, NAME))
+    result = run(a.train_samples, a.epochs, a.repeats, scratch(a.work, NAME), a.model)
     write_result(NAME, result, a.out)
     print(result["median_examples_per_second"], result["ratios"])
     return 0

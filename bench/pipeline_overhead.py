@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    BENCH_MODEL,
     JobResult,
     base_parser,
     interleave,
@@ -74,7 +73,7 @@ def measure(
     """One ``python -m pipeline run-local`` run, split into segments."""
     command = [
         sys.executable, "-m", "pipeline", "run-local", "--root", str(root / f"r{round_no}"),
-        "--workers", str(workers), "--epochs", str(epochs), "--model", BENCH_MODEL, *extra,
+        "--workers", str(workers), "--epochs", str(epochs), *extra,
     ]  # fmt: skip
     return segments(run_job(command, timeout_s=1200))
 

@@ -1,9 +1,15 @@
 """Horovod scaling on one machine: training throughput of the project's trainer per layout.
 
 A layout is ``NxT``: N Horovod processes with T CPU threads each. The default compares 1x1,
-2x1 (scaling efficiency ``T(2) / (2 T(1))``) and 1x2 (same cores as 2x1, one process).
+2x1 and 1x2 (same cores as 2x1, one process), and 1x1, 2x1 pinned. Two figures:
+
+- ``efficiency`` = T(2x1) / (2 T(1x1)): what a second rank buys;
+- ``ceiling_ratio`` = T(2x1) / T(1x2): Horovod's ranks against one process on the same cores.
+
 Throughput is the trainer's own figure (``run_summary.json``: examples/s from the median
-epoch time, first epoch excluded), for the whole job. On a bigger machine or a GPU node::
+epoch time, first epoch excluded), for the whole job. The trainer's default model is measured
+(``--model`` for another), and the small CNN as a secondary row (1x1, 2x1, 1x2). On a bigger
+machine or a GPU node::
 
     python -m bench.scaling --workers 1,2,4 --out bench/results
 """
@@ -16,12 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    add_model_option,
     base_parser,
     bench_dataset,
+    default_model,
     interleave,
     job_throughput,
     machine_state,
     median,
+    model_fields,
     ratio,
     run_trainer,
     scratch,
@@ -32,6 +41,9 @@ from bench.common import (
 NAME = "scaling"
 # 1x1p/2x1p: each process pinned to its own core (bench.pin), the fair "1 core per rank".
 DEFAULT_LAYOUTS = "1x1,2x1,1x2,1x1p,2x1p"
+# The secondary row: the small CNN at the layouts of the two figures.
+SECONDARY_MODEL = "small"
+SECONDARY_LAYOUTS = ("1x1", "2x1", "1x2")
 
 
 Layout = tuple[int, int, bool]
@@ -54,12 +66,19 @@ def layout_name(workers: int, threads: int, pinned: bool = False) -> str:
 
 
 def measure_layout(
-    data: str, work: Path, layout: Layout, epochs: int, batch_size: int, round_no: int
+    data: str,
+    work: Path,
+    layout: Layout,
+    epochs: int,
+    batch_size: int,
+    model: str | None,
+    round_no: int,
 ) -> dict[str, Any]:
     """One training run of the layout; its job throughput and per-rank figures."""
     workers, threads, pinned = layout
-    output = work / f"{layout_name(*layout)}-b{batch_size}-r{round_no}"
-    args = trainer_args(data, output, workers, epochs, threads, batch_size_per_worker=batch_size)
+    output = work / f"{model or 'default'}-{layout_name(*layout)}-b{batch_size}-r{round_no}"
+    fields = {"batch_size_per_worker": batch_size, **model_fields(model)}
+    args = trainer_args(data, output, workers, epochs, threads, **fields)
     job, summary = run_trainer(workers, args, pin_threads=threads if pinned else 0)
     return {
         "examples_per_second": job_throughput(summary),
@@ -77,21 +96,31 @@ def run(
     repeats: int,
     work: Path,
     batch_size: int = 64,
+    model: str | None = None,
+    secondary_model: str | None = None,
 ) -> dict[str, Any]:
-    """Measure every layout `repeats` times, interleaved; medians and ratios."""
+    """Measure every layout `repeats` times, interleaved (the secondary model's too); medians
+    and ratios."""
     data = bench_dataset(work, train_samples)
     machine_before = machine_state()
     variants = {
         layout_name(*layout): functools.partial(
-            measure_layout, data, work, layout, epochs, batch_size
+            measure_layout, data, work, layout, epochs, batch_size, model
         )
         for layout in layouts
     }
+    second = [x for x in layouts if layout_name(*x) in SECONDARY_LAYOUTS] if secondary_model else []
+    for layout in second:
+        variants[f"{secondary_model}/{layout_name(*layout)}"] = functools.partial(
+            measure_layout, data, work, layout, epochs, batch_size, secondary_model
+        )
     runs = interleave(variants, repeats)
     medians = {name: median([r["examples_per_second"] for r in rs]) for name, rs in runs.items()}
+    main = {k: v for k, v in medians.items() if "/" not in k}
     result: dict[str, Any] = {
         "settings": {
-            "layouts": list(variants),
+            "model": model or default_model(),
+            "layouts": [k for k in variants if "/" not in k],
             "train_samples": train_samples,
             "epochs": epochs,
             "repeats": repeats,
@@ -100,23 +129,33 @@ def run(
         },
         "machine_before": machine_before,
         "runs": runs,
-        "median_examples_per_second": medians,
-        "ratios": derived_ratios(medians),
+        "median_examples_per_second": main,
+        "ratios": derived_ratios(main),
     }
+    if second:
+        prefix = f"{secondary_model}/"
+        rows = {k.removeprefix(prefix): v for k, v in medians.items() if k.startswith(prefix)}
+        result["secondary"] = {
+            "model": secondary_model,
+            "median_examples_per_second": rows,
+            "ratios": derived_ratios(rows),
+        }
     return result
 
 
 def derived_ratios(medians: dict[str, float]) -> dict[str, float]:
-    """Scaling efficiency ``T(N) / (N T(1))`` per N (pinned against pinned), 2x1 over 1x2."""
+    """The two figures, ``efficiency`` = T(2x1) / (2 T(1x1)) and ``ceiling_ratio`` =
+    T(2x1) / T(1x2); ``efficiency_pinned`` (2x1p against 1x1p), ``efficiency_NxT`` for other
+    N, and ``1x2_over_1x1``."""
     out: dict[str, float] = {}
     for name, value in medians.items():
         workers, threads, pinned = parse_layout(name)
-        suffix = "p" if pinned else ""
-        base = medians.get(f"1x1{suffix}")
+        base = medians.get("1x1p" if pinned else "1x1")
         if base and threads == 1 and workers > 1:
-            out[f"efficiency_{workers}x1{suffix}"] = ratio(value, workers * base)
+            key = {"2x1": "efficiency", "2x1p": "efficiency_pinned"}.get(name, f"efficiency_{name}")
+            out[key] = ratio(value, workers * base)
     if "2x1" in medians and "1x2" in medians:
-        out["2x1_over_1x2"] = ratio(medians["2x1"], medians["1x2"])
+        out["ceiling_ratio"] = ratio(medians["2x1"], medians["1x2"])
     if "1x2" in medians and "1x1" in medians:
         out["1x2_over_1x1"] = ratio(medians["1x2"], medians["1x1"])
     return out
@@ -131,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
     p.add_argument("--batch-size", type=int, default=64, help="per worker")
     p.add_argument("--name", default=NAME, help="result file name (e.g. scaling_b256)")
+    add_model_option(p)
+    p.add_argument(
+        "--secondary-model",
+        default=None,
+        help=f"also measure this model at {','.join(SECONDARY_LAYOUTS)} ('' for none; default "
+        f"{SECONDARY_MODEL}, none with --quick)",
+    )
     a = p.parse_args(argv)
     layouts: list[Layout] = []
     if a.workers:
@@ -141,10 +187,23 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.train_samples, a.epochs, a.repeats = 600, 2, 1
     work = scratch(a.work, NAME)
-    result = run(layouts, a.train_samples, a.epochs, a.repeats, work, a.batch_size)
+    result = run(
+        layouts, a.train_samples, a.epochs, a.repeats, work, a.batch_size, a.model,
+        secondary_model(a.secondary_model, a.model, a.quick),
+    )  # fmt: skip
     write_result(a.name, result, a.out)
-    print(result["median_examples_per_second"], result["ratios"])
+    print(result["median_examples_per_second"], result["ratios"], result.get("secondary"))
     return 0
+
+
+def secondary_model(asked: str | None, model: str | None, quick: bool) -> str | None:
+    """The secondary row's model: as asked, else the small CNN unless it is the model measured
+    (or the trainer has only that one), or this is a quick run."""
+    if asked is not None:
+        return asked or None
+    if quick or (model or default_model()) == SECONDARY_MODEL:
+        return None
+    return SECONDARY_MODEL
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    BENCH_MODEL,
     base_parser,
     bench_dataset,
     fresh,
@@ -85,7 +84,7 @@ def measure(
     config = TrainConfig(
         data=data, output=str(output), workers=workers, epochs=epochs,
         batch_size_per_worker=defaults.BATCH_SIZE_PER_WORKER, threads_per_worker=1,
-        seed=defaults.SHUFFLE_SEED, model=BENCH_MODEL,
+        seed=defaults.SHUFFLE_SEED, model="small",
     )  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
     env.pop("TF_USE_LEGACY_KERAS", None)  # each tree selects its Keras itself

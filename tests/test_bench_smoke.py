@@ -1,8 +1,9 @@
 """Smoke test of the benchmarks: each runs at tiny sizes and writes valid JSON. No timings.
 
-The fast part (data prep, one scaling layout, allreduce without the profiled run, the report)
-runs in ``make test-fast``; the benchmarks that need several real jobs (MWMS, time to
-accuracy, the whole pipeline, the allreduce timeline) are marked ``horovod``.
+The fast part (data prep, one scaling layout, allreduce without the profiled run, the report,
+the levers' and the step profile's arithmetic) runs in ``make test-fast``; the benchmarks that
+need several real jobs (MWMS, time to accuracy, the whole pipeline, the allreduce timeline,
+two levers jobs and a profiled one) are marked ``horovod``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import pytest
 from bench import (
     allreduce,
     data_prep,
+    levers,
     mwms,
     pipeline_overhead,
     scaling,
     stack,
+    step_profile,
     time_to_accuracy,
 )
 from bench.common import machine_state, write_result
@@ -113,11 +116,80 @@ def test_scaling_layouts_parse() -> None:
         {"1x1": 100.0, "2x1": 180.0, "1x2": 150.0, "1x1p": 80.0, "2x1p": 120.0}
     )
     assert ratios == {
-        "efficiency_2x1": 0.9,
-        "efficiency_2x1p": 0.75,
-        "2x1_over_1x2": 1.2,
+        "efficiency": 0.9,
+        "efficiency_pinned": 0.75,
+        "ceiling_ratio": 1.2,
         "1x2_over_1x1": 1.5,
     }
+    assert scaling.derived_ratios({"1x1": 100.0, "4x1": 300.0}) == {"efficiency_4x1": 0.75}
+    assert scaling.secondary_model(None, None, quick=True) is None
+    assert scaling.secondary_model("", "x", quick=False) is None
+    assert scaling.secondary_model(None, "small", quick=False) is None
+
+
+def test_levers_figures_compare_like_with_like() -> None:
+    fp16, xla = levers.pick_levers("fp16,xla")
+    medians = {"2x1": 100.0, "1x1": 80.0, "1x2": 125.0, "2x1+fp16": 110.0}
+    medians |= {"2x1+xla": 90.0, "1x1+xla": 50.0, "1x2+xla": 90.0}
+    assert levers.figures(medians, levers.BASELINE) == {
+        "examples_per_second_2x1": 100.0, "over_baseline_2x1": 1.0, "ceiling_ratio": 0.8,
+        "efficiency": 0.625, "references": "plain 1x1, 1x2",
+    }  # fmt: skip
+    plain_refs = levers.figures(medians, fp16)
+    assert (plain_refs["ceiling_ratio"], plain_refs["efficiency"]) == (0.88, 0.688)
+    own_refs = levers.figures(medians, xla)  # XLA changes a lone process too: its own 1x1, 1x2
+    assert (own_refs["ceiling_ratio"], own_refs["efficiency"]) == (1.0, 0.9)
+    assert (own_refs["over_baseline_1x1"], own_refs["references"]) == (0.625, "with the lever")
+    with pytest.raises(ValueError, match="unknown levers"):
+        levers.pick_levers("fp16,turbo")
+    assert levers.lever_env(levers.pick_levers("thread_affinity")[0], 2)["HOROVOD_THREAD_AFFINITY"]
+
+
+def test_levers_accuracy_reports_both_and_the_verdict() -> None:
+    def rows(*acc: float) -> list[dict[str, Any]]:
+        return [{"test_accuracy": a, "seed": 42 + i} for i, a in enumerate(acc)]
+
+    table = levers.accuracy_table(
+        {"baseline": rows(0.97, 0.98, 0.99), "fp16": rows(0.98, 0.98, 0.98),
+         "xla": rows(0.96, 0.97, 0.97)},
+        tolerance=0.002,
+    )  # fmt: skip
+    assert table["baseline"]["mean"] == 0.98 and "keeps_accuracy" not in table["baseline"]
+    assert table["fp16"]["keeps_accuracy"] is True and table["fp16"]["difference_of_means"] == 0
+    assert table["xla"]["keeps_accuracy"] is False and table["xla"]["test_accuracy"][0] == 0.96
+    assert table["xla"]["seeds"] == [42, 43, 44]
+
+
+def test_step_profile_counts_overlapping_tensors_once(tmp_path: Path) -> None:
+    assert step_profile.union_length([(0, 4), (2, 6), (10, 12)], 1, 11) == 6
+    start = 1_000_000.0  # the timeline's start, unix microseconds
+    events = [
+        {"name": "process_name", "ph": "M", "args": {"start_time_since_epoch_in_micros": start}}
+    ]
+    for pid in (1, 2):  # two tensors negotiated and reduced together, twice
+        for t0 in (1000, 3000):
+            events += [
+                {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": t0, "pid": pid},
+                {"ph": "E", "ts": t0 + 400, "pid": pid},
+                {"ph": "B", "name": "ALLREDUCE", "ts": t0 + 400, "pid": pid},
+                {"ph": "E", "ts": t0 + 600, "pid": pid},
+            ]
+    path = tmp_path / "timeline.json"
+    path.write_text(json.dumps(events)[:-1] + ",")  # as Horovod leaves it: no closing bracket
+    window = {"start_unix": (start + 0) / 1e6, "end_unix": (start + 4000) / 1e6, "steps": 2}
+    per_step = step_profile.timeline_per_step(path, window)
+    assert (per_step["NEGOTIATE_ALLREDUCE"], per_step["ALLREDUCE"]) == (0.4, 0.2)
+    assert step_profile.breakdown(2.0, per_step)["outside_horovod_ms"] == 1.4
+    rank = {
+        "window": {"seconds": 0.004, "steps": 2},
+        "threads": [
+            {"tid": 1, "origin": "main", "user_seconds": 0.002, "system_seconds": 0.0},
+            {"tid": 2, "origin": "horovod", "user_seconds": 0.0, "system_seconds": 0.001},
+        ],
+    }
+    table = step_profile.thread_table(rank)
+    assert table["cpu_ms_per_step_by_origin"] == {"horovod": 0.5, "main": 1.0}
+    assert (table["step_ms"], table["cores_busy"]) == (2.0, 0.75)
 
 
 def test_pin_gives_each_rank_its_own_cores() -> None:
@@ -132,7 +204,8 @@ def test_pin_gives_each_rank_its_own_cores() -> None:
 def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) -> None:
     """The benchmarks that need several real jobs. The pipeline's segments are those of the
     session's tiny `run-local` (which test_e2e_local checks), and the allreduce sizes were
-    measured by the module's fixture: only the profiled timeline run is added here."""
+    measured by the module's fixture: only the profiled timeline run is added here. Levers: the
+    plain 2x1 job and one lever (2 jobs), and one profiled 2x1 run."""
     out, work = tmp_path / "results", tmp_path / "work"
     common = ["--quick", "--out", str(out), "--work", str(work)]
     assert mwms.main(common) == 0
@@ -146,14 +219,27 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
         pipeline_overhead.record(configs, 2, {"e2e": [segments]}, machine_state()),
         out,
     )
+    assert levers.main([*common, "--levers", "fp16", "--no-references"]) == 0  # 2 jobs
+    assert levers.main([*common, "--profile"]) == 0  # 1 job
     assert _read(out, "mwms")["ratios"]["horovod_over_mwms_throughput"] > 0
     tta = _read(out, "time_to_accuracy")
-    assert set(tta["median_wall_seconds_to_target"]) == {"one_process", "horovod_2x1", "two_copies"}
+    assert set(tta["median_wall_seconds_to_target"]) == {"1x1", "1x2", "2x1"}
+    assert set(tta["speedup_wall"]) == {"2x1_vs_1x1", "2x1_vs_1x2", "1x2_vs_1x1"}
     assert tta["sampling_runs"]["random_2019"][0]["coverage"]["disjoint"] is False
     assert tta["sampling_runs"]["disjoint_shards"][0]["coverage"]["disjoint"] is True
     pipe = _read(out, "pipeline_overhead")["medians"]["e2e"]
     assert set(pipe["task_seconds"]) >= {"prepare-data", "train", "evaluate", "register-model"}
     assert 0 < pipe["training_seconds"] < pipe["train_task_seconds"] < pipe["total_seconds"]
     assert 0 < pipe["not_training_share"] < 1
+    lv = _read(out, "levers")
+    assert set(lv["median_examples_per_second"]) == {"2x1", "2x1+fp16"}
+    assert lv["levers"]["fp16"]["over_baseline_2x1"] > 0
+    assert 0 <= lv["runs"]["2x1+fp16"][0]["test_accuracy"] <= 1
+    step = _read(out, "levers_profile")["profile"]
+    assert set(step["threads"]) == {"rank0", "rank1"}
+    assert step["threads"]["rank0"]["cpu_ms_per_step_by_origin"]["main"] > 0
+    assert step["timeline_ms_per_step"]["ALLREDUCE"] > 0
     write_report(out)
-    assert "Time to" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "Time to" in summary and "| Target | Required | Measured | Verdict |" in summary
+    assert "Levers on the 2×1 job" in summary and "Where a 2×1 step goes" in summary

@@ -15,6 +15,7 @@ from components.common.defaults import BUNDLED_SOURCE, MODELS
 
 TRAINING_BACKENDS = ("local", "mpijob")
 SOURCE_SCHEMES = ("http", "https", "gs")
+COMPRESSIONS = ("none", "fp16")  # the trainer's gradient compression (hvd.Compression.<name>)
 # Kubernetes' own quantity grammar (k8s.io/apimachinery/pkg/api/resource), as a regex.
 QUANTITY = re.compile(
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -33,7 +34,7 @@ MINIMUMS: dict[str, int] = {
     "threads_per_worker": 0, "slots_per_worker": 1, "gpus_per_worker": 0, "seed": 0,
     "shard_size": 1, "data_limit": 0, "stall_shutdown_seconds": 1,
     "ttl_seconds_after_finished": 0, "backoff_limit": 0, "active_deadline_seconds": 1,
-    "min_available": 1,
+    "min_available": 1, "backward_passes_per_step": 1, "inter_op_threads": 0,
 }  # fmt: skip
 
 
@@ -102,7 +103,7 @@ def _number_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[str
     return problems
 
 
-def _text_problems(p: Mapping[str, Any]) -> list[str]:
+def _text_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[str]:
     problems = []
     backend = p.get("training_backend")
     if backend is not None and backend not in TRAINING_BACKENDS:
@@ -119,6 +120,10 @@ def _text_problems(p: Mapping[str, Any]) -> list[str]:
             "model_name must be 1-63 lowercase letters, digits, '.', '_' or '-', "
             f"got {model_name!r}"
         )
+    compression = p.get("compression")
+    if compression is not None and compression not in COMPRESSIONS:
+        rule = label.get("compression", "compression")
+        problems.append(f"{rule} must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
     if "registry_root" in p and not p["registry_root"]:
         problems.append("registry_root is empty: give a gs:// URI or a path for the model store")
     return [problem for problem in problems if problem]
@@ -133,7 +138,9 @@ def parameter_problems(
     """
     labels = labels or {}
     return (
-        _number_problems(params, labels) + _text_problems(params) + _model_problems(params, labels)
+        _number_problems(params, labels)
+        + _text_problems(params, labels)
+        + _model_problems(params, labels)
     )
 
 
@@ -144,6 +151,12 @@ def _model_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[str]
     augment = p.get("augment")
     if augment is not None and not isinstance(augment, bool):
         problems.append(f"{label.get('augment', 'augment')} must be true or false, got {augment!r}")
+    if augment is True and p.get("jit_compile") is True:
+        problems.append(
+            f"{label.get('augment', 'augment')} cannot be combined with "
+            f"{label.get('jit_compile', 'jit_compile')}: XLA has no CPU kernel for the "
+            "augmentation's image transform (ImageProjectiveTransformV3)"
+        )
     return [problem for problem in problems if problem]
 
 

@@ -23,7 +23,14 @@ model                    model                   ``--model`` (train step input: 
 augment                  augment                 ``--augment`` (a switch; off by default)
 model_dir                (model artifact)        ``--model-dir``
 checkpoint_dir           (default)               ``--checkpoint-dir``
+compression              (default)               ``--compression`` (none | fp16)
+backward_passes_per_step (default)               ``--backward-passes-per-step``
+jit_compile              (default)               ``--jit-compile`` (XLA; off unless given)
+inter_op_threads         (default)               ``--inter-op-threads`` (0: min(2, intra))
 =======================  ======================  ========================================
+
+The last four are the scaling levers of issue 10 (``bench/levers.py`` measures them); their
+defaults keep the trainer as it was until a measurement justifies changing one.
 """
 
 from __future__ import annotations
@@ -74,11 +81,21 @@ class TrainConfig:
     augment: bool = AUGMENT
     model_dir: str | None = None
     checkpoint_dir: str | None = None
+    compression: str = "none"  # gradient compression on the wire: none | fp16
+    backward_passes_per_step: int = 1  # local batches summed before each allreduce
+    jit_compile: bool = False  # XLA for the model's step
+    inter_op_threads: int = 0  # 0: min(2, intra-op threads), as before
 
     def __post_init__(self) -> None:
         problems = [f"{name} is empty" for name in ("data", "output") if not getattr(self, name)]
         problems += parameter_problems(
-            {**self.numbers(), "model": self.model, "augment": self.augment}
+            {
+                **self.numbers(),
+                "model": self.model,
+                "augment": self.augment,
+                "compression": self.compression,
+                "jit_compile": self.jit_compile,
+            }
         )
         if problems:
             raise ValueError("invalid training parameters: " + "; ".join(problems))
@@ -94,6 +111,8 @@ class TrainConfig:
             "warmup_epochs": self.warmup_epochs,
             "threads_per_worker": self.threads_per_worker,
             "seed": self.seed,
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "inter_op_threads": self.inter_op_threads,
         }
 
     @property
@@ -140,6 +159,14 @@ def to_argv(config: TrainConfig) -> list[str]:
         args += ["--model-dir", config.model_dir]
     if config.checkpoint_dir:
         args += ["--checkpoint-dir", config.checkpoint_dir]
+    if config.compression != "none":
+        args += ["--compression", config.compression]
+    if config.backward_passes_per_step != 1:
+        args += ["--backward-passes-per-step", str(config.backward_passes_per_step)]
+    if config.jit_compile:
+        args += ["--jit-compile"]
+    if config.inter_op_threads:
+        args += ["--inter-op-threads", str(config.inter_op_threads)]
     return args
 
 
@@ -180,6 +207,12 @@ def argument_parser() -> argparse.ArgumentParser:
         default=AUGMENT,
         help="augment the training images (rotation, shifts, shear, zoom; training only)",
     )
+    p.add_argument("--compression", default="none", help="gradient compression: none | fp16")
+    p.add_argument(
+        "--backward-passes-per-step", type=int, default=1, help="local batches per allreduce"
+    )
+    p.add_argument("--jit-compile", action="store_true", help="compile the step with XLA")
+    p.add_argument("--inter-op-threads", type=int, default=0, help="0: min(2, intra-op threads)")
     return p
 
 

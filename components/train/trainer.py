@@ -69,11 +69,13 @@ def rank_logger(rank: int, size: int) -> logging.Logger:
 
 
 def configure_devices(
-    tf: Any, local_rank: int, local_size: int, threads: int | None
+    tf: Any, local_rank: int, local_size: int, threads: int | None, inter_op: int = 0
 ) -> tuple[str, int]:
-    """Pin this process to one GPU by local rank, or run on CPU; set the thread count.
+    """Pin this process to one GPU by local rank, or run on CPU; set the thread counts.
 
-    Must run before TensorFlow executes any op. Returns ``(device, threads)``.
+    Intra-op threads: `threads`, or this rank's share of the cores. Inter-op threads:
+    `inter_op`, or (0) ``min(2, intra-op threads)``. Must run before TensorFlow executes any
+    op. Returns ``(device, intra-op threads)``.
     """
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
@@ -85,7 +87,7 @@ def configure_devices(
         device = "CPU"
     n = threads or default_threads(local_size)
     tf.config.threading.set_intra_op_parallelism_threads(n)
-    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, n)))
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op or max(1, min(2, n)))
     return device, n
 
 
@@ -220,7 +222,7 @@ def run(config: TrainConfig, sampling: Sampling = DISJOINT) -> int:
         return EXIT_PREFLIGHT
 
     device, threads = configure_devices(
-        tf, hvd.local_rank(), hvd.local_size(), config.threads_per_worker
+        tf, hvd.local_rank(), hvd.local_size(), config.threads_per_worker, config.inter_op_threads
     )
     try:
         with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
@@ -339,15 +341,60 @@ def _build_or_resume(job: _Job) -> _Trainee:
         config.model, f"{count_parameters(model):,}", augmentation,
     )  # fmt: skip
     keras = keras_env.keras()
-    optimizer = job.hvd.DistributedOptimizer(
-        keras.optimizers.legacy.Adam(learning_rate=job.scaled_lr)
+    optimizer = _distributed_optimizer(
+        job, keras.optimizers.legacy.Adam(learning_rate=job.scaled_lr)
     )
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    if config.jit_compile:
+        model.train_step = _xla_train_step(model, tf, keras)
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
     if resume:
         checkpoints.restore(ckpt, config.checkpoint_uri, resume, job.workdir)
         job.log.info("resuming from checkpoint after epoch %d of %d", resume.epoch, config.epochs)
     return _Trainee(model, ckpt, resume)
+
+
+def _distributed_optimizer(job: _Job, optimizer: Any) -> Any:
+    """Horovod's DistributedOptimizer around `optimizer`, with the config's levers.
+
+    ``backward_passes_per_step`` k > 1: each rank sums k batches' gradients locally, then one
+    allreduce; the update uses their mean (``average_aggregated_gradients``), as one batch k
+    times bigger would, and the optimizer steps once per k batches.
+    """
+    config, hvd = job.config, job.hvd
+    return hvd.DistributedOptimizer(
+        optimizer,
+        compression=getattr(hvd.Compression, config.compression),
+        backward_passes_per_step=config.backward_passes_per_step,
+        average_aggregated_gradients=config.backward_passes_per_step > 1,
+    )
+
+
+def _xla_train_step(model: Any, tf: Any, keras: Any) -> Callable[[Any], Any]:
+    """Keras' train step with the forward and backward pass compiled by XLA, the allreduce not.
+
+    ``model.compile(jit_compile=True)`` would compile the whole step, and Horovod's allreduce
+    has no XLA kernel on CPU (HorovodAllreduce: "No registered OpKernel for XLA_CPU_JIT"). So
+    XLA compiles the gradients and the DistributedOptimizer reduces and applies them as in its
+    own ``minimize`` (compression and backward passes per step included).
+    """
+
+    @tf.function(jit_compile=True)
+    def forward_backward(x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any]:
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x, y, y_pred, sample_weight)
+        return y_pred, tape.gradient(loss, model.trainable_variables)
+
+    def train_step(data: Any) -> Any:
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred, grads = forward_backward(x, y, sample_weight)
+        variables = model.trainable_variables
+        reduced = model.optimizer._allreduce(grads, variables)  # what its minimize() does
+        model.optimizer.apply_gradients(list(zip(reduced, variables, strict=True)))
+        return model.compute_metrics(x, y, y_pred, sample_weight)
+
+    return train_step
 
 
 def _callbacks(job: _Job, trainee: _Trainee, steps: int, stats: _EpochStats) -> list[Any]:
@@ -547,6 +594,12 @@ def _summarise(
         "checkpoint_uri": config.checkpoint_uri,
         "models_exported": 1,
         "exported_by_rank": 0,
+        "levers": {
+            "compression": config.compression,
+            "backward_passes_per_step": config.backward_passes_per_step,
+            "jit_compile": config.jit_compile,
+            "inter_op_threads": config.inter_op_threads,
+        },
     }
 
 

@@ -126,3 +126,28 @@ def test_model_and_augment_problems_carry_the_callers_labels() -> None:
     assert problems[0].startswith("--model must be one of the built-in models")
     assert problems[1] == "--augment must be true or false, got 'yes'"
     assert parameter_problems({"augment": True}) == parameter_problems({"augment": False}) == []
+
+
+def test_lever_rules_name_the_parameter() -> None:
+    assert parameter_problems({"compression": "fp16", "backward_passes_per_step": 2}) == []
+    assert parameter_problems({"compression": "fp8"}) == [
+        "compression must be one of none, fp16, got 'fp8'"
+    ]
+    assert parameter_problems({"backward_passes_per_step": 0}) == [
+        "backward_passes_per_step must be >= 1, got 0"
+    ]
+    assert parameter_problems({"inter_op_threads": -1}, {"inter_op_threads": "--inter-op"}) == [
+        "--inter-op must be >= 0, got -1"
+    ]
+
+
+def test_augment_and_xla_are_refused_together_by_name() -> None:
+    assert parameter_problems({"augment": True, "jit_compile": False}) == []
+    assert parameter_problems({"augment": False, "jit_compile": True}) == []
+    problems = parameter_problems(
+        {"augment": True, "jit_compile": True}, {"augment": "--augment", "jit_compile": "--jit"}
+    )
+    assert problems == [
+        "--augment cannot be combined with --jit: XLA has no CPU kernel for the augmentation's "
+        "image transform (ImageProjectiveTransformV3)"
+    ]

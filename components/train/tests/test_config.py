@@ -28,9 +28,13 @@ def random_config(rng: random.Random) -> TrainConfig:
         threads_per_worker=rng.randint(0, 32),
         seed=rng.randint(0, 2**31),
         model=rng.choice(["mnist_advanced", "small", "team.models:build"]),
-        augment=rng.random() < 0.5,
+        augment=(augment := rng.random() < 0.5),
         model_dir=maybe(rng.choice(["gs://b/m", "/m"])),
         checkpoint_dir=maybe(rng.choice(["gs://b/c", "/c d"])),
+        compression=rng.choice(["none", "fp16"]),
+        backward_passes_per_step=rng.choice([1, 1, 2, 8]),
+        jit_compile=not augment and rng.random() < 0.5,  # the two are refused together
+        inter_op_threads=rng.choice([0, 0, 1, 4]),
     )
 
 
@@ -72,6 +76,23 @@ def test_model_and_augment_flags() -> None:
     assert (small.model, small.augment) == ("small", True)
 
 
+def test_levers_have_one_flag_each_and_are_off_by_default() -> None:
+    plain = TrainConfig(data="/d", output="/o", workers=2)
+    assert (plain.compression, plain.backward_passes_per_step) == ("none", 1)
+    assert (plain.jit_compile, plain.inter_op_threads) == (False, 0)
+    assert not [a for a in to_argv(plain) if a.startswith(("--comp", "--back", "--jit", "--inter"))]
+    on = TrainConfig(
+        data="/d", output="/o", workers=2, compression="fp16", backward_passes_per_step=4,
+        jit_compile=True, inter_op_threads=3,
+    )  # fmt: skip
+    argv = to_argv(on)
+    assert argv[argv.index("--compression") + 1] == "fp16"
+    assert argv[argv.index("--backward-passes-per-step") + 1] == "4"
+    assert argv[argv.index("--inter-op-threads") + 1] == "3"
+    assert "--jit-compile" in argv
+    assert from_argv(argv) == on
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -92,6 +113,22 @@ def test_model_and_augment_flags() -> None:
             "point 'package.module:function'",
         ),
         (["--expected-workers", "2", "--model", "a.b"], "got 'a.b'"),
+        (
+            ["--expected-workers", "2", "--augment", "--jit-compile"],
+            "--augment cannot be combined with --jit-compile",
+        ),
+        (
+            ["--expected-workers", "2", "--compression", "fp8"],
+            "--compression must be one of none, fp16, got 'fp8'",
+        ),
+        (
+            ["--expected-workers", "2", "--backward-passes-per-step", "0"],
+            "--backward-passes-per-step must be >= 1, got 0",
+        ),
+        (
+            ["--expected-workers", "2", "--inter-op-threads", "-1"],
+            "--inter-op-threads must be >= 0, got -1",
+        ),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(
@@ -108,7 +145,8 @@ def test_bad_flags_exit_2_naming_the_flag(
     [("workers", 0), ("slots_per_worker", 0), ("epochs", 0), ("batch_size_per_worker", 0),
      ("learning_rate", 0.0), ("learning_rate", 10.5), ("warmup_epochs", -1),
      ("threads_per_worker", -1), ("data", ""), ("output", ""), ("model", "resnet"),
-     ("model", "pkg.mod"), ("augment", "yes")],
+     ("model", "pkg.mod"), ("augment", "yes"), ("compression", "int8"),
+     ("backward_passes_per_step", 0), ("inter_op_threads", -1)],
 )  # fmt: skip
 def test_bad_fields_are_refused_by_name(field: str, value: Any) -> None:
     fields: dict[str, Any] = {"data": "/d", "output": "/o", "workers": 2, field: value}

@@ -54,6 +54,15 @@ def test_thread_override_wins() -> None:
     assert ("intra", 3) in config.calls and ("inter", 2) in config.calls
 
 
+def test_inter_op_threads_override_the_rule() -> None:
+    config = _FakeConfig([])
+    configure_devices(SimpleNamespace(config=config), 0, 2, 1, inter_op=4)
+    assert ("intra", 1) in config.calls and ("inter", 4) in config.calls
+    config = _FakeConfig([])
+    configure_devices(SimpleNamespace(config=config), 0, 2, 1)  # 0: min(2, intra), at least 1
+    assert ("inter", 1) in config.calls
+
+
 def test_default_threads_split_the_cores_among_local_ranks(tmp_path: Path) -> None:
     cores = len(os.sched_getaffinity(0))
     no_limit = tmp_path  # an empty cgroup directory: no CPU limit

@@ -2,9 +2,10 @@
 
 No mocks: three processes, Gloo, Keras. One job runs per module; each test checks one claim.
 The job trains a user's model (``--model package.module:function``, a CNN about a quarter the
-size of ``small``) with ``--augment``: the claims hold for any model, and this one job also
-shows an entry point and the augmentation training across ranks and exporting a model that
-serves without them.
+size of ``small``) with the off-by-default scaling levers on: the claims hold for any model and
+with the levers, and this one job also shows an entry point training across ranks and exporting
+a model that serves without it. (``--augment`` across ranks is in test_trainer_resume: XLA, one
+of the levers here, has no CPU kernel for its image transform.)
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ pytestmark = pytest.mark.horovod
 
 WORKERS = 3
 USER_MODEL = "components.train.tests.user_model:build"
+# Scaling levers that are off by default, on here: every claim below holds with them too
+# (fp16 on the wire, the XLA-compiled step, more inter-op threads).
+LEVERS = ["--compression", "fp16", "--jit-compile", "--inter-op-threads", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +34,8 @@ def job(mnist_1000: str, tmp_path_factory: pytest.TempPathFactory, run_job: Any)
     args = [
         "--data", mnist_1000, "--output", str(output), "--expected-workers", str(WORKERS),
         "--epochs", "2", "--batch-size", "32", "--threads-per-worker", "1",
-        "--model", USER_MODEL, "--augment",
+        "--model", USER_MODEL,
+        *LEVERS,
     ]  # fmt: skip
     proc = run_job(WORKERS, args, audit=(audit, output))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -74,7 +79,7 @@ def test_only_rank_0_prints_progress(job: dict[str, Any]) -> None:
         assert f"[{rank}]<stdout>:" not in out
     assert "3 workers formed ONE job (gloo controller) and trained ONE model" in out
     assert "1 model, exported by rank 0" in out
-    assert f"[rank 0/3] model {USER_MODEL}: 13,610 parameters; augmentation on" in out
+    assert f"[rank 0/3] model {USER_MODEL}: 13,610 parameters; augmentation off" in out
 
 
 def test_exactly_one_model_directory(job: dict[str, Any]) -> None:
@@ -91,7 +96,11 @@ def test_summary_answers_one_model_or_n(job: dict[str, Any]) -> None:
     assert s["global_batch_size"] == 96
     assert s["learning_rate"] == pytest.approx(3 * s["base_learning_rate"])
     assert set(s["final_metrics"]) == {"loss", "accuracy"}
-    assert (s["model"], s["augment"], s["model_parameters"]) == (USER_MODEL, True, 13_610)
+    assert (s["model"], s["augment"], s["model_parameters"]) == (USER_MODEL, False, 13_610)
+    assert s["levers"] == {
+        "compression": "fp16", "backward_passes_per_step": 1, "jit_compile": True,
+        "inter_op_threads": 2,
+    }  # fmt: skip
     assert all(r["examples_per_second"] > 0 for r in s["per_rank"])
     import hashlib
 

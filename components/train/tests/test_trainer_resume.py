@@ -36,7 +36,8 @@ def test_killed_run_resumes_at_the_next_epoch(
     args = [
         "--data", mnist_1000, "--output", str(tmp_path / "out"), "--expected-workers", "2",
         "--epochs", str(epochs), "--batch-size", "16", "--threads-per-worker", "1",
-        "--model", "small",
+        "--model", "small", "--augment",  # augmentation's draws across ranks, killed, resumed
+        "--backward-passes-per-step", "2",  # 31 steps per epoch: a pass spans epochs and a kill
     ]  # fmt: skip
     marker = tmp_path / "out" / "checkpoints" / "latest.json"
     first = subprocess.Popen(
@@ -60,3 +61,5 @@ def test_killed_run_resumes_at_the_next_epoch(
     assert summary["resumed_from_epoch"] == k
     assert json.loads(marker.read_text())["epoch"] == epochs
     assert summary["weights_identical_across_ranks"] is True
+    assert summary["levers"]["backward_passes_per_step"] == 2
+    assert summary["augment"] is True
