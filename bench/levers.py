@@ -76,6 +76,10 @@ class Lever:
 BASELINE = Lever("baseline", "the trainer's defaults at batch 64 per worker")
 LEVERS = (
     Lever("cycle_time_1ms", "HOROVOD_CYCLE_TIME=1 (ms; default 5)", {"HOROVOD_CYCLE_TIME": "1"}),
+    # The other way: the background thread negotiates once per cycle, a Gloo collective each
+    # time, so a longer cycle spends less CPU on the rank's shared cores (the profile's
+    # horovod threads), at up to one cycle of latency per step.
+    Lever("cycle_time_20ms", "HOROVOD_CYCLE_TIME=20", {"HOROVOD_CYCLE_TIME": "20"}),
     Lever(
         "fusion_off",
         "HOROVOD_FUSION_THRESHOLD=0: one allreduce per tensor (default 128 MB)",
