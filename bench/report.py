@@ -166,13 +166,20 @@ def input_and_levers_rows(res: dict[str, dict[str, Any]]) -> list[list[str]]:
             rows.append(
                 [
                     "1. Fastest single lever on 2×1 (`levers`)",
-                    f"{name}: {_fmt(row['over_baseline_2x1'])}× the plain 2×1; ceiling ratio "
-                    f"{_fmt(row['ceiling_ratio'])}, efficiency {_fmt(row['efficiency'])}",
+                    f"{name}: {_fmt(row['over_baseline_2x1'])}× the plain 2×1"
+                    + _lever_references(row),
                     "(adopt only if it keeps accuracy)",
                     "",
                 ]
             )
     return rows
+
+
+def _lever_references(row: dict[str, Any]) -> str:
+    """ "; ceiling ratio x, efficiency y" where the lever run had its 1x1, 1x2 references."""
+    if row["ceiling_ratio"] != row["ceiling_ratio"]:  # NaN: run with --no-references
+        return " (run without its 1×1, 1×2 references)"
+    return f"; ceiling ratio {_fmt(row['ceiling_ratio'])}, efficiency {_fmt(row['efficiency'])}"
 
 
 def tta_rows(res: dict[str, dict[str, Any]]) -> list[list[str]]:
@@ -360,7 +367,8 @@ def _levers_section(res: dict[str, dict[str, Any]]) -> list[str]:
             [
                 [
                     name, _fmt(r["examples_per_second_2x1"], 0), _fmt(r["over_baseline_2x1"]),
-                    _fmt(r["ceiling_ratio"]), _fmt(r["efficiency"]), r["references"],
+                    _fmt(r["ceiling_ratio"]), _fmt(r["efficiency"]),
+                    r["references"] if r["ceiling_ratio"] == r["ceiling_ratio"] else "not run",
                 ]
                 for name, r in rows.items()
             ],
