@@ -1,9 +1,10 @@
 """Smoke test of the benchmarks: each runs at tiny sizes and writes valid JSON. No timings.
 
-The fast part (data prep, one scaling layout, allreduce without the profiled run, the report,
-the levers' and the step profile's arithmetic) runs in ``make test-fast``; the benchmarks that
-need several real jobs (MWMS, time to accuracy, the whole pipeline, the allreduce timeline,
-two levers jobs and a profiled one) are marked ``horovod``.
+The arithmetic (layouts, the levers' and the step profile's figures, pinning) runs in
+``make test-fast``. Everything that starts real Horovod jobs is marked ``horovod``: the module's
+`results` (data prep, one scaling layout, the 2-rank allreduce sizes, the report) and the
+benchmarks that need several jobs (MWMS, time to accuracy, the whole pipeline, the allreduce
+timeline, two levers jobs and a profiled one).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.horovod
 def test_data_prep_writes_rows_and_fit(results: Path) -> None:
     record = _read(results, "data_prep")
     assert [r["train_samples"] for r in record["rows"]] == data_prep.QUICK_SIZES
@@ -62,12 +64,14 @@ def test_data_prep_writes_rows_and_fit(results: Path) -> None:
     }
 
 
+@pytest.mark.horovod
 def test_scaling_reports_job_throughput(results: Path) -> None:
     record = _read(results, "scaling")
     assert record["median_examples_per_second"]["1x1"] > 0
     assert record["runs"]["1x1"][0]["steps_per_epoch"] >= 1
 
 
+@pytest.mark.horovod
 def test_allreduce_reports_every_size_and_the_gradients(results: Path) -> None:
     record = _read(results, "allreduce")
     assert [r["bytes"] for r in record["allreduce"]] == allreduce.QUICK_SIZES
@@ -76,6 +80,7 @@ def test_allreduce_reports_every_size_and_the_gradients(results: Path) -> None:
     assert record["gradients"]["bytes"] > 100_000  # the CNN's ~57k float32 weights
 
 
+@pytest.mark.horovod
 def test_report_writes_summary_and_plot(results: Path) -> None:
     written = write_report(results)
     summary = (results / "summary.md").read_text()
