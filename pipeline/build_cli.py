@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from components.common import defaults
+from pipeline.cli_options import model_options
 
 
 @click.command("compile")
@@ -31,19 +32,7 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 )
 @click.option("--learning-rate", type=float, default=defaults.BASE_LEARNING_RATE, show_default=True)
 @click.option("--threads-per-worker", type=int, default=0, help="0: cores / workers")
-@click.option(
-    "--model",
-    default=defaults.MODEL,
-    show_default=True,
-    help=f"{' or '.join(defaults.MODELS)}, or your own as package.module:function "
-    "(see components/train/README.md)",
-)
-@click.option(
-    "--augment/--no-augment",
-    default=defaults.AUGMENT,
-    show_default=True,
-    help="augment the training images (rotation, shifts, shear, zoom)",
-)
+@model_options
 @click.option("--data-source", default="bundled", show_default=True)
 @click.option("--data-limit", type=int, default=0, help="keep only N samples per split (0: all)")
 @click.option("--min-accuracy", type=float, default=defaults.MIN_ACCURACY, show_default=True)

@@ -5,17 +5,15 @@ Nothing touches a cluster. The manifest is validated against the CRD schema befo
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from components.common import defaults, storage
+from pipeline.cli_options import model_options, options
 
 if TYPE_CHECKING:
     from components.train.mpijob.manifest import MPIJobParams
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 EXAMPLE_BUCKET = "gs://YOUR_BUCKET/kfp-horovod"
 TRAIN_OPTIONS = (
@@ -56,19 +54,8 @@ def params_from_options(
     return MPIJobParams(run_name=run_name, train=train, **options)
 
 
-def _options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
-    """One decorator applying `decorators` in the order written (the first is outermost)."""
-
-    def apply(func: F) -> F:
-        for decorator in reversed(decorators):
-            func = decorator(func)
-        return func
-
-    return apply
-
-
 # What the trainer is told (TrainConfig's fields, TRAIN_OPTIONS).
-trainer_options = _options(
+trainer_options = options(
     click.option("--workers", type=int, default=defaults.WORKERS, show_default=True),
     click.option(
         "--slots-per-worker", type=int, default=defaults.SLOTS_PER_WORKER, show_default=True
@@ -87,16 +74,10 @@ trainer_options = _options(
     click.option("--warmup-epochs", type=int, default=defaults.WARMUP_EPOCHS, show_default=True),
     click.option("--threads-per-worker", type=int, default=0, help="0: cores / local workers"),
     click.option("--seed", type=int, default=defaults.SHUFFLE_SEED, show_default=True),
-    click.option(
-        "--model",
-        default=defaults.MODEL,
-        show_default=True,
-        help=f"{' or '.join(defaults.MODELS)}, or package.module:function (in the trainer image)",
-    ),
-    click.option("--augment/--no-augment", default=defaults.AUGMENT, show_default=True),
+    model_options,
 )
 # How the pods are sized, scheduled and cleaned up (MPIJobParams' own fields).
-pod_options = _options(
+pod_options = options(
     click.option("--cpu", "cpu_per_worker", default=defaults.WORKER_CPU, show_default=True),
     click.option(
         "--memory", "memory_per_worker", default=defaults.WORKER_MEMORY, show_default=True

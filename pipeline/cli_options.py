@@ -1,0 +1,41 @@
+"""Click options that more than one ``python -m pipeline`` command takes, written once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from components.common import defaults
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator applying `decorators` in the order written (the first is outermost)."""
+
+    def apply(func: F) -> F:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return apply
+
+
+# The model the trainer trains (TrainConfig.model, .augment): run-local and render-mpijob.
+model_options = options(
+    click.option(
+        "--model",
+        default=defaults.MODEL,
+        show_default=True,
+        help=f"{' or '.join(defaults.MODELS)}, or your own as package.module:function "
+        "(importable where the trainer runs; see components/train/README.md)",
+    ),
+    click.option(
+        "--augment/--no-augment",
+        default=defaults.AUGMENT,
+        show_default=True,
+        help="augment the training images (rotation, shifts, shear, zoom; training only)",
+    ),
+)
