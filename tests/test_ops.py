@@ -842,6 +842,7 @@ def test_schedule_delete_surfaces_a_server_error(standin: KfpStandin, spec: Any)
 # ---- make targets -----------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
 def test_make_targets_wrap_the_cli(standin: KfpStandin, package: Path, tmp_path: Path) -> None:
     """make/ops.mk, included from a stub Makefile (install/compile do nothing), end to end."""

@@ -489,6 +489,7 @@ def test_component_function_and_compile(trained_model, summary, tmp_path: Path) 
     assert "example.com/register:test" in package.read_text()
 
 
+@pytest.mark.e2e  # a three-step pipeline through kfp.local
 def test_kfp_local_pipeline_prep_evaluate_register(trained_model, summary, tmp_path: Path) -> None:
     """The three components wired as the pipeline will wire them, run by kfp.local subprocesses."""
     from kfp import dsl, local
