@@ -88,15 +88,18 @@ def build_pipeline(images: dict[str, str]) -> Callable[..., Any]:
         namespace: str = "",
         trainer_service_account: str = defaults.TRAINER_SERVICE_ACCOUNT,
     ) -> None:
+        # What the check step and the train step both take, under the same names.
+        job = dict(
+            workers=workers, epochs=epochs, batch_size_per_worker=batch_size_per_worker,
+            learning_rate=learning_rate, warmup_epochs=warmup_epochs,
+            threads_per_worker=threads_per_worker, augment=augment,
+            training_backend=training_backend, slots_per_worker=slots_per_worker,
+            cpu_per_worker=cpu_per_worker, memory_per_worker=memory_per_worker,
+            gpus_per_worker=gpus_per_worker,
+        )  # fmt: skip
         check = check_op(
-            workers=workers,
-            epochs=epochs,
-            batch_size_per_worker=batch_size_per_worker,
-            learning_rate=learning_rate,
-            warmup_epochs=warmup_epochs,
-            threads_per_worker=threads_per_worker,
+            **job,
             model=model,
-            augment=augment,
             data_source=data_source,
             data_sha256=data_sha256,
             data_limit=data_limit,
@@ -104,11 +107,6 @@ def build_pipeline(images: dict[str, str]) -> Callable[..., Any]:
             min_accuracy=min_accuracy,
             model_name=model_name,
             registry_root=registry_root,
-            training_backend=training_backend,
-            slots_per_worker=slots_per_worker,
-            cpu_per_worker=cpu_per_worker,
-            memory_per_worker=memory_per_worker,
-            gpus_per_worker=gpus_per_worker,
         ).set_display_name("check parameters")
         check.set_caching_options(False)
         prep = prep_op(
@@ -117,20 +115,9 @@ def build_pipeline(images: dict[str, str]) -> Callable[..., Any]:
         prep.set_display_name("data prep")
         train = train_op(
             dataset=prep.outputs["dataset"],
-            workers=workers,
-            epochs=epochs,
-            batch_size_per_worker=batch_size_per_worker,
-            learning_rate=learning_rate,
-            warmup_epochs=warmup_epochs,
-            threads_per_worker=threads_per_worker,
+            **job,
             architecture=model,
-            augment=augment,
-            training_backend=training_backend,
             trainer_image=trainer_image,
-            slots_per_worker=slots_per_worker,
-            cpu_per_worker=cpu_per_worker,
-            memory_per_worker=memory_per_worker,
-            gpus_per_worker=gpus_per_worker,
             namespace=namespace,
             trainer_service_account=trainer_service_account,
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,

@@ -28,23 +28,17 @@ def train(
     coordination_report: Output[Markdown],
 ) -> None:
     """Train ONE model with a Horovod job of `workers` processes (local or an MPIJob)."""
+    parameters = dict(locals())  # the pipeline parameters by name (TrainConfig's field names)
     from components.train.config import TrainConfig
-    from components.train.task import artifact_metadata, run_train_task, work_uri
+    from components.train.task import TRAIN_PARAMETERS, artifact_metadata, run_train_task, work_uri
 
     summary = run_train_task(
         TrainConfig(
             data=dataset.uri,
             output=work_uri(model.uri),
             model_dir=model.uri,
-            workers=workers,
-            slots_per_worker=slots_per_worker,
-            epochs=epochs,
-            batch_size_per_worker=batch_size_per_worker,
-            learning_rate=learning_rate,
-            warmup_epochs=warmup_epochs,
-            threads_per_worker=threads_per_worker,
             model=architecture,
-            augment=augment,
+            **{name: parameters[name] for name in TRAIN_PARAMETERS},
         ),
         backend=training_backend,
         dataset_path=dataset.path,

@@ -23,6 +23,13 @@ from components.train.launch import run_local
 from components.train.preflight import check_model_before_launch
 from components.train.report import coordination_report
 
+# The train step's inputs that are `TrainConfig` fields under the same name (the step's
+# `architecture` is the field `model`: the step's output artifact already holds that name).
+TRAIN_PARAMETERS = (
+    "workers", "slots_per_worker", "epochs", "batch_size_per_worker", "learning_rate",
+    "warmup_epochs", "threads_per_worker", "augment",
+)  # fmt: skip
+
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
