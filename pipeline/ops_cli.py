@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import click
 
 from pipeline import ops
+from pipeline.cli_options import options
 
 EXIT_RUN_FAILED = 3
 EXIT_RUN_TIMEOUT = 4
@@ -198,18 +199,7 @@ def upload_command(
     )
 
 
-def _apply(*decorators: Callable[[F], F]) -> Callable[[F], F]:
-    """Return one decorator applying `decorators` as if stacked in this order."""
-
-    def apply(func: F) -> F:
-        for decorator in reversed(decorators):
-            func = decorator(func)
-        return func
-
-    return apply
-
-
-run_options = _apply(
+run_options = options(
     click.option("--run-name", help="Run name [default: <pipeline> <version> <UTC time>]."),
     click.option("--pipeline-root", help="Override the pipeline root (e.g. gs://bucket/root)."),
     click.option("--service-account", help="Kubernetes service account the run's pods use."),
@@ -219,7 +209,7 @@ run_options = _apply(
         help="Override every task's caching [default: as compiled].",
     ),
 )
-wait_options = _apply(
+wait_options = options(
     click.option("--wait", is_flag=True, help="Follow the run; exit 3 if it fails, 4 on timeout."),
     click.option(
         "--timeout",
@@ -326,7 +316,7 @@ def schedule_group() -> None:
     """Create, list, pause, resume and delete recurring runs of an uploaded pipeline version."""
 
 
-schedule_policy_options = _apply(
+schedule_policy_options = options(
     click.option(
         "--max-concurrency",
         type=int,
