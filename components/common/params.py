@@ -35,6 +35,7 @@ MINIMUMS: dict[str, int] = {
     "shard_size": 1, "data_limit": 0, "stall_shutdown_seconds": 1,
     "ttl_seconds_after_finished": 0, "backoff_limit": 0, "active_deadline_seconds": 1,
     "min_available": 1, "backward_passes_per_step": 1, "inter_op_threads": 0,
+    "min_workers": 0,
 }  # fmt: skip
 
 
@@ -141,6 +142,7 @@ def parameter_problems(
         _number_problems(params, labels)
         + _text_problems(params, labels)
         + _model_problems(params, labels)
+        + _elastic_problems(params, labels)
     )
 
 
@@ -158,6 +160,29 @@ def _model_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[str]
             "augmentation's image transform (ImageProjectiveTransformV3)"
         )
     return [problem for problem in problems if problem]
+
+
+def _elastic_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[str]:
+    """Elastic mode (``min_workers`` > 0): at least that many workers, at most ``workers``."""
+    minimum = p.get("min_workers")
+    if not isinstance(minimum, int) or isinstance(minimum, bool) or minimum <= 0:
+        return []
+    name = label.get("min_workers", "min_workers")
+    problems = []
+    workers = p.get("workers")
+    if isinstance(workers, int) and minimum > workers:
+        problems.append(
+            f"{name} must be <= {label.get('workers', 'workers')} (the most workers an elastic "
+            f"job runs with), got {minimum} > {workers}"
+        )
+    passes = p.get("backward_passes_per_step")
+    if isinstance(passes, int) and passes > 1:
+        problems.append(
+            f"{name} (elastic training) cannot be combined with "
+            f"{label.get('backward_passes_per_step', 'backward_passes_per_step')} > 1: the "
+            "gradients a rank has summed locally are not part of Horovod's elastic state"
+        )
+    return problems
 
 
 def check_parameters(params: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> None:

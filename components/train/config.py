@@ -27,10 +27,16 @@ compression              (default)               ``--compression`` (none | fp16)
 backward_passes_per_step (default)               ``--backward-passes-per-step``
 jit_compile              (default)               ``--jit-compile`` (XLA; off unless given)
 inter_op_threads         (default)               ``--inter-op-threads`` (0: min(2, intra))
+min_workers              min_workers             ``--min-workers`` (0: static; > 0: elastic)
 =======================  ======================  ========================================
 
 The last four are the scaling levers of issue 10 (``bench/levers.py`` measures them); their
 defaults keep the trainer as it was until a measurement justifies changing one.
+
+``min_workers`` > 0 makes the job elastic (issue 11): it keeps training with as few as
+``min_workers`` workers and grows back to ``workers``; see ``components.train.elastic``. Issue 11
+asked for an ``--elastic`` switch beside the ``min_workers`` parameter; one flag under the
+parameter's name says both (0 is static).
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ class TrainConfig:
     backward_passes_per_step: int = 1  # local batches summed before each allreduce
     jit_compile: bool = False  # XLA for the model's step
     inter_op_threads: int = 0  # 0: min(2, intra-op threads), as before
+    min_workers: int = 0  # 0: static; > 0: elastic, between min_workers and workers workers
 
     def __post_init__(self) -> None:
         problems = [f"{name} is empty" for name in ("data", "output") if not getattr(self, name)]
@@ -113,12 +120,23 @@ class TrainConfig:
             "seed": self.seed,
             "backward_passes_per_step": self.backward_passes_per_step,
             "inter_op_threads": self.inter_op_threads,
+            "min_workers": self.min_workers,
         }
 
     @property
     def world_size(self) -> int:
         """The Horovod world size: workers x slots per worker (``--expected-workers``)."""
         return self.workers * self.slots_per_worker
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job is elastic: it survives losing workers down to `min_workers`."""
+        return self.min_workers > 0
+
+    @property
+    def min_world_size(self) -> int:
+        """The fewest ranks the job trains with: `world_size`, or min_workers x slots if elastic."""
+        return self.min_workers * self.slots_per_worker if self.elastic else self.world_size
 
     @property
     def model_uri(self) -> str:
@@ -167,6 +185,8 @@ def to_argv(config: TrainConfig) -> list[str]:
         args += ["--jit-compile"]
     if config.inter_op_threads:
         args += ["--inter-op-threads", str(config.inter_op_threads)]
+    if config.min_workers:
+        args += ["--min-workers", str(config.min_workers)]
     return args
 
 
@@ -184,7 +204,8 @@ def argument_parser() -> argparse.ArgumentParser:
         "--expected-workers",
         type=int,
         required=True,
-        help="the world size this job must have; a mismatch stops every process at once",
+        help="the world size this job must have (elastic: the most); a mismatch stops every "
+        "process at once",
     )
     p.add_argument("--slots-per-worker", type=int, default=1, help="ranks per worker host")
     p.add_argument("--epochs", type=int, default=EPOCHS)
@@ -213,6 +234,13 @@ def argument_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--jit-compile", action="store_true", help="compile the step with XLA")
     p.add_argument("--inter-op-threads", type=int, default=0, help="0: min(2, intra-op threads)")
+    p.add_argument(
+        "--min-workers",
+        type=int,
+        default=0,
+        help="0: static (losing a rank ends the job); N > 0: elastic, training on as few as N "
+        "workers (--expected-workers is then the most); start it with elastic horovodrun",
+    )
     return p
 
 

@@ -3,6 +3,9 @@
 
 Used by the train component's local backend, by ``make run`` and by the tests. (On a
 cluster the MPIJob launcher starts the same trainer across pods instead.)
+
+An elastic job (``min_workers`` > 0) runs elastic horovodrun (``--min-np``/``--max-np``) with a
+host discovery script that the launcher controls (`LocalHosts`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
 from components.train.config import TrainConfig, to_argv
@@ -36,6 +43,87 @@ def local_command(workers: int, args: list[str], python: str | None = None) -> l
     return hvdrun_command(workers, [python or sys.executable, "-m", "components.train", *args])
 
 
+# Names of this machine, one per slot of a local elastic job. Horovod's elastic driver
+# blacklists a whole host when one of its ranks fails ("blacklisted slots count == N -> stop
+# running"), so N slots of one host named `localhost` would all go with one lost rank. Each of
+# these spellings of the loopback address resolves to 127.0.0.1 (inet_aton's forms), so
+# horovodrun starts every slot here without ssh, and a lost rank takes out only its own "host".
+LOOPBACK_NAMES = (
+    "localhost", "127.0.0.1", "127.0.1", "127.1", "0x7f.1", "0x7f.0.1", "0x7f.0.0.1",
+    "0177.1", "0177.0.1", "0177.0.0.1", "2130706433", "0x7f000001",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LocalHosts:
+    """The host discovery of a local elastic job, which its launcher (or a test) controls.
+
+    ``script`` is horovodrun's ``--host-discovery-script``: it prints ``hosts``, where `offer`
+    lists one name of this machine per slot (``localhost:1``, ``127.0.0.1:1``, ...). Listing
+    more slots grows the job at its next commit; listing fewer shrinks it.
+    """
+
+    directory: Path
+
+    @property
+    def script(self) -> Path:
+        return self.directory / "discover_hosts.sh"
+
+    @property
+    def hosts(self) -> Path:
+        return self.directory / "hosts"
+
+    def offer(self, slots: int) -> None:
+        """List `slots` slots (atomically: the script never reads half a list)."""
+        if not 1 <= slots <= len(LOOPBACK_NAMES):
+            raise ValueError(
+                f"a local elastic job has 1 to {len(LOOPBACK_NAMES)} slots, got {slots}"
+            )
+        if not self.script.exists():
+            self.script.write_text(f"#!/bin/sh\nexec cat '{self.hosts}'\n")
+            self.script.chmod(0o755)
+        staged = self.hosts.with_suffix(".new")
+        staged.write_text("".join(f"{name}:1\n" for name in LOOPBACK_NAMES[:slots]))
+        staged.replace(self.hosts)
+
+    def slots(self) -> int:
+        """How many slots are listed now."""
+        return len(self.hosts.read_text().split())
+
+
+def elastic_launcher_args(workers: int, min_workers: int, hosts: LocalHosts) -> list[str]:
+    """Elastic horovodrun's arguments: between `min_workers` and `workers` ranks, found by
+    `hosts`' script, starting with the slots it lists now (loopback: one host, many names)."""
+    return [
+        "-np", str(min(hosts.slots(), workers)), "--min-np", str(min_workers),
+        "--max-np", str(workers), "--host-discovery-script", str(hosts.script),
+        "--network-interface", "lo", "--gloo",
+    ]  # fmt: skip
+
+
+@contextmanager
+def local_hosts(config: TrainConfig, hosts: LocalHosts | None) -> Iterator[LocalHosts | None]:
+    """`hosts`, or for an elastic job without them, a discovery listing all its slots."""
+    if hosts is not None or not config.elastic:
+        yield hosts
+        return
+    with tempfile.TemporaryDirectory(prefix="kfp-horovod-hosts-") as tmp:
+        made = LocalHosts(Path(tmp))
+        made.offer(config.world_size)
+        yield made
+
+
+def job_command(config: TrainConfig, hosts: LocalHosts | None = None) -> list[str]:
+    """The command running `config` as one local job (elastic when ``config.elastic``)."""
+    if not config.elastic:
+        return local_command(config.world_size, to_argv(config))
+    if hosts is None:
+        raise ValueError("an elastic job needs its LocalHosts (see local_hosts)")
+    launcher = elastic_launcher_args(config.world_size, config.min_world_size, hosts)
+    program = [sys.executable, "-m", "components.train", *to_argv(config)]
+    return [sys.executable, "-m", "components.train.hvdrun", *launcher, *program]
+
+
 def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for the job: quiet TF C++ logs, unbuffered output, and a stall bound."""
     env = dict(os.environ if base is None else base)
@@ -52,15 +140,27 @@ def run_local(
     timeout_s: float | None = None,
     log: Callable[[str], None] = print,
     env: dict[str, str] | None = None,
+    hosts: LocalHosts | None = None,
 ) -> int:
     """Run the trainer as one job of ``config.world_size`` local processes.
 
     Output is streamed line by line to `log`. On timeout the whole process group is killed and
     TimeoutError raised. Returns horovodrun's exit code. Raises PreflightError, starting
-    nothing, if ``config.model`` is an entry point that does not build a fitting model.
+    nothing, if ``config.model`` is an entry point that does not build a fitting model. An
+    elastic job finds its slots through `hosts` (default: all ``config.world_size`` listed).
     """
     check_model_before_launch(config.model)
-    command = local_command(config.world_size, to_argv(config))
+    with local_hosts(config, hosts) as found:
+        return _stream(job_command(config, found), timeout_s, log, env)
+
+
+def _stream(
+    command: list[str],
+    timeout_s: float | None,
+    log: Callable[[str], None],
+    env: dict[str, str] | None,
+) -> int:
+    """Run `command` in its own process group, its output to `log`; its exit code."""
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,

@@ -20,10 +20,22 @@ class PreflightError(ValueError):
     """A launcher's preflight failed; nothing was started."""
 
 
-def world_size_problem(world_size: int, expected_workers: int, rank: int) -> str | None:
-    """A message explaining the mismatch, or None when the job has the expected size."""
-    if world_size == expected_workers:
+def world_size_problem(
+    world_size: int, expected_workers: int, rank: int, fewest: int = 0
+) -> str | None:
+    """A message explaining the mismatch, or None when the job has the expected size.
+
+    An elastic job (`fewest` > 0) may have any size from `fewest` to `expected_workers`.
+    """
+    if world_size == expected_workers or fewest <= world_size <= expected_workers and fewest:
         return None
+    if fewest and world_size < fewest:
+        return (
+            f"kfp-horovod preflight failed [rank {rank}/{world_size}]: this elastic Horovod job "
+            f"has {world_size} worker(s), fewer than its minimum of {fewest} (--min-workers x "
+            "--slots-per-worker); elastic horovodrun must start it with --min-np "
+            f"{fewest}. Nothing was trained or written."
+        )
     tag = f"[rank {rank}/{world_size}]"
     if world_size < expected_workers:
         what = (

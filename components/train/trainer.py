@@ -57,8 +57,11 @@ class JobError(RuntimeError):
 
 
 def rank_logger(rank: int, size: int) -> logging.Logger:
-    """A logger whose lines carry ``[rank r/size]``; only rank 0 logs below WARNING."""
-    logger = logging.getLogger(f"kfp_horovod.trainer.rank{rank}")
+    """The trainer's logger, its lines tagged ``[rank r/size]``; only rank 0 logs below WARNING.
+
+    Calling it again relabels the same logger (an elastic job's ranks change on a reset).
+    """
+    logger = logging.getLogger("kfp_horovod.trainer")
     logger.handlers.clear()
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter(f"[rank {rank}/{size}] %(message)s"))
@@ -216,7 +219,7 @@ def run(config: TrainConfig, sampling: Sampling = DISJOINT) -> int:
     log = rank_logger(rank, size)
     _quiet_tensorflow(tf, rank)
 
-    problem = world_size_problem(size, config.world_size, rank)
+    problem = world_size_problem(size, config.world_size, rank, config.min_world_size)
     if problem:
         print(problem, file=sys.stderr, flush=True)
         return EXIT_PREFLIGHT
@@ -274,12 +277,25 @@ class _Trainee:
 
 
 def _train_in(job: _Job, sampling: Sampling) -> int:
-    """The Horovod checklist: agree on inputs, build or resume, fit, gather and export."""
+    """The Horovod checklist: agree on inputs, build or resume, fit, gather and export.
+
+    An elastic job (``min_workers`` > 0) runs the same steps inside Horovod's elastic loop
+    (`components.train.elastic`).
+    """
+    if job.config.elastic:
+        from components.train.elastic import train_elastic
+
+        return train_elastic(job, _build_or_resume(job), sampling)
     shard = _agree_on_inputs(job, sampling)
     _log_plan(job, shard)
     trainee = _build_or_resume(job)
-    final_metrics, stats, epoch_ids = _fit(job, trainee, shard, sampling)
-    return _gather_and_export(job, trainee, shard, final_metrics, stats, epoch_ids)
+    plan = plan_epochs(job, shard, sampling, trainee.initial_epoch)
+    stats = _EpochStats(samples_per_epoch=len(shard.labels))
+    final_metrics = dict(trainee.resume.metrics) if trainee.resume else {}
+    callbacks = _callbacks(job, trainee, shard.steps, stats)
+    final_metrics = fit_epochs(job, trainee, shard, plan, callbacks) or final_metrics
+    ids = plan.first_epoch_ids(shard)
+    return _gather_and_export(job, trainee, shard, final_metrics, stats, ids)
 
 
 def _agree_on_inputs(job: _Job, sampling: Sampling) -> Shard:
@@ -326,8 +342,10 @@ def _build_or_resume(job: _Job) -> _Trainee:
     from horovod.tensorflow import broadcast_object
 
     config, tf = job.config, job.tf
-    resume = checkpoints.latest(config.checkpoint_uri) if job.rank == 0 else None
-    resume = broadcast_object(resume, root_rank=0)
+    reader = job.rank == 0 or config.elastic  # elastic: no collective before its loop starts
+    resume = checkpoints.latest(config.checkpoint_uri) if reader else None
+    if not config.elastic:
+        resume = broadcast_object(resume, root_rank=0)
     problem = resume.model_problem(config.model, config.checkpoint_uri) if resume else None
     if problem:  # every rank has the same marker: every rank stops here
         raise JobError(problem)
@@ -398,13 +416,16 @@ def _xla_train_step(model: Any, tf: Any, keras: Any) -> Callable[[Any], Any]:
 
 
 def _callbacks(job: _Job, trainee: _Trainee, steps: int, stats: _EpochStats) -> list[Any]:
-    """Horovod's broadcast, metric averaging and warmup; our stats, progress and checkpoints."""
+    """Horovod's broadcast, metric averaging and warmup; our stats, progress and checkpoints.
+
+    An elastic job has no broadcast callback: its state's sync broadcasts rank 0's weights at
+    the start of every attempt.
+    """
     hvd, config = job.hvd, job.config
     keras = keras_env.keras()
-    callbacks: list[Any] = [
-        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-        hvd.callbacks.MetricAverageCallback(),
-    ]
+    callbacks: list[Any] = [hvd.callbacks.MetricAverageCallback()]
+    if not config.elastic:
+        callbacks.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
     if config.warmup_epochs > 0:
         callbacks.append(
             hvd.callbacks.LearningRateWarmupCallback(
@@ -422,33 +443,52 @@ def _callbacks(job: _Job, trainee: _Trainee, steps: int, stats: _EpochStats) -> 
     return callbacks
 
 
-def _fit(
-    job: _Job, trainee: _Trainee, shard: Shard, sampling: Sampling
-) -> tuple[dict[str, float], _EpochStats, np.ndarray]:
-    """Train the epochs left; return the final metrics, the timings and this rank's epoch ids."""
-    config, start = job.config, trainee.initial_epoch
-    # The batches of the epochs left (or, if none are, of one epoch: for the coverage check).
-    epochs_left = range(start, config.epochs) or range(start, start + 1)
-    rows, lengths = sampling.batches(shard, config.seed, job.rank, epochs_left)
-    # The global ids this rank serves in its first epoch, batch by batch.
-    epoch_ids = shard.start + np.concatenate(
-        [row[:n] for row, n in zip(rows[: shard.steps], lengths[: shard.steps], strict=True)]
-    )
-    stats = _EpochStats(samples_per_epoch=len(shard.labels))
-    final_metrics = dict(trainee.resume.metrics) if trainee.resume else {}
-    if start < config.epochs:
-        history = trainee.model.fit(
-            make_dataset(job.tf, shard, rows, lengths, job.threads),
-            epochs=config.epochs,
-            initial_epoch=start,
-            steps_per_epoch=shard.steps,
-            callbacks=_callbacks(job, trainee, shard.steps, stats),
-            verbose=0,
+@dataclass(frozen=True)
+class EpochPlan:
+    """The batches of the epochs a fit runs, from epoch `start` on (see `epoch_batches`)."""
+
+    start: int
+    rows: np.ndarray
+    lengths: np.ndarray
+    steps: int
+
+    def epoch_ids(self, shard: Shard, epoch: int) -> np.ndarray:
+        """The global sample ids this rank serves in `epoch`, batch by batch."""
+        first = (epoch - self.start) * self.steps
+        rows, lengths = self.rows[first : first + self.steps], self.lengths[first:]
+        return shard.start + np.concatenate(
+            [row[:n] for row, n in zip(rows, lengths[: len(rows)], strict=True)]
         )
-        final_metrics = {k: float(v[-1]) for k, v in history.history.items() if k != "lr"}
-    else:
+
+    def first_epoch_ids(self, shard: Shard) -> np.ndarray:
+        return self.epoch_ids(shard, self.start)
+
+
+def plan_epochs(job: _Job, shard: Shard, sampling: Sampling, start: int) -> EpochPlan:
+    """The batches of the epochs left after `start` (or, if none are, of one epoch: for the
+    coverage check)."""
+    epochs_left = range(start, job.config.epochs) or range(start, start + 1)
+    rows, lengths = sampling.batches(shard, job.config.seed, job.rank, epochs_left)
+    return EpochPlan(start, rows, lengths, shard.steps)
+
+
+def fit_epochs(
+    job: _Job, trainee: _Trainee, shard: Shard, plan: EpochPlan, callbacks: list[Any]
+) -> dict[str, float]:
+    """Train the epochs of `plan`; the last epoch's metrics ({} if none were left)."""
+    config = job.config
+    if plan.start >= config.epochs:
         job.log.info("the checkpoint already covers all %d epochs; exporting it", config.epochs)
-    return final_metrics, stats, epoch_ids
+        return {}
+    history = trainee.model.fit(
+        make_dataset(job.tf, shard, plan.rows, plan.lengths, job.threads),
+        epochs=config.epochs,
+        initial_epoch=plan.start,
+        steps_per_epoch=shard.steps,
+        callbacks=callbacks,
+        verbose=0,
+    )
+    return {k: float(v[-1]) for k, v in history.history.items() if k != "lr"}
 
 
 def _gather_and_export(
@@ -458,8 +498,10 @@ def _gather_and_export(
     final_metrics: dict[str, float],
     stats: _EpochStats,
     epoch_ids: np.ndarray,
+    extra: dict[str, Any] | None = None,
 ) -> int:
-    """Every rank shares what it did; rank 0 exports the one model and the run summary."""
+    """Every rank shares what it did; rank 0 exports the one model and the run summary (with
+    `extra`'s keys added)."""
     from horovod.tensorflow import allgather_object
 
     mine = {
@@ -484,6 +526,7 @@ def _gather_and_export(
     )  # fmt: skip
     summary["controller"] = controller(job.hvd)
     summary["model_parameters"] = count_parameters(trainee.model)
+    summary.update(extra or {})
     summary.update(_export(trainee.model, job.config.model_uri))
     storage.write_text(job.config.summary_uri, json.dumps(summary, indent=2, sort_keys=True))
     for line in coordination_lines(summary):
@@ -561,7 +604,6 @@ def _summarise(
     per_rank: list[dict[str, Any]],
     all_ids: list[np.ndarray],
 ) -> dict[str, Any]:
-    ids = np.concatenate(all_ids)
     fingerprints = {r["weights_sha256"] for r in per_rank}
     return {
         "kind": SUMMARY_KIND,
@@ -583,12 +625,7 @@ def _summarise(
             "train_samples": shard.total,
         },
         "per_rank": sorted(per_rank, key=lambda r: r["rank"]),
-        "coverage": {
-            "samples": shard.total,
-            "seen_per_epoch": int(len(ids)),
-            "disjoint": bool(len(np.unique(ids)) == len(ids)),
-            "covers_all": bool(np.array_equal(np.sort(ids), np.arange(shard.total))),
-        },
+        "coverage": {"samples": shard.total, **coverage(all_ids, shard.total)},
         "weights_identical_across_ranks": len(fingerprints) == 1,
         "final_metrics": final_metrics,
         "checkpoint_uri": config.checkpoint_uri,
@@ -600,6 +637,16 @@ def _summarise(
             "jit_compile": config.jit_compile,
             "inter_op_threads": config.inter_op_threads,
         },
+    }
+
+
+def coverage(all_ids: list[np.ndarray], total: int) -> dict[str, Any]:
+    """Whether the ranks' ids of one epoch (one array per rank) cover 0..total-1 exactly once."""
+    ids = np.concatenate(all_ids)
+    return {
+        "seen_per_epoch": int(len(ids)),
+        "disjoint": bool(len(np.unique(ids)) == len(ids)),
+        "covers_all": bool(np.array_equal(np.sort(ids), np.arange(total))),
     }
 
 

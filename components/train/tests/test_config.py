@@ -19,7 +19,7 @@ def random_config(rng: random.Random) -> TrainConfig:
     return TrainConfig(
         data=rng.choice(["/d", "gs://b/data set", "rel/dir", "/tmp/--data"]),
         output=rng.choice(["/o", "gs://b/runs/r 1", "out"]),
-        workers=rng.randint(1, 64),
+        workers=(workers := rng.randint(1, 64)),
         slots_per_worker=rng.choice([1, 1, 2, 8]),
         epochs=rng.randint(1, 500),
         batch_size_per_worker=rng.randint(1, 4096),
@@ -32,9 +32,11 @@ def random_config(rng: random.Random) -> TrainConfig:
         model_dir=maybe(rng.choice(["gs://b/m", "/m"])),
         checkpoint_dir=maybe(rng.choice(["gs://b/c", "/c d"])),
         compression=rng.choice(["none", "fp16"]),
-        backward_passes_per_step=rng.choice([1, 1, 2, 8]),
+        backward_passes_per_step=(passes := rng.choice([1, 1, 2, 8])),
         jit_compile=not augment and rng.random() < 0.5,  # the two are refused together
         inter_op_threads=rng.choice([0, 0, 1, 4]),
+        # elastic (1..workers) or static (0); elastic refuses backward passes > 1
+        min_workers=rng.randint(1, workers) if passes == 1 and rng.random() < 0.4 else 0,
     )
 
 
@@ -129,6 +131,16 @@ def test_levers_have_one_flag_each_and_are_off_by_default() -> None:
             ["--expected-workers", "2", "--inter-op-threads", "-1"],
             "--inter-op-threads must be >= 0, got -1",
         ),
+        (["--expected-workers", "2", "--min-workers", "-1"], "--min-workers must be >= 0, got -1"),
+        (
+            ["--expected-workers", "2", "--min-workers", "3"],
+            "--min-workers must be <= --expected-workers (the most workers an elastic job runs "
+            "with), got 3 > 2",
+        ),
+        (
+            ["--expected-workers", "2", "--min-workers", "1", "--backward-passes-per-step", "2"],
+            "--min-workers (elastic training) cannot be combined with --backward-passes-per-step",
+        ),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(
@@ -146,7 +158,8 @@ def test_bad_flags_exit_2_naming_the_flag(
      ("learning_rate", 0.0), ("learning_rate", 10.5), ("warmup_epochs", -1),
      ("threads_per_worker", -1), ("data", ""), ("output", ""), ("model", "resnet"),
      ("model", "pkg.mod"), ("augment", "yes"), ("compression", "int8"),
-     ("backward_passes_per_step", 0), ("inter_op_threads", -1)],
+     ("backward_passes_per_step", 0), ("inter_op_threads", -1), ("min_workers", -1),
+     ("min_workers", 3)],
 )  # fmt: skip
 def test_bad_fields_are_refused_by_name(field: str, value: Any) -> None:
     fields: dict[str, Any] = {"data": "/d", "output": "/o", "workers": 2, field: value}

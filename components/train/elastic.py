@@ -1,0 +1,162 @@
+"""Elastic training (``min_workers`` > 0): the job survives losing workers, and grows back.
+
+Every rank runs the trainer's usual steps (agree on inputs, fit, gather and export) inside
+Horovod's elastic loop (``hvd.elastic.run``), with the model, the optimizer, the epoch, the
+last metrics and the job's own records in ``hvd.elastic.KerasState``:
+
+- **Commits once per epoch**, at its end, after rank 0's checkpoint. A commit also asks the
+  driver whether hosts changed, and raises ``HostsUpdatedInterrupt`` if so: a job grows only
+  at an epoch boundary.
+- **A lost worker** fails the survivors' next collective (``HorovodInternalError``). Horovod
+  restores the state of the last commit, forms a new world of the workers left, and calls
+  `on_reset` on every rank; the next attempt then starts from the sync, which broadcasts rank
+  0's committed state. The interrupted epoch runs again from its start at the new world size.
+- **Every attempt re-shards** the training split for its world size (disjoint blocks, as in a
+  static job), re-scales the learning rate, and checks after every epoch that the ranks'
+  batches covered every sample exactly once (`coverage` of every rank's ids, gathered). The
+  records of uncommitted epochs are rolled back with the rest of the state.
+- **One model**: when the last epoch is committed, rank 0 of the final world exports it, and
+  the run summary records the world-size history as (epoch, world_size, when, why) entries
+  and each epoch's coverage at the world size it ran with.
+
+Nothing may run a collective before the elastic loop: a worker that joins later runs this
+module from the start while the others wait in the loop's sync. So every rank reads the
+checkpoint marker itself (`trainer._build_or_resume`) and the inputs are agreed on inside each
+attempt.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from components.common import keras_env
+from components.train import trainer
+from components.train.trainer import EpochPlan, Sampling, Shard
+
+# Larger than any job's step count: Horovod's CommitStateCallback then commits at epoch ends
+# only, so an epoch never straddles two world sizes.
+COMMIT_AT_EPOCH_ENDS_ONLY = 2**62
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What the attempt that finished the training ran with."""
+
+    shard: Shard
+    plan: EpochPlan
+    stats: Any  # trainer._EpochStats
+
+
+def world_entry(epoch: int, size: int, why: str) -> dict[str, Any]:
+    """One entry of the world-size history: from `epoch` (epochs done) on, `size` ranks."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"epoch": epoch, "world_size": size, "when": when, "why": why}
+
+
+def train_elastic(job: Any, trainee: Any, sampling: Sampling) -> int:
+    """Train `trainee` (built, maybe resumed) elastically; export the one model. Exit code."""
+    from horovod.common.exceptions import HostsUpdatedInterrupt
+
+    hvd, config = job.hvd, job.config
+    optimizer = trainee.model.optimizer
+    # Every rank must hold the same variables before the first sync broadcasts them: create
+    # the optimizer's slots now (zeros, as on first use; a resumed checkpoint fills them).
+    optimizer._create_all_weights(trainee.model.trainable_variables)
+    start = "resumed from the checkpoint" if trainee.resume else "start"
+    state = hvd.elastic.KerasState(
+        trainee.model,
+        optimizer,
+        epoch=trainee.initial_epoch,
+        metrics=dict(trainee.resume.metrics) if trainee.resume else {},
+        history=[world_entry(trainee.initial_epoch, job.size, start)],
+        epochs=[],
+    )
+    why = ["start"]
+
+    def on_reset() -> None:
+        trainer.rank_logger(job.rank, job.size)  # relabel this rank's lines
+        state.history = [*state.history, world_entry(state.epoch, job.size, why[0])]
+        state.save()  # else the sync that follows puts back the history of the last commit
+        job.log.info(
+            "elastic: %s; the job goes on as ONE job of %d workers from epoch %d of %d",
+            why[0], job.size, state.epoch + 1, config.epochs,
+        )  # fmt: skip
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run  # type: ignore[misc]
+    def attempt(state: Any) -> Attempt:
+        try:
+            return _attempt(job, trainee, sampling, state)
+        except HostsUpdatedInterrupt:
+            why[0] = "the hosts changed (host discovery)"
+            raise
+        except Exception:  # Horovod resets only on its own errors (a failed collective)
+            why[0] = "a worker was lost (a collective failed)"
+            raise
+
+    done = attempt(state)
+    extra = {"elastic": elastic_record(config, state)}
+    if state.epochs:
+        extra["coverage"] = combined_coverage(state.epochs, done.shard.total)
+    final_ids = done.plan.first_epoch_ids(done.shard)
+    return trainer._gather_and_export(
+        job, trainee, done.shard, dict(state.metrics), done.stats, final_ids, extra
+    )
+
+
+def _attempt(job: Any, trainee: Any, sampling: Sampling, state: Any) -> Attempt:
+    """One attempt at the epochs left, in the world as it is now."""
+    shard = trainer._agree_on_inputs(job, sampling)
+    trainer._log_plan(job, shard)
+    plan = trainer.plan_epochs(job, shard, sampling, state.epoch)
+    stats = trainer._EpochStats(samples_per_epoch=len(shard.labels))
+    if state.epoch >= job.config.warmup_epochs:  # warmup sets it itself until then
+        keras_env.keras().backend.set_value(trainee.model.optimizer.lr, job.scaled_lr)
+    callbacks = trainer._callbacks(job, trainee, shard.steps, stats)
+    callbacks += _state_callbacks(job, shard, plan, state)
+    trainer.fit_epochs(job, trainee, shard, plan, callbacks)
+    return Attempt(shard, plan, stats)
+
+
+def _state_callbacks(job: Any, shard: Shard, plan: EpochPlan, state: Any) -> list[Any]:
+    """After the checkpoint, at every epoch end: check coverage, record the epoch, commit."""
+    from horovod.tensorflow import allgather_object
+
+    keras = keras_env.keras()
+
+    class RecordEpoch(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            ids = allgather_object(plan.epoch_ids(shard, epoch))
+            record = {"epoch": epoch + 1, "world_size": job.size}
+            record.update(trainer.coverage(ids, shard.total))
+            # Assign, never mutate: KerasState keeps the committed values by reference.
+            state.epochs = [*state.epochs, record]
+            state.metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
+            state.epoch = epoch + 1
+
+    commit = job.hvd.elastic.CommitStateCallback(state, COMMIT_AT_EPOCH_ENDS_ONLY)
+    return [RecordEpoch(), commit]
+
+
+def elastic_record(config: Any, state: Any) -> dict[str, Any]:
+    """The run summary's ``elastic`` block."""
+    return {
+        "min_workers": config.min_workers,
+        "max_workers": config.workers,
+        "world_size_history": list(state.history),
+        "epochs": list(state.epochs),
+    }
+
+
+def combined_coverage(epochs: list[dict[str, Any]], total: int) -> dict[str, Any]:
+    """The summary's coverage over every epoch this job trained, each at its world size."""
+    return {
+        "samples": total,
+        "seen_per_epoch": epochs[-1]["seen_per_epoch"],
+        "disjoint": all(e["disjoint"] for e in epochs),
+        "covers_all": all(e["covers_all"] for e in epochs),
+        "epochs_checked": len(epochs),
+    }

@@ -1,0 +1,154 @@
+"""Elastic jobs (``min_workers`` > 0) with real elastic ``horovodrun``: a lost rank, a new slot.
+
+No part of Horovod is mocked. The local launcher lists one name of this machine per slot
+(`launch.LOOPBACK_NAMES`), so the rank killed here takes only its own "host" out of the job.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from components.data_prep.prep import prepare
+from components.train.config import TrainConfig
+from components.train.launch import LocalHosts, run_local
+
+pytestmark = pytest.mark.horovod
+
+EPOCHS = 6
+
+
+@pytest.fixture(scope="module")
+def mnist_3000(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """3,000 real digits: 1,000 per rank at 3 ranks, 1,500 at 2 (a few seconds an epoch)."""
+    out = tmp_path_factory.mktemp("data") / "mnist-3000"
+    prepare("bundled", str(out), shard_size=1000, limit=3000)
+    return str(out)
+
+
+def _config(data: str, out: Path) -> TrainConfig:
+    return TrainConfig(
+        data=data, output=str(out), workers=3, min_workers=2, epochs=EPOCHS,
+        batch_size_per_worker=16, threads_per_worker=1, model="small",
+    )  # fmt: skip
+
+
+def _when_checkpointed(out: Path, epoch: int, action: Any) -> threading.Thread:
+    """Run `action()` once rank 0 has checkpointed `epoch` (in a thread; gives up after 5 min)."""
+    marker = out / "checkpoints" / "latest.json"
+
+    def wait() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if marker.exists() and json.loads(marker.read_text())["epoch"] >= epoch:
+                action()
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def _rank_processes() -> dict[int, psutil.Process]:
+    """This test's trainer processes by Horovod rank (read from their environment)."""
+    ranks = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmdline, env = proc.cmdline(), proc.environ()
+        except psutil.Error:
+            continue
+        if cmdline[1:3] == ["-m", "components.train"] and "HOROVOD_RANK" in env:
+            ranks[int(env["HOROVOD_RANK"])] = proc
+    return ranks
+
+
+def _check_one_model(out: Path, lines: list[str], world: int) -> dict[str, Any]:
+    """Exactly one model from rank 0, identical weights, every epoch logged once, each
+    covered exactly once at the world size it ran with; returns the summary."""
+    assert [p.parent for p in out.rglob("saved_model.pb")] == [out / "model"]
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["world_size"] == world and len(summary["per_rank"]) == world
+    assert summary["weights_identical_across_ranks"] is True
+    assert len({r["weights_sha256"] for r in summary["per_rank"]}) == 1
+    logged = [int(n) for n in re.findall(rf"\] Epoch (\d+)/{EPOCHS} ", "\n".join(lines))]
+    assert logged == list(range(1, EPOCHS + 1)), lines
+    records = summary["elastic"]["epochs"]
+    assert [r["epoch"] for r in records] == list(range(1, EPOCHS + 1))
+    assert all(r["disjoint"] and r["covers_all"] and r["seen_per_epoch"] == 3000 for r in records)
+    assert summary["coverage"]["covers_all"] and summary["coverage"]["epochs_checked"] == EPOCHS
+    return dict(summary)
+
+
+def test_a_killed_rank_leaves_one_job_of_two_that_finishes(mnist_3000: str, tmp_path: Path) -> None:
+    out, lines = tmp_path / "out", []
+    killed: list[int] = []
+
+    def kill_rank_1() -> None:
+        time.sleep(0.3)  # into the next epoch
+        proc = _rank_processes()[1]
+        killed.append(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+
+    watcher = _when_checkpointed(out, 2, kill_rank_1)
+    code = run_local(_config(mnist_3000, out), timeout_s=400, log=lines.append)
+    watcher.join(timeout=1)
+    assert killed, "rank 1 was never killed"
+    assert code == 0, "\n".join(lines)
+    summary = _check_one_model(out, lines, world=2)
+    history = summary["elastic"]["world_size_history"]
+    assert [h["world_size"] for h in history] == [3, 2], history
+    assert "worker was lost" in history[1]["why"]
+    resumed = history[1]["epoch"]
+    assert resumed >= 2, history
+    sizes = {r["epoch"]: r["world_size"] for r in summary["elastic"]["epochs"]}
+    assert all(sizes[e] == 3 for e in range(1, resumed + 1))
+    assert all(sizes[e] == 2 for e in range(resumed + 1, EPOCHS + 1))
+    assert any("the job goes on as ONE job of 2 workers" in line for line in lines)
+
+
+def test_a_slot_listed_mid_run_grows_the_job_at_an_epoch_end(
+    mnist_3000: str, tmp_path: Path
+) -> None:
+    out, lines = tmp_path / "out", []
+    hosts = LocalHosts(tmp_path / "hosts")
+    hosts.directory.mkdir()
+    hosts.offer(2)
+    watcher = _when_checkpointed(out, 1, lambda: hosts.offer(3))
+    code = run_local(_config(mnist_3000, out), timeout_s=400, log=lines.append, hosts=hosts)
+    watcher.join(timeout=1)
+    assert code == 0, "\n".join(lines)
+    summary = _check_one_model(out, lines, world=3)
+    history = summary["elastic"]["world_size_history"]
+    assert [h["world_size"] for h in history] == [2, 3], history
+    assert "hosts changed" in history[1]["why"]
+    grown = history[1]["epoch"]
+    assert 1 <= grown < EPOCHS, history
+    sizes = [r["world_size"] for r in summary["elastic"]["epochs"]]
+    assert sizes == [2] * grown + [3] * (EPOCHS - grown)
+
+
+def test_an_elastic_job_below_its_minimum_stops_before_training(
+    mnist_3000: str, tmp_path: Path
+) -> None:
+    """A plain 1-rank horovodrun job of a trainer told it needs at least 2: the preflight."""
+    config = TrainConfig(data=mnist_3000, output=str(tmp_path / "out"), workers=3, min_workers=2)
+    from components.train.config import to_argv
+    from components.train.launch import job_environment, local_command
+
+    done = subprocess.run(
+        local_command(1, to_argv(config)), capture_output=True, text=True, timeout=120,
+        env=job_environment(),
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "fewer than its minimum of 2" in done.stdout + done.stderr
+    assert not (tmp_path / "out").exists()
