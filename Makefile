@@ -29,6 +29,8 @@ EPOCHS ?= $(call defaults,EPOCHS)
 MODEL ?= $(call defaults,MODEL)
 AUGMENT ?= $(call defaults,AUGMENT)
 AUGMENT_FLAG = $(if $(filter 1 true True yes,$(AUGMENT)),--augment,--no-augment)
+# MIN_WORKERS=N > 0: elastic training, going on with as few as N workers (0: static).
+MIN_WORKERS ?= 0
 REGISTRY ?= $(call defaults,DEFAULT_IMAGE_REGISTRY)
 TAG ?= $(call defaults,PACKAGE_VERSION)
 LOCAL_REGISTRY ?= $(call defaults,LOCAL_IMAGE_REGISTRY)
@@ -83,7 +85,7 @@ lock: ## re-resolve requirements/main.in into requirements/lock.txt (needs the n
 
 run: install ## the whole pipeline on this machine (kfp.local, horovodrun -np $WORKERS, local disk)
 	$(PY) -m pipeline run-local --workers $(WORKERS) --epochs $(EPOCHS) --model $(MODEL) \
-		$(AUGMENT_FLAG)
+		$(AUGMENT_FLAG) --min-workers $(MIN_WORKERS)
 
 test: install ## the test suite, without the container tests (installs first)
 	$(PY) -m pytest -m "not containers"

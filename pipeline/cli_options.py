@@ -39,3 +39,13 @@ model_options = options(
         help="augment the training images (rotation, shifts, shear, zoom; training only)",
     ),
 )
+
+# Elastic training (TrainConfig.min_workers): run-local and render-mpijob.
+min_workers_option = click.option(
+    "--min-workers",
+    type=int,
+    default=0,
+    show_default=True,
+    help="0: static (losing a worker ends the job); N > 0: elastic, it goes on with as few as N "
+    "workers and grows back to --workers",
+)

@@ -15,6 +15,7 @@ from typing import Any
 from components.common.defaults import MODEL, PIPELINE_NAME
 from components.common.params import check_parameters
 from components.train.preflight import check_model_before_launch
+from components.train.report import world_history
 from pipeline.pipeline import build_pipeline, image_refs
 
 
@@ -60,6 +61,7 @@ class LocalRun:
             f"workers: {summary['world_size']} formed ONE job "
             f"({summary['controller']} controller); 1 model, exported by rank 0 "
             f"(weights identical on all ranks: {summary['weights_identical_across_ranks']})",
+            *([history] if (history := world_history(summary)) else []),
         ]
 
 

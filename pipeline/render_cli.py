@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from components.common import defaults, storage
-from pipeline.cli_options import model_options, options
+from pipeline.cli_options import min_workers_option, model_options, options
 
 if TYPE_CHECKING:
     from components.train.mpijob.manifest import MPIJobParams
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 EXAMPLE_BUCKET = "gs://YOUR_BUCKET/kfp-horovod"
 TRAIN_OPTIONS = (
     "workers", "slots_per_worker", "epochs", "batch_size_per_worker", "learning_rate",
-    "warmup_epochs", "threads_per_worker", "seed", "model", "augment",
+    "warmup_epochs", "threads_per_worker", "seed", "model", "augment", "min_workers",
 )  # fmt: skip
 
 
@@ -75,6 +75,7 @@ trainer_options = options(
     click.option("--threads-per-worker", type=int, default=0, help="0: cores / local workers"),
     click.option("--seed", type=int, default=defaults.SHUFFLE_SEED, show_default=True),
     model_options,
+    min_workers_option,
 )
 # How the pods are sized, scheduled and cleaned up (MPIJobParams' own fields).
 pod_options = options(

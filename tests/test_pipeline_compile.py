@@ -16,7 +16,7 @@ from pipeline.build import compile_pipeline
 EXPECTED_PARAMETERS = {
     "workers", "epochs", "batch_size_per_worker", "learning_rate", "warmup_epochs",
     "threads_per_worker", "model", "augment", "data_source", "data_sha256", "data_limit",
-    "shard_size",
+    "shard_size", "min_workers",
     "min_accuracy", "model_name", "registry_root", "training_backend", "trainer_image",
     "slots_per_worker", "cpu_per_worker", "memory_per_worker", "gpus_per_worker", "namespace",
     "trainer_service_account",

@@ -29,12 +29,14 @@ def _make_run_command(tmp_path: Path, *variables: str) -> str:
     return " ".join(proc.stdout.replace("\\\n", " ").split())
 
 
-def test_make_run_passes_model_and_augment(tmp_path: Path) -> None:
-    assert _make_run_command(tmp_path, "MODEL=small", "AUGMENT=1", "EPOCHS=3") == (
-        "python -m pipeline run-local --workers 2 --epochs 3 --model small --augment"
+def test_make_run_passes_model_augment_and_min_workers(tmp_path: Path) -> None:
+    assert _make_run_command(tmp_path, "MODEL=small", "AUGMENT=1", "EPOCHS=3", "MIN_WORKERS=1") == (
+        "python -m pipeline run-local --workers 2 --epochs 3 --model small --augment "
+        "--min-workers 1"
     )
     assert _make_run_command(tmp_path) == (
-        "python -m pipeline run-local --workers 2 --epochs 8 --model mnist_advanced --no-augment"
+        "python -m pipeline run-local --workers 2 --epochs 8 --model mnist_advanced --no-augment "
+        "--min-workers 0"
     )
 
 
@@ -51,14 +53,19 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return seen
 
 
-def test_run_local_passes_model_and_augment_as_pipeline_parameters(
+def test_run_local_passes_model_augment_and_min_workers_as_pipeline_parameters(
     captured: dict[str, Any],
 ) -> None:
-    CliRunner().invoke(cli, ["run-local", "--model", "small", "--augment"])
+    CliRunner().invoke(cli, ["run-local", "--model", "small", "--augment", "--min-workers", "1"])
+    assert captured["min_workers"] == 1
     assert (captured["model"], captured["augment"]) == ("small", True)
     captured.clear()
     CliRunner().invoke(cli, ["run-local"])
-    assert (captured["model"], captured["augment"]) == ("mnist_advanced", False)
+    assert (captured["model"], captured["augment"], captured["min_workers"]) == (
+        "mnist_advanced",
+        False,
+        0,
+    )
 
 
 def test_run_local_help_lists_the_models() -> None:

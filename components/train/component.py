@@ -14,6 +14,7 @@ def train(
     threads_per_worker: int,
     architecture: str,  # the pipeline's `model` (this step's output artifact is `model`)
     augment: bool,
+    min_workers: int,
     training_backend: str,
     trainer_image: str,
     slots_per_worker: int,

@@ -46,8 +46,8 @@ def coordination_report(summary: dict[str, Any]) -> str:
             f"`{r['weights_sha256'][:16]}` |"
         )
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(summary["final_metrics"].items()))
+    lines += ["", *_elastic_lines(summary)]
     lines += [
-        "",
         "## Result",
         "",
         (
@@ -61,6 +61,37 @@ def coordination_report(summary: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def world_history(summary: dict[str, Any]) -> str | None:
+    """An elastic job's world sizes in words ("3 workers from epoch 1; 2 from epoch 4 (a
+    worker was lost ...)"), or None for a static job."""
+    elastic = summary.get("elastic")
+    if not elastic:
+        return None
+    parts = []
+    for i, entry in enumerate(elastic["world_size_history"]):
+        why = "" if i == 0 else f" ({entry['why']}, {entry['when']})"
+        parts.append(f"{entry['world_size']} workers from epoch {entry['epoch'] + 1}{why}")
+    return (
+        f"elastic job ({elastic['min_workers']} to {elastic['max_workers']} workers): "
+        + "; then ".join(parts)
+    )
+
+
+def _elastic_lines(summary: dict[str, Any]) -> list[str]:
+    """The report's elastic section: the world-size history and each epoch's coverage."""
+    history = world_history(summary)
+    if history is None:
+        return []
+    lines = ["## Elastic training", "", f"- {history}", "", "| epoch | workers | samples seen "
+             "| disjoint | all covered |", "|---:|---:|---:|---|---|"]  # fmt: skip
+    for e in summary["elastic"]["epochs"]:
+        lines.append(
+            f"| {e['epoch']} | {e['world_size']} | {e['seen_per_epoch']} | {e['disjoint']} | "
+            f"{e['covers_all']} |"
+        )
+    return [*lines, ""]
 
 
 def _model_lines(summary: dict[str, Any]) -> list[str]:

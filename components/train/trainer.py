@@ -41,6 +41,7 @@ from components.train.model import (
     weights_fingerprint,
 )
 from components.train.preflight import EXIT_PREFLIGHT, world_size_problem
+from components.train.report import world_history
 from components.train.sharding import batch_bounds, epoch_permutation, shard_range, steps_per_epoch
 
 EXIT_OK = 0
@@ -681,5 +682,8 @@ def coordination_lines(summary: dict[str, Any]) -> list[str]:
         f"every epoch saw {cov['seen_per_epoch']} of {cov['samples']} samples "
         f"(disjoint: {cov['disjoint']}, all covered: {cov['covers_all']})"
     )
+    history = world_history(summary)
+    if history:
+        lines.append(history)
     lines.append(f"1 model, exported by rank 0, at {summary['model_uri']}")
     return lines

@@ -331,6 +331,13 @@ class MPIJobRun:
         """SIGKILL worker pod `i`: a node lost, or a pod evicted without grace."""
         self.workers[i].kill()
 
+    def update_discovery(self) -> None:
+        """What the operator does when the running workers change: rewrite
+        ``discover_hosts.sh`` in the ConfigMap, which the kubelet swaps into the launcher's
+        volume at once (the real kubelet takes up to its sync period, about a minute)."""
+        script = (self.discover_hosts().encode(), 0o555)
+        _kubelet_swap(self.workdir / "config", {"discover_hosts.sh": script}, None)
+
     def worker_logs(self) -> dict[str, str]:
         return {w.name: w.logs().decode(errors="replace") for w in self.workers}
 
@@ -368,6 +375,22 @@ def _kubelet_volume(root: Path, files: dict[str, tuple[bytes, int]], group: int 
         os.chown(folder, 0, gid)
         folder.chmod(folder_mode if group is not None else folder_mode & 0o1777)
     return root
+
+
+def _kubelet_swap(root: Path, files: dict[str, tuple[bytes, int]], group: int | None) -> None:
+    """Update a volume `_kubelet_volume` made, as the atomic writer does: new data in a new
+    folder, then ``..data`` renamed over to point at it."""
+    gid = group if group is not None else 0
+    data = root / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.time_ns() % 10**9:09d}"
+    data.mkdir()
+    for name, (content, mode) in files.items():
+        (data / name).write_bytes(content)
+        os.chown(data / name, 0, gid)
+        (data / name).chmod(mode)
+    data.chmod(0o2755 if group is not None else 0o755)
+    staged = root / "..data_tmp"
+    staged.symlink_to(data.name)
+    staged.replace(root / "..data")
 
 
 def _running(container: Any) -> bool:

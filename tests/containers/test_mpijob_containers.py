@@ -192,6 +192,35 @@ def _wait_for_checkpoint(uri: str, job: MPIJobRun, timeout: float = 300) -> int:
     raise TimeoutError(f"no checkpoint under {uri} after {timeout:g} s")
 
 
+def test_elastic_job_loses_a_worker_and_finishes_on_two(
+    trainer_image: str, data_uri: str, docker_client: Any, gcs_container: Any, tmp_path: Path
+) -> None:
+    """An elastic MPIJob (min_workers 2 of 3): worker 1's pod is killed mid-run, the operator
+    stops listing it, and the launcher's elastic horovodrun finishes the job on the other two."""
+    p = params(trainer_image, data_uri, "elastic", workers=3, min_workers=2, epochs=6)
+    manifest = build_manifest(p, NAMESPACE)
+    with MPIJobRun(manifest, docker_client, tmp_path, emulator=gcs_container[0]) as job:
+        job.start_workers()
+        job.wait_ready()
+        job.start_launcher()
+        killed_after = _wait_for_checkpoint(p.train.checkpoint_uri, job)
+        job.kill_worker(1)
+        job.update_discovery()
+        result = job.wait_launcher(timeout=600)
+    print(f"elastic: worker 1 killed after epoch {killed_after}; launcher exit {result.exit_code}")
+    assert result.exit_code == 0, result.log[-5000:]
+    assert model_files(bucket_of(p.train.output)) == [f"{p.train.model_uri}/saved_model.pb"]
+    summary = json.loads(storage.read_text(p.train.summary_uri))
+    history = summary["elastic"]["world_size_history"]
+    print("history:", history)
+    assert [h["world_size"] for h in history] == [3, 2], history
+    assert summary["world_size"] == 2 and summary["weights_identical_across_ranks"] is True
+    assert job.worker_name(1) not in {r["host"] for r in summary["per_rank"]}
+    epochs = summary["elastic"]["epochs"]
+    assert [e["epoch"] for e in epochs] == list(range(1, 7))
+    assert all(e["disjoint"] and e["covers_all"] for e in epochs), epochs
+
+
 def test_killed_worker_fails_the_job_fast_and_a_rerun_resumes(
     trainer_image: str, data_uri: str, docker_client: Any, gcs_container: Any, tmp_path: Path
 ) -> None:

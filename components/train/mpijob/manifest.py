@@ -161,6 +161,46 @@ def trainer_command(p: MPIJobParams) -> list[str]:
 
 
 def launcher_command(p: MPIJobParams) -> list[str]:
+    """The launcher's command: `mpirun_command`, or for an elastic job `elastic_command`."""
+    return elastic_command(p) if p.train.elastic else mpirun_command(p)
+
+
+# Where mpi-operator v2beta1 keeps the launcher's host discovery script: it lists the worker
+# pods that are running now (``echo <pod>.<job>-worker.<namespace>.svc`` per pod, no slots).
+DISCOVER_HOSTS = "/etc/mpi/discover_hosts.sh"
+
+
+def elastic_command(p: MPIJobParams) -> list[str]:
+    """Elastic ``horovodrun`` (run by `components.train.hvdrun`) over ssh to the workers.
+
+    It starts once ``--min-np`` slots are up, finds the workers with the operator's
+    `DISCOVER_HOSTS` (``--slots``: the script gives no slot counts), keeps going while at
+    least ``min_workers`` workers are left, and grows back to ``workers`` as pods return. The
+    ranks inherit the launcher's environment (`launcher_env`); ssh reaches the workers' sshd on
+    its port through the image's ssh client config.
+    """
+    t = p.train
+    return [
+        "python", "-m", "components.train.hvdrun",
+        "-np", str(t.world_size), "--min-np", str(t.min_world_size),
+        "--max-np", str(t.world_size), "--slots", str(t.slots_per_worker),
+        "--host-discovery-script", DISCOVER_HOSTS, "--gloo",
+        *trainer_command(p),
+    ]  # fmt: skip
+
+
+def launcher_env(p: MPIJobParams) -> list[dict[str, str]]:
+    """The launcher container's environment: what ``mpirun -x`` forwards in a static job, set
+    on the launcher of an elastic one (horovodrun passes its environment to the ranks)."""
+    if not p.train.elastic:
+        return []
+    return [
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "value": str(p.stall_shutdown_seconds)},
+    ]
+
+
+def mpirun_command(p: MPIJobParams) -> list[str]:
     """``mpirun`` over all slots, output tagged with each line's rank, running the trainer.
 
     The environment of the launcher's processes is forwarded with ``-x`` (ssh sessions on the
@@ -245,7 +285,7 @@ def _common_labels(p: MPIJobParams) -> dict[str, str]:
 
 
 def _launcher(p: MPIJobParams) -> dict[str, Any]:
-    return {
+    container = {
         "name": "launcher",
         "image": p.image,
         "imagePullPolicy": "IfNotPresent",
@@ -253,6 +293,9 @@ def _launcher(p: MPIJobParams) -> dict[str, Any]:
         "resources": _resources(p.launcher_cpu, p.launcher_memory, 0),
         "securityContext": _security_context(),
     }
+    if env := launcher_env(p):
+        container["env"] = env
+    return container
 
 
 def _worker(p: MPIJobParams) -> dict[str, Any]:

@@ -353,3 +353,48 @@ def test_launcher_leaves_the_btl_choice_to_the_image() -> None:
     mca = [cmd[i + 1] for i, word in enumerate(cmd) if word in ("-mca", "--mca")]
     assert "btl" not in mca
     assert not any(word.startswith("OMPI_MCA_btl=") for word in cmd)
+
+
+def test_elastic_job_runs_elastic_horovodrun_on_the_operators_discovery_script() -> None:
+    m = build_manifest(
+        params(workers=4, slots_per_worker=2, min_workers=3, stall_shutdown_seconds=77)
+    )
+    validate_manifest(m)
+    launcher = containers(m, "Launcher")
+    cmd = launcher["command"]
+    assert cmd[:3] == ["python", "-m", "components.train.hvdrun"]  # horovodrun's command line
+
+    def flag(name: str) -> str:
+        return cmd[cmd.index(name) + 1]
+
+    # ranks: 4 workers x 2 slots at most, 3 x 2 at least; slots per discovered host: 2
+    assert (flag("-np"), flag("--min-np"), flag("--max-np"), flag("--slots")) == (
+        "8",
+        "6",
+        "8",
+        "2",
+    )
+    assert flag("--host-discovery-script") == "/etc/mpi/discover_hosts.sh"
+    assert "mpirun" not in cmd and "--gloo" in cmd
+    trainer = cmd[cmd.index("components.train") + 1 :]
+    assert trainer[trainer.index("--min-workers") + 1] == "3"
+    assert trainer[trainer.index("--expected-workers") + 1] == "8"
+    env = {e["name"]: e["value"] for e in launcher["env"]}
+    assert env == {"PYTHONUNBUFFERED": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "77"}
+    assert m["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
+
+
+def test_static_job_keeps_mpirun_and_no_launcher_env() -> None:
+    launcher = containers(build_manifest(params(workers=3)), "Launcher")
+    assert launcher["command"][0] == "mpirun" and "env" not in launcher
+    assert "--min-workers" not in launcher["command"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [({"workers": 2, "min_workers": 3}, "min_workers must be <= workers"),
+     ({"workers": 2, "min_workers": -1}, "min_workers must be >= 0")],
+)  # fmt: skip
+def test_bad_min_workers_is_refused_by_name(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        params(**overrides)
