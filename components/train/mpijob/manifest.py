@@ -285,7 +285,7 @@ def _common_labels(p: MPIJobParams) -> dict[str, str]:
 
 
 def _launcher(p: MPIJobParams) -> dict[str, Any]:
-    container = {
+    container: dict[str, Any] = {
         "name": "launcher",
         "image": p.image,
         "imagePullPolicy": "IfNotPresent",
