@@ -186,3 +186,26 @@ def test_report_flags_diverged_ranks() -> None:
 def test_work_dir_sits_beside_the_model_artifact() -> None:
     assert task.work_uri("gs://b/p/run/train/model") == "gs://b/p/run/train/train-work"
     assert task.work_uri("/x/train/model/") == "/x/train/train-work"
+
+
+def test_report_shows_an_elastic_jobs_world_sizes_and_each_epochs_coverage() -> None:
+    summary = _summary()
+    summary["elastic"] = {
+        "min_workers": 2, "max_workers": 3,
+        "world_size_history": [
+            {"epoch": 0, "world_size": 3, "when": "2026-12-03T06:00:00Z", "why": "start"},
+            {"epoch": 2, "world_size": 2, "when": "2026-12-03T06:01:00Z",
+             "why": "a worker was lost (a collective failed)"},
+        ],
+        "epochs": [
+            {"epoch": e, "world_size": 3 if e <= 2 else 2, "seen_per_epoch": 900,
+             "disjoint": True, "covers_all": True} for e in (1, 2, 3)
+        ],
+    }  # fmt: skip
+    text = coordination_report(summary)
+    assert (
+        "elastic job (2 to 3 workers): 3 workers from epoch 1; then 2 workers from epoch 3 "
+        "(a worker was lost (a collective failed), 2026-12-03T06:01:00Z)"
+    ) in text
+    assert "| 2 | 3 | 900 | True | True |" in text and "| 3 | 2 | 900 | True | True |" in text
+    assert "## Elastic training" not in coordination_report(_summary())  # static: no section
