@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -144,13 +145,25 @@ def machine_state() -> dict[str, Any]:
     return {"load_average": load_average(), "cpu_capacity": cpu_parallel_capacity()}
 
 
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinity replaced by None (null): strict JSON, which is what
+    parsers other than Python's accept (a ratio without its reference run is not measured)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
 def write_result(name: str, result: dict[str, Any], out_dir: Path = RESULTS_DIR) -> Path:
     """Write ``out_dir/<name>.json`` with the hardware record added; return its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"schema": SCHEMA, "benchmark": name, "hardware": hardware_info(), **result}
     record.setdefault("machine_after", machine_state())
     path = out_dir / f"{name}.json"
-    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(finite(record), indent=2, sort_keys=True, allow_nan=False) + "\n")
     print(f"wrote {path}", flush=True)
     return path
 
