@@ -220,7 +220,8 @@ def run(config: TrainConfig, sampling: Sampling = DISJOINT) -> int:
     log = rank_logger(rank, size)
     _quiet_tensorflow(tf, rank)
 
-    problem = world_size_problem(size, config.world_size, rank, config.min_world_size)
+    fewest = config.min_world_size if config.elastic else 0
+    problem = world_size_problem(size, config.world_size, rank, fewest)
     if problem:
         print(problem, file=sys.stderr, flush=True)
         return EXIT_PREFLIGHT
