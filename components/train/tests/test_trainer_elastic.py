@@ -24,7 +24,7 @@ from components.train.launch import LocalHosts, run_local
 
 pytestmark = pytest.mark.horovod
 
-EPOCHS = 6
+EPOCHS = 4
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_a_killed_rank_leaves_one_job_of_two_that_finishes(mnist_3000: str, tmp_
         killed.append(proc.pid)
         proc.send_signal(signal.SIGKILL)
 
-    watcher = _when_checkpointed(out, 2, kill_rank_1)
+    watcher = _when_checkpointed(out, 1, kill_rank_1)
     code = run_local(_config(mnist_3000, out), timeout_s=400, log=lines.append)
     watcher.join(timeout=1)
     assert killed, "rank 1 was never killed"
@@ -109,7 +109,7 @@ def test_a_killed_rank_leaves_one_job_of_two_that_finishes(mnist_3000: str, tmp_
     assert [h["world_size"] for h in history] == [3, 2], history
     assert "worker was lost" in history[1]["why"]
     resumed = history[1]["epoch"]
-    assert resumed >= 2, history
+    assert resumed >= 1, history
     sizes = {r["epoch"]: r["world_size"] for r in summary["elastic"]["epochs"]}
     assert all(sizes[e] == 3 for e in range(1, resumed + 1))
     assert all(sizes[e] == 2 for e in range(resumed + 1, EPOCHS + 1))
