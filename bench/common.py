@@ -26,7 +26,7 @@ import numpy as np
 from components.common.defaults import MODEL, SPLIT_SEED
 from components.data_prep.prep import prepare
 from components.train.config import TrainConfig, to_argv
-from components.train.launch import hvdrun_command, job_environment
+from components.train.launch import hvdrun_command, job_environment, thread_affinity
 
 RESULTS_DIR = Path(__file__).with_name("results")
 SCHEMA = "kfp-horovod/bench/v1"
@@ -367,6 +367,12 @@ def run_job(
     return collect(start_job(command, env), timeout_s)
 
 
+def local_job_env(workers: int, env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment, plus what the launcher gives a static job of `workers` local
+    ranks (their ``HOROVOD_THREAD_AFFINITY``, as `make run` gets it), plus `env`."""
+    return {**os.environ, "HOROVOD_THREAD_AFFINITY": thread_affinity(workers), **(env or {})}
+
+
 def run_trainer(
     workers: int,
     args: list[str],
@@ -378,7 +384,7 @@ def run_trainer(
 
     `env` is added to this process's environment. Returns the job and its run_summary.
     """
-    job_env = {**os.environ, **env} if env else None
+    job_env = local_job_env(workers, env)
     result = run_job(horovod_command(workers, module, args, pin_threads), job_env)
     output = Path(args[args.index("--output") + 1])
     return result, json.loads((output / "run_summary.json").read_text())

@@ -42,6 +42,7 @@ from bench.common import (
     default_model,
     horovod_command,
     interleave,
+    local_job_env,
     machine_state,
     median,
     model_fields,
@@ -85,7 +86,8 @@ def _launch_watched(
     )
     watcher = CheckpointWatcher(output / "checkpoints", output / "kept").start()
     started_wall = time.time()
-    return start_job(horovod_command(workers, "components.train", args)), watcher, started_wall
+    job = start_job(horovod_command(workers, "components.train", args), local_job_env(workers))
+    return job, watcher, started_wall
 
 
 def _reached(
@@ -141,7 +143,7 @@ def measure_sampling(run: Run, module: str, label: str, epochs: int, seed: int) 
     args = trainer_args(
         run.data, output, 2, epochs, threads=1, seed=seed, **model_fields(run.model)
     )
-    run_job(horovod_command(2, module, args))
+    run_job(horovod_command(2, module, args), local_job_env(2))
     summary = json.loads((output / "run_summary.json").read_text())
     last = output / "checkpoints" / f"epoch-{epochs:04d}"
     scored = score_checkpoints([EpochMark(epochs, 0.0, last)], run.data, seed, run.model)
