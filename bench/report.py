@@ -37,6 +37,11 @@ def _get(d: dict[str, Any], key: str) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
+def _measured(x: Any) -> bool:
+    """A figure that was measured: not null (strict JSON) and not NaN (older files)."""
+    return x is not None and x == x
+
+
 def _verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("met" if ok else "**missed**")
 
@@ -177,7 +182,7 @@ def input_and_levers_rows(res: dict[str, dict[str, Any]]) -> list[list[str]]:
 
 def _lever_references(row: dict[str, Any]) -> str:
     """ "; ceiling ratio x, efficiency y" where the lever run had its 1x1, 1x2 references."""
-    if row["ceiling_ratio"] != row["ceiling_ratio"]:  # NaN: run with --no-references
+    if not _measured(row["ceiling_ratio"]):  # run with --no-references
         return " (run without its 1×1, 1×2 references)"
     return f"; ceiling ratio {_fmt(row['ceiling_ratio'])}, efficiency {_fmt(row['efficiency'])}"
 
@@ -368,7 +373,7 @@ def _levers_section(res: dict[str, dict[str, Any]]) -> list[str]:
                 [
                     name, _fmt(r["examples_per_second_2x1"], 0), _fmt(r["over_baseline_2x1"]),
                     _fmt(r["ceiling_ratio"]), _fmt(r["efficiency"]),
-                    r["references"] if r["ceiling_ratio"] == r["ceiling_ratio"] else "not run",
+                    r["references"] if _measured(r["ceiling_ratio"]) else "not run",
                 ]
                 for name, r in rows.items()
             ],
