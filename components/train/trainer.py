@@ -326,7 +326,7 @@ def _build_or_resume(job: _Job) -> _Trainee:
     from horovod.tensorflow import broadcast_object
 
     config, tf = job.config, job.tf
-    resume = checkpoints.latest(config.checkpoint_uri) if job.rank == 0 else None
+    resume = checkpoints.latest(config.checkpoint_uri, job.log) if job.rank == 0 else None
     resume = broadcast_object(resume, root_rank=0)
     problem = resume.model_problem(config.model, config.checkpoint_uri) if resume else None
     if problem:  # every rank has the same marker: every rank stops here
