@@ -147,7 +147,7 @@ class FaultProxy:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         handler = type("Handler", (_ProxyHandler,), {"proxy": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = _QuietServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -208,6 +208,16 @@ def fault_body(status: int) -> bytes:
     detail = {"message": message, "domain": "global", "reason": _REASONS[status]}
     error = {"code": status, "message": message, "errors": [detail]}
     return json.dumps({"error": error}).encode()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """Says nothing when a client drops its connection (a job's ranks exit with theirs open)."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):

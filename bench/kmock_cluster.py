@@ -9,6 +9,8 @@ Used by the MPIJob lifecycle tests and by the fault benchmark (bench/faults.py),
   operator thread appends to;
 * garbage collection: kmock does not cascade deletes, so an `Operator` deletes the job's pods
   once the job is gone, as Kubernetes' garbage collector would;
+* the pods themselves: `TrainerOperator` runs the launcher's trainer command line with
+  horovodrun on this machine instead of mpirun across pods;
 * kmock ignores label selectors, so an unrelated pod is always present to prove that the code
   filters pods itself.
 """
@@ -16,16 +18,22 @@ Used by the MPIJob lifecycle tests and by the fault benchmark (bench/faults.py),
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import kmock
+import psutil
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from components.train.mpijob.manifest import LABEL_JOB, LABEL_ROLE
+from components.train.rankwatch import rank_processes
 
 NS = "kubeflow-user"
 G, V, P = "kubeflow.org", "v2beta1", "mpijobs"
@@ -156,8 +164,93 @@ class Operator:
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
 
-    def join(self) -> None:
+    def join(self, timeout: float = 30.0) -> None:
         assert self._thread is not None
-        self._thread.join(30)
+        self._thread.join(timeout)
         if self.error:
             raise self.error
+
+
+def launcher_command(job: dict[str, Any]) -> list[str]:
+    """The launcher container's command in a stored MPIJob."""
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    return list(launcher["containers"][0]["command"])
+
+
+def local_equivalent(command: list[str]) -> tuple[int, list[str], dict[str, str]]:
+    """``mpirun -np N ... -x K=V ... python -m components.train ARGS`` as ``(N, ARGS, {K: V})``."""
+    exported = [command[i + 1] for i, word in enumerate(command[:-1]) if word == "-x"]
+    module = command.index("components.train")
+    env = dict(item.split("=", 1) for item in exported if "=" in item)
+    return int(command[command.index("-np") + 1]), command[module + 1 :], env
+
+
+class TrainerOperator(Operator):
+    """Plays mpi-operator, the kubelet and the garbage collector for one MPIJob at a time, with
+    the real trainer: the launcher is the command line the stored MPIJob holds, run by
+    horovodrun on this machine (`launch.local_command`, the same ranks and arguments, the
+    ``-x`` environment plus `env`), its output the launcher pod's log. When the MPIJob is
+    deleted while it runs, the ranks are killed and the pods deleted, as Kubernetes would.
+    """
+
+    def __init__(self, cluster: Cluster, env: dict[str, str]) -> None:
+        super().__init__(cluster)
+        self.env = env
+        self.starts = 0  # trainer launches, over every job served
+        self.collected: list[int] = []  # pids of the ranks killed when a job was deleted
+        self.lines: list[tuple[float, str]] = []  # every launcher line, with when it came
+        self.killed_at: float | None = None  # when the ranks of a deleted job were killed
+
+    def serve(self, name: str, poll_s: float = 0.1) -> int | None:
+        """Run MPIJob `name` to its end: the trainer's exit code, or None if it was deleted."""
+        from components.train.launch import job_environment, local_command
+
+        job = self.c.job(name)
+        assert job is not None, f"no MPIJob {name}"
+        workers, args, exported = local_equivalent(launcher_command(job))
+        self.conditions(name, ("Created", "MPIJobCreated", "MPIJob created"))
+        pod_name = self.launcher(name)
+        running = ("Running", "MPIJobRunning", "launcher is running")
+        self.conditions(name, ("Created", "MPIJobCreated", ""), running)
+        proc = subprocess.Popen(
+            local_command(workers, args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, env=job_environment({**self.env, **exported}), start_new_session=True,
+        )  # fmt: skip
+        self.starts += 1
+        reader = threading.Thread(target=self._pump, args=(proc, pod_name), daemon=True)
+        reader.start()
+        while proc.poll() is None:
+            if self.c.job(name) is None:
+                self._collect(name, proc)
+                return None
+            time.sleep(poll_s)
+        reader.join()
+        code = proc.returncode
+        done = (
+            ("Succeeded", "MPIJobSucceeded", "")
+            if code == 0
+            else ("Failed", "Error", f"exit {code}")
+        )
+        self.conditions(name, ("Created", "MPIJobCreated", ""), running, done)
+        return code
+
+    def _pump(self, proc: subprocess.Popen[str], pod_name: str) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+            self.say(pod_name, line.rstrip("\n"))
+
+    def _collect(self, name: str, proc: subprocess.Popen[str]) -> None:
+        """The garbage collector's part: the job's containers are killed, its pods deleted."""
+        ranks = list(rank_processes(proc.pid).values())
+        self.killed_at = time.monotonic()
+        os.killpg(proc.pid, signal.SIGKILL)
+        for rank in ranks:
+            with contextlib.suppress(psutil.Error):
+                rank.kill()
+        psutil.wait_procs(ranks, timeout=30)
+        proc.wait()
+        self.collected += [r.pid for r in ranks]
+        for pod_name in self.c.pod_names():
+            if pod_name.startswith(f"{name}-"):
+                self.c.core.delete_namespaced_pod(pod_name, NS)
