@@ -90,6 +90,9 @@ def test_the_proxy_injects_the_same_faults_for_the_same_seed(gcs_emulator: str) 
     first = statuses(3)
     assert first == statuses(3) and first != statuses(4)
     assert {503, 429} <= set(first) and None in first
+    spared = FaultProxy(gcs_emulator, share=0.99, seed=3)  # the client's background metadata read
+    assert spared.fault_for("GET", "/storage/v1/b/bucket?projection=noAcl") is None
+    assert spared.fault_for("GET", "/storage/v1/b/bucket/o?prefix=a") in (503, 429)
     with pytest.raises(ValueError, match="share must be in"):
         FaultProxy(gcs_emulator, share=1.0, seed=1)
     with pytest.raises(ValueError, match="statuses must be some of"):
