@@ -679,7 +679,8 @@ def fault_table(result: dict[str, Any]) -> list[str]:
         "Half-written files |",
         "|---|---|---|---|---|---|---|",
     ]
-    for fault, s in result["summary"].items():
+    order = {name: i for i, name in enumerate(RUNNERS)}  # the JSON's keys come back sorted
+    for fault, s in sorted(result["summary"].items(), key=lambda kv: order.get(kv[0], 99)):
         label, how = LABELS.get(fault, (fault, ""))
         times = s["time_to_recover_s"]
         lines.append(
