@@ -664,7 +664,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "trials": len(rows),
             "survived": sum(r["survived"] for r in rows),
             "epochs_lost_median": round(median([r["epochs_lost"] for r in rows]), 2),
-            "time_to_recover_s_median": round(median([r["time_to_recover_s"] for r in rows]), 1),
+            "time_to_recover_s_median": round(median([r["time_to_recover_s"] for r in rows]), 2),
             "time_to_recover_s": [r["time_to_recover_s"] for r in rows],
             "models_exported": [r["models_exported"] for r in rows],
             "half_written": [len(r["half_written"]) for r in rows],
