@@ -325,8 +325,23 @@ def summary_markdown(res: dict[str, dict[str, Any]]) -> str:
     out += [", ".join(f"{name} {_capacity(r)}" for name, r in res.items()), ""]
     for section in (_scaling_section, _tta_section, _levers_section, _allreduce_section):
         out += section(res)
-    out += _data_prep_section(res) + _pipeline_section(res)
+    out += _data_prep_section(res) + _pipeline_section(res) + _faults_section(res)
     return "\n".join(out) + "\n"
+
+
+def _faults_section(res: dict[str, dict[str, Any]]) -> list[str]:
+    f = res.get("faults")
+    if not f:
+        return []
+    from bench.faults import fault_table
+
+    settings = f["settings"]
+    out = [
+        f"## Faults ({settings['repeats']} trials each; {settings['model']}, "
+        f"{settings['workers']} ranks, {settings['train_samples']:,} samples)",
+        "",
+    ]
+    return out + fault_table(f) + [""]
 
 
 def _scaling_section(res: dict[str, dict[str, Any]]) -> list[str]:

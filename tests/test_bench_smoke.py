@@ -18,6 +18,7 @@ import pytest
 from bench import (
     allreduce,
     data_prep,
+    faults,
     levers,
     mwms,
     pipeline_overhead,
@@ -250,3 +251,67 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
     summary = (out / "summary.md").read_text()
     assert "Time to" in summary and "| Target | Required | Measured | Verdict |" in summary
     assert "Levers on the 2×1 job" in summary and "Where a 2×1 step goes" in summary
+
+
+def test_faults_count_half_written_files_and_models(tmp_path: Path) -> None:
+    done = {
+        "run/model/saved_model.pb", "run/model/variables/variables.index",
+        "run/checkpoints/epoch-0002/ckpt.index", "run/checkpoints/epoch-0002/checkpoint.json",
+        "data/manifest.json", "data/train/images-00000.npy", "run/run_summary.json",
+    }  # fmt: skip
+    partial = {
+        "run/checkpoints/epoch-0003/ckpt.index",  # no checkpoint.json
+        "run/.run_summary.json.x1.tmp",  # a local write's temporary name
+        "models/mnist-cnn/_staging/1.abc/saved_model.pb",  # the registry's GCS staging
+        "export/variables/variables.index",  # a model without saved_model.pb
+        "data2/test/labels-00000.npy",  # a dataset without manifest.json
+    }
+    for rel in done | partial:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    assert sorted(faults.half_written(str(tmp_path))) == sorted(partial)
+    assert faults.models_exported(str(tmp_path / "run")) == 1
+    assert faults.models_exported(str(tmp_path)) == 2
+
+
+def test_faults_progress_and_the_readme_table(tmp_path: Path) -> None:
+    lines = [(10.0 + 2 * k, f"[rank 0/2] checkpoint after epoch {k} written to x") for k in (1, 2)]
+    assert faults.progress_at(lines, 15.0) == 2.5  # half an epoch after the 2nd checkpoint
+    assert faults.progress_at(lines, 30.0) == 3.0 and faults.progress_at(lines, 5.0) == 0.0
+    row = faults.record("sigstop", 0, True, epochs_lost=0.5, time_to_recover_s=9.0,
+                        models_exported=1, half_written=[], named_after_s=0.4)  # fmt: skip
+    assert row["survived"] and row["details"] == {"named_after_s": 0.4}
+    assert not faults.record("cancel", 0, True, epochs_lost=0, time_to_recover_s=1,
+                             models_exported=2, half_written=[])["survived"]  # fmt: skip
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{faults.README_BEGIN}\nold\n{faults.README_END}\nrest\n")
+    faults.write_readme_table({"summary": faults.summarise([row])}, readme)
+    text = readme.read_text()
+    assert "old" not in text and text.startswith("intro\n") and text.endswith("rest\n")
+    assert (
+        "| rank hangs (SIGSTOP) | launcher names it" in text
+        and "| 1/1 | 0.5 | 9 (9–9) | 1 | 0 |" in text
+    )
+    (tmp_path / "none.md").write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        faults.write_readme_table({"summary": {}}, tmp_path / "none.md")
+
+
+@pytest.mark.horovod
+def test_faults_benchmark_survives_every_fault(tmp_path: Path) -> None:
+    """Every fault once, at tiny sizes (the small model, 1,000 samples): each survived with one
+    model and nothing half-written, and the JSON holds every figure of the table."""
+    out, work = tmp_path / "results", tmp_path / "work"
+    assert faults.main(["--quick", "--out", str(out), "--work", str(work)]) == 0
+    record = _read(out, "faults")
+    assert sorted(record["summary"]) == sorted(faults.RUNNERS)
+    assert record["settings"]["model"] == "small" and record["all_survived"] is True
+    for row in record["records"]:
+        assert (row["survived"], row["models_exported"], row["half_written"]) == (True, 1, [])
+    gcs = next(r for r in record["records"] if r["fault"] == "gcs_transient")["details"]
+    assert gcs["injected"] == gcs["retries_logged"] > 0
+    table = faults.fault_table(record)
+    assert table[0].startswith("| Fault | Recovery | Survived |") and len(table) == 2 + len(
+        faults.RUNNERS
+    )
+    assert table[2].startswith(f"| {faults.LABELS['static_sigkill'][0]} |")  # RUNNERS' order

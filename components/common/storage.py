@@ -4,11 +4,22 @@ Local paths are used as they are; ``gs://bucket/key`` goes through ``google-clou
 (which honours ``STORAGE_EMULATOR_HOST``, so tests run against ``fake-gcs-server``).
 Every write is all-or-nothing: local files are written to a temporary name and renamed, and a
 GCS object appears only when its upload completes.
+
+Every GCS request retries transient errors (429, 408, 5xx, dropped connections) with the
+client library's own policy, google-api-core's ``Retry`` with ``DEFAULT_RETRY``'s predicate and
+exponential back-off, and each retry is logged once, naming the operation, the object and the
+error (`_retry`). Retrying is safe for every call here: reads, lists and deletes are
+idempotent; plain uploads (`write_bytes`, `upload_dir`) write objects that have one writer and
+the same bytes on every attempt; a retried server-side copy writes the same object again; and
+the conditional writes carry a generation precondition, so a retry whose first attempt did
+reach the server fails the precondition (412) instead of writing twice (what the callers do
+then is in `create_exclusive` and `write_if_unchanged`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -18,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 GCS_SCHEME = "gs://"
+_log = logging.getLogger(__name__)
 
 
 class StorageError(RuntimeError):
@@ -63,16 +75,37 @@ def _blob(uri: str) -> Any:
     return _client().bucket(bucket).blob(key)
 
 
-def _retry() -> Any:
+def _describe(exc: BaseException) -> str:
+    """``HTTP 503 (ServiceUnavailable)`` for an HTTP error, else the exception's type and text."""
+    status = getattr(exc, "code", None)
+    response = getattr(exc, "response", None)
+    if not isinstance(status, int) and response is not None:
+        status = getattr(response, "status_code", None)
+    if isinstance(status, int):
+        return f"HTTP {status} ({type(exc).__name__})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _retry(operation: str, uri: str) -> Any:
+    """The retry policy of one GCS call: ``DEFAULT_RETRY``'s predicate and back-off (a random
+    wait of up to 1 s, doubling to 60 s, for up to 120 s in all), logging each retry once."""
+    from google.api_core.retry import Retry
     from google.cloud.storage.retry import DEFAULT_RETRY
 
-    return DEFAULT_RETRY
+    def log_retry(exc: Exception) -> None:
+        _log.warning("GCS %s %s failed: %s; retrying", operation, uri, _describe(exc))
+
+    # google-api-core has no public copy-with-on_error; DEFAULT_RETRY's predicate is reused as
+    # it is (components/common/tests/test_storage.py checks that it retries 429 and 503).
+    return Retry(
+        predicate=DEFAULT_RETRY._predicate, timeout=DEFAULT_RETRY.timeout, on_error=log_retry
+    )
 
 
 def exists(uri: str) -> bool:
     """True if the file (or, locally, the directory) exists."""
     if is_gcs(uri):
-        return bool(_blob(uri).exists(retry=_retry()))
+        return bool(_blob(uri).exists(retry=_retry("exists", uri)))
     return os.path.exists(uri)
 
 
@@ -82,7 +115,7 @@ def read_bytes(uri: str) -> bytes:
         from google.api_core import exceptions as gexc
 
         try:
-            return bytes(_blob(uri).download_as_bytes(retry=_retry()))
+            return bytes(_blob(uri).download_as_bytes(retry=_retry("read", uri)))
         except gexc.NotFound as exc:
             raise FileNotFoundError(f"no such object: {uri}") from exc
     try:
@@ -114,7 +147,7 @@ def _write_beside(path: Path, data: bytes) -> Path:
 def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole file atomically (temporary name + rename locally, one upload on GCS)."""
     if is_gcs(uri):
-        _blob(uri).upload_from_string(data, retry=_retry())
+        _blob(uri).upload_from_string(data, retry=_retry("write", uri))
         return
     path = Path(uri)
     tmp = _write_beside(path, data)
@@ -135,13 +168,15 @@ def create_exclusive(uri: str, data: bytes) -> bool:
 
     Locally this is ``O_CREAT | O_EXCL`` (the content is written to a temporary file and
     hard-linked into place, so nobody sees a half-written file). On GCS it is an upload with
-    the precondition ``ifGenerationMatch=0``.
+    the precondition ``ifGenerationMatch=0``, retried like every call: a retry whose first
+    attempt was written but not answered is refused (412) and reported as "existed", which
+    the callers tolerate (a claimed version is skipped, a run binding is read back).
     """
     if is_gcs(uri):
         from google.api_core import exceptions as gexc
 
         try:
-            _blob(uri).upload_from_string(data, if_generation_match=0)
+            _blob(uri).upload_from_string(data, if_generation_match=0, retry=_retry("create", uri))
         except gexc.PreconditionFailed:
             return False
         return True
@@ -161,7 +196,7 @@ def list_files(uri: str) -> list[str]:
     if is_gcs(uri):
         bucket, key = split_gcs(uri)
         prefix = key.rstrip("/") + "/" if key else ""
-        blobs = _client().list_blobs(bucket, prefix=prefix, retry=_retry())
+        blobs = _client().list_blobs(bucket, prefix=prefix, retry=_retry("list", uri))
         return sorted(f"{GCS_SCHEME}{bucket}/{b.name}" for b in blobs)
     root = Path(uri)
     if not root.is_dir():
@@ -195,7 +230,8 @@ def upload_dir(
     if is_gcs(uri):
         files = sorted(_walk_local(local_dir), key=lambda item: item[1] == last)
         for path, rel in files:
-            _blob(join(staging or uri, rel)).upload_from_filename(str(path), retry=_retry())
+            target = join(staging or uri, rel)
+            _blob(target).upload_from_filename(str(path), retry=_retry("upload", target))
         if staging is not None:
             _move_objects(staging, uri, [rel for _, rel in files])
         return
@@ -218,12 +254,13 @@ def _move_objects(src: str, dest: str, rels: list[str]) -> None:
 
     for rel in rels:
         source, target = _blob(join(src, rel)), _blob(join(dest, rel))
-        token, _, _ = target.rewrite(source, retry=_retry())
+        retry = _retry("copy", join(dest, rel))
+        token, _, _ = target.rewrite(source, retry=retry)
         while token is not None:  # large objects take several rewrite calls
-            token, _, _ = target.rewrite(source, token=token, retry=_retry())
+            token, _, _ = target.rewrite(source, token=token, retry=retry)
     for rel in rels:
         with contextlib.suppress(gexc.NotFound):  # a retried delete whose first try went through
-            _blob(join(src, rel)).delete(retry=_retry())
+            _blob(join(src, rel)).delete(retry=_retry("delete", join(src, rel)))
 
 
 def download_dir(uri: str, local_dir: str | Path) -> Path:
@@ -237,7 +274,7 @@ def download_dir(uri: str, local_dir: str | Path) -> Path:
     for file_uri in list_files(uri):
         target = local_dir / file_uri[len(prefix) :]
         target.parent.mkdir(parents=True, exist_ok=True)
-        _blob(file_uri).download_to_filename(str(target), retry=_retry())
+        _blob(file_uri).download_to_filename(str(target), retry=_retry("download", file_uri))
     return local_dir
 
 
@@ -251,8 +288,11 @@ def local_copy(uri: str, workdir: str | Path) -> Path:
 def remove_tree(uri: str) -> None:
     """Delete a directory tree or prefix; missing is fine."""
     if is_gcs(uri):
+        from google.api_core import exceptions as gexc
+
         for file_uri in list_files(uri):
-            _blob(file_uri).delete(retry=_retry())
+            with contextlib.suppress(gexc.NotFound):  # a retried delete that went through
+                _blob(file_uri).delete(retry=_retry("delete", file_uri))
         return
     shutil.rmtree(uri, ignore_errors=True)
 
@@ -270,12 +310,14 @@ def read_versioned(uri: str) -> tuple[bytes | None, str]:
 
         bucket, key = split_gcs(uri)
         for _ in range(5):  # the object may be replaced between the metadata read and download
-            blob = _client().bucket(bucket).get_blob(key, retry=_retry())
+            blob = _client().bucket(bucket).get_blob(key, retry=_retry("stat", uri))
             if blob is None:
                 return None, ABSENT
             generation = blob.generation  # read before the download, which may reset it
             try:
-                data = blob.download_as_bytes(if_generation_match=generation, retry=_retry())
+                data = blob.download_as_bytes(
+                    if_generation_match=generation, retry=_retry("read", uri)
+                )
             except (gexc.NotFound, gexc.PreconditionFailed):
                 continue
             return bytes(data), str(generation)
@@ -291,14 +333,18 @@ def write_if_unchanged(uri: str, data: bytes, token: str) -> bool:
     """Replace `uri` with `data` only if it still holds what was read with `token`.
 
     Returns False (and writes nothing) when someone else changed the file since. On GCS this is
-    an upload with ``ifGenerationMatch=token``; locally the check and the atomic rename run under
-    an ``flock`` on a sidecar lock file (released by the kernel if the process dies).
+    an upload with ``ifGenerationMatch=token`` (a retry whose first attempt was written but not
+    answered is refused too: the caller re-reads and finds its own record); locally the check
+    and the atomic rename run under an ``flock`` on a sidecar lock file (released by the kernel
+    if the process dies).
     """
     if is_gcs(uri):
         from google.api_core import exceptions as gexc
 
         try:
-            _blob(uri).upload_from_string(data, if_generation_match=int(token), retry=_retry())
+            _blob(uri).upload_from_string(
+                data, if_generation_match=int(token), retry=_retry("write", uri)
+            )
         except gexc.PreconditionFailed:
             return False
         return True

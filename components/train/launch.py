@@ -23,6 +23,7 @@ from pathlib import Path
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
 from components.train.config import TrainConfig, to_argv
 from components.train.preflight import check_model_before_launch
+from components.train.rankwatch import RankWatch
 
 
 def launcher_args(workers: int) -> list[str]:
@@ -159,7 +160,8 @@ def run_local(
 ) -> int:
     """Run the trainer as one job of ``config.world_size`` local processes.
 
-    Output is streamed line by line to `log`. On timeout the whole process group is killed and
+    Output is streamed line by line to `log`, with the launcher's own lines about a frozen rank
+    (`components.train.rankwatch`). On timeout the whole process group is killed and
     TimeoutError raised. Returns horovodrun's exit code. Raises PreflightError, starting
     nothing, if ``config.model`` is an entry point that does not build a fitting model. An
     elastic job finds its slots through `hosts` (default: all ``config.world_size`` listed).
@@ -186,6 +188,9 @@ def _stream(
         env=env,
         start_new_session=True,
     )
+    # A frozen rank is named, and ends the job within the stall bound (rankwatch.py).
+    bound = float(env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"])
+    watch = RankWatch(proc.pid, bound, log).start()
     timer = None
     if timeout_s is not None:
         import threading
@@ -202,6 +207,7 @@ def _stream(
         proc.wait()
         raise
     finally:
+        watch.stop()
         if timer is not None:
             timer.cancel()
     if timeout_s is not None and code == -signal.SIGKILL:

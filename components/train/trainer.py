@@ -345,7 +345,7 @@ def _build_or_resume(job: _Job) -> _Trainee:
 
     config, tf = job.config, job.tf
     reader = job.rank == 0 or config.elastic  # elastic: no collective before its loop starts
-    resume = checkpoints.latest(config.checkpoint_uri) if reader else None
+    resume = checkpoints.latest(config.checkpoint_uri, job.log) if reader else None
     if not config.elastic:
         resume = broadcast_object(resume, root_rank=0)
     problem = resume.model_problem(config.model, config.checkpoint_uri) if resume else None

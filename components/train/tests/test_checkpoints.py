@@ -1,19 +1,30 @@
 """The checkpoint marker records which model was trained; a run of another model will not
-resume from it."""
+resume from it. A missing, truncated or corrupt latest checkpoint (or ``latest.json``) makes the
+resume fall back to the one before it, saying so once; committed checkpoints that are all
+unusable stop the run instead of starting it from scratch."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
+from components.common import storage
 from components.train import checkpoints
+
+DATA = "ckpt.data-00000-of-00001"
 
 
 class _FakeCheckpoint:
-    """Stands in for ``tf.train.Checkpoint``: writes one file where the real one writes its."""
+    """Stands in for ``tf.train.Checkpoint``: writes the two files the real one writes."""
+
+    def __init__(self, payload: str = "weights") -> None:
+        self.payload = payload
 
     def write(self, prefix: str) -> None:
         Path(prefix + ".index").write_text("index")
+        Path(prefix + ".data-00000-of-00001").write_text(self.payload * 100)
 
 
 def test_marker_records_the_model_and_refuses_another(tmp_path: Path) -> None:
@@ -34,7 +45,122 @@ def test_marker_records_the_model_and_refuses_another(tmp_path: Path) -> None:
 
 def test_a_marker_from_before_the_choice_was_written_training_small(tmp_path: Path) -> None:
     (tmp_path / "latest.json").write_text(json.dumps({"epoch": 1, "prefix": "epoch-0001/ckpt"}))
+    (tmp_path / "epoch-0001").mkdir()
+    (tmp_path / "epoch-0001" / "ckpt.index").write_text("index")  # no per-epoch marker then
     info = checkpoints.latest(str(tmp_path))
     assert info is not None and info.model == "small"
     assert info.model_problem("small", str(tmp_path)) is None
     assert "written training model 'small'" in str(info.model_problem("mnist_advanced", "c"))
+
+
+@pytest.fixture(params=["local", "gcs"])
+def three_epochs(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Checkpoints after epochs 1, 2 and 3 (epoch 1 pruned: 2 and 3 are kept)."""
+    if request.param == "local":
+        uri = str(tmp_path / "checkpoints")
+    else:
+        uri = f"gs://{request.getfixturevalue('gcs_bucket')}/run/checkpoints"
+    for epoch in (1, 2, 3):
+        checkpoints.save(_FakeCheckpoint(f"e{epoch}"), uri, epoch, {"loss": 1 / epoch}, "small")
+    return uri
+
+
+def _delete(uri: str) -> None:
+    """Delete one file (one object on GCS)."""
+    if storage.is_gcs(uri):
+        storage._blob(uri).delete()
+    else:
+        Path(uri).unlink()
+
+
+def _fallback_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "components.train.checkpoints"]
+
+
+def test_each_epoch_records_its_files_and_the_newest_is_chosen(
+    three_epochs: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    names = {
+        f.rsplit("/", 2)[-2] + "/" + f.rsplit("/", 1)[-1] for f in storage.list_files(three_epochs)
+    }
+    assert names == {
+        "epoch-0002/checkpoint.json", "epoch-0002/ckpt.index", f"epoch-0002/{DATA}",
+        "epoch-0003/checkpoint.json", "epoch-0003/ckpt.index", f"epoch-0003/{DATA}",
+        "checkpoints/latest.json",
+    }  # fmt: skip
+    marker = json.loads(storage.read_text(f"{three_epochs}/epoch-0003/checkpoint.json"))
+    assert marker["files"][DATA]["bytes"] == 200 and len(marker["files"][DATA]["sha256"]) == 64
+    info = checkpoints.latest(three_epochs)
+    assert info == checkpoints.CheckpointInfo(3, "epoch-0003/ckpt", {"loss": 1 / 3}, "small")
+    assert _fallback_lines(caplog) == []
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda u: storage.write_bytes(f"{u}/epoch-0003/{DATA}", b"e3" * 10),
+         f"{DATA} has 20 bytes, 200 were written"),
+        (lambda u: storage.write_bytes(f"{u}/epoch-0003/{DATA}", b"xx" * 100),
+         f"{DATA} does not match the sha256 recorded when it was written"),
+        (lambda u: _delete(f"{u}/epoch-0003/{DATA}"), f"{DATA} is missing"),
+        (lambda u: storage.remove_tree(f"{u}/epoch-0003"), "its directory is missing"),
+        (lambda u: storage.write_text(f"{u}/epoch-0003/checkpoint.json", "{"),
+         "unreadable: Expecting property name"),
+    ],
+    ids=["truncated", "corrupt", "data-deleted", "dir-deleted", "marker-corrupt"],
+)  # fmt: skip
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(
+    three_epochs: str, caplog: pytest.LogCaptureFixture, damage, why: str
+) -> None:
+    damage(three_epochs)
+    info = checkpoints.latest(three_epochs)
+    assert info is not None and (info.epoch, info.metrics) == (2, {"loss": 0.5})
+    (line,) = _fallback_lines(caplog)
+    assert line.startswith(f"checkpoint after epoch 3 is unreadable ({why}")
+    assert line.endswith("); resuming from epoch 2")
+
+
+def test_an_unreadable_latest_json_resumes_from_the_newest_complete_epoch(
+    three_epochs: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage.write_text(f"{three_epochs}/latest.json", '{"epoch": 3, "pre')
+    info = checkpoints.latest(three_epochs)
+    assert info is not None and info.epoch == 3
+    (line,) = _fallback_lines(caplog)
+    assert line.startswith("latest.json is unreadable: ") and line.endswith("resuming from epoch 3")
+
+
+def test_an_epoch_written_after_latest_json_is_not_committed(tmp_path: Path) -> None:
+    uri = str(tmp_path)
+    checkpoints.save(_FakeCheckpoint(), uri, 1, {}, "small")
+    latest_json = (tmp_path / "latest.json").read_text()
+    checkpoints.save(_FakeCheckpoint(), uri, 2, {}, "small")  # killed before its latest.json:
+    (tmp_path / "latest.json").write_text(latest_json)
+    info = checkpoints.latest(uri)
+    assert info is not None and info.epoch == 1
+
+
+def test_nothing_committed_is_a_fresh_start_and_all_damaged_is_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    partial = tmp_path / "c" / "epoch-0001"
+    partial.mkdir(parents=True)
+    (partial / "ckpt.index").write_text("killed while writing the first checkpoint")
+    assert checkpoints.latest(str(tmp_path / "c")) is None
+    assert checkpoints.latest(str(tmp_path / "none")) is None
+
+    uri = str(tmp_path / "d")
+    for epoch in (1, 2):
+        checkpoints.save(_FakeCheckpoint(), uri, epoch, {}, "small")
+    for epoch in (1, 2):
+        (tmp_path / "d" / f"epoch-000{epoch}" / DATA).write_text("")
+    with pytest.raises(checkpoints.CheckpointError) as info:
+        checkpoints.latest(uri)
+    assert str(info.value) == (
+        f"checkpoints were written to {uri}, but none can be resumed from: checkpoint after "
+        f"epoch 2 is unreadable ({DATA} has 0 bytes, 700 were written); checkpoint after "
+        f"epoch 1 is unreadable ({DATA} has 0 bytes, 700 were written). Not starting from "
+        "scratch: restore the checkpoints, or start the run in a fresh output (or checkpoint) "
+        "directory"
+    )
+    assert _fallback_lines(caplog) == []

@@ -1,10 +1,13 @@
-"""A run killed (SIGKILL, mid-training) after epoch k and restarted continues at epoch k+1."""
+"""A run killed (SIGKILL, mid-training) after epoch k and restarted continues at epoch k+1; a
+rerun whose latest checkpoint is damaged resumes from the one before it, and one whose
+checkpoints are all damaged stops instead of starting from scratch."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -63,3 +66,77 @@ def test_killed_run_resumes_at_the_next_epoch(
     assert summary["weights_identical_across_ranks"] is True
     assert summary["levers"]["backward_passes_per_step"] == 2
     assert summary["augment"] is True
+
+
+# --- a damaged latest checkpoint --------------------------------------------------------------
+
+DATA_FILE = "ckpt.data-00000-of-00001"
+
+
+def _small_job(data: str, output: Path, epochs: int, *extra: str) -> list[str]:
+    return [
+        "--data", data, "--output", str(output), "--expected-workers", "2", "--epochs", str(epochs),
+        "--batch-size", "32", "--threads-per-worker", "1", "--model", "small", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(
+    mnist_1000: str, tmp_path_factory: pytest.TempPathFactory, run_job: Any
+) -> Path:
+    """The checkpoint directory of a finished 2-epoch run: epochs 1 and 2 (keep=2)."""
+    out = tmp_path_factory.mktemp("two-epochs") / "out"
+    done = run_job(2, _small_job(mnist_1000, out, 2))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out / "checkpoints"
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGES = {  # what is done to the copied checkpoints, and the epoch the rerun resumes from
+    "data-truncated": (lambda c: _truncate(c / "epoch-0002" / DATA_FILE), 1),
+    "data-deleted": (lambda c: (c / "epoch-0002" / DATA_FILE).unlink(), 1),
+    "latest-json-corrupt": (lambda c: (c / "latest.json").write_text('{"epoch": 2, "pr'), 2),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_latest_checkpoint_resumes_from_the_one_before(
+    two_checkpoints: Path, mnist_1000: str, tmp_path: Path, run_job: Any, damage: str
+) -> None:
+    hurt, resumed = DAMAGES[damage]
+    checkpoint_dir = tmp_path / "checkpoints"
+    shutil.copytree(two_checkpoints, checkpoint_dir)
+    hurt(checkpoint_dir)
+    args = _small_job(mnist_1000, tmp_path / "out", 3, "--checkpoint-dir", str(checkpoint_dir))
+    result = run_job(2, args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    (fallback,) = [line for line in out.splitlines() if "; resuming from epoch" in line]
+    assert fallback.endswith(f"; resuming from epoch {resumed}"), fallback
+    assert ("latest.json is unreadable" if resumed == 2 else "after epoch 2 is unreadable") in out
+    assert f"resuming from checkpoint after epoch {resumed} of 3" in out
+    epochs_run = [int(m) for m in re.findall(r"\] Epoch (\d+)/3", out)]
+    assert epochs_run == list(range(resumed + 1, 4)), out
+    summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    assert summary["resumed_from_epoch"] == resumed
+    assert [p.name for p in (tmp_path / "out").rglob("saved_model.pb")] == ["saved_model.pb"]
+
+
+def test_committed_checkpoints_that_are_all_unusable_stop_the_run(
+    two_checkpoints: Path, mnist_1000: str, tmp_path: Path, run_job: Any
+) -> None:
+    checkpoint_dir = tmp_path / "checkpoints"
+    shutil.copytree(two_checkpoints, checkpoint_dir)
+    for epoch in ("epoch-0001", "epoch-0002"):
+        _truncate(checkpoint_dir / epoch / DATA_FILE)
+    args = _small_job(mnist_1000, tmp_path / "out", 3, "--checkpoint-dir", str(checkpoint_dir))
+    result = run_job(2, args)
+    assert result.returncode != 0
+    assert f"checkpoints were written to {checkpoint_dir}, but none can be resumed from" in (
+        result.stdout + result.stderr
+    )
+    assert "Epoch 1/3" not in result.stdout  # not from scratch
+    assert not (tmp_path / "out" / "model").exists()

@@ -1,0 +1,191 @@
+"""Transient GCS errors: 503 and 429 on a share of the requests, injected by
+`bench.fake_gcs.FaultProxy` in front of the suite's fake-gcs-server (the real
+google-cloud-storage client talks to the proxy). Data prep, the trainer's checkpoints,
+evaluation and registration all retry and succeed, and each retry is logged once: the
+storage layer's retry warnings equal, in number and status, the faults the proxy injected.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.fake_gcs import FaultProxy, create_bucket
+from components.common import dataset, storage
+
+SHARE = 0.2  # of the requests answered with a fault
+STORAGE_LOGGER = "components.common.storage"
+_ids = itertools.count()
+
+
+@dataclass
+class Faulty:
+    """A bucket reached through the fault proxy; faults start when a test sets the share."""
+
+    proxy: FaultProxy
+    root: str
+
+
+@pytest.fixture
+def faulty(gcs_emulator: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faulty]:
+    name = f"faults-{next(_ids)}"
+    create_bucket(gcs_emulator, name)
+    with FaultProxy(gcs_emulator, share=0.0, seed=11) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
+        storage._client.cache_clear()
+        try:
+            yield Faulty(proxy, f"gs://{name}")
+        finally:
+            storage._client.cache_clear()
+
+
+def logged_retries(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == STORAGE_LOGGER and r.levelno == logging.WARNING
+    ]
+
+
+def assert_each_fault_retried_once(proxy: FaultProxy, caplog: pytest.LogCaptureFixture) -> None:
+    faults = proxy.injected
+    assert faults, "the proxy injected no fault: this run proves nothing"
+    logged = logged_retries(caplog)
+    statuses = [int(m.group(1)) for m in (re.search(r"HTTP (\d+)", line) for line in logged) if m]
+    assert len(logged) == len(faults), "\n".join(logged)
+    assert sorted(statuses) == sorted(f.status for f in faults)
+
+
+def test_the_retry_policy_retries_429_and_503_and_logs_each_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from google.api_core import exceptions as gexc
+
+    policy = storage._retry("read", "gs://b/k")
+    assert policy._predicate(gexc.TooManyRequests("slow down"))
+    assert policy._predicate(gexc.ServiceUnavailable("try again"))
+    assert not policy._predicate(gexc.NotFound("gone"))
+    assert not policy._predicate(gexc.PreconditionFailed("stale"))
+    caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
+    policy._on_error(gexc.ServiceUnavailable("try again"))
+    assert logged_retries(caplog) == [
+        "GCS read gs://b/k failed: HTTP 503 (ServiceUnavailable); retrying"
+    ]
+
+
+def test_the_proxy_injects_the_same_faults_for_the_same_seed(gcs_emulator: str) -> None:
+    def statuses(seed: int) -> list[int | None]:
+        proxy = FaultProxy(gcs_emulator, share=0.5, seed=seed)
+        return [proxy.fault_for("GET", f"/o/{i}") for i in range(40)]
+
+    first = statuses(3)
+    assert first == statuses(3) and first != statuses(4)
+    assert {503, 429} <= set(first) and None in first
+    spared = FaultProxy(gcs_emulator, share=0.99, seed=3)  # the client's background metadata read
+    assert spared.fault_for("GET", "/storage/v1/b/bucket?projection=noAcl") is None
+    assert spared.fault_for("GET", "/storage/v1/b/bucket/o?prefix=a") in (503, 429)
+    with pytest.raises(ValueError, match="share must be in"):
+        FaultProxy(gcs_emulator, share=1.0, seed=1)
+    with pytest.raises(ValueError, match="statuses must be some of"):
+        FaultProxy(gcs_emulator, share=0.1, seed=1, statuses=[404])
+
+
+def test_data_prep_retries_and_writes_the_whole_dataset(
+    faulty: Faulty, caplog: pytest.LogCaptureFixture
+) -> None:
+    from components.data_prep.prep import prepare
+
+    caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
+    data = f"{faulty.root}/data"
+    faulty.proxy.share = SHARE
+    prepare("bundled", data, shard_size=250, limit=600)
+    faulty.proxy.share = 0.0
+    manifest = dataset.read_manifest(data)
+    assert (manifest.count("train"), manifest.count("test")) == (600, 600)
+    assert_each_fault_retried_once(faulty.proxy, caplog)
+
+
+def _weights(model: Any) -> list[np.ndarray]:
+    return [np.asarray(w) for w in model.get_weights()]
+
+
+def test_checkpoints_save_and_restore_retry(
+    faulty: Faulty, caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    import tensorflow as tf
+
+    from components.common import keras_env
+    from components.train import checkpoints
+    from components.train.model import build_model
+
+    keras_env.keras()
+    caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
+    uri = f"{faulty.root}/run/checkpoints"
+    saved = build_model(3, "small")
+    faulty.proxy.share = SHARE
+    ckpt = tf.train.Checkpoint(model=saved)
+    for epoch in (1, 2, 3):
+        checkpoints.save(ckpt, uri, epoch, {"loss": 1.0 / epoch}, "small")
+    info = checkpoints.latest(uri)
+    assert info is not None and (info.epoch, info.metrics) == (3, {"loss": 1.0 / 3})
+    restored = build_model(4, "small")
+    checkpoints.restore(tf.train.Checkpoint(model=restored), uri, info, tmp_path / "work")
+    faulty.proxy.share = 0.0
+    for a, b in zip(_weights(saved), _weights(restored), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert_each_fault_retried_once(faulty.proxy, caplog)
+
+
+def _upload_inputs(faulty: Faulty, trained_model: Any) -> tuple[str, str]:
+    """The model and its dataset on the faulty bucket (uploaded before faults start)."""
+    model_uri, data_uri = f"{faulty.root}/run/model", f"{faulty.root}/data"
+    storage.upload_dir(trained_model.path, model_uri, last="saved_model.pb")
+    storage.upload_dir(trained_model.dataset, data_uri, last=dataset.MANIFEST)
+    return model_uri, data_uri
+
+
+def test_evaluate_retries_and_scores_the_model(
+    faulty: Faulty, trained_model: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from components.evaluate.evaluate import evaluate
+
+    model_uri, data_uri = _upload_inputs(faulty, trained_model)
+    caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
+    faulty.proxy.share = SHARE
+    result = evaluate(model_uri, data_uri, saved_model_sha256=trained_model.saved_model_sha256)
+    faulty.proxy.share = 0.0
+    assert result.accuracy == pytest.approx(trained_model.accuracy, abs=1e-6)
+    assert_each_fault_retried_once(faulty.proxy, caplog)
+
+
+def test_register_retries_and_publishes_one_version(
+    faulty: Faulty, trained_model: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from components.register.register import register
+
+    model_uri, data_uri = _upload_inputs(faulty, trained_model)
+    summary_uri = f"{faulty.root}/run/run_summary.json"
+    summary = {"model": "small", "saved_model_sha256": trained_model.saved_model_sha256}
+    storage.write_text(summary_uri, json.dumps(summary))
+    caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
+    faulty.proxy.share = SHARE
+    decision = register(
+        model_uri, summary_uri, data_uri, trained_model.accuracy, trained_model.loss,
+        registry_root=f"{faulty.root}/models", pipeline_run_id="run-faults", min_accuracy=0.0,
+    )  # fmt: skip
+    faulty.proxy.share = 0.0
+    assert decision.registered and decision.version == 1 and decision.promoted
+    registry = f"{faulty.root}/models/mnist-cnn"
+    files = storage.list_files(registry)
+    assert sum(f.endswith("saved_model.pb") for f in files) == 1
+    assert not [f for f in files if "/_staging/" in f]
+    assert_each_fault_retried_once(faulty.proxy, caplog)
