@@ -35,8 +35,10 @@ The faults (time to recover in brackets):
 - ``cancel``: SIGTERM to the train task mid-training: the MPIJob is deleted and its pods and
   ranks are gone (SIGTERM to all gone); then the run is retried and resumes.
 
-The elastic rows (a rank SIGKILLed mid-epoch of an elastic job, which goes on with the ranks
-left) come with the elastic trainer: ``elastic_sigkill`` is added to `RUNNERS` then.
+``elastic_sigkill`` kills a rank of an elastic job (3 workers, ``min_workers`` 2): the other two
+go on as one job at once, the interrupted epoch runs again at the new size, and the one model
+is exported at the end. Its time to recover runs from the kill to the launcher's first line
+of the new world; its epochs lost are the part of the interrupted epoch done before the kill.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -321,6 +323,38 @@ def static_sigkill(b: Bench) -> dict[str, Any]:
     return record(
         "static_sigkill", b.trial, bool(survived), **figures, killed_rank=1, killed_pid=pid,
         first_exit=code, failed_after_s=round(first.ended - killed_at, 2),
+    )  # fmt: skip
+
+
+WENT_ON = r"the job goes on as ONE job of (\d+) workers from epoch (\d+)"
+
+
+def elastic_sigkill(b: Bench) -> dict[str, Any]:
+    """A rank SIGKILLed mid-epoch of an elastic job of 3 (at least 2): it goes on with 2."""
+    out = b.out("elastic_sigkill")
+    config = replace(b.config(b.data, str(out), b.epochs), workers=3, min_workers=2)
+    job = Job(config, b.env()).start()
+    killed_at, pid = _signal_rank_mid_epoch(job, signal.SIGKILL)
+    code = job.wait()
+    went_on = job.first(WENT_ON)
+    done_before = int(went_on[1].group(2)) - 1 if went_on else 0  # epochs kept at the loss
+    summary_path = out / "run_summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    elastic = summary.get("elastic", {"world_size_history": [], "epochs": []})
+    sizes = [h["world_size"] for h in elastic["world_size_history"]]
+    covered = [e["epoch"] for e in elastic["epochs"] if e["disjoint"] and e["covers_all"]]
+    survived = (
+        code == 0 and went_on is not None and sizes == [3, 2]
+        and covered == list(range(1, config.epochs + 1))
+        and summary.get("weights_identical_across_ranks") is True
+    )  # fmt: skip
+    return record(
+        "elastic_sigkill", b.trial, survived,
+        epochs_lost=progress_at(job.lines, killed_at) - done_before,
+        time_to_recover_s=went_on[0] - killed_at if went_on else float("nan"),
+        models_exported=models_exported(config.output), half_written=half_written(config.output),
+        killed_rank=1, killed_pid=pid, exit=code, world_sizes=sizes,
+        epochs_covered_exactly_once=len(covered), job_seconds=round(job.ended - job.started, 2),
     )  # fmt: skip
 
 
@@ -630,9 +664,10 @@ def cancel(b: Bench) -> dict[str, Any]:
 # --- the registry, the summary and the table ----------------------------------------------------
 
 Runner = Callable[[Bench], dict[str, Any]]
-# One runner per fault, in the table's order. The elastic rows (elastic_sigkill) go here.
+# One runner per fault, in the table's order.
 RUNNERS: dict[str, Runner] = {
     "static_sigkill": static_sigkill,
+    "elastic_sigkill": elastic_sigkill,
     "sigstop": sigstop,
     "gcs_transient": gcs_transient,
     "checkpoint_truncated": checkpoint_truncated,
@@ -643,6 +678,8 @@ RUNNERS: dict[str, Runner] = {
 }
 LABELS = {
     "static_sigkill": ("rank SIGKILLed mid-epoch (static job)", "job fails; rerun resumes"),
+    "elastic_sigkill": ("rank SIGKILLed mid-epoch (elastic job, 3 workers, min 2)",
+                        "the other 2 go on; the interrupted epoch runs again"),
     "sigstop": ("rank hangs (SIGSTOP)", "launcher names it, ends the job at the stall bound; "
                 "rerun resumes"),
     "gcs_transient": ("GCS 503/429 on 10% of requests", "each call retried (logged once)"),
