@@ -298,20 +298,22 @@ def test_faults_progress_and_the_readme_table(tmp_path: Path) -> None:
 
 
 @pytest.mark.horovod
-def test_faults_benchmark_survives_every_fault(tmp_path: Path) -> None:
-    """Every fault once, at tiny sizes (the small model, 1,000 samples): each survived with one
-    model and nothing half-written, and the JSON holds every figure of the table."""
+def test_faults_benchmark_runs_and_writes_its_table(tmp_path: Path) -> None:
+    """The benchmark's machinery on one fault, the KFP retry (one real job, no base run): the
+    record, the summary and the table. Each fault's behaviour has its own real test, which is
+    why the suite does not run them all again here: a killed rank (static,
+    components/train/tests/test_trainer_resume.py; elastic, test_trainer_elastic.py), a frozen
+    rank (test_rankwatch.py), GCS errors (tests/test_gcs_faults.py), damaged checkpoints
+    (test_trainer_resume.py), KFP retry and cancel (test_mpijob_lifecycle.py)."""
     out, work = tmp_path / "results", tmp_path / "work"
-    assert faults.main(["--quick", "--out", str(out), "--work", str(work)]) == 0
-    record = _read(out, "faults")
-    assert sorted(record["summary"]) == sorted(faults.RUNNERS)
-    assert record["settings"]["model"] == "small" and record["all_survived"] is True
-    for row in record["records"]:
-        assert (row["survived"], row["models_exported"], row["half_written"]) == (True, 1, [])
-    gcs = next(r for r in record["records"] if r["fault"] == "gcs_transient")["details"]
-    assert gcs["injected"] == gcs["retries_logged"] > 0
-    table = faults.fault_table(record)
-    assert table[0].startswith("| Fault | Recovery | Survived |") and len(table) == 2 + len(
-        faults.RUNNERS
+    assert (
+        faults.main(["--quick", "--only", "kfp_retry", "--out", str(out), "--work", str(work)]) == 0
     )
-    assert table[2].startswith(f"| {faults.LABELS['static_sigkill'][0]} |")  # RUNNERS' order
+    record = _read(out, "faults")
+    assert sorted(record["summary"]) == ["kfp_retry"]
+    assert record["settings"]["model"] == "small" and record["all_survived"] is True
+    (row,) = record["records"]
+    assert (row["survived"], row["models_exported"], row["half_written"]) == (True, 1, [])
+    table = faults.fault_table(record)
+    assert table[0].startswith("| Fault | Recovery | Survived |") and len(table) == 3
+    assert table[2].startswith(f"| {faults.LABELS['kfp_retry'][0]} |")

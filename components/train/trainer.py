@@ -345,9 +345,16 @@ def _build_or_resume(job: _Job) -> _Trainee:
 
     config, tf = job.config, job.tf
     reader = job.rank == 0 or config.elastic  # elastic: no collective before its loop starts
-    resume = checkpoints.latest(config.checkpoint_uri, job.log) if reader else None
+    resume: checkpoints.CheckpointInfo | str | None = None
+    if reader:
+        try:
+            resume = checkpoints.latest(config.checkpoint_uri, job.log)
+        except checkpoints.CheckpointError as exc:  # committed, none usable: never start over
+            resume = str(exc)
     if not config.elastic:
         resume = broadcast_object(resume, root_rank=0)
+    if isinstance(resume, str):  # every rank learns it: every rank stops here
+        raise JobError(resume)
     problem = resume.model_problem(config.model, config.checkpoint_uri) if resume else None
     if problem:  # every rank has the same marker: every rank stops here
         raise JobError(problem)

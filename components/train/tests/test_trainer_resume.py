@@ -140,3 +140,6 @@ def test_committed_checkpoints_that_are_all_unusable_stop_the_run(
     )
     assert "Epoch 1/3" not in result.stdout  # not from scratch
     assert not (tmp_path / "out" / "model").exists()
+    # every rank stopped on it (a clear line from rank 0), none left to die in a collective
+    assert "[rank 0/2] training failed: " in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
