@@ -61,6 +61,7 @@ from typing import Any
 
 from bench.common import base_parser, machine_state, median, scratch, write_result
 from components.common import storage
+from components.common.defaults import BATCH_SIZE_PER_WORKER
 from components.train.config import TrainConfig
 
 NAME = "faults"
@@ -783,6 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         records = _run_all(b, names, repeats)
     result = {
         "settings": {"model": a.model, "workers": 2, "threads_per_worker": 1, "epochs": b.epochs,
+                     "batch_size_per_worker": BATCH_SIZE_PER_WORKER,
                      "train_samples": TRAIN_LIMIT[size] or 4000, "repeats": repeats,
                      "gcs_fault_share": GCS_SHARE, "stall_env": STALL_ENV},
         "machine_before": before,
