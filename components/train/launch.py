@@ -33,10 +33,14 @@ def launcher_args(workers: int) -> list[str]:
     return ["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
 
 
-def hvdrun_command(workers: int, program: list[str]) -> list[str]:
-    """``horovodrun -np N -H localhost:N --gloo PROGRAM``, through `components.train.hvdrun`
-    (horovodrun's own command line, less the TensorFlow import of its start-up check)."""
-    return [sys.executable, "-m", "components.train.hvdrun", *launcher_args(workers), *program]
+def hvdrun_command(
+    workers: int, program: list[str], launcher: list[str] | None = None
+) -> list[str]:
+    """``horovodrun -np N -H localhost:N --gloo PROGRAM`` (or horovodrun's `launcher` arguments),
+    through `components.train.hvdrun` (horovodrun's own command line, less the TensorFlow
+    import of its start-up check)."""
+    args = launcher_args(workers) if launcher is None else launcher
+    return [sys.executable, "-m", "components.train.hvdrun", *args, *program]
 
 
 def local_command(workers: int, args: list[str], python: str | None = None) -> list[str]:
@@ -122,7 +126,7 @@ def job_command(config: TrainConfig, hosts: LocalHosts | None = None) -> list[st
         raise ValueError("an elastic job needs its LocalHosts (see local_hosts)")
     launcher = elastic_launcher_args(config.world_size, config.min_world_size, hosts)
     program = [sys.executable, "-m", "components.train", *to_argv(config)]
-    return [sys.executable, "-m", "components.train.hvdrun", *launcher, *program]
+    return hvdrun_command(config.world_size, program, launcher)
 
 
 def thread_affinity(local_ranks: int) -> str:

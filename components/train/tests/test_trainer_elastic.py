@@ -7,6 +7,7 @@ No part of Horovod is mocked. The local launcher lists one name of this machine 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -15,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from components.data_prep.prep import prepare
 from components.train.config import TrainConfig
 from components.train.launch import LocalHosts, run_local
+from components.train.rankwatch import rank_processes
 
 pytestmark = pytest.mark.horovod
 
@@ -59,19 +60,6 @@ def _when_checkpointed(out: Path, epoch: int, action: Any) -> threading.Thread:
     return thread
 
 
-def _rank_processes() -> dict[int, psutil.Process]:
-    """This test's trainer processes by Horovod rank (read from their environment)."""
-    ranks = {}
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            cmdline, env = proc.cmdline(), proc.environ()
-        except psutil.Error:
-            continue
-        if cmdline[1:3] == ["-m", "components.train"] and "HOROVOD_RANK" in env:
-            ranks[int(env["HOROVOD_RANK"])] = proc
-    return ranks
-
-
 def _check_one_model(out: Path, lines: list[str], world: int) -> dict[str, Any]:
     """Exactly one model from rank 0, identical weights, every epoch logged once, each
     covered exactly once at the world size it ran with; returns the summary."""
@@ -95,7 +83,7 @@ def test_a_killed_rank_leaves_one_job_of_two_that_finishes(mnist_3000: str, tmp_
 
     def kill_rank_1() -> None:
         time.sleep(0.3)  # into the next epoch
-        proc = _rank_processes()[1]
+        proc = rank_processes(os.getpid())[1]  # the launcher watch's own lookup
         killed.append(proc.pid)
         proc.send_signal(signal.SIGKILL)
 
