@@ -26,7 +26,7 @@ import numpy as np
 from components.common.defaults import MODEL, SPLIT_SEED
 from components.data_prep.prep import prepare
 from components.train.config import TrainConfig, to_argv
-from components.train.launch import hvdrun_command, job_environment, thread_affinity
+from components.train.launch import hvdrun_command, job_environment
 
 RESULTS_DIR = Path(__file__).with_name("results")
 SCHEMA = "kfp-horovod/bench/v1"
@@ -370,7 +370,7 @@ def run_job(
 def local_job_env(workers: int, env: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment, plus what the launcher gives a static job of `workers` local
     ranks (their ``HOROVOD_THREAD_AFFINITY``, as `make run` gets it), plus `env`."""
-    return {**os.environ, "HOROVOD_THREAD_AFFINITY": thread_affinity(workers), **(env or {})}
+    return job_environment({**os.environ, **(env or {})}, local_ranks=workers)
 
 
 def run_trainer(
