@@ -40,7 +40,7 @@ OFFLINE_BASE_IMAGE ?= $(call defaults,OFFLINE_BASE_IMAGE)
 # images/<dir>=<image name> for images and images-local, from IMAGE_NAMES in defaults.py.
 IMAGE_SPECS = $(shell $(PYTHON) -c "from components.common.defaults import IMAGE_NAMES as n; print(' '.join(f'{k}={v}' for k, v in n.items()))")
 
-.PHONY: help install lock run test test-fast test-containers lint typecheck compile images \
+.PHONY: help install lock run test test-bench test-fast test-containers lint typecheck compile images \
 	images-local base-image docker-ready gcs-emulator-image crd bench clean
 
 # upload / submit / schedule against a KFP cluster (see docs/operating.md)
@@ -87,8 +87,13 @@ run: install ## the whole pipeline on this machine (kfp.local, horovodrun -np $W
 	$(PY) -m pipeline run-local --workers $(WORKERS) --epochs $(EPOCHS) --model $(MODEL) \
 		$(AUGMENT_FLAG) --min-workers $(MIN_WORKERS)
 
-test: install ## the test suite, without the container tests (installs first)
-	$(PY) -m pytest -m "not containers"
+test: install ## the test suite, without the benchmarks' and the container tests (installs first)
+	$(PY) -m pytest -m "not containers and not bench"
+
+# The benchmarks (bench/) run end to end at tiny sizes: their real jobs and the JSON they write.
+# Kept out of `make test` for its 8 minutes; .ci/run runs it.
+test-bench: install ## the benchmarks' real jobs at tiny sizes (writes no results)
+	$(PY) -m pytest -m bench tests/test_bench_smoke.py
 
 # Docker-based tests (tests/containers): every image built, each pipeline step in its image, the
 # MPIJob's launcher and workers run as mpi-operator runs them. Installs and starts Docker first.

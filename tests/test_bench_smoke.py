@@ -1,7 +1,8 @@
 """Smoke test of the benchmarks: each runs at tiny sizes and writes valid JSON. No timings.
 
 The arithmetic (layouts, the levers' and the step profile's figures, pinning) runs in
-``make test-fast``. Everything that starts real Horovod jobs is marked ``horovod``: the module's
+``make test-fast`` and ``make test``. Everything that starts real Horovod jobs is marked
+``horovod`` and ``bench``, and runs in ``make test-bench`` (which ``.ci/run`` runs): the module's
 `results` (data prep, one scaling layout, the 2-rank allreduce sizes, the report) and the
 benchmarks that need several jobs (MWMS, time to accuracy, the whole pipeline, the allreduce
 timeline, two levers jobs and a profiled one).
@@ -54,6 +55,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.horovod
+@pytest.mark.bench
 def test_data_prep_writes_rows_and_fit(results: Path) -> None:
     record = _read(results, "data_prep")
     assert [r["train_samples"] for r in record["rows"]] == data_prep.QUICK_SIZES
@@ -66,6 +68,7 @@ def test_data_prep_writes_rows_and_fit(results: Path) -> None:
 
 
 @pytest.mark.horovod
+@pytest.mark.bench
 def test_scaling_reports_job_throughput(results: Path) -> None:
     record = _read(results, "scaling")
     assert record["median_examples_per_second"]["1x1"] > 0
@@ -73,6 +76,7 @@ def test_scaling_reports_job_throughput(results: Path) -> None:
 
 
 @pytest.mark.horovod
+@pytest.mark.bench
 def test_allreduce_reports_every_size_and_the_gradients(results: Path) -> None:
     record = _read(results, "allreduce")
     assert [r["bytes"] for r in record["allreduce"]] == allreduce.QUICK_SIZES
@@ -82,6 +86,7 @@ def test_allreduce_reports_every_size_and_the_gradients(results: Path) -> None:
 
 
 @pytest.mark.horovod
+@pytest.mark.bench
 def test_report_writes_summary_and_plot(results: Path) -> None:
     written = write_report(results)
     summary = (results / "summary.md").read_text()
@@ -209,6 +214,7 @@ def test_pin_gives_each_rank_its_own_cores() -> None:
 
 
 @pytest.mark.horovod
+@pytest.mark.bench
 def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) -> None:
     """The benchmarks that need several real jobs. The pipeline's segments are those of the
     session's tiny `run-local` (which test_e2e_local checks), and the allreduce sizes were
@@ -298,6 +304,7 @@ def test_faults_progress_and_the_readme_table(tmp_path: Path) -> None:
 
 
 @pytest.mark.horovod
+@pytest.mark.bench
 def test_faults_benchmark_runs_and_writes_its_table(tmp_path: Path) -> None:
     """The benchmark's machinery on one fault, the KFP retry (one real job, no base run): the
     record, the summary and the table. Each fault's behaviour has its own real test, which is
