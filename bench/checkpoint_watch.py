@@ -80,11 +80,10 @@ def score_checkpoints(
 ) -> list[tuple[int, float, float]]:
     """``(epoch, wall_time, test_accuracy)`` for every copied checkpoint of `model_name`
     (None: the trainer's default model)."""
-    import tensorflow as tf
-
     from bench.common import build_bench_model
-    from components.common import dataset
+    from components.common import dataset, keras_env
 
+    tf = keras_env.tensorflow()
     images, labels = dataset.load_split(data, "test")
     model = build_bench_model(model_name, seed)
     scored = []

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from components.common import keras_env
 from components.common.defaults import MODEL, SPLIT_SEED
 from components.data_prep.prep import prepare
 from components.train.config import TrainConfig, to_argv
@@ -72,7 +73,8 @@ def _cpu_model() -> str:
 def hardware_info() -> dict[str, Any]:
     """What the figures were measured on: CPU, cores, memory, versions."""
     import horovod
-    import tensorflow as tf
+
+    tf = keras_env.tensorflow()
 
     try:
         cores = len(os.sched_getaffinity(0))

@@ -88,12 +88,10 @@ def worker(
     model_name: str | None = None,
 ) -> None:
     """One MWMS worker: train the project's model on this worker's shard, write epoch times."""
-    import tensorflow as tf
-
     from components.common import dataset, keras_env
     from components.train.sharding import shard_range, steps_per_epoch
 
-    keras = keras_env.keras()
+    tf, keras = keras_env.tensorflow(), keras_env.keras()
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
     options = tf.distribute.experimental.CommunicationOptions(

@@ -23,8 +23,8 @@ seen = {{}}
 assert prep(["--output", {data!r}, "--limit", "400", "--shard-size", "200"]) == 0
 seen["data prep"] = sorted(m for m in ("tensorflow", "keras", "horovod") if m in sys.modules)
 # data and output are the artifacts' URIs on a cluster; train_locally uses the local paths
-config = TrainConfig(data="gs://b/data", output="gs://b/out", workers=2, epochs=1, batch_size_per_worker=32,
-                     threads_per_worker=1, model="small")
+config = TrainConfig(data="gs://b/data", output="gs://b/out", workers=2, epochs=1,
+                     batch_size_per_worker=32, threads_per_worker=1, model="small")
 summary = train_locally(config, {data!r}, {model!r}, log=lambda line: None)
 seen["train step"] = sorted(m for m in ("tensorflow", "keras", "horovod.tensorflow")
                             if m in sys.modules)

@@ -34,15 +34,27 @@ class Keras3Loaded(RuntimeError):
     """``tf.keras`` or Horovod's Keras API was bound to Keras 3 before :func:`keras` ran."""
 
 
+def tensorflow() -> ModuleType:
+    """Import TensorFlow with Keras 2 selected, without its import noise; idempotent.
+
+    Every process of this project that imports TensorFlow (for any part of it: importing
+    ``tensorflow.core.protobuf`` runs ``tensorflow/__init__``) goes through here or `keras`.
+    Without ``TF_USE_LEGACY_KERAS`` set first, TF 2.18's import also imports Keras 3 and, through
+    it, scikit-learn: 1.8-2.0 s of ``python -X importtime`` here, unused by this project.
+    """
+    os.environ[LEGACY_KERAS_ENV] = "1"
+    with _without_import_noise():
+        import tensorflow as tf
+    return tf
+
+
 def keras() -> ModuleType:
     """Select Keras 2 and return it (the ``tf_keras`` module); idempotent.
 
     Sets ``TF_USE_LEGACY_KERAS=1`` (so ``tf.keras`` is tf-keras for TensorFlow and Horovod) and
     makes ``import keras`` give ``tf_keras`` (so Horovod's ``K`` is Keras 2's backend).
     """
-    os.environ[LEGACY_KERAS_ENV] = "1"
-    with _without_import_noise():
-        import tensorflow as tf
+    tf = tensorflow()
     import tf_keras
 
     sys.modules["keras"] = tf_keras

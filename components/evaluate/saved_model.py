@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from components.common import keras_env
 from components.common.model_files import SAVED_MODEL_PB, ModelError, check_layout
 
 SERVING_SIGNATURE = "serving_default"
@@ -19,6 +20,7 @@ def check_saved_model(local_dir: str | Path, where: str | None = None) -> None:
     """
     name = where or str(local_dir)
     pb = check_layout(local_dir, name)
+    keras_env.tensorflow()  # the protobuf module below imports all of TF: with Keras 2 selected
     from google.protobuf.message import DecodeError
     from tensorflow.core.protobuf import saved_model_pb2
 

@@ -1,6 +1,7 @@
 """Evaluate: real SavedModels, a fresh-process CLI, gs:// inputs, bad models, the KFP wrapper."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -67,29 +68,31 @@ def test_evaluate_matches_keras(trained_model) -> None:
 
 
 def test_cli_in_a_fresh_process(trained_model, tmp_path: Path) -> None:
+    """``python -m components.evaluate.evaluate`` scores the model, and its process loads
+    TensorFlow with Keras 2 only: not Keras 3, nor the scikit-learn Keras 3 imports."""
     out = tmp_path / "eval.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "components.evaluate.evaluate",
-            "--model",
-            trained_model.path,
-            "--dataset",
-            trained_model.dataset,
-            "--output-json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    argv = ["--model", trained_model.path, "--dataset", trained_model.dataset]
+    probe = (
+        "import runpy, sys\n"
+        f"sys.argv = ['evaluate', *{[*argv, '--output-json', str(out)]!r}]\n"
+        "try:\n"
+        "    runpy.run_module('components.evaluate.evaluate', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "unused = sorted(m for m in sys.modules if m.startswith(('keras.src', 'sklearn')))\n"
+        "print('UNUSED=' + ','.join(unused[:5]))\n"
     )
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=False,
+        env=env,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     written = json.loads(out.read_text())
     assert written["accuracy"] == pytest.approx(trained_model.accuracy, abs=1e-6)
     assert written["loss"] == pytest.approx(trained_model.loss, rel=1e-4)
     assert f"accuracy={written['accuracy']:.4f}" in proc.stdout
+    assert "UNUSED=\n" in proc.stdout  # neither Keras 3 nor scikit-learn was imported
 
 
 def test_gcs_model_and_dataset(trained_model, gcs_uri: str) -> None:
