@@ -21,7 +21,7 @@ last metrics and the job's own records in ``hvd.elastic.KerasState``:
 
 Nothing may run a collective before the elastic loop: a worker that joins later runs this
 module from the start while the others wait in the loop's sync. So every rank reads the
-checkpoint marker itself (`trainer._build_or_resume`) and the inputs are agreed on inside each
+checkpoint marker itself (`trainer.build_or_resume`) and the inputs are agreed on inside each
 attempt.
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 
 from components.common import keras_env
 from components.train import trainer
-from components.train.trainer import EpochPlan, Sampling, Shard
+from components.train.trainer import EpochPlan, EpochStats, Job, Sampling, Shard, Trainee
 
 # Larger than any job's step count: Horovod's CommitStateCallback then commits at epoch ends
 # only, so an epoch never straddles two world sizes.
@@ -46,7 +46,7 @@ class Attempt:
 
     shard: Shard
     plan: EpochPlan
-    stats: Any  # trainer._EpochStats
+    stats: EpochStats
 
 
 def world_entry(epoch: int, size: int, why: str) -> dict[str, Any]:
@@ -55,7 +55,7 @@ def world_entry(epoch: int, size: int, why: str) -> dict[str, Any]:
     return {"epoch": epoch, "world_size": size, "when": when, "why": why}
 
 
-def train_elastic(job: Any, trainee: Any, sampling: Sampling) -> int:
+def train_elastic(job: Job, trainee: Trainee, sampling: Sampling) -> int:
     """Train `trainee` (built, maybe resumed) elastically; export the one model. Exit code."""
     from horovod.common.exceptions import HostsUpdatedInterrupt
 
@@ -102,26 +102,26 @@ def train_elastic(job: Any, trainee: Any, sampling: Sampling) -> int:
     if state.epochs:
         extra["coverage"] = combined_coverage(state.epochs, done.shard.total)
     final_ids = done.plan.first_epoch_ids(done.shard)
-    return trainer._gather_and_export(
+    return trainer.gather_and_export(
         job, trainee, done.shard, dict(state.metrics), done.stats, final_ids, extra
     )
 
 
-def _attempt(job: Any, trainee: Any, sampling: Sampling, state: Any) -> Attempt:
+def _attempt(job: Job, trainee: Trainee, sampling: Sampling, state: Any) -> Attempt:
     """One attempt at the epochs left, in the world as it is now."""
-    shard = trainer._agree_on_inputs(job, sampling)
-    trainer._log_plan(job, shard)
+    shard = trainer.agree_on_inputs(job, sampling)
+    trainer.log_plan(job, shard)
     plan = trainer.plan_epochs(job, shard, sampling, state.epoch)
-    stats = trainer._EpochStats(samples_per_epoch=len(shard.labels))
+    stats = trainer.EpochStats(samples_per_epoch=len(shard.labels))
     if state.epoch >= job.config.warmup_epochs:  # warmup sets it itself until then
         keras_env.keras().backend.set_value(trainee.model.optimizer.lr, job.scaled_lr)
-    callbacks = trainer._callbacks(job, trainee, shard.steps, stats)
+    callbacks = trainer.training_callbacks(job, trainee, shard.steps, stats)
     callbacks += _state_callbacks(job, shard, plan, state)
     trainer.fit_epochs(job, trainee, shard, plan, callbacks)
     return Attempt(shard, plan, stats)
 
 
-def _state_callbacks(job: Any, shard: Shard, plan: EpochPlan, state: Any) -> list[Any]:
+def _state_callbacks(job: Job, shard: Shard, plan: EpochPlan, state: Any) -> list[Any]:
     """After the checkpoint, at every epoch end: check coverage, record the epoch, commit."""
     from horovod.tensorflow import allgather_object
 

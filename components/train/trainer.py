@@ -231,7 +231,7 @@ def run(config: TrainConfig, sampling: Sampling = DISJOINT) -> int:
     )
     try:
         with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
-            job = _Job(config, hvd, tf, log, device, threads, Path(workdir))
+            job = Job(config, hvd, tf, log, device, threads, Path(workdir))
             return _train_in(job, sampling)
     except JobError as exc:
         if rank == 0:
@@ -240,7 +240,7 @@ def run(config: TrainConfig, sampling: Sampling = DISJOINT) -> int:
 
 
 @dataclass(frozen=True)
-class _Job:
+class Job:
     """What every step of this rank's training needs."""
 
     config: TrainConfig
@@ -266,7 +266,7 @@ class _Job:
 
 
 @dataclass
-class _Trainee:
+class Trainee:
     """The model being trained, its checkpoint, and where a resumed run starts."""
 
     model: Any
@@ -278,7 +278,7 @@ class _Trainee:
         return self.resume.epoch if self.resume else 0
 
 
-def _train_in(job: _Job, sampling: Sampling) -> int:
+def _train_in(job: Job, sampling: Sampling) -> int:
     """The Horovod checklist: agree on inputs, build or resume, fit, gather and export.
 
     An elastic job (``min_workers`` > 0) runs the same steps inside Horovod's elastic loop
@@ -287,20 +287,20 @@ def _train_in(job: _Job, sampling: Sampling) -> int:
     if job.config.elastic:
         from components.train.elastic import train_elastic
 
-        return train_elastic(job, _build_or_resume(job), sampling)
-    shard = _agree_on_inputs(job, sampling)
-    _log_plan(job, shard)
-    trainee = _build_or_resume(job)
+        return train_elastic(job, build_or_resume(job), sampling)
+    shard = agree_on_inputs(job, sampling)
+    log_plan(job, shard)
+    trainee = build_or_resume(job)
     plan = plan_epochs(job, shard, sampling, trainee.initial_epoch)
-    stats = _EpochStats(samples_per_epoch=len(shard.labels))
+    stats = EpochStats(samples_per_epoch=len(shard.labels))
     final_metrics = dict(trainee.resume.metrics) if trainee.resume else {}
-    callbacks = _callbacks(job, trainee, shard.steps, stats)
+    callbacks = training_callbacks(job, trainee, shard.steps, stats)
     final_metrics = fit_epochs(job, trainee, shard, plan, callbacks) or final_metrics
     ids = plan.first_epoch_ids(shard)
-    return _gather_and_export(job, trainee, shard, final_metrics, stats, ids)
+    return gather_and_export(job, trainee, shard, final_metrics, stats, ids)
 
 
-def _agree_on_inputs(job: _Job, sampling: Sampling) -> Shard:
+def agree_on_inputs(job: Job, sampling: Sampling) -> Shard:
     """Read this rank's shard; every rank learns whether any rank failed before anyone trains."""
     config, rank, size = job.config, job.rank, job.size
     error: str | None = None
@@ -321,7 +321,7 @@ def _agree_on_inputs(job: _Job, sampling: Sampling) -> Shard:
     return shard
 
 
-def _log_plan(job: _Job, shard: Shard) -> None:
+def log_plan(job: Job, shard: Shard) -> None:
     """Rank 0 says, in plain words, what the job is about to do."""
     config, size = job.config, job.size
     job.log.info(
@@ -339,7 +339,7 @@ def _log_plan(job: _Job, shard: Shard) -> None:
     )  # fmt: skip
 
 
-def _build_or_resume(job: _Job) -> _Trainee:
+def build_or_resume(job: Job) -> Trainee:
     """Build the model; rank 0 finds the latest checkpoint, broadcasts it, every rank restores."""
     from horovod.tensorflow import broadcast_object
 
@@ -378,10 +378,10 @@ def _build_or_resume(job: _Job) -> _Trainee:
     if resume:
         checkpoints.restore(ckpt, config.checkpoint_uri, resume, job.workdir)
         job.log.info("resuming from checkpoint after epoch %d of %d", resume.epoch, config.epochs)
-    return _Trainee(model, ckpt, resume)
+    return Trainee(model, ckpt, resume)
 
 
-def _distributed_optimizer(job: _Job, optimizer: Any) -> Any:
+def _distributed_optimizer(job: Job, optimizer: Any) -> Any:
     """Horovod's DistributedOptimizer around `optimizer`, with the config's levers.
 
     ``backward_passes_per_step`` k > 1: each rank sums k batches' gradients locally, then one
@@ -424,7 +424,7 @@ def _xla_train_step(model: Any, tf: Any, keras: Any) -> Callable[[Any], Any]:
     return train_step
 
 
-def _callbacks(job: _Job, trainee: _Trainee, steps: int, stats: _EpochStats) -> list[Any]:
+def training_callbacks(job: Job, trainee: Trainee, steps: int, stats: EpochStats) -> list[Any]:
     """Horovod's broadcast, metric averaging and warmup; our stats, progress and checkpoints.
 
     An elastic job has no broadcast callback: its state's sync broadcasts rank 0's weights at
@@ -473,7 +473,7 @@ class EpochPlan:
         return self.epoch_ids(shard, self.start)
 
 
-def plan_epochs(job: _Job, shard: Shard, sampling: Sampling, start: int) -> EpochPlan:
+def plan_epochs(job: Job, shard: Shard, sampling: Sampling, start: int) -> EpochPlan:
     """The batches of the epochs left after `start` (or, if none are, of one epoch: for the
     coverage check)."""
     epochs_left = range(start, job.config.epochs) or range(start, start + 1)
@@ -482,7 +482,7 @@ def plan_epochs(job: _Job, shard: Shard, sampling: Sampling, start: int) -> Epoc
 
 
 def fit_epochs(
-    job: _Job, trainee: _Trainee, shard: Shard, plan: EpochPlan, callbacks: list[Any]
+    job: Job, trainee: Trainee, shard: Shard, plan: EpochPlan, callbacks: list[Any]
 ) -> dict[str, float]:
     """Train the epochs of `plan`; the last epoch's metrics ({} if none were left)."""
     config = job.config
@@ -500,12 +500,12 @@ def fit_epochs(
     return {k: float(v[-1]) for k, v in history.history.items() if k != "lr"}
 
 
-def _gather_and_export(
-    job: _Job,
-    trainee: _Trainee,
+def gather_and_export(
+    job: Job,
+    trainee: Trainee,
     shard: Shard,
     final_metrics: dict[str, float],
-    stats: _EpochStats,
+    stats: EpochStats,
     epoch_ids: np.ndarray,
     extra: dict[str, Any] | None = None,
 ) -> int:
@@ -543,7 +543,7 @@ def _gather_and_export(
     return EXIT_OK
 
 
-class _EpochStats:
+class EpochStats:
     """Per-rank epoch timings; examples/s excludes the first (warm-up) epoch when possible."""
 
     def __init__(self, samples_per_epoch: int) -> None:
@@ -557,7 +557,7 @@ class _EpochStats:
         return round(self.samples_per_epoch / float(np.median(timed)), 1)
 
 
-def _make_stats_callback(keras: Any, stats: _EpochStats) -> Any:
+def _make_stats_callback(keras: Any, stats: EpochStats) -> Any:
     class StatsCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self._t0 = time.perf_counter()
@@ -569,7 +569,7 @@ def _make_stats_callback(keras: Any, stats: _EpochStats) -> Any:
 
 
 def _make_progress_callback(
-    keras: Any, log: logging.Logger, epochs: int, size: int, stats: _EpochStats
+    keras: Any, log: logging.Logger, epochs: int, size: int, stats: EpochStats
 ) -> Any:
     class ProgressCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
