@@ -114,8 +114,8 @@ def score(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
 
 
 def load_model(local_dir: Path, where: str) -> Any:
-    """Load the SavedModel at `local_dir` for inference (no optimizer, no custom objects)."""
-    check_saved_model(local_dir, where)
+    """Load the SavedModel at `local_dir`, already checked (`check_saved_model`), for inference
+    (no optimizer, no custom objects)."""
     keras = keras_env.keras()
     try:
         return keras.models.load_model(str(local_dir), compile=False)
