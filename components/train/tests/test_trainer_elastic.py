@@ -26,6 +26,7 @@ from components.train.rankwatch import rank_processes
 pytestmark = pytest.mark.horovod
 
 EPOCHS = 5
+WENT_ON_AT_TWO = "the job goes on as ONE job of 2 workers"  # elastic.py's line on a loss
 
 
 @pytest.fixture(scope="module")
@@ -109,14 +110,14 @@ def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
     assert 1 <= shrunk < grown < EPOCHS, history
     sizes = [r["world_size"] for r in summary["elastic"]["epochs"]]
     assert sizes == [3] * shrunk + [2] * (grown - shrunk) + [3] * (EPOCHS - grown), sizes
-    assert any("the job goes on as ONE job of 2 workers" in line for line in lines)
+    assert any(WENT_ON_AT_TWO in line for line in lines)
 
 
 def _when_resumed_at_two_and_checkpointed(out: Path, lines: list[str], action: Any) -> None:
     """Run `action()` once the job of 2 has written a checkpoint of its own (gives up after
     5 min, and the test fails on the history)."""
     deadline = time.monotonic() + 300
-    while not any("the job goes on as ONE job of 2 workers" in line for line in lines):
+    while not any(WENT_ON_AT_TWO in line for line in lines):
         if time.monotonic() > deadline:
             return
         time.sleep(0.05)
