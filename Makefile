@@ -9,18 +9,20 @@ STAMP := $(VENV)/.kfp-horovod-installed
 # Versions and defaults are owned by components/common/defaults.py; read them from there.
 defaults = $(shell $(PYTHON) -c "from components.common import defaults; print(defaults.$(1))")
 HOROVOD_VERSION := $(call defaults,HOROVOD_VERSION)
-# Horovod is built from source against the locked TF, with Gloo (no MPI needed locally). Its ops
-# library links against one TF build, so the wheel is keyed on the TF version: built once per TF
-# into HOROVOD_WHEELS (never from pip's wheel cache, which cannot tell TF versions apart) and
-# reinstalled whenever the venv's Horovod was built for another TF ($(VENV)/.horovod-tf).
+# Horovod is built from source against the locked TF, with both controllers: MPI (Debian's Open
+# MPI, which make/ensure-openmpi.sh installs; local static jobs run on it) and Gloo (elastic
+# jobs). Its ops library links against one TF build, so the wheel is keyed on the TF version and
+# the controllers: built once into HOROVOD_WHEELS (never from pip's wheel cache, which cannot
+# tell TF versions apart) and reinstalled whenever the venv's Horovod was built for another TF
+# or without MPI ($(VENV)/.horovod-tf).
 TF_VERSION := $(shell sed -n 's/^tensorflow==//p' requirements/lock.txt)
-HOROVOD_WHEELS ?= $(HOME)/.cache/kfp-horovod/horovod-$(HOROVOD_VERSION)-tf-$(TF_VERSION)
+HOROVOD_WHEELS ?= $(HOME)/.cache/kfp-horovod/horovod-$(HOROVOD_VERSION)-tf-$(TF_VERSION)-mpi-gloo
 HOROVOD_TF_MARK := $(VENV)/.horovod-tf
 # TensorFlow distributions the lock no longer holds that write the same files as its `tensorflow`
 # (tensorflow-cpu up to 2.15): removed before the lock installs, or their files would mix.
 STALE_TF_DISTS := tensorflow-cpu tensorflow-estimator
 HOROVOD_BUILD_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
-	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+	HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
 	CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=-j$$(nproc) PIP_NO_CACHE_DIR=1
 
 WORKERS ?= $(call defaults,WORKERS)
@@ -53,12 +55,13 @@ install: $(STAMP) ## .venv from requirements/lock.txt, then Horovod built from s
 
 # The stamp depends on the lock and the project metadata: a second `make install` is a no-op.
 $(STAMP): requirements/lock.txt pyproject.toml
+	@make/ensure-openmpi.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@stale=$$($(PY) -m pip list --disable-pip-version-check --format=freeze 2>/dev/null \
 		| grep -ioE '^($(subst $(eval) ,|,$(STALE_TF_DISTS)))==' | tr -d '='); \
 	if [ -n "$$stale" ]; then $(PY) -m pip uninstall --quiet -y $$stale; fi
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/lock.txt
-	@if [ "$$(cat $(HOROVOD_TF_MARK) 2>/dev/null)" != "$(HOROVOD_VERSION) tf $(TF_VERSION)" ]; then \
+	@if [ "$$(cat $(HOROVOD_TF_MARK) 2>/dev/null)" != "$(HOROVOD_VERSION) tf $(TF_VERSION) mpi gloo" ]; then \
 		if ! ls $(HOROVOD_WHEELS)/horovod-$(HOROVOD_VERSION)-*.whl >/dev/null 2>&1; then \
 			echo "building Horovod $(HOROVOD_VERSION) for TF $(TF_VERSION) (5-12 minutes on 2 cores)"; \
 			$(HOROVOD_BUILD_ENV) $(PY) -m pip wheel --quiet --disable-pip-version-check \
@@ -67,11 +70,11 @@ $(STAMP): requirements/lock.txt pyproject.toml
 		fi; \
 		$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
 			$(HOROVOD_WHEELS)/horovod-$(HOROVOD_VERSION)-*.whl || exit 1; \
-		echo "$(HOROVOD_VERSION) tf $(TF_VERSION)" > $(HOROVOD_TF_MARK); \
+		echo "$(HOROVOD_VERSION) tf $(TF_VERSION) mpi gloo" > $(HOROVOD_TF_MARK); \
 	fi
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(PY) -m pip check --disable-pip-version-check
-	$(PY) -c "import horovod.tensorflow as hvd; hvd.init()"
+	$(PY) -c "import horovod.tensorflow as hvd; assert hvd.mpi_built() and hvd.gloo_built(); hvd.init()"
 	$(PY) -c "from components.common.keras_env import keras; keras(); import horovod.tensorflow.keras, kfp, tensorflow as tf; print('env ok: tf', tf.__version__, 'kfp', kfp.__version__)"
 	@touch $@
 

@@ -6,7 +6,8 @@
 #
 #   images/base/build-offline-base.sh [IMAGE_TAG]     (default: kfp-horovod-base:bookworm-py311)
 #
-# Needs root (debootstrap), Docker and Debian's mirror. Environment knobs:
+# Needs root (debootstrap, which it installs from Debian's packages if missing), Docker and
+# Debian's mirror. Environment knobs:
 #   DEBIAN_MIRROR   the mirror (default: the first deb URI in /etc/apt/sources.list.d/debian.sources,
 #                   else http://deb.debian.org/debian)
 #   CA_BUNDLE       the CA bundle pip trusts in the image (default /etc/ssl/certs/ca-certificates.crt)
@@ -18,11 +19,16 @@ mirror=${DEBIAN_MIRROR:-$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.
 mirror=${mirror:-http://deb.debian.org/debian}
 ca_bundle=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 
-for tool in debootstrap docker; do
-  command -v "$tool" >/dev/null || { echo "build-offline-base: '$tool' is not installed" >&2; exit 2; }
-done
-[ -r "$ca_bundle" ] || { echo "build-offline-base: CA bundle '$ca_bundle' is not readable" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "build-offline-base: debootstrap needs root" >&2; exit 2; }
+command -v docker >/dev/null || { echo "build-offline-base: 'docker' is not installed (make docker-ready installs it)" >&2; exit 2; }
+[ -r "$ca_bundle" ] || { echo "build-offline-base: CA bundle '$ca_bundle' is not readable" >&2; exit 2; }
+# A fresh machine has no debootstrap: install Debian's.
+if ! command -v debootstrap >/dev/null; then
+  echo "build-offline-base: installing Debian's debootstrap"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+  command -v debootstrap >/dev/null || { echo "build-offline-base: debootstrap is still missing after the install" >&2; exit 1; }
+fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
