@@ -64,7 +64,7 @@ def test_model_and_augment_reach_the_check_and_the_train_step(tmp_path: Path) ->
 
 def test_one_image_per_component_tagged_with_the_version(tmp_path: Path) -> None:
     spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
-    expected = {defaults.image_ref(name) for name in defaults.IMAGE_NAMES}
+    expected = {defaults.image_ref(name) for name in defaults.STEP_IMAGES}
     assert _images(spec) == expected
     assert all(image.endswith(f":{defaults.PACKAGE_VERSION}") for image in expected)
     default_trainer = spec["root"]["inputDefinitions"]["parameters"]["trainer_image"][
@@ -78,7 +78,8 @@ def test_images_are_overridable_at_compile_time(tmp_path: Path) -> None:
         compile_pipeline(tmp_path / "p.yaml", "europe-docker.pkg.dev/p/r", "abc123").read_text()
     )
     assert _images(spec) == {
-        f"europe-docker.pkg.dev/p/r/{name}:abc123" for name in defaults.IMAGE_NAMES.values()
+        f"europe-docker.pkg.dev/p/r/{defaults.IMAGE_NAMES[name]}:abc123"
+        for name in defaults.STEP_IMAGES
     }
 
 
