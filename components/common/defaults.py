@@ -23,6 +23,8 @@ PIPELINE_NAME = "kfp-horovod-mnist"
 
 # Images: one per component, tagged with the package version unless overridden.
 DEFAULT_IMAGE_REGISTRY = "ghcr.io/kfp-horovod"
+# trainer_gpu is the trainer with TensorFlow's CUDA libraries (images/README.md, "The GPU trainer
+# image"), built from the trainer's Dockerfile.
 IMAGE_NAMES: dict[str, str] = {
     "data_prep": "kfp-horovod-data-prep",
     "trainer": "kfp-horovod-trainer",
@@ -32,6 +34,9 @@ IMAGE_NAMES: dict[str, str] = {
     "evaluate": "kfp-horovod-evaluate",
     "register": "kfp-horovod-register",
 }
+# The images the pipeline's steps run in (the compiled pipeline's executors). trainer_gpu is no
+# step's image: it is for the MPIJob's launcher and workers on GPU nodes.
+STEP_IMAGES: tuple[str, ...] = tuple(name for name in IMAGE_NAMES if name != "trainer_gpu")
 
 
 # `make images-local` tags its builds so (never pushed); `run-local --runner docker` and the

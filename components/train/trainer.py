@@ -249,13 +249,13 @@ class Job:
         """Why this rank cannot train on the GPUs the job asked for (`devices.gpu_problem`)."""
         if self.config.gpus_per_worker <= 0:
             return None
-        from components.train.cuda import missing_libraries
+        from components.train.cuda import missing_cuda_libraries
 
         return gpu_problem(
             self.config.gpus_per_worker,
             int(self.hvd.local_size()),
             self.devices.gpus_found,
-            missing_libraries(),
+            list(missing_cuda_libraries()),
         )
 
     @property

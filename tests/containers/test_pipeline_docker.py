@@ -21,7 +21,7 @@ pytestmark = pytest.mark.containers
 
 
 def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Path) -> None:
-    images = require_images(docker_client, *defaults.IMAGE_NAMES)
+    images = require_images(docker_client, *defaults.STEP_IMAGES)
     started = time.time()
     root = tmp_path / "runs"
     command = [
