@@ -42,7 +42,7 @@ OFFLINE_BASE_IMAGE ?= $(call defaults,OFFLINE_BASE_IMAGE)
 # images/<dir>=<image name> for images and images-local, from IMAGE_NAMES in defaults.py.
 IMAGE_SPECS = $(shell $(PYTHON) -c "from components.common.defaults import IMAGE_NAMES as n; print(' '.join(f'{k}={v}' for k, v in n.items()))")
 
-.PHONY: help install lock lock-cuda run test test-bench test-fast test-containers lint typecheck compile images \
+.PHONY: help install lock lock-cuda run tensorboard test test-bench test-fast test-containers lint typecheck compile images \
 	images-local base-image docker-ready gcs-emulator-image crd bench clean
 
 # upload / submit / schedule against a KFP cluster (see docs/operating.md)
@@ -102,6 +102,14 @@ lock-cuda: ## re-resolve tensorflow[and-cuda] against the lock into requirements
 run: install ## the whole pipeline on this machine (kfp.local, horovodrun -np $WORKERS, local disk)
 	$(PY) -m pipeline run-local --workers $(WORKERS) --epochs $(EPOCHS) --model $(MODEL) \
 		$(AUGMENT_FLAG) --min-workers $(MIN_WORKERS)
+
+# TensorBoard on the newest local run (make run writes it under runs/); TENSORBOARD_PORT=6006.
+TENSORBOARD_PORT ?= 6006
+tensorboard: install ## TensorBoard on the last local run's log dir (rank 0's epochs and the test metrics)
+	@dir=$$(ls -td runs/pipeline-root/*/train/train-work/tensorboard 2>/dev/null | head -n 1); \
+	if [ -z "$$dir" ]; then echo "tensorboard: no local run under runs/ yet: make run first" >&2; exit 2; fi; \
+	echo "tensorboard: $$dir at http://localhost:$(TENSORBOARD_PORT)"; \
+	exec $(VENV)/bin/tensorboard --logdir "$$dir" --port $(TENSORBOARD_PORT)
 
 test: install ## the test suite, without the benchmarks' and the container tests (installs first)
 	$(PY) -m pytest -m "not containers and not bench"

@@ -16,16 +16,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from components.train import cli, trainer
+from components.train import cli, data, trainer
 from components.train.config import TrainConfig
 from components.train.sharding import steps_per_epoch
 
-Batches = Callable[[trainer.Shard, int, int, range], tuple[np.ndarray, np.ndarray]]
+Batches = Callable[[data.Shard, int, int, range], tuple[np.ndarray, np.ndarray]]
 
 
-def load_full_set(config: TrainConfig, rank: int, size: int) -> trainer.Shard:
+def load_full_set(config: TrainConfig, rank: int, size: int) -> data.Shard:
     """Every rank loads the whole training split but runs only ``len / N`` steps."""
-    whole = trainer.load_shard(config, 0, 1)
+    whole = data.load_shard(config, 0, 1)
     whole.steps = steps_per_epoch(whole.total, size, config.batch_size_per_worker)
     return whole
 
@@ -34,7 +34,7 @@ def make_random_batches(batch_size: int) -> Batches:
     """Per rank and epoch, random batches from the full set (the 2019 example's sampling)."""
 
     def epoch_batches(
-        shard: trainer.Shard, seed: int, rank: int, epochs: range
+        shard: data.Shard, seed: int, rank: int, epochs: range
     ) -> tuple[np.ndarray, np.ndarray]:
         rows = np.zeros((len(epochs) * shard.steps, batch_size), np.int64)
         lengths = np.full(len(epochs) * shard.steps, batch_size, np.int64)
@@ -48,9 +48,9 @@ def make_random_batches(batch_size: int) -> Batches:
     return epoch_batches
 
 
-def sampling_2019(batch_size: int) -> trainer.Sampling:
+def sampling_2019(batch_size: int) -> data.Sampling:
     """The 2019 example's sampling: the full set on every rank, random batches."""
-    return trainer.Sampling(load=load_full_set, batches=make_random_batches(batch_size))
+    return data.Sampling(load=load_full_set, batches=make_random_batches(batch_size))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from components.common import defaults
-from pipeline.cli_options import min_workers_option, model_options
+from pipeline.cli_options import lr_scaling_option, min_workers_option, model_options
 
 
 @click.command("compile")
@@ -32,6 +32,7 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 )
 @click.option("--learning-rate", type=float, default=defaults.BASE_LEARNING_RATE, show_default=True)
 @click.option("--threads-per-worker", type=int, default=0, help="0: cores / workers")
+@lr_scaling_option
 @min_workers_option
 @model_options
 @click.option("--data-source", default="bundled", show_default=True)

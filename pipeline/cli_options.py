@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 import click
 
 from components.common import defaults
+from components.common.params import LR_SCALINGS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,4 +49,13 @@ min_workers_option = click.option(
     show_default=True,
     help="0: static (losing a worker ends the job); N > 0: elastic, it goes on with as few as N "
     "workers and grows back to --workers",
+)
+
+# How Adam follows the world size (TrainConfig.lr_scaling): run-local and render-mpijob.
+lr_scaling_option = click.option(
+    "--lr-scaling",
+    type=click.Choice(list(LR_SCALINGS)),
+    default=defaults.LR_SCALING,
+    show_default=True,
+    help="how Adam's learning rate (sqrt: and its betas and epsilon) follows the world size",
 )

@@ -24,6 +24,7 @@ def check_parameters(
     batch_size_per_worker: int,
     learning_rate: float,
     warmup_epochs: int,
+    lr_scaling: str,
     threads_per_worker: int,
     model: str,
     augment: bool,
@@ -91,6 +92,7 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
         batch_size_per_worker: int = defaults.BATCH_SIZE_PER_WORKER,
         learning_rate: float = defaults.BASE_LEARNING_RATE,
         warmup_epochs: int = defaults.WARMUP_EPOCHS,
+        lr_scaling: str = defaults.LR_SCALING,
         threads_per_worker: int = 0,
         model: str = defaults.MODEL,
         augment: bool = defaults.AUGMENT,
@@ -114,7 +116,7 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
         # What the check step and the train step both take, under the same names.
         job = dict(
             workers=workers, epochs=epochs, batch_size_per_worker=batch_size_per_worker,
-            learning_rate=learning_rate, warmup_epochs=warmup_epochs,
+            learning_rate=learning_rate, warmup_epochs=warmup_epochs, lr_scaling=lr_scaling,
             threads_per_worker=threads_per_worker, augment=augment, min_workers=min_workers,
             training_backend=training_backend, slots_per_worker=slots_per_worker,
             cpu_per_worker=cpu_per_worker, memory_per_worker=memory_per_worker,

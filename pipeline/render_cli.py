@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from components.common import defaults, storage
-from pipeline.cli_options import min_workers_option, model_options, options
+from pipeline.cli_options import lr_scaling_option, min_workers_option, model_options, options
 
 if TYPE_CHECKING:
     from components.train.mpijob.manifest import MPIJobParams
@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 EXAMPLE_BUCKET = "gs://YOUR_BUCKET/kfp-horovod"
 TRAIN_OPTIONS = (
     "workers", "slots_per_worker", "epochs", "batch_size_per_worker", "learning_rate",
-    "warmup_epochs", "threads_per_worker", "seed", "model", "augment", "min_workers",
-    "gpus_per_worker",
+    "warmup_epochs", "lr_scaling", "threads_per_worker", "seed", "model", "augment",
+    "min_workers", "gpus_per_worker",
 )  # fmt: skip
 
 
@@ -73,6 +73,7 @@ trainer_options = options(
         "--learning-rate", type=float, default=defaults.BASE_LEARNING_RATE, show_default=True
     ),
     click.option("--warmup-epochs", type=int, default=defaults.WARMUP_EPOCHS, show_default=True),
+    lr_scaling_option,
     click.option("--threads-per-worker", type=int, default=0, help="0: cores / local workers"),
     click.option("--seed", type=int, default=defaults.SHUFFLE_SEED, show_default=True),
     model_options,

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LocalRun, run_local_pipeline
+from tests.tensorboard_events import read_scalars
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +36,21 @@ def test_make_run_equivalent_end_to_end(local_pipeline_run: LocalRun) -> None:
     assert "| 9 |" in Path(first["evaluation_report"]).read_text()  # per-class table
     accuracy = float(first["metrics"].split()[1].rstrip(","))
     assert accuracy > 0.3
+    # TensorBoard: rank 0's scalars for each epoch, the test metrics at the last one
+    board = Path(summary["tensorboard_uri"])
+    assert board == summary_path.parent / "train-work" / "tensorboard"
+    assert f"tensorboard --logdir {board}" in Path(first["coordination_report"]).read_text()
+    assert f"tensorboard --logdir {board}" in Path(first["evaluation_report"]).read_text()
+    scalars = read_scalars(board)
+    epochs = summary["epochs"]
+    assert set(scalars["train"]) == {
+        "loss", "accuracy", "learning_rate", "examples_per_second", "compute_share",
+        "communication_share", "waiting_share",
+    }  # fmt: skip
+    assert [step for step, _ in scalars["train"]["loss"]] == list(range(1, epochs + 1))
+    final_loss = scalars["train"]["loss"][-1][1]
+    assert final_loss == pytest.approx(summary["final_metrics"]["loss"], rel=1e-5)
+    assert scalars["evaluation"]["test_accuracy"] == [(epochs, pytest.approx(accuracy, abs=1e-4))]
 
     version = Path(first["registry_entry"])
     assert version == root / "registry" / "mnist-cnn" / "1"

@@ -15,7 +15,7 @@ from components.common import defaults
 from pipeline.build import compile_pipeline
 
 EXPECTED_PARAMETERS = {
-    "workers", "epochs", "batch_size_per_worker", "learning_rate", "warmup_epochs",
+    "workers", "epochs", "batch_size_per_worker", "learning_rate", "warmup_epochs", "lr_scaling",
     "threads_per_worker", "model", "augment", "data_source", "data_sha256", "data_limit",
     "shard_size", "min_workers",
     "min_accuracy", "model_name", "registry_root", "training_backend", "trainer_image",
@@ -132,7 +132,8 @@ def _check(**overrides: object) -> object:
 
     params: dict[str, object] = dict(
         workers=2, epochs=8, batch_size_per_worker=64, learning_rate=0.001, warmup_epochs=1,
-        threads_per_worker=0, model="mnist_advanced", augment=False, min_workers=0,
+        lr_scaling="linear", threads_per_worker=0, model="mnist_advanced", augment=False,
+        min_workers=0,
         data_source="bundled", data_sha256=defaults.MNIST_SHA256, data_limit=0, shard_size=1000,
         min_accuracy=0.9, model_name="mnist-cnn", registry_root="gs://b/models",
         training_backend="mpijob", slots_per_worker=1, cpu_per_worker="2",

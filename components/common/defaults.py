@@ -103,6 +103,9 @@ EPOCHS = 8
 # bench/results/levers*.json, time_to_accuracy_b128.json.
 BATCH_SIZE_PER_WORKER = 64
 BASE_LEARNING_RATE = 0.001
+# How Adam's learning rate (and, for sqrt, its betas and epsilon) follow the world size:
+# components/train/optimizer.py.
+LR_SCALING = "linear"
 WARMUP_EPOCHS = 1
 SHUFFLE_SEED = 42
 # Horovod aborts a job whose ranks stop agreeing on collective ops for this long.

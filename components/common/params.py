@@ -16,6 +16,9 @@ from components.common.defaults import BUNDLED_SOURCE, MODELS
 TRAINING_BACKENDS = ("local", "mpijob")
 SOURCE_SCHEMES = ("http", "https", "gs")
 COMPRESSIONS = ("none", "fp16")  # the trainer's gradient compression (hvd.Compression.<name>)
+LR_SCALINGS = ("linear", "sqrt", "none")  # components/train/optimizer.py
+# Malladi's square-root rule sets beta_1 = 1 - k (1 - 0.9): above 9 ranks it is not an Adam.
+SQRT_MAX_WORLD_SIZE = 9
 # Kubernetes' own quantity grammar (k8s.io/apimachinery/pkg/api/resource), as a regex.
 QUANTITY = re.compile(
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -125,6 +128,16 @@ def _text_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[str]:
     if compression is not None and compression not in COMPRESSIONS:
         rule = label.get("compression", "compression")
         problems.append(f"{rule} must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
+    scaling = p.get("lr_scaling")
+    if scaling is not None and scaling not in LR_SCALINGS:
+        rule = label.get("lr_scaling", "lr_scaling")
+        problems.append(f"{rule} must be one of {', '.join(LR_SCALINGS)}, got {scaling!r}")
+    world = p.get("world_size") or (p.get("workers") or 0) * (p.get("slots_per_worker") or 1)
+    if scaling == "sqrt" and isinstance(world, int) and world > SQRT_MAX_WORLD_SIZE:
+        problems.append(
+            f"{label.get('lr_scaling', 'lr_scaling')} 'sqrt' works for at most "
+            f"{SQRT_MAX_WORLD_SIZE} ranks (it sets Adam's beta_1 = 1 - ranks x 0.1), got {world}"
+        )
     if "registry_root" in p and not p["registry_root"]:
         problems.append(
             "registry_root is empty: set it to the model store the run registers its model in, "

@@ -24,12 +24,17 @@ def evaluate(
     result = run_evaluation(
         model.path, dataset.path, saved_model_sha256=model.metadata.get("saved_model_sha256")
     )
+    board = model.metadata.get("tensorboard_uri", "")
+    if board:  # the trainer's TensorBoard gets the test metrics too
+        from components.evaluate.evaluate import write_tensorboard
+
+        write_tensorboard(result, board, int(model.metadata.get("epochs", 0)))
     metrics.log_metric("accuracy", result.accuracy)
     metrics.log_metric("loss", result.loss)
     metrics.log_metric("samples", result.samples)
     confusion_matrix.log_confusion_matrix(result.categories, result.confusion_matrix)
     with open(report.path, "w", encoding="utf-8") as fh:
-        fh.write(result.to_markdown(model.uri, dataset.uri))
+        fh.write(result.to_markdown(model.uri, dataset.uri, board))
     report.metadata["saved_model_sha256"] = result.saved_model_sha256
     EvalOutputs = namedtuple("EvalOutputs", ["accuracy", "loss"])
     return EvalOutputs(result.accuracy, result.loss)

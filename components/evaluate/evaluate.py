@@ -50,11 +50,15 @@ class Evaluation:
         """Class names for the confusion matrix: the digits as strings."""
         return [str(c) for c in range(NUM_CLASSES)]
 
-    def to_markdown(self, model_uri: str = "", dataset_uri: str = "") -> str:
+    def to_markdown(
+        self, model_uri: str = "", dataset_uri: str = "", tensorboard_uri: str = ""
+    ) -> str:
         """A human-readable report with per-class precision and recall."""
         lines = ["# Evaluation", ""]
         if model_uri:
             lines.append(f"- model: `{model_uri}`")
+        if tensorboard_uri:
+            lines.append(f"- TensorBoard: `tensorboard --logdir {tensorboard_uri}`")
         lines.append(f"- saved_model.pb sha256: `{self.saved_model_sha256}`")
         lines += [
             f"- dataset: `{dataset_uri}` (manifest sha256 `{self.dataset_manifest_sha256}`)",
@@ -159,6 +163,16 @@ def evaluate(
         saved_model_sha256=digest,
         **score(probabilities, labels),
     )
+
+
+def write_tensorboard(result: Evaluation, tensorboard_uri: str, step: int) -> None:
+    """Add the test metrics to the training run's TensorBoard (run ``evaluation``, at the
+    trainer's last epoch)."""
+    from components.common.board import Board
+
+    with tempfile.TemporaryDirectory(prefix="evaluate-board-") as workdir:
+        board = Board(keras_env.tensorflow(), tensorboard_uri, "evaluation", Path(workdir))
+        board.write(step, {"test_accuracy": result.accuracy, "test_loss": result.loss})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ def train(
     batch_size_per_worker: int,
     learning_rate: float,
     warmup_epochs: int,
+    lr_scaling: str,
     threads_per_worker: int,
     architecture: str,  # the pipeline's `model` (this step's output artifact is `model`)
     augment: bool,

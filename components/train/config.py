@@ -30,6 +30,7 @@ inter_op_threads         (default)               ``--inter-op-threads`` (0: min(
 min_workers              min_workers             ``--min-workers`` (0: static; > 0: elastic)
 gpus_per_worker          gpus_per_worker         ``--gpus-per-worker`` (0: CPU; > 0: every rank
                                                  must train on a GPU of its own, or stop)
+lr_scaling               lr_scaling              ``--lr-scaling`` (linear | sqrt | none)
 =======================  ======================  ========================================
 
 The last four are the scaling levers of issue 10 (``bench/levers.py`` measures them); their
@@ -52,12 +53,13 @@ from components.common.defaults import (
     BASE_LEARNING_RATE,
     BATCH_SIZE_PER_WORKER,
     EPOCHS,
+    LR_SCALING,
     MODEL,
     MODELS,
     SHUFFLE_SEED,
     WARMUP_EPOCHS,
 )
-from components.common.params import parameter_problems
+from components.common.params import LR_SCALINGS, parameter_problems
 
 # The trainer flag of each field whose flag is not simply ``--field-name``.
 FLAG_OF = {
@@ -95,6 +97,7 @@ class TrainConfig:
     inter_op_threads: int = 0  # 0: min(2, intra-op threads), as before
     min_workers: int = 0  # 0: static; > 0: elastic, between min_workers and workers workers
     gpus_per_worker: int = 0  # > 0: every rank trains on a GPU of its own, or the job stops
+    lr_scaling: str = LR_SCALING  # how Adam follows the world size (components.train.optimizer)
 
     def __post_init__(self) -> None:
         problems = [f"{name} is empty" for name in ("data", "output") if not getattr(self, name)]
@@ -105,6 +108,8 @@ class TrainConfig:
                 "augment": self.augment,
                 "compression": self.compression,
                 "jit_compile": self.jit_compile,
+                "lr_scaling": self.lr_scaling,
+                "world_size": self.world_size,
             }
         )
         if problems:
@@ -153,6 +158,11 @@ class TrainConfig:
         return self.checkpoint_dir or storage.join(self.output, "checkpoints")
 
     @property
+    def tensorboard_uri(self) -> str:
+        """TensorBoard's log directory: rank 0's epochs (``train/``), evaluation's metrics."""
+        return storage.join(self.output, "tensorboard")
+
+    @property
     def summary_uri(self) -> str:
         """Where rank 0 writes ``run_summary.json``."""
         return storage.join(self.output, "run_summary.json")
@@ -193,6 +203,8 @@ def to_argv(config: TrainConfig) -> list[str]:
         args += ["--min-workers", str(config.min_workers)]
     if config.gpus_per_worker:
         args += ["--gpus-per-worker", str(config.gpus_per_worker)]
+    if config.lr_scaling != LR_SCALING:
+        args += ["--lr-scaling", config.lr_scaling]
     return args
 
 
@@ -253,6 +265,11 @@ def argument_parser() -> argparse.ArgumentParser:
         default=0,
         help="0: train on the CPU; N > 0: every rank trains on a GPU of its own, and the job "
         "stops before training if one cannot (a CPU image, no GPU, too few GPUs)",
+    )
+    p.add_argument(
+        "--lr-scaling",
+        default=LR_SCALING,
+        help=f"how Adam follows the world size: {' | '.join(LR_SCALINGS)} (default {LR_SCALING})",
     )
     return p
 

@@ -27,13 +27,16 @@ attempt.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from components.common import keras_env
-from components.train import trainer
-from components.train.trainer import EpochPlan, EpochStats, Job, Sampling, Shard, Trainee
+from components.train.data import EpochPlan, Sampling, Shard, coverage, plan_epochs
+from components.train.export import gather_and_export
+from components.train.fit import EpochStats, fit_epochs, training_callbacks
+from components.train.job import Job, Trainee, agree_on_inputs, log_plan, rank_logger
 
 # Larger than any job's step count: Horovod's CommitStateCallback then commits at epoch ends
 # only, so an epoch never straddles two world sizes.
@@ -76,7 +79,7 @@ def train_elastic(job: Job, trainee: Trainee, sampling: Sampling) -> int:
     why = ["start"]
 
     def on_reset() -> None:
-        trainer.rank_logger(job.rank, job.size)  # relabel this rank's lines
+        rank_logger(job.rank, job.size)  # relabel this rank's lines
         state.history = [*state.history, world_entry(state.epoch, job.size, why[0])]
         state.save()  # else the sync that follows puts back the history of the last commit
         job.log.info(
@@ -102,22 +105,24 @@ def train_elastic(job: Job, trainee: Trainee, sampling: Sampling) -> int:
     if state.epochs:
         extra["coverage"] = combined_coverage(state.epochs, done.shard.total)
     final_ids = done.plan.first_epoch_ids(done.shard)
-    return trainer.gather_and_export(
+    return gather_and_export(
         job, trainee, done.shard, dict(state.metrics), done.stats, final_ids, extra
     )
 
 
 def _attempt(job: Job, trainee: Trainee, sampling: Sampling, state: Any) -> Attempt:
     """One attempt at the epochs left, in the world as it is now."""
-    shard = trainer.agree_on_inputs(job, sampling)
-    trainer.log_plan(job, shard)
-    plan = trainer.plan_epochs(job, shard, sampling, state.epoch)
-    stats = trainer.EpochStats(samples_per_epoch=len(shard.labels))
-    if state.epoch >= job.config.warmup_epochs:  # warmup sets it itself until then
-        keras_env.keras().backend.set_value(trainee.model.optimizer.lr, job.scaled_lr)
-    callbacks = trainer.training_callbacks(job, trainee, shard.steps, stats)
+    shard = agree_on_inputs(job, sampling)
+    log_plan(job, shard)
+    plan = plan_epochs(shard, sampling, job.config, job.rank, state.epoch)
+    stats = EpochStats(samples_per_epoch=len(shard.labels))
+    adam = job.adam
+    if state.epoch < job.config.warmup_epochs:  # warmup sets the learning rate itself until then
+        adam = dataclasses.replace(adam, learning_rate=float(trainee.model.optimizer.lr.numpy()))
+    adam.apply(trainee.model.optimizer)  # this world size's settings (lr_scaling)
+    callbacks = training_callbacks(job, trainee, shard.steps, stats)
     callbacks += _state_callbacks(job, shard, plan, state)
-    trainer.fit_epochs(job, trainee, shard, plan, callbacks)
+    fit_epochs(job, trainee, shard, plan, callbacks)
     return Attempt(shard, plan, stats)
 
 
@@ -131,7 +136,7 @@ def _state_callbacks(job: Job, shard: Shard, plan: EpochPlan, state: Any) -> lis
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             ids = allgather_object(plan.epoch_ids(shard, epoch))
             record = {"epoch": epoch + 1, "world_size": job.size}
-            record.update(trainer.coverage(ids, shard.total))
+            record.update(coverage(ids, shard.total))
             # Assign, never mutate: KerasState keeps the committed values by reference.
             state.epochs = [*state.epochs, record]
             state.metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}

@@ -21,8 +21,7 @@ def coordination_report(summary: dict[str, Any]) -> str:
         *_device_lines(summary),
         f"- Global batch: **{summary['global_batch_size']}** = {size} workers x "
         f"{summary['batch_size_per_worker']} per worker",
-        f"- Learning rate: **{summary['learning_rate']:g}** = {summary['base_learning_rate']:g} x "
-        f"{size} workers, warmed up over {summary['warmup_epochs']} epoch(s)",
+        f"- Learning rate: {_lr_text(summary)}, warmed up over {summary['warmup_epochs']} epoch(s)",
         *_model_lines(summary),
         f"- Epochs: {summary['epochs']}"
         + (
@@ -47,7 +46,7 @@ def coordination_report(summary: dict[str, Any]) -> str:
             f"`{r['weights_sha256'][:16]}` |"
         )
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(summary["final_metrics"].items()))
-    lines += ["", *_elastic_lines(summary)]
+    lines += ["", *_elastic_lines(summary), *resource_lines(summary)]
     lines += [
         "## Result",
         "",
@@ -59,9 +58,55 @@ def coordination_report(summary: dict[str, Any]) -> str:
         f"- Final training metrics (averaged over ranks): {metrics or 'n/a'}",
         f"- **1 model, exported by rank 0, at `{summary['model_uri']}`** "
         f"(saved_model.pb sha256 `{summary['saved_model_sha256'][:16]}`)",
+        *(
+            [f"- TensorBoard: `tensorboard --logdir {summary['tensorboard_uri']}`"]
+            if summary.get("tensorboard_uri")
+            else []
+        ),
         "",
     ]
     return "\n".join(lines)
+
+
+def _lr_text(summary: dict[str, Any]) -> str:
+    """The learning rate and how the ``lr_scaling`` rule made it, in Markdown."""
+    from components.train.optimizer import lr_formula
+
+    rule = summary.get("lr_scaling", "linear")
+    formula = lr_formula(rule, summary["base_learning_rate"], summary["world_size"])
+    value, _, rest = formula.partition(" = ")
+    if rule == "sqrt" and "adam" in summary:
+        adam = summary["adam"]
+        rest += (
+            f", beta_1 {adam['beta_1']:g}, beta_2 {adam['beta_2']:g}, epsilon {adam['epsilon']:.2g}"
+        )
+    return f"**{value}** = {rest}"
+
+
+def resource_lines(summary: dict[str, Any]) -> list[str]:
+    """The report's answer to "did the workers pay?": where a step's time went, per rank, and
+    what to change (none for summaries without the measurement)."""
+    use = summary.get("resource_use")
+    if not use:
+        return []
+    lines = [
+        "## Did the workers pay?",
+        "",
+        f"A step took {use['step_seconds'] * 1e3:.1f} ms: compute **{use['compute_share']:.0%}**, "
+        f"communication **{use['communication_share']:.0%}**, waiting for slower ranks "
+        f"**{use['waiting_share']:.0%}** (median of {use['epochs_measured']} epoch(s)). "
+        f"Estimated scaling efficiency: **{use['estimated_efficiency']:.2f}**.",
+        "",
+        "| rank | host | step ms | compute ms | in allreduce ms | CPU cores busy | threads |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in use["per_rank"]:
+        lines.append(
+            f"| {r['rank']} | {r['host']} | {r['step_ms']} | {r['compute_ms']} | "
+            f"{r['allreduce_ms']} | {r['cpu_cores_busy']} | {r['threads']} |"
+        )
+    lines += ["", *(f"- {note}" for note in use["advice"]), ""]
+    return lines
 
 
 def device_text(rank: dict[str, Any]) -> str:

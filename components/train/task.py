@@ -27,7 +27,8 @@ from components.train.report import coordination_report
 # `architecture` is the field `model`: the step's output artifact already holds that name).
 TRAIN_PARAMETERS = (
     "workers", "slots_per_worker", "epochs", "batch_size_per_worker", "learning_rate",
-    "warmup_epochs", "threads_per_worker", "augment", "min_workers", "gpus_per_worker",
+    "warmup_epochs", "lr_scaling", "threads_per_worker", "augment", "min_workers",
+    "gpus_per_worker",
 )  # fmt: skip
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -114,7 +115,9 @@ def run_train_task(
         summary = train_on_mpijob(config, pods or {}, namespace, log)
     else:
         summary = train_locally(config, dataset_path, model_path, log)
-        summary["model_uri"] = config.model_uri  # the artifact's URI, as the pipeline sees it
+        # the artifacts' URIs, as the pipeline sees them (the ranks wrote to their local paths)
+        summary["model_uri"] = config.model_uri
+        summary["tensorboard_uri"] = config.tensorboard_uri
     summary_path, report_path = outputs
     _write(summary_path, json.dumps(summary, indent=2, sort_keys=True))
     _write(report_path, coordination_report(summary))
@@ -123,7 +126,10 @@ def run_train_task(
 
 def artifact_metadata(summary: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The metadata of the Model and the run_summary artifacts, from the run summary."""
-    model_keys = ("model", "augment", "world_size", "saved_model_sha256", "final_metrics")
+    model_keys = (
+        "model", "augment", "world_size", "epochs", "saved_model_sha256", "final_metrics",
+        "tensorboard_uri",
+    )  # fmt: skip
     model = {"framework": "tensorflow-savedmodel", **{k: summary[k] for k in model_keys}}
     run = {k: summary[k] for k in ("world_size", "weights_identical_across_ranks")}
     return model, run

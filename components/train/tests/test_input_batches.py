@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from components.train.trainer import Shard, epoch_batches
+from components.train.data import Shard, epoch_batches
 
 
 def _shard(n: int, steps: int) -> Shard:

@@ -38,7 +38,7 @@ def test_each_ranks_background_thread_runs_on_its_own_core() -> None:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.fail("this test needs 2 cores (the project's machines have 2)")
-    command = launch.hvdrun_command(2, [sys.executable, "-c", RANK_PROGRAM])
+    command = launch.static_command(2, [sys.executable, "-c", RANK_PROGRAM])  # mpirun
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=120, env=launch.job_environment(None, 2)
     )

@@ -41,6 +41,7 @@ def _summary(world_size: int = 3, same: bool = True) -> dict[str, Any]:
         "final_metrics": {"accuracy": 0.9, "loss": 0.3},
         "model_uri": "gs://b/run/train/model", "saved_model_sha256": "ef" * 32,
         "model": "mnist_advanced", "augment": True, "model_parameters": 1199882,
+        "tensorboard_uri": "gs://b/run/train/train-work/tensorboard",
     }  # fmt: skip
 
 
@@ -171,9 +172,10 @@ def test_artifact_metadata_says_which_model_was_trained() -> None:
     model, run = task.artifact_metadata({**_summary(), "weights_identical_across_ranks": True})
     assert model == {
         "framework": "tensorflow-savedmodel", "model": "mnist_advanced", "augment": True,
-        "world_size": 3, "saved_model_sha256": "ef" * 32,
+        "world_size": 3, "epochs": 2, "saved_model_sha256": "ef" * 32,
         "final_metrics": {"accuracy": 0.9, "loss": 0.3},
-    }  # fmt: skip
+        "tensorboard_uri": "gs://b/run/train/train-work/tensorboard",
+    }  # fmt: skip  # evaluation writes its test metrics into that TensorBoard at epoch 2
     assert run == {"world_size": 3, "weights_identical_across_ranks": True}
 
 

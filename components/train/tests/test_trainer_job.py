@@ -102,10 +102,27 @@ def test_summary_answers_one_model_or_n(job: dict[str, Any]) -> None:
         "inter_op_threads": 2,
     }  # fmt: skip
     assert all(r["examples_per_second"] > 0 for r in s["per_rank"])
+    assert (s["lr_scaling"], s["adam"]["learning_rate"]) == ("linear", s["learning_rate"])
+    assert s["gradient_allreduce"] == "host"
     import hashlib
 
     pb = (job["output"] / "model" / "saved_model.pb").read_bytes()
     assert s["saved_model_sha256"] == hashlib.sha256(pb).hexdigest()
+
+
+def test_every_run_says_whether_the_workers_paid(job: dict[str, Any]) -> None:
+    """Each rank's own clock: every rank's step split, measured; the shares add up to a step."""
+    use = job["summary"]["resource_use"]
+    assert [r["rank"] for r in use["per_rank"]] == [0, 1, 2]
+    shares = use["compute_share"] + use["communication_share"] + use["waiting_share"]
+    assert shares == pytest.approx(1.0, abs=1e-3)
+    assert 0 < use["compute_share"] < 1 and use["communication_share"] > 0
+    assert all(r["allreduce_ms"] > 0 and r["compute_ms"] > 0 for r in use["per_rank"])
+    assert all(r["step_ms"] == pytest.approx(r["compute_ms"] + r["allreduce_ms"], abs=0.02)
+               for r in use["per_rank"])  # fmt: skip
+    assert use["advice"] and use["estimated_efficiency"] == use["compute_share"]
+    out = job["proc"].stdout
+    assert "a step: compute " in out and "## Did the workers pay?" not in out  # log, not report
 
 
 def test_exported_model_loads_and_predicts_in_a_fresh_process(

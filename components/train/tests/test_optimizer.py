@@ -1,0 +1,45 @@
+"""The lr_scaling rules: Adam's settings for a world size, and the parameter's checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from components.common.params import parameter_problems
+from components.train.config import TrainConfig, from_argv, to_argv
+from components.train.optimizer import AdamSettings, adam_settings, lr_formula
+
+
+def test_linear_sqrt_and_none() -> None:
+    assert adam_settings("linear", 0.001, 4) == AdamSettings(0.004)
+    assert adam_settings("none", 0.001, 4) == AdamSettings(0.001)
+    sqrt = adam_settings("sqrt", 0.001, 2)  # Malladi et al.: a batch k = 2 times larger
+    assert sqrt.learning_rate == pytest.approx(0.001 * math.sqrt(2))
+    assert (sqrt.beta_1, sqrt.beta_2) == (pytest.approx(0.8), pytest.approx(0.998))
+    assert sqrt.epsilon == pytest.approx(1e-7 / math.sqrt(2))
+    assert adam_settings("sqrt", 0.001, 1) == AdamSettings(0.001)  # one rank: unchanged
+
+
+def test_the_rule_in_words() -> None:
+    assert lr_formula("linear", 0.001, 2) == "0.002 = 0.001 x 2 workers (linear)"
+    assert lr_formula("sqrt", 0.001, 4) == "0.002 = 0.001 x sqrt(4 workers) (sqrt)"
+    assert lr_formula("none", 0.001, 4) == "0.001 = 0.001 for 4 workers (none)"
+
+
+def test_a_bad_rule_and_sqrt_beyond_its_range_are_refused_by_name() -> None:
+    assert parameter_problems({"lr_scaling": "cubic"}) == [
+        "lr_scaling must be one of linear, sqrt, none, got 'cubic'"
+    ]
+    assert parameter_problems({"lr_scaling": "sqrt", "workers": 5, "slots_per_worker": 2}) == [
+        "lr_scaling 'sqrt' works for at most 9 ranks (it sets Adam's beta_1 = 1 - ranks x 0.1), "
+        "got 10"
+    ]
+    with pytest.raises(ValueError, match="lr_scaling 'sqrt' works for at most 9 ranks"):
+        TrainConfig(data="d", output="o", workers=10, lr_scaling="sqrt")
+
+
+def test_the_trainer_flag_round_trips() -> None:
+    config = TrainConfig(data="d", output="o", workers=2, lr_scaling="sqrt")
+    assert "--lr-scaling" in to_argv(config) and from_argv(to_argv(config)) == config
+    assert "--lr-scaling" not in to_argv(TrainConfig(data="d", output="o", workers=2))
