@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ pytestmark = pytest.mark.containers
 
 def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Path) -> None:
     images = require_images(docker_client, *defaults.IMAGE_NAMES)
-    started = time.time()
     root = tmp_path / "runs"
     command = [
         sys.executable, "-m", "pipeline", "run-local", "--runner", "docker", "--root", str(root),
@@ -32,7 +30,7 @@ def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Pat
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=900)
     finally:
-        _remove_step_containers(docker_client, set(images.values()), started)
+        _remove_step_containers(docker_client, set(images.values()), root)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-6000:]
     print(*[ln for ln in out.stdout.splitlines() if "finished in" in ln or "workers:" in ln])
@@ -51,16 +49,12 @@ def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Pat
     assert list((root / "pipeline-root" / "registry").glob("*/1/saved_model.pb"))
 
 
-def _remove_step_containers(docker_client: Any, images: set[str], since: float) -> None:
-    """DockerRunner leaves its stopped containers behind; remove the ones this test made."""
+def _remove_step_containers(docker_client: Any, images: set[str], root: Path) -> None:
+    """DockerRunner leaves its stopped containers behind; remove the ones this test made: they
+    mount this test's pipeline root (a test running at the same time on the same engine has
+    its own)."""
     for container in docker_client.containers.list(all=True, filters={"status": "exited"}):
-        tags = set(container.image.tags)
-        created = container.attrs["Created"]
-        if tags & images and _epoch(created) >= since - 1:
+        mounts = [m.get("Source", "") for m in container.attrs.get("Mounts", [])]
+        mine = any(Path(m) == root or Path(m).is_relative_to(root) for m in mounts)
+        if set(container.image.tags) & images and mine:
             container.remove()
-
-
-def _epoch(created: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00").timestamp()
