@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from components.common import defaults
-from tests.containers.support import require_images
+from tests.containers.support import local_tag, require_images
 
 pytestmark = pytest.mark.containers
 
@@ -25,7 +25,7 @@ def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Pat
     command = [
         sys.executable, "-m", "pipeline", "run-local", "--runner", "docker", "--root", str(root),
         "--workers", "2", "--epochs", "2", "--data-limit", "1000", "--min-accuracy", "0.5",
-        "--model", "small",
+        "--model", "small", "--image-tag", local_tag(),
     ]  # fmt: skip
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=900)
