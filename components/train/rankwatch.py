@@ -9,8 +9,8 @@ measured this). So `run_local` watches its rank processes: a rank found stopped 
 job's output at once, and if it is still stopped after the stall-shutdown time the job's
 environment sets (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``), the watch says so and kills that
 rank; the others fail on the lost connection and horovodrun fails the job, as for a crash. A
-rank stopped by a debugger (tracing stop) is left alone. The MPIJob backend runs under mpirun,
-which this does not cover.
+rank stopped by a debugger (tracing stop) is left alone. The MPIJob's launcher cannot see the
+ranks' processes in other pods: it watches their heartbeats instead (`components.train.mpiwatch`).
 """
 
 from __future__ import annotations
