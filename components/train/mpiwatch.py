@@ -124,15 +124,29 @@ def _read_hosts(path: str | None) -> list[str]:
         return []
 
 
-def _pump(stream: IO[bytes], silence: Silence, lock: threading.Lock, out: IO[str]) -> None:
+class _Lines:
+    """Writes whole lines to `out` from both threads, under its own lock (the ranks' state has
+    another: the watch's check never waits on the output)."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out, self._lock = out, threading.Lock()
+
+    def __call__(self, text: str) -> None:
+        with self._lock:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+
+def _pump(
+    stream: IO[bytes], silence: Silence, lock: threading.Lock, write: Callable[[str], None]
+) -> None:
     """Forward mpirun's stdout line by line, heartbeats taken out."""
     for raw in iter(stream.readline, b""):
         text = raw.decode(errors="replace").rstrip("\n")
         with lock:
             forward = silence.observe(text, time.monotonic())
         if forward is not None:
-            out.write(forward + "\n")
-            out.flush()
+            write(forward)
 
 
 def _end(proc: subprocess.Popen[bytes], grace_s: float) -> None:
@@ -180,30 +194,30 @@ def watch(
     out: IO[str] = sys.stdout,
 ) -> int:
     """Run `command` (mpirun) under the watch; returns the exit code (see the module doc)."""
-    out.write(
+    write = _Lines(out)
+    write(
         f"{PREFIX} watching {ranks} rank(s): one silent (no heartbeat) for more than "
-        f"{bound_s:g} s ends the job\n"
+        f"{bound_s:g} s ends the job"
     )
-    out.flush()
     lock = threading.Lock()
     silence = Silence(ranks, bound_s, time.monotonic(), _read_hosts(hostfile))
     proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, start_new_session=True)
     restore = _forward_signals(proc)
     assert proc.stdout is not None
-    reader = threading.Thread(target=_pump, args=(proc.stdout, silence, lock, out), daemon=True)
+    reader = threading.Thread(target=_pump, args=(proc.stdout, silence, lock, write), daemon=True)
     reader.start()
     try:
         verdict = _wait(proc, silence, lock, poll_s)
         if verdict is None:
             reader.join(grace_s)
             return exit_code(int(proc.returncode))
-        _say(out, f"{verdict}; ending the job")
+        write(f"{PREFIX} {verdict}; ending the job")
         ending = time.monotonic()
         _end(proc, grace_s)
         code = exit_code(proc.returncode)
         ended = f"mpirun ended {time.monotonic() - ending:.1f} s later, exit {code}"
         reader.join(grace_s)  # ssh children may hold the pipe open after mpirun is gone
-        _say(out, f"the job failed: {verdict} ({ended})")
+        write(f"{PREFIX} the job failed: {verdict} ({ended})")
         return EXIT_SILENT_RANK
     finally:
         restore()
@@ -227,11 +241,6 @@ def _wait(
                 return (
                     f"{names} (bound {silence.bound_s:g} s): frozen, or its node or network is down"
                 )
-
-
-def _say(out: IO[str], text: str) -> None:
-    out.write(f"{PREFIX} {text}\n")
-    out.flush()
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
