@@ -18,9 +18,6 @@ Used by the MPIJob lifecycle tests and by the fault benchmark (bench/faults.py),
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -248,12 +245,11 @@ class TrainerOperator(Operator):
 
     def _collect(self, name: str, proc: subprocess.Popen[str]) -> None:
         """The garbage collector's part: the job's containers are killed, its pods deleted."""
+        from components.train.launch import kill_job
+
         ranks = list(rank_processes(proc.pid).values())
         self.killed_at = time.monotonic()
-        os.killpg(proc.pid, signal.SIGKILL)
-        for rank in ranks:
-            with contextlib.suppress(psutil.Error):
-                rank.kill()
+        kill_job(proc.pid)
         psutil.wait_procs(ranks, timeout=30)
         proc.wait()
         self.collected += [r.pid for r in ranks]

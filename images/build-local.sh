@@ -4,8 +4,10 @@
 #   images/build-local.sh REGISTRY TAG BASE_IMAGE OFFLINE_BASE_IMAGE DIR=NAME [DIR=NAME ...]
 #
 # DIR is a folder under images/, NAME the image name. images/DIR/Dockerfile builds it if there is
-# one; else the shared images/component/Dockerfile with COMPONENT=DIR (data_prep, evaluate,
-# register). PUSH=1 pushes each image after building it (make images). The images are built
+# one; else, for DIR=<X>_gpu, images/<X>/Dockerfile with IMAGE=DIR (trainer_gpu: the trainer's
+# Dockerfile) and GRADIENT_ALLREDUCE=nccl if the base has nvcc, host if not (the image's label
+# says which); else the shared images/component/Dockerfile with COMPONENT=DIR (data_prep,
+# evaluate, register). PUSH=1 pushes each image after building it (make images). The images are built
 # on BASE_IMAGE if it is present or can be pulled; otherwise on OFFLINE_BASE_IMAGE, which is
 # built from Debian's packages (images/base) when it is missing, and the script says so.
 # Docker's layer cache is reused, so a second run rebuilds only what changed. Prints the build
@@ -31,10 +33,26 @@ else
   base=$offline_base
 fi
 
+# Sets $allreduce, once: nccl if the base has nvcc (a CUDA devel base: Horovod's NCCL operations
+# compile CUDA kernels), else host (Horovod's collectives on host memory).
+probe_gradient_allreduce() {
+  [ -z "${allreduce:-}" ] || return 0
+  if docker run --rm --entrypoint sh "$base" -c \
+       'command -v nvcc >/dev/null || test -x /usr/local/cuda/bin/nvcc' >/dev/null 2>&1; then
+    allreduce=nccl; echo "images: the base has nvcc: the GPU images' Horovod uses NCCL"
+  else
+    allreduce=host; echo "images: the base has no nvcc: the GPU images' Horovod reduces on the host"
+  fi
+}
+
 for spec in "$@"; do
   dir=${spec%%=*} name=${spec#*=}
   if [ -f "images/$dir/Dockerfile" ]; then
     build=(-f "images/$dir/Dockerfile")
+  elif [[ $dir == *_gpu ]] && [ -f "images/${dir%_gpu}/Dockerfile" ]; then
+    probe_gradient_allreduce
+    build=(-f "images/${dir%_gpu}/Dockerfile" --build-arg "IMAGE=$dir"
+           --build-arg "GRADIENT_ALLREDUCE=$allreduce")
   elif [ -f "images/$dir/requirements.txt" ]; then
     build=(-f images/component/Dockerfile --build-arg "COMPONENT=$dir")
   else

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from kfp import compiler
 
-from pipeline.pipeline import build_pipeline, image_refs
+from components.common.defaults import image_refs
+from pipeline.pipeline import build_pipeline
 
 
 def compile_pipeline(

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.common import defaults
 from components.common.defaults import MODEL, PIPELINE_NAME
 from components.common.params import check_parameters
 from components.train.preflight import check_model_before_launch
 from components.train.report import world_history
-from pipeline.pipeline import build_pipeline, image_refs
+from pipeline.pipeline import build_pipeline
 
 
 @dataclass
@@ -78,7 +79,9 @@ def run_pipeline_locally(
 ) -> LocalRun:
     """Run the pipeline with kfp.local under `root` and return where everything went.
 
-    `params` are pipeline parameters; ``registry_root`` defaults to ``<root>/registry``.
+    `params` are pipeline parameters; ``registry_root`` defaults to ``<root>/registry`` and
+    ``training_backend`` to ``local`` (the compiled pipeline's default, ``mpijob``, needs a
+    cluster).
     Parameters are checked before anything runs, and a ``model`` entry point is built once
     here when the steps run in this environment (with `docker_images`, the train step checks
     it in the trainer image before starting horovodrun). With `docker_images` = ``(registry,
@@ -90,8 +93,9 @@ def run_pipeline_locally(
     pipeline_root = root / "pipeline-root"
     default_registry = (pipeline_root if docker_images else root) / "registry"
     params.setdefault("registry_root", str(default_registry))
+    params.setdefault("training_backend", "local")
     check_parameters(params)
-    if params.get("training_backend", "local") != "local":
+    if params["training_backend"] != "local":
         raise ValueError("training_backend must be 'local' for a local run (no cluster here)")
     if not docker_images:
         check_model_before_launch(params.get("model", MODEL))
@@ -106,7 +110,13 @@ def run_pipeline_locally(
         pipeline_root=str(pipeline_root),
         raise_on_error=True,
     )
-    pipeline_func = build_pipeline(image_refs(*docker_images) if docker_images else image_refs())
+    images = defaults.image_refs(*docker_images) if docker_images else defaults.image_refs()
+    # kfp.local runs each task in its compiled image: choose the trainer's now, as the check
+    # step would (build_pipeline's image_at_run_time).
+    images["trainer"] = defaults.trainer_image(
+        params.get("gpus_per_worker", 0), images, params.get("trainer_image", "")
+    )
+    pipeline_func = build_pipeline(images, image_at_run_time=False)
     started = time.monotonic()
     pipeline_func(**params)
     new = sorted(set(pipeline_root.iterdir()) - before)

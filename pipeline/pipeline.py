@@ -2,7 +2,7 @@
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from kfp import dsl
 
@@ -40,20 +40,41 @@ def check_parameters(
     cpu_per_worker: str,
     memory_per_worker: str,
     gpus_per_worker: int,
-) -> None:
-    """Fail the run before any work if a parameter is bad; the error names every bad one."""
+    trainer_image: str,
+    images: str,
+) -> NamedTuple("Checked", [("trainer_image", str), ("train_step_gpus", int)]):  # type: ignore[valid-type]  # noqa: F821, UP014
+    """Fail the run before any work if a parameter is bad; the error names every bad one.
+
+    Then choose the image the trainer runs in (`defaults.trainer_image`: `trainer_image` if
+    given, else the GPU trainer image when the job asks for GPUs, from the compiled `images`),
+    and the GPUs of the train step's own pod: the local backend trains there, one GPU set per
+    worker; the MPIJob backend only launches the job from it.
+    """
+    import collections
+    import json
+
+    from components.common import defaults
     from components.common.params import check_parameters as check
 
-    check(dict(locals()))
+    parameters = dict(locals())
+    refs = json.loads(parameters.pop("images"))
+    check(parameters)
+    local = training_backend == "local"
+    Checked = collections.namedtuple("Checked", ["trainer_image", "train_step_gpus"])  # noqa: N806
+    return Checked(
+        defaults.trainer_image(gpus_per_worker, refs, trainer_image),
+        workers * gpus_per_worker if local else 0,
+    )
 
 
-def image_refs(registry: str | None = None, tag: str | None = None) -> dict[str, str]:
-    """Every component's image reference (one place: components.common.defaults)."""
-    return {name: defaults.image_ref(name, registry, tag) for name in defaults.IMAGE_NAMES}
+def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Callable[..., Any]:
+    """The pipeline function with each component running in its image from `images`.
 
-
-def build_pipeline(images: dict[str, str]) -> Callable[..., Any]:
-    """The pipeline function with each component running in its image from `images`."""
+    The train step runs in the trainer image the check step chooses (`image_at_run_time`: KFP
+    resolves a task's image from an upstream output when the task starts). kfp.local runs each
+    task in its compiled image and cannot do that, so a local run passes False and builds the
+    pipeline with ``images["trainer"]`` already chosen (`pipeline.local_run`).
+    """
     check_op = dsl.component(base_image=images["data_prep"], install_kfp_package=False)(
         check_parameters
     )
@@ -81,8 +102,8 @@ def build_pipeline(images: dict[str, str]) -> Callable[..., Any]:
         min_accuracy: float = defaults.MIN_ACCURACY,
         model_name: str = defaults.MODEL_NAME,
         registry_root: str = "",
-        training_backend: str = "local",
-        trainer_image: str = images["trainer"],
+        training_backend: str = "mpijob",
+        trainer_image: str = "",
         slots_per_worker: int = defaults.SLOTS_PER_WORKER,
         cpu_per_worker: str = defaults.WORKER_CPU,
         memory_per_worker: str = defaults.WORKER_MEMORY,
@@ -101,6 +122,8 @@ def build_pipeline(images: dict[str, str]) -> Callable[..., Any]:
         )  # fmt: skip
         check = check_op(
             **job,
+            trainer_image=trainer_image,
+            images=images_json,
             model=model,
             data_source=data_source,
             data_sha256=data_sha256,
@@ -109,7 +132,7 @@ def build_pipeline(images: dict[str, str]) -> Callable[..., Any]:
             min_accuracy=min_accuracy,
             model_name=model_name,
             registry_root=registry_root,
-        ).set_display_name("check parameters")
+        ).set_display_name("check parameters, choose the trainer image")
         check.set_caching_options(False)
         prep = prep_op(
             source=data_source, sha256=data_sha256, shard_size=shard_size, limit=data_limit
@@ -119,11 +142,15 @@ def build_pipeline(images: dict[str, str]) -> Callable[..., Any]:
             dataset=prep.outputs["dataset"],
             **job,
             architecture=model,
-            trainer_image=trainer_image,
+            trainer_image=check.outputs["trainer_image"],
             namespace=namespace,
             trainer_service_account=trainer_service_account,
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         ).set_display_name("Horovod training (one job)")
+        if image_at_run_time:
+            train.set_container_image(check.outputs["trainer_image"])
+            train.set_accelerator_type("nvidia.com/gpu")
+            train.set_accelerator_limit(check.outputs["train_step_gpus"])
         evaluate = evaluate_op(
             dataset=prep.outputs["dataset"], model=train.outputs["model"]
         ).set_display_name("evaluate the exported model")

@@ -19,6 +19,7 @@ EXAMPLE_BUCKET = "gs://YOUR_BUCKET/kfp-horovod"
 TRAIN_OPTIONS = (
     "workers", "slots_per_worker", "epochs", "batch_size_per_worker", "learning_rate",
     "warmup_epochs", "threads_per_worker", "seed", "model", "augment", "min_workers",
+    "gpus_per_worker",
 )  # fmt: skip
 
 
@@ -76,6 +77,14 @@ trainer_options = options(
     click.option("--seed", type=int, default=defaults.SHUFFLE_SEED, show_default=True),
     model_options,
     min_workers_option,
+    click.option(
+        "--gpus",
+        "gpus_per_worker",
+        type=int,
+        default=0,
+        show_default=True,
+        help="nvidia.com/gpu per worker; > 0 also picks the GPU trainer image",
+    ),
 )
 # How the pods are sized, scheduled and cleaned up (MPIJobParams' own fields).
 pod_options = options(
@@ -83,7 +92,6 @@ pod_options = options(
     click.option(
         "--memory", "memory_per_worker", default=defaults.WORKER_MEMORY, show_default=True
     ),
-    click.option("--gpus", "gpus_per_worker", type=int, default=0, show_default=True),
     click.option(
         "--ttl-seconds",
         "ttl_seconds_after_finished",
@@ -116,7 +124,12 @@ pod_options = options(
 @click.option("--data", default=None, help="gs:// dataset [<bucket>/data].")
 @click.option("--output", default=None, help="gs:// output [<bucket>/runs/<run>].")
 @click.option("--model-dir", default=None, help="gs:// model dir [<output>/model].")
-@click.option("--image", default=None, help="Trainer image (overrides registry and tag).")
+@click.option(
+    "--image",
+    default=None,
+    help="Trainer image (overrides registry and tag) [the trainer image, or with --gpus > 0 the "
+    "GPU trainer image, of --image-registry and --image-tag].",
+)
 @click.option("--image-registry", default=defaults.DEFAULT_IMAGE_REGISTRY, show_default=True)
 @click.option("--image-tag", default=defaults.PACKAGE_VERSION, show_default=True)
 @click.option("--crd", "crd_path", default=None, help="CRD file [deploy/crd/...].")
@@ -133,7 +146,8 @@ def render_mpijob(
     """Print the MPIJob manifest the train step would submit, as YAML, without a cluster."""
     from components.train.mpijob.validate import ManifestError
 
-    image = image or defaults.image_ref("trainer", image_registry, image_tag)
+    images = defaults.image_refs(image_registry, image_tag)
+    image = defaults.trainer_image(options["gpus_per_worker"], images, image or "")
     try:
         params = params_from_options(image=image, **options)
         click.echo(render_yaml(params, namespace, crd_path), nl=False)

@@ -3,7 +3,8 @@
 Every image the pipeline uses has a Dockerfile under ``images/<name>/``; every third-party module
 a component imports is installed in its image; every pin agrees with ``requirements/lock.txt``;
 base images are pinned, images run as a non-root user and carry no credentials; the trainer
-builds Horovod with MPI and Gloo and matches the MPIJob's SSH contract.
+builds Horovod with MPI and Gloo and matches the MPIJob's SSH contract; the GPU trainer is the
+trainer plus TensorFlow's CUDA libraries (requirements/lock-cuda.txt), checked when it is built.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from components.common.defaults import IMAGE_NAMES, image_ref
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
 LOCK = ROOT / "requirements" / "lock.txt"
+CUDA_LOCK = ROOT / "requirements" / "lock-cuda.txt"
 
 # Which code each image serves (besides components/common, which every image serves).
 IMAGE_CODE_DIRS: dict[str, tuple[str, ...]] = {
     "data_prep": ("data_prep",),
     "trainer": ("train",),
+    "trainer_gpu": ("train",),
     "evaluate": ("evaluate",),
     "register": ("register",),
 }
@@ -56,6 +59,9 @@ CREDENTIAL_FILE = re.compile(
 )
 
 IMAGE_PARAMS = sorted(IMAGE_NAMES)
+# The two images of images/trainer/Dockerfile: the CPU trainer and the GPU one.
+TRAINERS = ("trainer", "trainer_gpu")
+GPU_SUFFIX = "_gpu"
 
 
 def normalize(name: str) -> str:
@@ -107,16 +113,25 @@ SHARED_DOCKERFILE = IMAGES / "component" / "Dockerfile"
 
 
 def dockerfile(image: str) -> Path:
-    """images/<image>/Dockerfile, or else the shared one (built with COMPONENT=<image>): the rule
-    of images/build-local.sh."""
+    """images/<image>/Dockerfile; else, for <X>_gpu, images/<X>/Dockerfile (built with
+    IMAGE=<image>); else the shared one (built with COMPONENT=<image>): the rule of
+    images/build-local.sh."""
     own = IMAGES / image / "Dockerfile"
-    return own if own.is_file() else SHARED_DOCKERFILE
+    variant = IMAGES / image.removesuffix(GPU_SUFFIX) / "Dockerfile"
+    if own.is_file():
+        return own
+    if image.endswith(GPU_SUFFIX) and variant.is_file():
+        return variant
+    return SHARED_DOCKERFILE
 
 
 def instructions(image: str) -> list[Instruction]:
-    """The image's Dockerfile instructions, ``${COMPONENT}`` read as the image's name."""
+    """The image's Dockerfile instructions, ``${COMPONENT}`` and ``${IMAGE}`` (the build args
+    images/build-local.sh sets to the image's folder) read as the image's name."""
     return [
-        dataclasses.replace(i, args=i.args.replace("${COMPONENT}", image))
+        dataclasses.replace(
+            i, args=i.args.replace("${COMPONENT}", image).replace("${IMAGE}", image)
+        )
         for i in parse_dockerfile(dockerfile(image))
     ]
 
@@ -164,6 +179,21 @@ def lock_pins() -> dict[str, tuple[str, str]]:
     return read_pins(LOCK)
 
 
+def cuda_lock_requires() -> dict[str, list[str]]:
+    """normalized name -> what it requires, from lock-cuda.txt's ``# requires:`` comments: its
+    wheels are not installed here, so their metadata is not either."""
+    needs: dict[str, list[str]] = {}
+    for raw in CUDA_LOCK.read_text().splitlines():
+        pin, _, comment = raw.partition("#")
+        if not pin.strip():
+            continue
+        match = re.fullmatch(r"\s*requires:((?:\s+[A-Za-z0-9._-]+)+)\s*", comment)
+        assert match or not comment, f"lock-cuda.txt: not a `# requires: ...` comment: {raw!r}"
+        names = match.group(1).split() if match else []
+        needs[normalize(pin.split("==")[0].strip())] = [normalize(n) for n in names]
+    return needs
+
+
 def image_requirement_files(image: str) -> list[Path]:
     return sorted((IMAGES / image).glob("*requirements.txt"))
 
@@ -189,9 +219,16 @@ def image_distributions(image: str) -> set[str]:
 
 
 def requires(dist: str) -> list[str]:
-    """Normalized names of what `dist` needs here (no extras; markers evaluated here)."""
+    """Normalized names of what `dist` needs here (no extras; markers evaluated here); for the
+    CUDA lock's wheels, which are not installed here, what lock-cuda.txt says they need."""
+    try:
+        specs = md.requires(dist) or []
+    except md.PackageNotFoundError:
+        needs = cuda_lock_requires()
+        assert dist in needs, f"{dist} is neither installed here nor in lock-cuda.txt"
+        return needs[dist]
     needed = []
-    for spec in md.requires(dist) or []:
+    for spec in specs:
         req = Requirement(spec)
         if req.marker is None or req.marker.evaluate({"extra": ""}):
             needed.append(normalize(req.name))
@@ -326,11 +363,12 @@ def test_every_component_package_is_served_by_an_image() -> None:
 
 
 def _images_in(node: object) -> set[str]:
-    """Every `image:` value, and every string naming one of our images, in a YAML tree."""
+    """Every `image:` value, and every string naming one of our images, in a YAML tree (an image
+    KFP resolves at run time, ``{{$.inputs...}}``, is one of the images named elsewhere)."""
     found: set[str] = set()
     if isinstance(node, dict):
         for key, value in node.items():
-            if key == "image" and isinstance(value, str):
+            if key == "image" and isinstance(value, str) and not value.startswith("{{$"):
                 found.add(value)
             found |= _images_in(value)
     elif isinstance(node, list):
@@ -400,9 +438,16 @@ def test_register_image_carries_no_tensorflow() -> None:
     assert not {m for m in imported if m.split(".")[0] in ("tensorflow", "keras", "horovod")}
 
 
+def image_lock(image: str) -> dict[str, tuple[str, str]]:
+    """The pins an image may take: the lock, and for a GPU image also lock-cuda.txt."""
+    if image.endswith(GPU_SUFFIX):
+        return {**lock_pins(), **read_pins(CUDA_LOCK)}
+    return lock_pins()
+
+
 @pytest.mark.parametrize("image", IMAGE_PARAMS)
 def test_requirements_are_pinned_to_the_lock(image: str) -> None:
-    lock = lock_pins()
+    lock = image_lock(image)
     files = image_requirement_files(image)
     assert files, f"images/{image} has no requirements.txt"
     for path in files:
@@ -630,8 +675,9 @@ def _apt_packages(instrs: list[Instruction]) -> set[str]:
     return pkgs
 
 
-def test_trainer_builds_horovod_with_mpi_and_gloo() -> None:
-    instrs = instructions("trainer")
+@pytest.mark.parametrize("image", TRAINERS)
+def test_trainer_builds_horovod_with_mpi_and_gloo(image: str) -> None:
+    instrs = instructions(image)
     text = " ".join(i.args for i in instrs)  # comments dropped
     assert "horovod[" not in text, "never the horovod[...] extras: they pull a Keras-3 TensorFlow"
     assert "HOROVOD_WITHOUT_MPI" not in text and "HOROVOD_WITHOUT_GLOO" not in text
@@ -671,8 +717,9 @@ def test_trainer_builds_horovod_with_mpi_and_gloo() -> None:
     ), "the image build must fail unless Horovod has MPI and Gloo"
 
 
-def test_trainer_pins_tensorflow_and_friends() -> None:
-    pins = runtime_pins("trainer")
+@pytest.mark.parametrize("image", TRAINERS)
+def test_trainer_pins_tensorflow_and_friends(image: str) -> None:
+    pins = runtime_pins(image)
     tf = pins.get("tensorflow-cpu") or pins.get("tensorflow")
     want = defaults.TENSORFLOW_VERSION
     assert tf == want, f"trainer image pins TensorFlow {tf}, want {want} (defaults.py)"
@@ -684,8 +731,9 @@ def test_trainer_pins_tensorflow_and_friends() -> None:
         assert dep in pins, f"Horovod is installed --no-deps; pin its dependency {dep}"
 
 
-def test_trainer_has_openmpi_and_sshd() -> None:
-    final = final_stage(instructions("trainer"))
+@pytest.mark.parametrize("image", TRAINERS)
+def test_trainer_has_openmpi_and_sshd(image: str) -> None:
+    final = final_stage(instructions(image))
     pkgs = _apt_packages(final)
     for pkg in ("openmpi-bin", "libopenmpi-dev", "openssh-server", "openssh-client"):
         assert pkg in pkgs, f"trainer image must apt-get install {pkg}"
@@ -705,9 +753,10 @@ def _config(path: Path) -> dict[str, str]:
     return values
 
 
-def test_trainer_matches_the_mpijob_ssh_contract() -> None:
+@pytest.mark.parametrize("image", TRAINERS)
+def test_trainer_matches_the_mpijob_ssh_contract(image: str) -> None:
     """User, sshd config path, port, key location and workdir match what the MPIJob expects."""
-    final = final_stage(instructions("trainer"))
+    final = final_stage(instructions(image))
     home = str(Path(defaults.MPI_SSH_AUTH_MOUNT_PATH).parent)
     user = Path(home).name
     assert any(
@@ -740,3 +789,95 @@ def test_trainer_matches_the_mpijob_ssh_contract() -> None:
     assert ssh.get("stricthostkeychecking") == "no"
     exposed = [i.args for i in final if i.keyword == "EXPOSE"]
     assert exposed == [str(defaults.MPI_SSHD_PORT)]
+
+
+# --- tests: the GPU trainer ---------------------------------------------------------------------
+
+
+def test_gpu_trainer_is_the_trainer_plus_tensorflows_cuda_libraries() -> None:
+    """The GPU image's closure is the CPU trainer's plus exactly lock-cuda.txt's pins (the same
+    TensorFlow wheel: it is a CUDA build), and no other image carries a CUDA wheel."""
+    cuda = {n: v for n, (_, v) in read_pins(CUDA_LOCK).items()}
+    assert cuda and not set(cuda) & set(lock_pins()), "lock-cuda.txt only adds to the lock"
+    assert runtime_pins("trainer_gpu") == {**runtime_pins("trainer"), **cuda}
+    for image in IMAGE_NAMES:
+        if not image.endswith(GPU_SUFFIX):
+            carried = {n for p in image_requirement_files(image) for n in read_pins(p)}
+            assert not carried & set(cuda), f"images/{image} pins CUDA wheels"
+
+
+def test_cuda_lock_is_what_tensorflow_and_cuda_adds() -> None:
+    """lock-cuda.txt pins every requirement of the locked TensorFlow's ``and-cuda`` extra at a
+    version it allows, plus only what those need; the dev venv installs none of them."""
+    cuda = {n: v for n, (_, v) in read_pins(CUDA_LOCK).items()}
+    extra = [
+        Requirement(spec)
+        for spec in md.requires("tensorflow") or []
+        if (r := Requirement(spec)).marker is not None
+        and r.marker.evaluate({"extra": "and-cuda"})
+        and not r.marker.evaluate({"extra": ""})
+    ]
+    assert extra, "the installed tensorflow has no and-cuda extra"
+    for req in extra:
+        name = normalize(req.name)
+        assert name in cuda, f"lock-cuda.txt lacks {req} (tensorflow[and-cuda])"
+        assert req.specifier.contains(cuda[name]), f"lock-cuda.txt: {name}=={cuda[name]} vs {req}"
+    needed = {normalize(r.name) for r in extra}
+    needed |= {dep for name in needed for dep in requires(name)}
+    assert set(cuda) == needed, f"lock-cuda.txt pins more: {sorted(set(cuda) - needed)}"
+    installed = [n for n in cuda if _installed(n)]
+    assert not installed, f"the dev venv must not install the CUDA wheels: {installed}"
+    assert "and-cuda" not in (ROOT / "requirements" / "main.in").read_text()
+
+
+def _installed(name: str) -> bool:
+    try:
+        md.distribution(name)
+    except md.PackageNotFoundError:
+        return False
+    return True
+
+
+def test_trainer_dockerfile_shares_its_slow_layers_between_the_two_images() -> None:
+    """Nothing before the runtime stage's ``ARG IMAGE`` depends on which image is built: the
+    Horovod build stage and the layer with TensorFlow are the same layers (Docker's cache)."""
+    raw = parse_dockerfile(IMAGES / "trainer" / "Dockerfile")
+    final = final_stage(raw)
+    split = next(i for i in final if i.keyword == "ARG" and i.args.startswith("IMAGE="))
+    assert split.args == "IMAGE=trainer", "the CPU trainer is the default"
+    before = [i for i in raw if i.line < split.line]
+    assert not [i for i in before if "IMAGE" in re.sub(r"BASE_IMAGE", "", i.args)]
+    tf_layer = [
+        i
+        for i in final
+        if i.line < split.line and i.keyword == "COPY" and i.args.startswith("images/trainer/")
+    ]
+    assert tf_layer, "install images/trainer/requirements.txt (TensorFlow) before ARG IMAGE"
+    assert any(
+        i.keyword == "COPY" and "images/${IMAGE}/requirements.txt" in i.args
+        for i in final
+        if i.line > split.line
+    )
+
+
+def test_gpu_trainer_checks_itself_and_says_how_it_reduces_gradients() -> None:
+    """Horovod is built with NCCL only for GRADIENT_ALLREDUCE=nccl; the last build step runs the
+    check of components/train/cuda.py with that value; the label carries it."""
+    from components.train import cuda
+
+    instrs = instructions("trainer_gpu")
+    args = dict(i.args.partition("=")[::2] for i in instrs if i.keyword == "ARG")
+    assert args.get("GRADIENT_ALLREDUCE") == "host" and args.get("IMAGE") == "trainer"
+    build = next(i for i in instrs if i.keyword == "RUN" and "horovod==" in i.args)
+    nccl = re.search(r"\bnccl\)(.*?);;", build.args)
+    assert nccl and "HOROVOD_GPU_OPERATIONS=NCCL" in nccl.group(1), "NCCL only in the nccl case"
+    assert build.args.count("HOROVOD_GPU_OPERATIONS") == 1
+    assert "nvcc" in nccl.group(1) and "nccl-requirements.txt" in nccl.group(1)
+    final = final_stage(instrs)
+    check = [i for i in final if i.keyword == "RUN" and "-m components.train.cuda" in i.args]
+    assert len(check) == 1 and '--gradient-allreduce "$GRADIENT_ALLREDUCE"' in check[0].args
+    assert "/tmp/src" in check[0].args, "the check runs where the project is installed"
+    labels = [i.args for i in final if i.keyword == "LABEL"]
+    assert f"{cuda.GRADIENT_ALLREDUCE_LABEL}=${{GRADIENT_ALLREDUCE}}" in labels
+    script = (IMAGES / "build-local.sh").read_text()
+    assert '--build-arg "IMAGE=$dir"' in script and "GRADIENT_ALLREDUCE=$allreduce" in script

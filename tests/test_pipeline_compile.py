@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ EXPECTED_PARAMETERS = {
 
 
 def _images(spec: dict) -> set[str]:
+    """The images of the compiled executors."""
     return {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
 
 
@@ -36,7 +38,7 @@ def test_compiles_to_one_yaml_that_kfp_loads_back(tmp_path: Path) -> None:
     spec = yaml.safe_load(path.read_text())
     tasks = spec["root"]["dag"]["tasks"]
     assert set(tasks) == {"check-parameters", "prepare-data", "train", "evaluate", "register-model"}
-    assert tasks["train"]["dependentTasks"] == ["prepare-data"]
+    assert sorted(tasks["train"]["dependentTasks"]) == ["check-parameters", "prepare-data"]
     assert tasks["evaluate"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"] == {
         "outputArtifactKey": "model", "producerTask": "train",
     }  # fmt: skip
@@ -62,23 +64,55 @@ def test_model_and_augment_reach_the_check_and_the_train_step(tmp_path: Path) ->
     assert check["augment"] == {"componentInputParameter": "augment"}
 
 
+def _check_step_images(spec: dict) -> dict[str, str]:
+    """The image references compiled into the check step's ``images`` input."""
+    images = spec["root"]["dag"]["tasks"]["check-parameters"]["inputs"]["parameters"]["images"]
+    return dict(json.loads(images["runtimeValue"]["constant"]))
+
+
 def test_one_image_per_component_tagged_with_the_version(tmp_path: Path) -> None:
+    """Every step runs in its own image of this version; the train step in the trainer image the
+    check step chooses at run time (the CPU or the GPU one, both compiled in)."""
     spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
     expected = {defaults.image_ref(name) for name in defaults.IMAGE_NAMES}
-    assert _images(spec) == expected
     assert all(image.endswith(f":{defaults.PACKAGE_VERSION}") for image in expected)
-    default_trainer = spec["root"]["inputDefinitions"]["parameters"]["trainer_image"][
-        "defaultValue"
-    ]
-    assert default_trainer == defaults.image_ref("trainer")
+    assert _check_step_images(spec) == defaults.image_refs()
+    chosen = "{{$.inputs.parameters['pipelinechannel--check-parameters-trainer_image']}}"
+    steps = {defaults.image_ref(n) for n in ("data_prep", "evaluate", "register")}
+    assert _images(spec) == steps | {chosen}
+    train = spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
+    assert train["trainer_image"] == {
+        "taskOutputParameter": {"outputParameterKey": "trainer_image",
+                                "producerTask": "check-parameters"},
+    }  # fmt: skip
+    executor = spec["deploymentSpec"]["executors"]["exec-train"]["container"]
+    assert executor["resources"]["accelerator"] == {
+        "resourceCount": "{{$.inputs.parameters['pipelinechannel--check-parameters-"
+        "train_step_gpus']}}",
+        "resourceType": "nvidia.com/gpu", "type": "nvidia.com/gpu",
+    }  # fmt: skip
+
+
+def test_the_uploaded_pipeline_is_the_cluster_pipeline(tmp_path: Path) -> None:
+    """Uploaded and run from the UI as compiled, the pipeline trains as an MPIJob, in the image
+    the job's GPUs call for; the registry is the one thing a user must fill in."""
+    spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    defaults_back = {name: parameters[name].get("defaultValue") for name in parameters}
+    assert defaults_back["training_backend"] == "mpijob"
+    assert defaults_back["trainer_image"] == ""  # chosen by gpus_per_worker
+    assert defaults_back["gpus_per_worker"] == 0
+    assert defaults_back["registry_root"] == ""
+    assert defaults_back["workers"] == defaults.WORKERS
 
 
 def test_images_are_overridable_at_compile_time(tmp_path: Path) -> None:
     spec = yaml.safe_load(
         compile_pipeline(tmp_path / "p.yaml", "europe-docker.pkg.dev/p/r", "abc123").read_text()
     )
-    assert _images(spec) == {
-        f"europe-docker.pkg.dev/p/r/{name}:abc123" for name in defaults.IMAGE_NAMES.values()
+    assert _check_step_images(spec) == {
+        name: f"europe-docker.pkg.dev/p/r/{image}:abc123"
+        for name, image in defaults.IMAGE_NAMES.items()
     }
 
 
@@ -90,3 +124,42 @@ def test_output_does_not_depend_on_who_compiles_it(tmp_path: Path) -> None:
         check=True, env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True,
     )  # fmt: skip
     assert (tmp_path / "b.yaml").read_bytes() == here
+
+
+def _check(**overrides: object) -> object:
+    """The check step's function, called as the step calls it, with the compiled defaults."""
+    from pipeline.pipeline import check_parameters
+
+    params: dict[str, object] = dict(
+        workers=2, epochs=8, batch_size_per_worker=64, learning_rate=0.001, warmup_epochs=1,
+        threads_per_worker=0, model="mnist_advanced", augment=False, min_workers=0,
+        data_source="bundled", data_sha256=defaults.MNIST_SHA256, data_limit=0, shard_size=1000,
+        min_accuracy=0.9, model_name="mnist-cnn", registry_root="gs://b/models",
+        training_backend="mpijob", slots_per_worker=1, cpu_per_worker="2",
+        memory_per_worker="4Gi", gpus_per_worker=0, trainer_image="",
+        images=json.dumps(defaults.image_refs("r.example/p", "7")),
+    )  # fmt: skip
+    return check_parameters(**{**params, **overrides})
+
+
+def test_a_ui_run_with_an_empty_registry_fails_in_the_check_step_saying_what_to_fill_in() -> None:
+    import pytest
+
+    with pytest.raises(ValueError) as info:
+        _check(registry_root="")
+    assert "registry_root is empty: set it to the model store" in str(info.value)
+    assert "such as gs://my-bucket/kfp-horovod/models" in str(info.value)
+
+
+def test_the_check_step_chooses_the_trainer_image_from_the_jobs_gpus() -> None:
+    cpu = _check()
+    assert (cpu.trainer_image, cpu.train_step_gpus) == ("r.example/p/kfp-horovod-trainer:7", 0)
+    gpu = _check(gpus_per_worker=2, slots_per_worker=2)
+    assert gpu.trainer_image == "r.example/p/kfp-horovod-trainer-gpu:7"
+    assert gpu.train_step_gpus == 0  # the MPIJob's workers get the GPUs, not the launching pod
+    local = _check(gpus_per_worker=1, training_backend="local", workers=3)
+    assert (local.trainer_image, local.train_step_gpus) == (
+        "r.example/p/kfp-horovod-trainer-gpu:7", 3,
+    )  # fmt: skip  # the local backend trains in the step's own pod: one GPU per worker
+    mine = _check(gpus_per_worker=1, trainer_image="me/my-trainer:1")
+    assert mine.trainer_image == "me/my-trainer:1"  # a user-given image wins

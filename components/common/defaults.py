@@ -6,6 +6,8 @@ values here are only the defaults. Nothing here reads the environment.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from components import __version__
 
 PACKAGE_VERSION = __version__
@@ -21,12 +23,20 @@ PIPELINE_NAME = "kfp-horovod-mnist"
 
 # Images: one per component, tagged with the package version unless overridden.
 DEFAULT_IMAGE_REGISTRY = "ghcr.io/kfp-horovod"
+# trainer_gpu is the trainer with TensorFlow's CUDA libraries (images/README.md, "The GPU trainer
+# image"), built from the trainer's Dockerfile.
 IMAGE_NAMES: dict[str, str] = {
     "data_prep": "kfp-horovod-data-prep",
     "trainer": "kfp-horovod-trainer",
+    # The trainer with TensorFlow's CUDA, cuDNN and NCCL libraries: what `trainer_image` picks
+    # for a job that asks for GPUs (images/trainer/Dockerfile, images/README.md).
+    "trainer_gpu": "kfp-horovod-trainer-gpu",
     "evaluate": "kfp-horovod-evaluate",
     "register": "kfp-horovod-register",
 }
+# The images the pipeline's steps run in (the compiled pipeline's executors). trainer_gpu is no
+# step's image: it is for the MPIJob's launcher and workers on GPU nodes.
+STEP_IMAGES: tuple[str, ...] = tuple(name for name in IMAGE_NAMES if name != "trainer_gpu")
 
 
 # `make images-local` tags its builds so (never pushed); `run-local --runner docker` and the
@@ -46,6 +56,23 @@ def image_ref(component: str, registry: str | None = None, tag: str | None = Non
         raise ValueError(f"unknown component image {component!r}; known: {known}")
     registry = (registry or DEFAULT_IMAGE_REGISTRY).rstrip("/")
     return f"{registry}/{IMAGE_NAMES[component]}:{tag or PACKAGE_VERSION}"
+
+
+def image_refs(registry: str | None = None, tag: str | None = None) -> dict[str, str]:
+    """Every component image's reference (`image_ref` of each of `IMAGE_NAMES`)."""
+    return {name: image_ref(name, registry, tag) for name in IMAGE_NAMES}
+
+
+def trainer_image(
+    gpus_per_worker: int, images: Mapping[str, str] | None = None, override: str = ""
+) -> str:
+    """The one choice of the image the trainer runs in: `override` when a user gave one, else the
+    GPU trainer image for a job that asks for GPUs, else the CPU one. `images` maps component
+    names to references (a compiled pipeline's); default: this version's `image_ref`s."""
+    if override:
+        return override
+    name = "trainer_gpu" if gpus_per_worker > 0 else "trainer"
+    return images[name] if images is not None else image_ref(name)
 
 
 # The canonical MNIST file (the one tf.keras.datasets.mnist downloads) and its sha256.

@@ -126,7 +126,11 @@ def _text_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[str]:
         rule = label.get("compression", "compression")
         problems.append(f"{rule} must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
     if "registry_root" in p and not p["registry_root"]:
-        problems.append("registry_root is empty: give a gs:// URI or a path for the model store")
+        problems.append(
+            "registry_root is empty: set it to the model store the run registers its model in, "
+            "a gs:// folder such as gs://my-bucket/kfp-horovod/models (or a local path for a "
+            "local run)"
+        )
     return [problem for problem in problems if problem]
 
 
@@ -143,6 +147,7 @@ def parameter_problems(
         + _text_problems(params, labels)
         + _model_problems(params, labels)
         + _elastic_problems(params, labels)
+        + _gpu_problems(params, labels)
     )
 
 
@@ -183,6 +188,21 @@ def _elastic_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[st
             "gradients a rank has summed locally are not part of Horovod's elastic state"
         )
     return problems
+
+
+def _gpu_problems(p: Mapping[str, Any], label: Mapping[str, str]) -> list[str]:
+    """A worker's ranks each need a GPU of their own: ``slots_per_worker <= gpus_per_worker``."""
+    gpus, slots = p.get("gpus_per_worker"), p.get("slots_per_worker")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (gpus, slots)):
+        return []
+    assert isinstance(gpus, int) and isinstance(slots, int)
+    if 0 < gpus < slots:
+        name = label.get("gpus_per_worker", "gpus_per_worker")
+        return [
+            f"{name} must be 0 (CPU) or >= {label.get('slots_per_worker', 'slots_per_worker')} "
+            f"(each of a worker's ranks trains on a GPU of its own), got {gpus} < {slots}"
+        ]
+    return []
 
 
 def check_parameters(params: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> None:

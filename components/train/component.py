@@ -16,7 +16,7 @@ def train(
     augment: bool,
     min_workers: int,
     training_backend: str,
-    trainer_image: str,
+    trainer_image: str,  # the check step's choice (defaults.trainer_image)
     slots_per_worker: int,
     cpu_per_worker: str,
     memory_per_worker: str,
@@ -49,7 +49,6 @@ def train(
             "image": trainer_image,
             "cpu_per_worker": cpu_per_worker,
             "memory_per_worker": memory_per_worker,
-            "gpus_per_worker": gpus_per_worker,
             "service_account": trainer_service_account or None,
             "run_name": f"train-{pipeline_run_id}" if pipeline_run_id else "train",
             "pipeline_run_id": pipeline_run_id,

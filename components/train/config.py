@@ -28,6 +28,8 @@ backward_passes_per_step (default)               ``--backward-passes-per-step``
 jit_compile              (default)               ``--jit-compile`` (XLA; off unless given)
 inter_op_threads         (default)               ``--inter-op-threads`` (0: min(2, intra))
 min_workers              min_workers             ``--min-workers`` (0: static; > 0: elastic)
+gpus_per_worker          gpus_per_worker         ``--gpus-per-worker`` (0: CPU; > 0: every rank
+                                                 must train on a GPU of its own, or stop)
 =======================  ======================  ========================================
 
 The last four are the scaling levers of issue 10 (``bench/levers.py`` measures them); their
@@ -92,6 +94,7 @@ class TrainConfig:
     jit_compile: bool = False  # XLA for the model's step
     inter_op_threads: int = 0  # 0: min(2, intra-op threads), as before
     min_workers: int = 0  # 0: static; > 0: elastic, between min_workers and workers workers
+    gpus_per_worker: int = 0  # > 0: every rank trains on a GPU of its own, or the job stops
 
     def __post_init__(self) -> None:
         problems = [f"{name} is empty" for name in ("data", "output") if not getattr(self, name)]
@@ -121,6 +124,7 @@ class TrainConfig:
             "backward_passes_per_step": self.backward_passes_per_step,
             "inter_op_threads": self.inter_op_threads,
             "min_workers": self.min_workers,
+            "gpus_per_worker": self.gpus_per_worker,
         }
 
     @property
@@ -187,6 +191,8 @@ def to_argv(config: TrainConfig) -> list[str]:
         args += ["--inter-op-threads", str(config.inter_op_threads)]
     if config.min_workers:
         args += ["--min-workers", str(config.min_workers)]
+    if config.gpus_per_worker:
+        args += ["--gpus-per-worker", str(config.gpus_per_worker)]
     return args
 
 
@@ -240,6 +246,13 @@ def argument_parser() -> argparse.ArgumentParser:
         default=0,
         help="0: static (losing a rank ends the job); N > 0: elastic, training on as few as N "
         "workers (--expected-workers is then the most); start it with elastic horovodrun",
+    )
+    p.add_argument(
+        "--gpus-per-worker",
+        type=int,
+        default=0,
+        help="0: train on the CPU; N > 0: every rank trains on a GPU of its own, and the job "
+        "stops before training if one cannot (a CPU image, no GPU, too few GPUs)",
     )
     return p
 

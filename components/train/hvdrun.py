@@ -20,21 +20,47 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-# A symbol only a Horovod built with Gloo contains (Gloo's own rendezvous context class).
+# Symbols only a Horovod built with a controller contains: Gloo's own rendezvous context class,
+# and Horovod's MPI controller class (mangled; compiled only with HAVE_MPI).
 GLOO_MARKER = b"gloo::rendezvous::Context"
+MPI_MARKER = b"N7horovod6common13MPIControllerE"
 
 
 class GlooNotBuilt(RuntimeError):
     """The installed Horovod says it was built without Gloo (see `gloo_in_build`)."""
 
 
-def gloo_in_build() -> bool:
-    """Whether the installed Horovod's TensorFlow extension links Gloo, read from the library the
-    wheel installed, without loading it (that would load TensorFlow's): only a Gloo build
-    contains Gloo's rendezvous context (~0.1 s to scan the 57 MB file)."""
+class MPINotBuilt(RuntimeError):
+    """The installed Horovod was built without MPI (see `mpi_in_build`)."""
+
+
+def _in_build(marker: bytes) -> bool:
+    """Whether the installed Horovod's TensorFlow extension contains `marker`, read from the
+    library the wheel installed, without loading it (that would load TensorFlow's; ~0.1 s to
+    scan the 57 MB file)."""
     files = metadata.files("horovod") or []
     libs = [f for f in files if f.name.startswith("mpi_lib") and "tensorflow" in f.parts]
-    return any(GLOO_MARKER in Path(str(f.locate())).read_bytes() for f in libs)
+    return any(marker in Path(str(f.locate())).read_bytes() for f in libs)
+
+
+def gloo_in_build() -> bool:
+    """Whether the installed Horovod links Gloo (it contains Gloo's rendezvous context)."""
+    return _in_build(GLOO_MARKER)
+
+
+def mpi_in_build() -> bool:
+    """Whether the installed Horovod has its MPI controller (what ``mpirun`` jobs need)."""
+    return _in_build(MPI_MARKER)
+
+
+def require_mpi_build() -> None:
+    """Raise MPINotBuilt, naming the fix, unless the installed Horovod has MPI: without it the
+    ranks mpirun starts would each be a job of one."""
+    if not mpi_in_build():
+        raise MPINotBuilt(
+            "the installed Horovod has no MPI controller: reinstall it with HOROVOD_WITH_MPI=1 "
+            "(make install does, after installing Debian's Open MPI)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,15 +1,19 @@
-"""Start the trainer as ONE Horovod job on this machine: ``horovodrun -np N --gloo`` (run by
-`components.train.hvdrun`).
+"""Start the trainer as ONE Horovod job on this machine.
+
+A static job runs on Open MPI: ``mpirun -np N -H localhost:N ... python -m components.train``
+(`components.train.mpirun`, the same command line as the MPIJob's launcher, with waiting ranks
+yielding their core). Horovod's MPI controller measured faster than Gloo's TCP over loopback
+here (bench/README.md). An elastic job (``min_workers`` > 0) runs elastic horovodrun on Gloo
+(``--min-np``/``--max-np``, run by `components.train.hvdrun`) with a host discovery script that
+the launcher controls (`LocalHosts`): Horovod's elastic mode has no MPI.
 
 Used by the train component's local backend, by ``make run`` and by the tests. (On a
 cluster the MPIJob launcher starts the same trainer across pods instead.)
-
-An elastic job (``min_workers`` > 0) runs elastic horovodrun (``--min-np``/``--max-np``) with a
-host discovery script that the launcher controls (`LocalHosts`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,8 +26,14 @@ from pathlib import Path
 
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
 from components.train.config import TrainConfig, to_argv
+from components.train.hvdrun import require_mpi_build
+from components.train.mpirun import local_mpirun_env, mpirun_command, require_mpirun
 from components.train.preflight import check_model_before_launch
 from components.train.rankwatch import RankWatch
+
+# How a static local job's ranks form one job: Open MPI (the default), or Gloo (horovodrun
+# --gloo; the benchmarks compare the two).
+CONTROLLERS = ("mpi", "gloo")
 
 
 def launcher_args(workers: int) -> list[str]:
@@ -43,9 +53,22 @@ def hvdrun_command(
     return [sys.executable, "-m", "components.train.hvdrun", *args, *program]
 
 
-def local_command(workers: int, args: list[str], python: str | None = None) -> list[str]:
-    """The trainer as one job: ``hvdrun -np N ... python -m components.train ARGS``."""
-    return hvdrun_command(workers, [python or sys.executable, "-m", "components.train", *args])
+def static_command(workers: int, program: list[str], controller: str = "mpi") -> list[str]:
+    """`program` as one static job of `workers` local ranks: ``mpirun -np N -H localhost:N``
+    (`controller` ``mpi``) or ``horovodrun -np N -H localhost:N --gloo`` (``gloo``)."""
+    if controller not in CONTROLLERS:
+        raise ValueError(f"controller must be one of {', '.join(CONTROLLERS)}, got {controller!r}")
+    if controller == "gloo":
+        return hvdrun_command(workers, program)
+    return mpirun_command(workers, program, hosts=f"localhost:{workers}")
+
+
+def local_command(
+    workers: int, args: list[str], python: str | None = None, controller: str = "mpi"
+) -> list[str]:
+    """The trainer as one static job: ``mpirun -np N ... python -m components.train ARGS``."""
+    program = [python or sys.executable, "-m", "components.train", *args]
+    return static_command(workers, program, controller)
 
 
 # Names of this machine, one per slot of a local elastic job. Horovod's elastic driver
@@ -142,9 +165,10 @@ def thread_affinity(local_ranks: int) -> str:
 
 
 def job_environment(base: dict[str, str] | None = None, local_ranks: int = 0) -> dict[str, str]:
-    """The environment for the job: quiet TF C++ logs, unbuffered output, a stall bound, and
-    for a job of `local_ranks` ranks on this machine (> 0), their `thread_affinity`."""
-    env = dict(os.environ if base is None else base)
+    """The environment for the job: quiet TF C++ logs, unbuffered output, a stall bound, Open
+    MPI's consent to run as root where this runs as root, and for a job of `local_ranks` ranks
+    on this machine (> 0), their `thread_affinity`."""
+    env = local_mpirun_env(dict(os.environ if base is None else base))
     if local_ranks > 0:
         env.setdefault("HOROVOD_THREAD_AFFINITY", thread_affinity(local_ranks))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -171,10 +195,28 @@ def run_local(
     elastic job finds its slots through `hosts` (default: all ``config.world_size`` listed).
     """
     check_model_before_launch(config.model)
+    if not config.elastic:
+        require_mpirun()
+        require_mpi_build()
     # An elastic job's ranks are each a host's local rank 0: no per-rank core to give them.
     job_env = job_environment(env, 0 if config.elastic else config.world_size)
     with local_hosts(config, hosts) as found:
         return _stream(job_command(config, found), timeout_s, log, job_env)
+
+
+def kill_job(pid: int) -> None:
+    """SIGKILL the launcher `pid` and every process below it. (Its process group is not enough:
+    mpirun puts each rank in a process group of its own.)"""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
 
 
 def _stream(
@@ -199,7 +241,7 @@ def _stream(
     if timeout_s is not None:
         import threading
 
-        timer = threading.Timer(timeout_s, lambda: os.killpg(proc.pid, signal.SIGKILL))
+        timer = threading.Timer(timeout_s, kill_job, args=(proc.pid,))
         timer.start()
     try:
         assert proc.stdout is not None
@@ -207,7 +249,7 @@ def _stream(
             log(line.rstrip("\n"))
         code = proc.wait()
     except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_job(proc.pid)
         proc.wait()
         raise
     finally:

@@ -9,8 +9,10 @@ measured this). So `run_local` watches its rank processes: a rank found stopped 
 job's output at once, and if it is still stopped after the stall-shutdown time the job's
 environment sets (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``), the watch says so and kills that
 rank; the others fail on the lost connection and horovodrun fails the job, as for a crash. A
-rank stopped by a debugger (tracing stop) is left alone. The MPIJob's launcher cannot see the
-ranks' processes in other pods: it watches their heartbeats instead (`components.train.mpiwatch`).
+rank stopped by a debugger (tracing stop) is left alone. Under mpirun (a static local job) the
+same kill ends the job: mpirun stops every rank when one dies. The MPIJob's ranks run in other
+pods, whose processes the launcher cannot see: it watches their heartbeats instead
+(`components.train.mpiwatch`).
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ from collections.abc import Callable
 
 import psutil
 
-RANK_ENV = "HOROVOD_RANK"
+# Where a rank process's rank is: mpirun sets OMPI_COMM_WORLD_RANK, horovodrun HOROVOD_RANK.
+RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")
 POLL_SECONDS = 0.5
 
 
 def rank_processes(root_pid: int) -> dict[int, psutil.Process]:
     """The rank processes below `root_pid` by rank: the innermost process carrying the rank's
-    ``HOROVOD_RANK`` (horovodrun starts each through a shell)."""
+    ``OMPI_COMM_WORLD_RANK`` (mpirun) or ``HOROVOD_RANK`` (horovodrun starts each through a
+    shell)."""
     found: dict[int, list[psutil.Process]] = {}
     try:
         children = psutil.Process(root_pid).children(recursive=True)
@@ -36,7 +40,8 @@ def rank_processes(root_pid: int) -> dict[int, psutil.Process]:
         return {}
     for proc in children:
         try:
-            rank = proc.environ().get(RANK_ENV)
+            env = proc.environ()
+            rank = next((env[name] for name in RANK_ENVS if name in env), None)
         except psutil.Error:
             continue
         if rank is not None and rank.isdigit():

@@ -18,6 +18,7 @@ def coordination_report(summary: dict[str, Any]) -> str:
         f"(formed by the {summary['controller']} controller; expected workers: "
         f"{summary['expected_workers']}; hosts: {', '.join(summary['hosts'])}).",
         "",
+        *_device_lines(summary),
         f"- Global batch: **{summary['global_batch_size']}** = {size} workers x "
         f"{summary['batch_size_per_worker']} per worker",
         f"- Learning rate: **{summary['learning_rate']:g}** = {summary['base_learning_rate']:g} x "
@@ -41,7 +42,7 @@ def coordination_report(summary: dict[str, Any]) -> str:
     for r in summary["per_rank"]:
         lo, hi = r["sample_range"]
         lines.append(
-            f"| {r['rank']} | {r['host']} | {r['device']} | {r['threads']} | [{lo}, {hi}) | "
+            f"| {r['rank']} | {r['host']} | {device_text(r)} | {r['threads']} | [{lo}, {hi}) | "
             f"{r['samples_per_epoch']} | {r['steps_per_epoch']} | {r['examples_per_second']} | "
             f"`{r['weights_sha256'][:16]}` |"
         )
@@ -61,6 +62,23 @@ def coordination_report(summary: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def device_text(rank: dict[str, Any]) -> str:
+    """A rank's device in words: ``CPU``, or ``GPU:0 (NVIDIA H100 80GB HBM3, peak 1.2 GiB)``."""
+    if "gpu_name" not in rank:
+        return str(rank["device"])
+    peak = rank["gpu_peak_memory_bytes"] / 2**30
+    return f"{rank['device']} ({rank['gpu_name']}, peak {peak:.1f} GiB)"
+
+
+def _device_lines(summary: dict[str, Any]) -> list[str]:
+    """How gradients were averaged: through host memory or GPU to GPU (NCCL)."""
+    how = summary.get("gradient_allreduce")
+    if how is None:
+        return []
+    words = {"nccl": "GPU to GPU (NCCL)", "host": "through host memory (Horovod's CPU operations)"}
+    return [f"- Gradient allreduce: **{how}**, {words.get(how, how)}"]
 
 
 def world_history(summary: dict[str, Any]) -> str | None:

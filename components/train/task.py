@@ -27,7 +27,7 @@ from components.train.report import coordination_report
 # `architecture` is the field `model`: the step's output artifact already holds that name).
 TRAIN_PARAMETERS = (
     "workers", "slots_per_worker", "epochs", "batch_size_per_worker", "learning_rate",
-    "warmup_epochs", "threads_per_worker", "augment", "min_workers",
+    "warmup_epochs", "threads_per_worker", "augment", "min_workers", "gpus_per_worker",
 )  # fmt: skip
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"

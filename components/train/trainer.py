@@ -3,8 +3,10 @@
 What each rank does, in order:
 
 1. ``hvd.init()`` and the preflight: the world size must equal ``--expected-workers``.
-2. Pin itself to one GPU by local rank (if any) and set its CPU thread count.
-3. Read only its own disjoint shard of the training split (all ranks agree on any error).
+2. Pin itself to one GPU by local rank (if any) and set its CPU thread count. A job that asked
+   for GPUs (``--gpus-per-worker``) and cannot have them stops here (`devices.gpu_problem`).
+3. Read only its own disjoint shard of the training split (all ranks agree on any error, the
+   GPU one included).
 4. Build the chosen model (``--model``: the same initial weights on every rank, from the
    seed) and train it with ``hvd.DistributedOptimizer`` (gradients averaged every step), the
    learning rate scaled by world size with warmup, state broadcast from rank 0 and metrics
@@ -33,7 +35,7 @@ import numpy as np
 from components.common import dataset, keras_env, storage
 from components.train import checkpoints
 from components.train.config import TrainConfig
-from components.train.cpus import default_threads
+from components.train.devices import Devices, configure_devices, gpu_problem, gpu_usage
 from components.train.model import (
     ModelChoiceError,
     build_model,
@@ -41,7 +43,7 @@ from components.train.model import (
     weights_fingerprint,
 )
 from components.train.preflight import EXIT_PREFLIGHT, world_size_problem
-from components.train.report import world_history
+from components.train.report import device_text, world_history
 from components.train.sharding import batch_bounds, epoch_permutation, shard_range, steps_per_epoch
 
 EXIT_OK = 0
@@ -70,29 +72,6 @@ def rank_logger(rank: int, size: int) -> logging.Logger:
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logger.propagate = False
     return logger
-
-
-def configure_devices(
-    tf: Any, local_rank: int, local_size: int, threads: int | None, inter_op: int = 0
-) -> tuple[str, int]:
-    """Pin this process to one GPU by local rank, or run on CPU; set the thread counts.
-
-    Intra-op threads: `threads`, or this rank's share of the cores. Inter-op threads:
-    `inter_op`, or (0) ``min(2, intra-op threads)``. Must run before TensorFlow executes any
-    op. Returns ``(device, intra-op threads)``.
-    """
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        gpu = gpus[local_rank % len(gpus)]
-        tf.config.experimental.set_memory_growth(gpu, True)
-        tf.config.set_visible_devices(gpu, "GPU")
-        device = f"GPU:{local_rank % len(gpus)}"
-    else:
-        device = "CPU"
-    n = threads or default_threads(local_size)
-    tf.config.threading.set_intra_op_parallelism_threads(n)
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op or max(1, min(2, n)))
-    return device, n
 
 
 @dataclass
@@ -226,12 +205,12 @@ def run(config: TrainConfig, sampling: Sampling = DISJOINT) -> int:
         print(problem, file=sys.stderr, flush=True)
         return EXIT_PREFLIGHT
 
-    device, threads = configure_devices(
+    devices = configure_devices(
         tf, hvd.local_rank(), hvd.local_size(), config.threads_per_worker, config.inter_op_threads
     )
     try:
         with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
-            job = Job(config, hvd, tf, log, device, threads, Path(workdir))
+            job = Job(config, hvd, tf, log, devices, Path(workdir))
             return _train_in(job, sampling)
     except JobError as exc:
         if rank == 0:
@@ -247,8 +226,7 @@ class Job:
     hvd: Any
     tf: Any
     log: logging.Logger
-    device: str
-    threads: int
+    devices: Devices
     workdir: Path
 
     @property
@@ -258,6 +236,32 @@ class Job:
     @property
     def size(self) -> int:
         return int(self.hvd.size())
+
+    @property
+    def device(self) -> str:
+        return self.devices.device
+
+    @property
+    def threads(self) -> int:
+        return self.devices.threads
+
+    def device_problem(self) -> str | None:
+        """Why this rank cannot train on the GPUs the job asked for (`devices.gpu_problem`)."""
+        if self.config.gpus_per_worker <= 0:
+            return None
+        from components.train.cuda import missing_cuda_libraries
+
+        return gpu_problem(
+            self.config.gpus_per_worker,
+            int(self.hvd.local_size()),
+            self.devices.gpus_found,
+            list(missing_cuda_libraries()),
+        )
+
+    @property
+    def gradient_allreduce(self) -> str:
+        """How gradients are averaged: ``nccl`` (GPU to GPU) or ``host`` (through host memory)."""
+        return "nccl" if self.devices.on_gpu and self.hvd.nccl_built() else "host"
 
     @property
     def scaled_lr(self) -> float:
@@ -301,22 +305,26 @@ def _train_in(job: Job, sampling: Sampling) -> int:
 
 
 def agree_on_inputs(job: Job, sampling: Sampling) -> Shard:
-    """Read this rank's shard; every rank learns whether any rank failed before anyone trains."""
+    """Check this rank's devices and read its shard; every rank learns whether any rank failed
+    before anyone trains."""
     config, rank, size = job.config, job.rank, job.size
-    error: str | None = None
+    error = job.device_problem()
     shard: Shard | None = None
-    try:
-        shard = sampling.load(config, rank, size)
-        if rank == 0 and storage.exists(storage.join(config.model_uri, "saved_model.pb")):
-            error = f"{config.model_uri}: a model is already exported there; refusing to overwrite"
-    except (dataset.DataError, ValueError) as exc:
-        error = str(exc)
+    if error is None:
+        try:
+            shard = sampling.load(config, rank, size)
+            if rank == 0 and storage.exists(storage.join(config.model_uri, "saved_model.pb")):
+                error = (
+                    f"{config.model_uri}: a model is already exported there; refusing to overwrite"
+                )
+        except (dataset.DataError, ValueError) as exc:
+            error = str(exc)
     errors = _agree(error)
     if any(errors):
         if error:
             job.log.error("cannot train: %s", error)
         first = next(e for e in errors if e)
-        raise JobError(f"{sum(1 for e in errors if e)} of {size} ranks reported bad input: {first}")
+        raise JobError(f"{sum(1 for e in errors if e)} of {size} ranks cannot train: {first}")
     assert shard is not None
     return shard
 
@@ -518,6 +526,7 @@ def gather_and_export(
         "local_rank": job.hvd.local_rank(),
         "host": socket.gethostname(),
         "device": job.device,
+        **gpu_usage(job.tf, job.devices),
         "threads": job.threads,
         "sample_range": [shard.start, shard.stop],
         "samples_per_epoch": int(len(shard.labels)),
@@ -534,6 +543,7 @@ def gather_and_export(
         per_rank, all_ids,
     )  # fmt: skip
     summary["controller"] = controller(job.hvd)
+    summary["gradient_allreduce"] = job.gradient_allreduce
     summary["model_parameters"] = count_parameters(trainee.model)
     summary.update(extra or {})
     summary.update(_export(trainee.model, job.config.model_uri))
@@ -674,16 +684,17 @@ def coordination_lines(summary: dict[str, Any]) -> list[str]:
     size = summary["world_size"]
     lines = [
         f"{size} workers formed ONE job ({summary['controller']} controller) and trained ONE "
-        f"model (weights identical on all ranks: {summary['weights_identical_across_ranks']}).",
+        f"model (weights identical on all ranks: {summary['weights_identical_across_ranks']}); "
+        f"gradient allreduce {summary['gradient_allreduce']}.",
         f"model {summary['model']} ({summary['model_parameters']:,} parameters), augmentation "
         f"{'on' if summary['augment'] else 'off'}",
     ]
     for r in summary["per_rank"]:
         lo, hi = r["sample_range"]
         lines.append(
-            f"  rank {r['rank']} on {r['host']} ({r['device']}, {r['threads']} threads): samples "
-            f"[{lo}, {hi}) = {r['samples_per_epoch']} per epoch, {r['steps_per_epoch']} steps per "
-            f"epoch, {r['examples_per_second']} examples/s"
+            f"  rank {r['rank']} on {r['host']} ({device_text(r)}, {r['threads']} threads): "
+            f"samples [{lo}, {hi}) = {r['samples_per_epoch']} per epoch, "
+            f"{r['steps_per_epoch']} steps per epoch, {r['examples_per_second']} examples/s"
         )
     cov = summary["coverage"]
     lines.append(

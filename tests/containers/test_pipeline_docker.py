@@ -20,7 +20,7 @@ pytestmark = pytest.mark.containers
 
 
 def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Path) -> None:
-    images = require_images(docker_client, *defaults.IMAGE_NAMES)
+    images = require_images(docker_client, *defaults.STEP_IMAGES)
     root = tmp_path / "runs"
     command = [
         sys.executable, "-m", "pipeline", "run-local", "--runner", "docker", "--root", str(root),

@@ -58,7 +58,6 @@ class MPIJobParams:
     # resources of each worker pod (requests == limits: Guaranteed QoS)
     cpu_per_worker: str = defaults.WORKER_CPU
     memory_per_worker: str = defaults.WORKER_MEMORY
-    gpus_per_worker: int = 0
     launcher_cpu: str = defaults.LAUNCHER_CPU
     launcher_memory: str = defaults.LAUNCHER_MEMORY
     # run policy
@@ -263,7 +262,7 @@ def _pod_template(
         spec["priorityClassName"] = p.priority_class
     if p.scheduler_name:
         spec["schedulerName"] = p.scheduler_name
-    if role == "worker" and p.gpus_per_worker:
+    if role == "worker" and p.train.gpus_per_worker:
         spec["tolerations"] = [{"key": _GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     return {
         "metadata": {"labels": {**_common_labels(p), LABEL_JOB: name, LABEL_ROLE: role}},
@@ -310,7 +309,7 @@ def _worker(p: MPIJobParams) -> dict[str, Any]:
             "initialDelaySeconds": 2,
             "periodSeconds": 2,
         },
-        "resources": _resources(p.cpu_per_worker, p.memory_per_worker, p.gpus_per_worker),
+        "resources": _resources(p.cpu_per_worker, p.memory_per_worker, p.train.gpus_per_worker),
         "securityContext": _security_context(),
     }
 

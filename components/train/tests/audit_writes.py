@@ -2,7 +2,8 @@
 
 Usage: ``python audit_writes.py AUDIT_DIR WATCH_DIR -m MODULE ARGS...``. Every write-mode
 ``open``, rename/replace and mkdir of a path under WATCH_DIR is appended to
-``AUDIT_DIR/rank-<HOROVOD_RANK>.txt``. The trainer's storage layer writes every output file
+``AUDIT_DIR/rank-<rank>.txt`` (the rank from mpirun's ``OMPI_COMM_WORLD_RANK``, or
+horovodrun's ``HOROVOD_RANK``). The trainer's storage layer writes every output file
 from Python (TensorFlow writes only into private temporary directories), so this sees all of
 them. Test helper only.
 """
@@ -14,7 +15,7 @@ import sys
 audit_dir, watch_dir = sys.argv[1], os.path.realpath(sys.argv[2])
 assert sys.argv[3] == "-m"
 module = sys.argv[4]
-rank = os.environ.get("HOROVOD_RANK", "none")
+rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK", "none"))
 os.makedirs(audit_dir, exist_ok=True)
 record = open(os.path.join(audit_dir, f"rank-{rank}.txt"), "a", buffering=1)  # noqa: SIM115
 

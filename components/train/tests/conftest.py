@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from components.data_prep.prep import prepare
-from components.train.launch import hvdrun_command, job_environment, local_command
+from components.train.launch import job_environment, local_command, static_command
 
 AUDIT_SCRIPT = Path(__file__).with_name("audit_writes.py")
 JobRunner = Callable[..., subprocess.CompletedProcess]
@@ -30,11 +30,12 @@ def _run_job(
     timeout: float = 300,
     audit: tuple[Path, Path] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run the trainer under a real ``horovodrun -np workers --gloo``; capture its output."""
+    """Run the trainer as a real static job of `workers` ranks (the local launcher's command:
+    ``mpirun -np workers``), optionally under the write audit; capture its output."""
     command = local_command(workers, args)
     if audit is not None:
         audited = [sys.executable, str(AUDIT_SCRIPT), str(audit[0]), str(audit[1])]
-        command = hvdrun_command(workers, [*audited, "-m", "components.train", *args])
+        command = static_command(workers, [*audited, "-m", "components.train", *args])
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, env=job_environment()
     )

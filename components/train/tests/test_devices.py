@@ -1,8 +1,10 @@
-"""Device placement and threads per process.
+"""Device placement, threads per process, and the refusals of a job that asked for GPUs.
 
-There is no GPU on this machine, so the GPU case drives `configure_devices` with a stand-in
-for ``tf.config`` that records what it is asked (the CPU case uses the real TensorFlow, in a
-subprocess, since thread settings can only be made before TF starts).
+There is no GPU on this machine, so the GPU cases drive `configure_devices` and `gpu_usage` with
+a stand-in for ``tf.config`` that records what it is asked and answers as TensorFlow does on a
+GPU host (the CPU case uses the real TensorFlow, in a subprocess, since thread settings can only
+be made before TF starts). The refusals run for real on this machine's real TensorFlow and
+Horovod in ``test_trainer_preflight.py``.
 """
 
 from __future__ import annotations
@@ -16,15 +18,19 @@ from types import SimpleNamespace
 from typing import Any
 
 from components.train.cpus import cpu_quota, default_threads
-from components.train.trainer import configure_devices
+from components.train.devices import Devices, configure_devices, gpu_problem, gpu_usage
 
 
 class _FakeConfig:
+    """``tf.config`` on a host with `gpus`, as far as the trainer uses it."""
+
     def __init__(self, gpus: list[str]) -> None:
         self.gpus = gpus
         self.calls: list[tuple[str, Any]] = []
         self.experimental = SimpleNamespace(
-            set_memory_growth=lambda gpu, on: self.calls.append(("memory_growth", (gpu, on)))
+            set_memory_growth=lambda gpu, on: self.calls.append(("memory_growth", (gpu, on))),
+            get_device_details=lambda gpu: {"device_name": f"NVIDIA H100 80GB HBM3 ({gpu})"},
+            get_memory_info=lambda name: {"current": 1000, "peak": 3 * 2**30},
         )
         self.threading = SimpleNamespace(
             set_intra_op_parallelism_threads=lambda n: self.calls.append(("intra", n)),
@@ -37,20 +43,23 @@ class _FakeConfig:
     def set_visible_devices(self, device: str, kind: str) -> None:
         self.calls.append(("visible", (device, kind)))
 
+    def get_visible_devices(self, kind: str) -> list[str]:
+        return [args[0] for name, args in self.calls if name == "visible" and args[1] == kind]
+
 
 def test_each_process_is_pinned_to_the_gpu_of_its_local_rank() -> None:
     for local_rank in range(4):
         config = _FakeConfig(["gpu0", "gpu1", "gpu2", "gpu3"])
-        device, threads = configure_devices(SimpleNamespace(config=config), local_rank, 4, None)
-        assert device == f"GPU:{local_rank}"
+        devices = configure_devices(SimpleNamespace(config=config), local_rank, 4, None)
+        assert devices.device == f"GPU:{local_rank}" and devices.gpus_found == 4
         assert ("visible", (f"gpu{local_rank}", "GPU")) in config.calls
         assert ("memory_growth", (f"gpu{local_rank}", True)) in config.calls
 
 
 def test_thread_override_wins() -> None:
     config = _FakeConfig([])
-    device, threads = configure_devices(SimpleNamespace(config=config), 0, 2, 3)
-    assert (device, threads) == ("CPU", 3)
+    devices = configure_devices(SimpleNamespace(config=config), 0, 2, 3)
+    assert devices == Devices("CPU", 3, 0)
     assert ("intra", 3) in config.calls and ("inter", 2) in config.calls
 
 
@@ -61,6 +70,31 @@ def test_inter_op_threads_override_the_rule() -> None:
     config = _FakeConfig([])
     configure_devices(SimpleNamespace(config=config), 0, 2, 1)  # 0: min(2, intra), at least 1
     assert ("inter", 1) in config.calls
+
+
+def test_a_gpu_rank_reports_its_gpus_name_and_peak_memory() -> None:
+    config = _FakeConfig(["gpu0", "gpu1"])
+    tf = SimpleNamespace(config=config)
+    devices = configure_devices(tf, 1, 2, None)
+    assert gpu_usage(tf, devices) == {
+        "gpu_name": "NVIDIA H100 80GB HBM3 (gpu1)", "gpu_peak_memory_bytes": 3 * 2**30,
+    }  # fmt: skip
+    assert gpu_usage(tf, configure_devices(SimpleNamespace(config=_FakeConfig([])), 0, 1, 1)) == {}
+
+
+def test_a_job_that_asked_for_gpus_is_refused_unless_each_rank_has_one() -> None:
+    assert gpu_problem(0, 2, 0, ["libcudart.so.12"]) is None  # asked for none: the CPU is fine
+    assert gpu_problem(1, 1, 1, []) is None
+    assert gpu_problem(2, 2, 2, []) is None
+    cpu_image = gpu_problem(1, 1, 0, ["libcudart.so.12", "libcudnn.so.9"])
+    assert cpu_image is not None
+    assert "runs in a CPU image: TensorFlow cannot load libcudart.so.12, libcudnn.so.9" in cpu_image
+    assert "kfp-horovod-trainer-gpu" in cpu_image
+    no_gpu = gpu_problem(1, 1, 0, [])
+    assert no_gpu is not None and "this rank sees no GPU" in no_gpu
+    too_few = gpu_problem(1, 2, 1, [])
+    assert too_few is not None
+    assert "shows 1 GPU(s) for its 2 local ranks, which need one each" in too_few
 
 
 def test_default_threads_split_the_cores_among_local_ranks(tmp_path: Path) -> None:
@@ -74,9 +108,9 @@ def test_default_threads_split_the_cores_among_local_ranks(tmp_path: Path) -> No
 def test_cpu_run_uses_the_real_tensorflow_settings() -> None:
     code = """
 import json, tensorflow as tf
-from components.train.trainer import configure_devices
-device, threads = configure_devices(tf, 0, 1, 1)
-print(json.dumps([device, threads, tf.config.threading.get_intra_op_parallelism_threads()]))
+from components.train.devices import configure_devices
+d = configure_devices(tf, 0, 1, 1)
+print(json.dumps([d.device, d.threads, tf.config.threading.get_intra_op_parallelism_threads()]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

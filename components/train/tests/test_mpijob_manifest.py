@@ -267,10 +267,26 @@ def test_all_problems_reported_at_once() -> None:
     assert "epochs must be >= 1, got 0" in str(info.value)
     assert "learning_rate must be in (0, 10], got 11.0" in str(info.value)
     with pytest.raises(ValueError) as info:
-        params(data="data", cpu_per_worker="1K", gpus_per_worker=-1)
+        params(data="data", cpu_per_worker="1K", backoff_limit=-1)
     assert "data must be a gs:// URI" in str(info.value)
     assert "cpu_per_worker must be a positive Kubernetes quantity" in str(info.value)
+    assert "backoff_limit must be >= 0, got -1" in str(info.value)
+    with pytest.raises(ValueError) as info:  # a TrainConfig field since the trainer checks GPUs
+        params(gpus_per_worker=-1, slots_per_worker=0)
     assert "gpus_per_worker must be >= 0, got -1" in str(info.value)
+    assert "slots_per_worker must be >= 1, got 0" in str(info.value)
+
+
+def test_each_rank_of_a_gpu_worker_needs_a_gpu_of_its_own() -> None:
+    with pytest.raises(ValueError) as info:
+        params(gpus_per_worker=1, slots_per_worker=2)
+    assert (
+        "gpus_per_worker must be 0 (CPU) or >= slots_per_worker (each of a worker's ranks trains "
+        "on a GPU of its own), got 1 < 2"
+    ) in str(info.value)
+    assert launcher_command(params(gpus_per_worker=2, slots_per_worker=2))[-2:] == [
+        "--gpus-per-worker", "2",
+    ]  # fmt: skip  # every rank is told, and checks it has its GPU
 
 
 def test_schema_refuses_typos_wrong_types_and_bad_policy() -> None:

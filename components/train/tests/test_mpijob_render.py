@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
+from components.common import defaults
 from components.train.config import TrainConfig
 from components.train.mpijob.manifest import MPIJobParams, build_manifest, job_name
 from components.train.mpijob.validate import validate_manifest
@@ -39,7 +40,7 @@ def test_render_prints_the_exact_valid_manifest() -> None:
         "--output",
         "gs://b/out",
         "--gpus",
-        "1",
+        "2",
         "--queue",
         "train",
     )
@@ -51,9 +52,13 @@ def test_render_prints_the_exact_valid_manifest() -> None:
             run_name="Nightly #7",
             pipeline_run_id="r-1",
             train=TrainConfig(
-                data="gs://b/data", output="gs://b/out", workers=3, slots_per_worker=2
+                data="gs://b/data",
+                output="gs://b/out",
+                workers=3,
+                slots_per_worker=2,
+                gpus_per_worker=2,
             ),
-            gpus_per_worker=1,
+            image=defaults.image_ref("trainer_gpu"),  # what --gpus > 0 picks
             queue="train",
         ),
         "team-a",
@@ -64,6 +69,27 @@ def test_render_prints_the_exact_valid_manifest() -> None:
         "command"
     ]
     assert cmd[cmd.index("--expected-workers") + 1] == "6"
+
+
+def test_gpus_pick_the_gpu_trainer_image_and_a_given_image_wins() -> None:
+    def images(*args: str) -> set[str]:
+        code, out = render("--workers", "2", *args)
+        assert code == 0, out
+        spec = yaml.safe_load(out)["spec"]["mpiReplicaSpecs"]
+        return {spec[r]["template"]["spec"]["containers"][0]["image"] for r in spec}
+
+    assert images() == {defaults.image_ref("trainer")}
+    assert images("--gpus", "1") == {defaults.image_ref("trainer_gpu")}
+    assert images("--gpus", "1", "--image-tag", "v2") == {
+        defaults.image_ref("trainer_gpu", tag="v2")
+    }
+    assert images("--gpus", "1", "--image", "me/mine:1") == {"me/mine:1"}
+
+
+def test_a_gpu_count_a_worker_cannot_share_among_its_ranks_is_refused() -> None:
+    code, out = render("--workers", "2", "--slots-per-worker", "2", "--gpus", "1")
+    assert code == 2
+    assert "gpus_per_worker must be 0 (CPU) or >= slots_per_worker" in out
 
 
 def test_render_defaults_use_placeholder_bucket_and_image_options() -> None:

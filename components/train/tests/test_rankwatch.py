@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from components.train.config import TrainConfig
@@ -30,6 +31,15 @@ def two_ranks() -> subprocess.Popen[bytes]:
     proc.wait()
 
 
+def _signal(proc: psutil.Process, sig: signal.Signals) -> None:
+    """Send `sig` and wait until the kernel shows its effect (delivery is asynchronous)."""
+    os.kill(proc.pid, sig)
+    stopped = sig == signal.SIGSTOP
+    deadline = time.monotonic() + 10
+    while (proc.status() == psutil.STATUS_STOPPED) != stopped and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_a_stopped_rank_is_named_once_then_killed_after_the_bound(
     two_ranks: subprocess.Popen[bytes],
 ) -> None:
@@ -39,7 +49,7 @@ def test_a_stopped_rank_is_named_once_then_killed_after_the_bound(
     watch = RankWatch(two_ranks.pid, bound_s=5, log=lines.append)
     watch.poll(now=100.0)
     assert lines == []  # nobody is stopped
-    os.kill(ranks[1].pid, signal.SIGSTOP)
+    _signal(ranks[1], signal.SIGSTOP)
     watch.poll(now=101.0)
     watch.poll(now=105.0)  # 4 s: within the bound
     assert lines == [
@@ -61,11 +71,11 @@ def test_a_rank_that_resumes_in_time_is_left_alone(two_ranks: subprocess.Popen[b
     ranks = rank_processes(two_ranks.pid)
     lines: list[str] = []
     watch = RankWatch(two_ranks.pid, bound_s=5, log=lines.append)
-    os.kill(ranks[0].pid, signal.SIGSTOP)
+    _signal(ranks[0], signal.SIGSTOP)
     watch.poll(now=0.0)
-    os.kill(ranks[0].pid, signal.SIGCONT)
+    _signal(ranks[0], signal.SIGCONT)
     watch.poll(now=3.0)
-    os.kill(ranks[0].pid, signal.SIGSTOP)
+    _signal(ranks[0], signal.SIGSTOP)
     watch.poll(now=6.0)  # stopped again: the clock starts over
     watch.poll(now=10.0)
     assert len(lines) == 2 and all("rank 0" in line and "is stopped" in line for line in lines)

@@ -86,7 +86,7 @@ def test_bad_input_fails_clearly_on_every_rank(
     args = ["--data", str(data), "--output", str(out), "--expected-workers", "2", "--epochs", "1"]
     proc = run_job(2, args, timeout=240)  # a hang would time out and fail the test
     assert proc.returncode != 0
-    assert "Exit code: 2" in proc.stderr, proc.stderr  # our bad-input exit, not a crash
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # our bad-input exit, not a crash
     import re
 
     assert re.search(expected, proc.stdout), proc.stdout
@@ -127,3 +127,32 @@ def test_refuses_to_overwrite_an_exported_model(
     assert proc.returncode != 0
     assert "a model is already exported there; refusing to overwrite" in proc.stdout
     assert (model / "saved_model.pb").read_bytes() == b"an earlier model"
+
+
+def test_a_job_asking_for_gpus_stops_every_rank_before_training_on_a_cpu_machine(
+    mnist_1000: str, tmp_path: Path, run_job: Any
+) -> None:
+    """A real 2-rank job asking for a GPU per worker, here, where the environment has none of
+    TensorFlow's CUDA libraries: both ranks stop before training with one clear line (never a
+    silent CPU run), exit code 2, no traceback, nothing written."""
+    out = tmp_path / "out"
+    args = ["--data", mnist_1000, "--output", str(out), "--expected-workers", "2",
+            "--gpus-per-worker", "1"]  # fmt: skip
+    proc = run_job(2, args, timeout=240)
+    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    failed = [line.split("training failed: ", 1)[1] for line in proc.stdout.splitlines()
+              if "[rank 0/2] training failed: " in line]  # fmt: skip
+    assert len(failed) == 1, proc.stdout  # one line, from rank 0
+    assert failed[0].startswith(
+        "2 of 2 ranks cannot train: this job asked for 1 GPU(s) per worker, but the trainer runs "
+        "in a CPU image: TensorFlow cannot load libcudart.so.12, "
+    ), failed[0]
+    assert "libcudnn.so.9" in failed[0] and failed[0].endswith(
+        ". Use the GPU trainer image (kfp-horovod-trainer-gpu, which gpus_per_worker > 0 selects "
+        "unless trainer_image names another), or set gpus_per_worker to 0 to train on the CPU"
+    )
+    ranks_stderr = [line for line in proc.stderr.splitlines() if ">:Traceback" in line]
+    assert not ranks_stderr, proc.stderr  # no rank traceback (horovodrun's own is the launcher's)
+    assert "Epoch 1/" not in proc.stdout, "no rank may train"
+    assert not out.exists(), "nothing may be written"

@@ -74,10 +74,10 @@ def test_only_rank_0_prints_progress(job: dict[str, Any]) -> None:
     out = job["proc"].stdout
     epoch_lines = [line for line in out.splitlines() if "Epoch " in line]
     assert len(epoch_lines) == 2, out  # once per epoch, not once per rank
-    assert all(line.startswith("[0]<stdout>:[rank 0/3]") for line in epoch_lines)
+    assert all(line.startswith("[1,0]<stdout>:[rank 0/3]") for line in epoch_lines)
     for rank in (1, 2):
-        assert f"[{rank}]<stdout>:" not in out
-    assert "3 workers formed ONE job (gloo controller) and trained ONE model" in out
+        assert f"[1,{rank}]<stdout>:" not in out
+    assert "3 workers formed ONE job (mpi controller) and trained ONE model" in out
     assert "1 model, exported by rank 0" in out
     assert f"[rank 0/3] model {USER_MODEL}: 13,610 parameters; augmentation off" in out
 
@@ -92,7 +92,7 @@ def test_exactly_one_model_directory(job: dict[str, Any]) -> None:
 def test_summary_answers_one_model_or_n(job: dict[str, Any]) -> None:
     s = job["summary"]
     assert s["world_size"] == s["expected_workers"] == 3
-    assert s["controller"] == "gloo"  # horovodrun --gloo; the container tests show "mpi"
+    assert s["controller"] == "mpi"  # mpirun, as on the MPIJob (elastic jobs show "gloo")
     assert s["global_batch_size"] == 96
     assert s["learning_rate"] == pytest.approx(3 * s["base_learning_rate"])
     assert set(s["final_metrics"]) == {"loss", "accuracy"}

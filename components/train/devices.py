@@ -1,0 +1,106 @@
+"""Devices and threads: the first thing a rank sets up after ``hvd.init()``.
+
+- `configure_devices` pins the rank to the GPU of its local rank (if any) and sets its CPU
+  thread pools, before TensorFlow executes any op.
+- `gpu_problem` says why a job that asked for GPUs must not train here: the image is a CPU image
+  (TensorFlow cannot load the CUDA libraries), the rank sees no GPU, or its host has fewer GPUs
+  than its local ranks need. A job never trains on the CPU by mistake: the ranks agree on the
+  problem and all stop before training (`components.train.trainer`).
+- `gpu_usage` is what the coordination report shows of a rank's GPU: its name and the peak of
+  the memory TensorFlow allocated on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from components.common.defaults import IMAGE_NAMES
+from components.train.cpus import default_threads
+
+
+@dataclass(frozen=True)
+class Devices:
+    """Where this rank computes: ``"GPU:<i>"`` or ``"CPU"``, its intra-op threads, and the GPUs
+    TensorFlow found on its host (before this rank kept only its own)."""
+
+    device: str
+    threads: int
+    gpus_found: int
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("GPU")
+
+
+def configure_devices(
+    tf: Any, local_rank: int, local_size: int, threads: int | None, inter_op: int = 0
+) -> Devices:
+    """Pin this process to one GPU by local rank, or run on CPU; set the thread counts.
+
+    Intra-op threads: `threads`, or this rank's share of the cores. Inter-op threads:
+    `inter_op`, or (0) ``min(2, intra-op threads)``. Must run before TensorFlow executes any
+    op.
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        gpu = gpus[local_rank % len(gpus)]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+        device = f"GPU:{local_rank % len(gpus)}"
+    else:
+        device = "CPU"
+    n = threads or default_threads(local_size)
+    tf.config.threading.set_intra_op_parallelism_threads(n)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op or max(1, min(2, n)))
+    return Devices(device, n, len(gpus))
+
+
+def gpu_problem(
+    gpus_per_worker: int, local_size: int, gpus_found: int, missing_libraries: Sequence[str]
+) -> str | None:
+    """Why a job asking for `gpus_per_worker` GPUs per worker cannot train on this rank's host,
+    or None (also None when it asked for none).
+
+    `missing_libraries` are the CUDA libraries TensorFlow needs and cannot load here (a CPU
+    image has none of them); `gpus_found` is what TensorFlow sees; each of the host's
+    `local_size` ranks needs a GPU of its own.
+    """
+    if gpus_per_worker <= 0:
+        return None
+    asked = f"this job asked for {gpus_per_worker} GPU(s) per worker"
+    if missing_libraries:
+        return (
+            f"{asked}, but the trainer runs in a CPU image: TensorFlow cannot load "
+            f"{', '.join(missing_libraries)}. Use the GPU trainer image "
+            f"({IMAGE_NAMES['trainer_gpu']}, which gpus_per_worker > 0 selects unless "
+            "trainer_image names another), or set gpus_per_worker to 0 to train on the CPU"
+        )
+    if gpus_found == 0:
+        return (
+            f"{asked}, but this rank sees no GPU (TensorFlow found none: no GPU was given to the "
+            "pod or container, or its driver is missing). Check the worker's nvidia.com/gpu "
+            "limit and the node's NVIDIA device plugin, or set gpus_per_worker to 0"
+        )
+    if gpus_found < local_size:
+        return (
+            f"{asked}, but this rank's host shows {gpus_found} GPU(s) for its {local_size} local "
+            f"ranks, which need one each: give each worker at least slots_per_worker GPUs "
+            f"(gpus_per_worker >= {local_size})"
+        )
+    return None
+
+
+def gpu_usage(tf: Any, devices: Devices) -> dict[str, Any]:
+    """The rank's GPU for the run summary: ``gpu_name`` and ``gpu_peak_memory_bytes`` (the peak
+    TensorFlow allocated), or {} on the CPU."""
+    if not devices.on_gpu:
+        return {}
+    gpu = tf.config.get_visible_devices("GPU")[0]
+    details = tf.config.experimental.get_device_details(gpu)
+    memory = tf.config.experimental.get_memory_info("GPU:0")  # the one visible GPU
+    return {
+        "gpu_name": str(details.get("device_name", "unknown GPU")),
+        "gpu_peak_memory_bytes": int(memory["peak"]),
+    }

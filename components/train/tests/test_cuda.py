@@ -1,0 +1,149 @@
+"""components/train/cuda.py on this CPU machine: the dev venv has the CUDA build of TensorFlow
+but none of its CUDA libraries (they are the GPU image's nvidia-*-cu12 wheels), so every one is
+reported missing, by soname; the search itself is tested with real shared objects in temporary
+folders, and the RUNPATH reader against the installed TensorFlow and ``readelf``."""
+
+from __future__ import annotations
+
+import _ctypes
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from components.train import cuda
+
+ROOT = Path(__file__).resolve().parents[3]
+CUDA_LOCK = ROOT / "requirements" / "lock-cuda.txt"
+
+
+def _run(*code_or_args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *code_or_args], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+
+
+def test_every_cuda_library_is_reported_missing_here_without_importing_tensorflow() -> None:
+    code = (
+        "import json, sys; from components.train.cuda import missing_cuda_libraries as m; "
+        "print(json.dumps({'missing': m(), 'tf': 'tensorflow' in sys.modules}))"
+    )
+    out = _run("-c", code)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["tf"] is False, "missing_cuda_libraries must not import TensorFlow"
+    assert list(result["missing"]) == list(cuda.TF_CUDA_LIBRARIES)
+    for soname, why in result["missing"].items():
+        assert f"{soname}: cannot open shared object file" in why, why
+        assert f"wheel {cuda.TF_CUDA_LIBRARIES[soname]}" in why
+
+
+def test_tensorflows_runpath_names_the_folder_of_every_librarys_wheel() -> None:
+    """What the reader gets is what readelf prints, and TF's RUNPATH has each wheel's folder
+    (site-packages/nvidia/<wheel>/lib): where TF itself looks for these sonames."""
+    tf_dir = cuda.tensorflow_dir()
+    assert tf_dir is not None and (tf_dir / "__init__.py").is_file()
+    readelf = shutil.which("readelf")
+    assert readelf, "readelf (binutils, which the Horovod build's g++ brings) is needed"
+    for name in cuda.TF_LIBRARIES:
+        dump = subprocess.run([readelf, "-d", str(tf_dir / name)], capture_output=True, text=True)
+        found = re.search(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[(.*)\]", dump.stdout)
+        assert found, f"{name} has no RUNPATH per readelf"
+        assert cuda.runpath(tf_dir / name) == found.group(1).split(":")
+    dirs = cuda.tensorflow_library_dirs()
+    assert all(d.is_absolute() and "$ORIGIN" not in str(d) for d in dirs)
+    site = tf_dir.parent
+    for soname, wheel in cuda.TF_CUDA_LIBRARIES.items():
+        folder = wheel.removeprefix("nvidia-").removesuffix("-cu12").replace("-", "_")
+        assert site / "nvidia" / folder / "lib" in dirs, f"TF does not look for {soname} there"
+
+
+def test_runpath_rejects_a_file_that_is_not_elf(tmp_path: Path) -> None:
+    fake = tmp_path / "libcudnn.so.9"
+    fake.write_text("not a library\n")
+    with pytest.raises(ValueError, match="libcudnn.so.9: not a 64-bit little-endian ELF file"):
+        cuda.runpath(fake)
+
+
+def test_the_first_folder_that_has_the_library_is_the_one_loaded(tmp_path: Path) -> None:
+    """As the dynamic loader: folders in order, the first one holding the file decides (a file
+    that does not load is an error, not skipped), else the system loader."""
+    real = Path(_ctypes.__file__)  # a real shared object
+    first, second, third = (tmp_path / n for n in ("first", "second", "third"))
+    for folder in (first, second, third):
+        folder.mkdir()
+    shutil.copy(real, second / "libcudnn.so.9")
+    shutil.copy(real, third / "libcudnn.so.9")
+    loaded = cuda.load_library("libcudnn.so.9", [first, second, third])
+    assert loaded == cuda.Loaded("libcudnn.so.9", second / "libcudnn.so.9", None)
+
+    (first / "libcudnn.so.9").write_text("not a library\n" * 400)
+    broken = cuda.load_library("libcudnn.so.9", [first, second])
+    assert broken.path == first / "libcudnn.so.9"
+    assert broken.error and "does not load" in broken.error and "invalid ELF header" in broken.error
+
+    absent = cuda.load_library("libcudnn.so.9", [tmp_path / "nowhere"])
+    assert absent.path is None and absent.error
+    assert "not in TensorFlow's library folders, nor found by the system loader" in absent.error
+    assert "libcudnn.so.9: cannot open shared object file" in absent.error
+
+
+def test_missing_cuda_libraries_searches_the_given_folders(tmp_path: Path) -> None:
+    """With every soname present as a loadable file in the folders, nothing is missing; the
+    default (None) is TF's own folders, where nothing is."""
+    for soname in cuda.TF_CUDA_LIBRARIES:
+        shutil.copy(_ctypes.__file__, tmp_path / soname)
+    assert cuda.missing_cuda_libraries([tmp_path]) == {}
+    (tmp_path / "libnccl.so.2").unlink()
+    assert list(cuda.missing_cuda_libraries([tmp_path])) == ["libnccl.so.2"]
+    assert list(cuda.missing_cuda_libraries()) == list(cuda.TF_CUDA_LIBRARIES)
+
+
+def test_sonames_agree_with_the_cuda_lock_and_tensorflows_build() -> None:
+    """Each soname's major version is its wheel's (pinned in lock-cuda.txt), and libcudart's and
+    libcudnn's are the CUDA and cuDNN versions the locked TensorFlow was built with."""
+    from components.common.keras_env import tensorflow
+
+    pins = dict(
+        line.split("#")[0].strip().split("==")
+        for line in CUDA_LOCK.read_text().splitlines()
+        if line.split("#")[0].strip()
+    )
+    for soname, wheel in cuda.TF_CUDA_LIBRARIES.items():
+        assert wheel in pins, f"{wheel} ({soname}) is not in lock-cuda.txt"
+        assert soname.rsplit(".", 1)[1] == pins[wheel].split(".")[0], (soname, pins[wheel])
+    info = tensorflow().sysconfig.get_build_info()
+    assert info["is_cuda_build"] is True
+    cudart = next(s for s in cuda.TF_CUDA_LIBRARIES if s.startswith("libcudart.so."))
+    assert cudart == f"libcudart.so.{info['cuda_version'].split('.')[0]}"
+    assert f"libcudnn.so.{info['cudnn_version']}" in cuda.TF_CUDA_LIBRARIES
+
+
+def test_horovod_here_is_built_without_nccl() -> None:
+    assert cuda.horovod_problems("host") == []
+    (problem,) = cuda.horovod_problems("nccl")
+    assert problem == f"{cuda.GRADIENT_ALLREDUCE_LABEL}=nccl, but Horovod was built without NCCL"
+    with pytest.raises(ValueError, match="gradient_allreduce must be one of"):
+        cuda.horovod_problems("mpi")
+
+
+def test_the_check_fails_here_naming_each_missing_library() -> None:
+    out = _run("-m", "components.train.cuda", "--check", "--gradient-allreduce", "host")
+    assert out.returncode == 1, out.stdout + out.stderr
+    for soname in cuda.TF_CUDA_LIBRARIES:
+        assert f"cuda: {soname}: MISSING" in out.stdout
+        assert f"cuda check: cannot load {soname}: " in out.stderr
+    assert "cuda: TensorFlow 2.18.1: CUDA 12" in out.stdout
+    assert "all checks pass" not in out.stdout
+
+
+def test_the_horovod_check_passes_here_and_bad_arguments_are_refused() -> None:
+    ok = _run("-m", "components.train.cuda", "--check-horovod", "--gradient-allreduce", "host")
+    assert ok.returncode == 0, ok.stderr
+    assert "cuda: Horovod gradient allreduce: host; all checks pass" in ok.stdout
+    bad = _run("-m", "components.train.cuda", "--check", "--gradient-allreduce", "mpi")
+    assert bad.returncode == 2 and "invalid choice: 'mpi'" in bad.stderr
