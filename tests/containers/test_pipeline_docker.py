@@ -1,6 +1,6 @@
 """The whole pipeline with every step in its own image: ``run-local --runner docker``
-(kfp.local's DockerRunner), the training step running ``horovodrun -np 2`` inside the trainer
-image, as the local backend does."""
+(kfp.local's DockerRunner), the training step running ``mpirun -np 2`` inside the trainer
+image, as the local backend does for a static job."""
 
 from __future__ import annotations
 
@@ -38,12 +38,12 @@ def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Pat
     # Every step ran in its image (kfp.local names the image of each task it starts).
     used = set(re.findall(r"Found image '([^']+)'", log))
     assert used == set(images.values()), used
-    # The train step ran horovodrun -np 2 in the trainer container: one job of 2 ranks.
-    assert "[0]<stdout>:[rank 0/2] ONE Horovod job: 2 workers" in log
+    # The train step ran mpirun -np 2 in the trainer container: one job of 2 ranks.
+    assert "[1,0]<stdout>:[rank 0/2] ONE Horovod job: 2 workers" in log
     summary_path = re.search(r"^run_summary: (.+)$", out.stdout, re.MULTILINE)
     assert summary_path, out.stdout[-3000:]
     summary = json.loads(Path(summary_path.group(1)).read_text())
-    assert (summary["world_size"], summary["controller"]) == (2, "gloo")
+    assert (summary["world_size"], summary["controller"]) == (2, "mpi")
     assert summary["weights_identical_across_ranks"] is True
     assert "registered as version 1" in out.stdout
     assert list((root / "pipeline-root" / "registry").glob("*/1/saved_model.pb"))
