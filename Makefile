@@ -121,9 +121,11 @@ test-bench: install ## the benchmarks' real jobs at tiny sizes (writes no result
 
 # Docker-based tests (tests/containers): every image built, each pipeline step in its image, the
 # MPIJob's launcher and workers run as mpi-operator runs them. Installs and starts Docker first.
+# LOCAL_TAG=<tag> builds and tests images of that tag: checkouts of different code tested at once
+# on one Docker engine then do not test each other's images.
 test-containers: install images-local ## images, containers, the MPIJob as mpi-operator runs it (starts Docker)
 	$(MAKE) --no-print-directory gcs-emulator-image
-	$(PY) -m pytest -m containers tests/containers
+	KFP_HOROVOD_TEST_IMAGE_TAG=$(LOCAL_TAG) $(PY) -m pytest -m containers tests/containers
 
 test-fast: install ## the tests without multi-rank and end-to-end jobs
 	$(PY) -m pytest -m "not horovod and not e2e and not containers"

@@ -10,7 +10,7 @@ Used by the MPIJob lifecycle tests and by the fault benchmark (bench/faults.py),
 * garbage collection: kmock does not cascade deletes, so an `Operator` deletes the job's pods
   once the job is gone, as Kubernetes' garbage collector would;
 * the pods themselves: `TrainerOperator` runs the launcher's trainer command line with
-  horovodrun on this machine instead of mpirun across pods;
+  horovodrun on this machine instead of mpirun across pods (and without the heartbeat watch);
 * kmock ignores label selectors, so an unrelated pod is always present to prove that the code
   filters pods itself.
 """
@@ -175,10 +175,16 @@ def launcher_command(job: dict[str, Any]) -> list[str]:
 
 
 def local_equivalent(command: list[str]) -> tuple[int, list[str], dict[str, str]]:
-    """``mpirun -np N ... -x K=V ... python -m components.train ARGS`` as ``(N, ARGS, {K: V})``."""
+    """``[mpiwatch ... --] mpirun -np N ... -x K=V ... python -m components.train ARGS`` as
+    ``(N, ARGS, {K: V})``. The heartbeat period is left out: the heartbeat watch
+    (`components.train.mpiwatch`) is not run here, so nothing would take the beats out."""
+    from components.train.heartbeat import HEARTBEAT_ENV
+
+    command = command[command.index("mpirun") :]
     exported = [command[i + 1] for i, word in enumerate(command[:-1]) if word == "-x"]
     module = command.index("components.train")
     env = dict(item.split("=", 1) for item in exported if "=" in item)
+    env.pop(HEARTBEAT_ENV, None)
     return int(command[command.index("-np") + 1]), command[module + 1 :], env
 
 

@@ -110,6 +110,10 @@ WARMUP_EPOCHS = 1
 SHUFFLE_SEED = 42
 # Horovod aborts a job whose ranks stop agreeing on collective ops for this long.
 STALL_SHUTDOWN_SECONDS = 120
+# Under the MPIJob's mpirun each rank writes a heartbeat line this often (or a quarter of the
+# stall bound, if less); the launcher's mpiwatch ends the job when a rank has been silent for
+# the stall bound (components/train/heartbeat.py, mpiwatch.py).
+HEARTBEAT_SECONDS = 5
 
 # Registration defaults.
 MODEL_NAME = "mnist-cnn"

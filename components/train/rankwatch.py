@@ -10,8 +10,9 @@ job's output at once, and if it is still stopped after the stall-shutdown time t
 environment sets (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``), the watch says so and kills that
 rank; the others fail on the lost connection and horovodrun fails the job, as for a crash. A
 rank stopped by a debugger (tracing stop) is left alone. Under mpirun (a static local job) the
-same kill ends the job: mpirun stops every rank when one dies. The MPIJob's ranks run on other
-machines, which this does not cover.
+same kill ends the job: mpirun stops every rank when one dies. The MPIJob's ranks run in other
+pods, whose processes the launcher cannot see: it watches their heartbeats instead
+(`components.train.mpiwatch`).
 """
 
 from __future__ import annotations

@@ -6,9 +6,12 @@ builder; nothing here holds a second copy of any command). It follows
 ``pkg/controller/mpi_job_controller.go`` of kubeflow/mpi-operator:
 
 - **Network**: one user-defined Docker network, internal (no route out). Worker *i* is the
-  container ``<job>-worker-<i>``, with that hostname, aliased ``<job>-worker-<i>`` and
+  pod ``<job>-worker-<i>``: that hostname, aliased ``<job>-worker-<i>`` and
   ``<job>-worker-<i>.<job>-worker.<namespace>.svc`` (pod hostname + the workers' headless
   Service as subdomain: the name the hostfile uses).
+- **Docker names**: every container and the network carry a per-run suffix in their Docker
+  name only (``<pod>-<suffix>``), so two test runs on one engine never clash on a name; the
+  hostnames, aliases, hostfile and discovery script use the operator's names, as above.
 - **Workers** run the Worker template's command and args as its ``runAsUser:runAsGroup``, with
   the pod's ``fsGroup`` as a supplementary group, its env plus ``K_MPI_JOB_ROLE=worker``, all
   capabilities dropped and no privilege escalation, and the template's CPU and memory limits as
@@ -44,8 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.containers.kubelet_volumes import kubelet_swap, kubelet_volume
+
 CONFIG_MOUNT = "/etc/mpi"
 LABEL = "kfp-horovod.test/mpijob"
+RUN_LABEL = "kfp-horovod.test/run"
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)(m|[KMGTPE]i?|k)?$")
 _FACTORS = {
     None: 1.0, "m": 1e-3, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
@@ -139,11 +145,16 @@ class MPIJobRun:
         self.worker_template = PodTemplate.read(replicas["Worker"]["template"])
         self.launcher_template = PodTemplate.read(replicas["Launcher"]["template"])
         self.scale = self._scale()
+        self.suffix: str = uuid.uuid4().hex[:6]  # in Docker names only (see the module doc)
 
     # --- names, as the operator makes them ---------------------------------------------------
 
     def worker_name(self, i: int) -> str:
         return f"{self.name}-worker-{i}"
+
+    def docker_name(self, pod: str) -> str:
+        """The Docker name of pod `pod`'s container in this run."""
+        return f"{pod}-{self.suffix}"
 
     def worker_fqdn(self, i: int) -> str:
         return f"{self.worker_name(i)}.{self.name}-worker.{self.namespace}.svc"
@@ -154,7 +165,7 @@ class MPIJobRun:
         )
 
     def discover_hosts(self) -> str:
-        running = sorted(c.name for c in self.workers if _running(c))
+        running = sorted(self.worker_name(i) for i, c in enumerate(self.workers) if _running(c))
         service = f"{self.name}-worker.{self.namespace}.svc"
         return "#!/bin/sh\n" + "".join(f"echo {pod}.{service}\n" for pod in running)
 
@@ -188,7 +199,7 @@ class MPIJobRun:
             "id_rsa.pub": (public + b"\n", 0o644),
             "authorized_keys": (public + b"\n", 0o644),
         }
-        return _kubelet_volume(self.workdir / "ssh", files, self.worker_template.fs_group)
+        return kubelet_volume(self.workdir / "ssh", files, self.worker_template.fs_group)
 
     def _config_volume(self) -> Path:
         """The ``<job>-config`` ConfigMap at /etc/mpi: hostfile 0444, discover_hosts.sh 0555."""
@@ -196,7 +207,7 @@ class MPIJobRun:
             "hostfile": (self.hostfile().encode(), 0o444),
             "discover_hosts.sh": (self.discover_hosts().encode(), 0o555),
         }
-        return _kubelet_volume(self.workdir / "config", files, None)
+        return kubelet_volume(self.workdir / "config", files, None)
 
     # --- pods --------------------------------------------------------------------------------
 
@@ -206,7 +217,7 @@ class MPIJobRun:
         cpus, memory = self.limits(template)
         container = self.docker.containers.create(
             template.image,
-            name=name,
+            name=self.docker_name(name),
             hostname=name,
             entrypoint=template.command or None,
             command=template.args or None,
@@ -217,7 +228,7 @@ class MPIJobRun:
             security_opt=["no-new-privileges"],
             nano_cpus=int(cpus * 1e9),
             mem_limit=memory,
-            labels={LABEL: self.name},
+            labels={LABEL: self.name, RUN_LABEL: self.suffix},
             network=self.network.name,
             **kw,
         )
@@ -230,8 +241,8 @@ class MPIJobRun:
         """Create the network and the Secret, and start every worker pod."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.network = self.docker.networks.create(
-            f"{self.name}-{uuid.uuid4().hex[:6]}", driver="bridge", internal=True,
-            labels={LABEL: self.name},
+            self.docker_name(self.name), driver="bridge", internal=True,
+            labels={LABEL: self.name, RUN_LABEL: self.suffix},
         )  # fmt: skip
         if self.emulator is not None:
             self.network.connect(self.emulator, aliases=["gcs"])
@@ -270,10 +281,12 @@ class MPIJobRun:
         return bool(worker.exec_run(["bash", "-c", probe]).exit_code == 0)
 
     def launcher_command(self) -> list[str]:
-        """The template's command, with the emulator's address forwarded to the ranks."""
+        """The template's command, with the emulator's address forwarded to the ranks by its
+        ``mpirun`` (run directly or by the heartbeat watch)."""
         command = list(self.launcher_template.command)
-        if self.emulator is not None and command[:1] == ["mpirun"]:
-            command[1:1] = ["-x", "STORAGE_EMULATOR_HOST"]
+        if self.emulator is not None and "mpirun" in command:
+            at = command.index("mpirun") + 1
+            command[at:at] = ["-x", "STORAGE_EMULATOR_HOST"]
         return command
 
     def launcher_env(self) -> dict[str, str]:
@@ -336,10 +349,13 @@ class MPIJobRun:
         ``discover_hosts.sh`` in the ConfigMap, which the kubelet swaps into the launcher's
         volume at once (the real kubelet takes up to its sync period, about a minute)."""
         script = (self.discover_hosts().encode(), 0o555)
-        _kubelet_swap(self.workdir / "config", {"discover_hosts.sh": script}, None)
+        kubelet_swap(self.workdir / "config", {"discover_hosts.sh": script}, None)
 
     def worker_logs(self) -> dict[str, str]:
-        return {w.name: w.logs().decode(errors="replace") for w in self.workers}
+        return {
+            self.worker_name(i): w.logs().decode(errors="replace")
+            for i, w in enumerate(self.workers)
+        }
 
     def close(self) -> None:
         """Remove the pods and the network (cleanPodPolicy: everything, here)."""
@@ -356,41 +372,6 @@ class MPIJobRun:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _kubelet_volume(root: Path, files: dict[str, tuple[bytes, int]], group: int | None) -> Path:
-    """Lay out `files` as the kubelet's atomic writer does: the data in a timestamped folder,
-    ``..data`` pointing at it, one symlink per key; owned by root and the fsGroup."""
-    gid = group if group is not None else 0
-    data = root / time.strftime("..%Y_%m_%d_%H_%M_%S.000000000")
-    data.mkdir(parents=True)
-    for name, (content, mode) in files.items():
-        path = data / name
-        path.write_bytes(content)
-        os.chown(path, 0, gid)
-        path.chmod(mode)
-        (root / name).symlink_to(f"..data/{name}")
-    (root / "..data").symlink_to(data.name)
-    for folder, folder_mode in ((data, 0o2755 if group is not None else 0o755), (root, 0o3777)):
-        os.chown(folder, 0, gid)
-        folder.chmod(folder_mode if group is not None else folder_mode & 0o1777)
-    return root
-
-
-def _kubelet_swap(root: Path, files: dict[str, tuple[bytes, int]], group: int | None) -> None:
-    """Update a volume `_kubelet_volume` made, as the atomic writer does: new data in a new
-    folder, then ``..data`` renamed over to point at it."""
-    gid = group if group is not None else 0
-    data = root / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.time_ns() % 10**9:09d}"
-    data.mkdir()
-    for name, (content, mode) in files.items():
-        (data / name).write_bytes(content)
-        os.chown(data / name, 0, gid)
-        (data / name).chmod(mode)
-    data.chmod(0o2755 if group is not None else 0o755)
-    staged = root / "..data_tmp"
-    staged.symlink_to(data.name)
-    staged.replace(root / "..data")
 
 
 def _running(container: Any) -> bool:

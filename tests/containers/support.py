@@ -13,9 +13,20 @@ from components.common import defaults
 _buckets = itertools.count()
 
 
+# The tag of the images under test: `make test-containers LOCAL_TAG=<tag>` builds and tests
+# images of that tag, so that checkouts of different code tested at once on one Docker engine
+# do not test each other's images (the default, ``dev``, is shared).
+IMAGE_TAG_ENV = "KFP_HOROVOD_TEST_IMAGE_TAG"
+
+
+def local_tag() -> str:
+    """The tag of the local images these tests run (`IMAGE_TAG_ENV`, else ``dev``)."""
+    return os.environ.get(IMAGE_TAG_ENV) or defaults.LOCAL_IMAGE_TAG
+
+
 def local_image(component: str) -> str:
     """The reference `make images-local` tags a component image (or a support image) with."""
-    registry, tag = defaults.LOCAL_IMAGE_REGISTRY, defaults.LOCAL_IMAGE_TAG
+    registry, tag = defaults.LOCAL_IMAGE_REGISTRY, local_tag()
     if component in defaults.IMAGE_NAMES:
         return defaults.image_ref(component, registry, tag)
     return f"{registry}/{component}:{tag}"
@@ -37,7 +48,10 @@ def require_images(client: Any, *components: str) -> dict[str, str]:
         try:
             client.images.get(ref)
         except docker.errors.ImageNotFound:
-            unavailable(f"image {ref} is not built; run `make images-local gcs-emulator-image`")
+            unavailable(
+                f"image {ref} is not built; run `make images-local gcs-emulator-image"
+                + (f" LOCAL_TAG={local_tag()}`" if local_tag() != defaults.LOCAL_IMAGE_TAG else "`")
+            )
     return refs
 
 

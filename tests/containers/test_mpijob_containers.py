@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from bench.faults import half_written
 from components.common import storage
 from components.train import checkpoints
 from components.train.config import TrainConfig
@@ -25,6 +26,7 @@ from components.train.mpijob.manifest import (
     build_manifest,
     trainer_command,
 )
+from components.train.mpiwatch import EXIT_SILENT_RANK
 from tests.containers.mpijob_harness import LauncherResult, MPIJobRun
 from tests.containers.support import new_bucket, require_images
 
@@ -50,16 +52,18 @@ def data_uri(gcs_host: str) -> str:
     return uri
 
 
-def params(image: str, data_uri: str, run: str, **train: Any) -> MPIJobParams:
-    """A run of 2 epochs, batch 32, of the small model; `train` sets TrainConfig fields
-    (workers, epochs, ...)."""
+def params(
+    image: str, data_uri: str, run: str, stall: int = STALL_SECONDS, **train: Any
+) -> MPIJobParams:
+    """A run of 2 epochs, batch 32, of the small model, with a stall bound of `stall` seconds;
+    `train` sets TrainConfig fields (workers, epochs, ...)."""
     config = TrainConfig(
         **{"data": data_uri, "output": f"gs://{new_bucket()}/{run}", "workers": 2, "epochs": 2,
            "batch_size_per_worker": 32, "model": "small", **train}
     )  # fmt: skip
     return MPIJobParams(
         run_name=run, train=config, image=image, cpu_per_worker="1", memory_per_worker="2Gi",
-        stall_shutdown_seconds=STALL_SECONDS,
+        stall_shutdown_seconds=stall,
     )  # fmt: skip
 
 
@@ -243,6 +247,51 @@ def test_killed_worker_fails_the_job_fast_and_a_rerun_resumes(
     assert job.worker_name(1) in result.log, result.log[-3000:]
     # No model, and nothing half-written where the model goes.
     assert storage.list_files(p.train.model_uri) == []
+    resume_from = checkpoints.latest(checkpoint_uri)
+    assert resume_from is not None and 1 <= resume_from.epoch < p.train.epochs
+
+    rerun = run_job(p, docker_client, gcs_container, tmp_path / "2")
+    assert rerun["result"].exit_code == 0, rerun["result"].log[-4000:]
+    assert f"resuming from checkpoint after epoch {resume_from.epoch} of" in rerun["result"].log
+    assert rerun["summary"]["resumed_from_epoch"] == resume_from.epoch
+    assert model_files(bucket_of(p.train.output)) == [f"{p.train.model_uri}/saved_model.pb"]
+
+
+# --- e. a worker's rank frozen mid-run ------------------------------------------------------
+
+FROZEN_BOUND = 20  # stall_shutdown_seconds of this job: the launcher's watch bound
+
+
+def test_frozen_rank_is_named_and_ends_the_job_within_the_bound_and_a_rerun_resumes(
+    trainer_image: str, data_uri: str, docker_client: Any, gcs_container: Any, tmp_path: Path
+) -> None:
+    """Worker 1's trainer is stopped (SIGSTOP) once a checkpoint exists: the other ranks wait
+    in a collective that cannot finish, and Horovod's stall check cannot fire. The launcher's
+    heartbeat watch names rank 1 and worker 1's pod and ends the job; nothing is exported or
+    left half-written, and a rerun resumes from the last checkpoint."""
+    p = params(trainer_image, data_uri, "frozen", FROZEN_BOUND, workers=3, epochs=6)
+    checkpoint_uri = p.train.checkpoint_uri
+    with MPIJobRun(build_manifest(p, NAMESPACE), docker_client, tmp_path / "1", emulator=gcs_container[0]) as job:  # fmt: skip  # noqa: E501
+        job.start_workers()
+        job.wait_ready()
+        job.start_launcher()
+        _wait_for_checkpoint(checkpoint_uri, job)
+        user = job.worker_template.user
+        stop = job.workers[1].exec_run(["pkill", "-STOP", "-f", "components.train"], user=user)
+        stopped_at = time.monotonic()
+        assert stop.exit_code == 0, stop.output.decode()
+        result = job.wait_launcher(timeout=FROZEN_BOUND + 300)
+        failed_after = time.monotonic() - stopped_at
+        host = job.worker_name(1)
+    named = [line for line in result.log.splitlines() if line.startswith("mpiwatch: ")]
+    print(f"frozen worker 1: launcher exit {result.exit_code} {failed_after:.1f} s after SIGSTOP")
+    print("\n".join(named))
+    assert result.exit_code == EXIT_SILENT_RANK, result.log[-5000:]
+    assert any(f"rank 1 on {host} sent no heartbeat for" in line for line in named), named
+    assert named[-1].startswith(f"mpiwatch: the job failed: rank 1 on {host} "), named
+    assert "kfp-horovod-heartbeat" not in result.log  # the watch takes the beats out
+    assert storage.list_files(p.train.model_uri) == []
+    assert half_written(bucket_of(p.train.output)) == []
     resume_from = checkpoints.latest(checkpoint_uri)
     assert resume_from is not None and 1 <= resume_from.epoch < p.train.epochs
 

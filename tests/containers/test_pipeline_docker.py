@@ -1,6 +1,6 @@
 """The whole pipeline with every step in its own image: ``run-local --runner docker``
-(kfp.local's DockerRunner), the training step running ``horovodrun -np 2`` inside the trainer
-image, as the local backend does."""
+(kfp.local's DockerRunner), the training step running ``mpirun -np 2`` inside the trainer
+image, as the local backend does for a static job."""
 
 from __future__ import annotations
 
@@ -8,31 +8,29 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from components.common import defaults
-from tests.containers.support import require_images
+from tests.containers.support import local_tag, require_images
 
 pytestmark = pytest.mark.containers
 
 
 def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Path) -> None:
     images = require_images(docker_client, *defaults.STEP_IMAGES)
-    started = time.time()
     root = tmp_path / "runs"
     command = [
         sys.executable, "-m", "pipeline", "run-local", "--runner", "docker", "--root", str(root),
         "--workers", "2", "--epochs", "2", "--data-limit", "1000", "--min-accuracy", "0.5",
-        "--model", "small",
+        "--model", "small", "--image-tag", local_tag(),
     ]  # fmt: skip
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=900)
     finally:
-        _remove_step_containers(docker_client, set(images.values()), started)
+        _remove_step_containers(docker_client, set(images.values()), root)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-6000:]
     print(*[ln for ln in out.stdout.splitlines() if "finished in" in ln or "workers:" in ln])
@@ -40,27 +38,23 @@ def test_pipeline_runs_every_step_in_its_image(docker_client: Any, tmp_path: Pat
     # Every step ran in its image (kfp.local names the image of each task it starts).
     used = set(re.findall(r"Found image '([^']+)'", log))
     assert used == set(images.values()), used
-    # The train step ran horovodrun -np 2 in the trainer container: one job of 2 ranks.
-    assert "[0]<stdout>:[rank 0/2] ONE Horovod job: 2 workers" in log
+    # The train step ran mpirun -np 2 in the trainer container: one job of 2 ranks.
+    assert "[1,0]<stdout>:[rank 0/2] ONE Horovod job: 2 workers" in log
     summary_path = re.search(r"^run_summary: (.+)$", out.stdout, re.MULTILINE)
     assert summary_path, out.stdout[-3000:]
     summary = json.loads(Path(summary_path.group(1)).read_text())
-    assert (summary["world_size"], summary["controller"]) == (2, "gloo")
+    assert (summary["world_size"], summary["controller"]) == (2, "mpi")
     assert summary["weights_identical_across_ranks"] is True
     assert "registered as version 1" in out.stdout
     assert list((root / "pipeline-root" / "registry").glob("*/1/saved_model.pb"))
 
 
-def _remove_step_containers(docker_client: Any, images: set[str], since: float) -> None:
-    """DockerRunner leaves its stopped containers behind; remove the ones this test made."""
+def _remove_step_containers(docker_client: Any, images: set[str], root: Path) -> None:
+    """DockerRunner leaves its stopped containers behind; remove the ones this test made: they
+    mount this test's pipeline root (a test running at the same time on the same engine has
+    its own)."""
     for container in docker_client.containers.list(all=True, filters={"status": "exited"}):
-        tags = set(container.image.tags)
-        created = container.attrs["Created"]
-        if tags & images and _epoch(created) >= since - 1:
+        mounts = [m.get("Source", "") for m in container.attrs.get("Mounts", [])]
+        mine = any(Path(m) == root or Path(m).is_relative_to(root) for m in mounts)
+        if set(container.image.tags) & images and mine:
             container.remove()
-
-
-def _epoch(created: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00").timestamp()

@@ -16,6 +16,7 @@ from typing import Any
 from components.common import defaults, storage
 from components.common.params import MINIMUMS, QUANTITY_PARAMETERS, parameter_problems
 from components.train.config import TrainConfig, to_argv
+from components.train.heartbeat import HEARTBEAT_ENV, period_for
 
 API_GROUP = "kubeflow.org"
 API_VERSION = "v2beta1"
@@ -160,8 +161,18 @@ def trainer_command(p: MPIJobParams) -> list[str]:
 
 
 def launcher_command(p: MPIJobParams) -> list[str]:
-    """The launcher's command: `mpirun_command`, or for an elastic job `elastic_command`."""
-    return elastic_command(p) if p.train.elastic else mpirun_command(p)
+    """The launcher's command: `watched_command`, or for an elastic job `elastic_command`."""
+    return elastic_command(p) if p.train.elastic else watched_command(p)
+
+
+def watched_command(p: MPIJobParams) -> list[str]:
+    """`mpirun_command` run by `components.train.mpiwatch`: a rank that sends no heartbeat for
+    ``stall_shutdown_seconds`` (frozen, or its node or network down) ends the job, named."""
+    return [
+        "python", "-m", "components.train.mpiwatch",
+        "--ranks", str(p.train.world_size), "--silence-seconds", str(p.stall_shutdown_seconds),
+        "--", *mpirun_command(p),
+    ]  # fmt: skip
 
 
 # Where mpi-operator v2beta1 keeps the launcher's host discovery script: it lists the worker
@@ -203,34 +214,22 @@ def mpirun_command(p: MPIJobParams) -> list[str]:
     """``mpirun`` over all slots, output tagged with each line's rank, running the trainer.
 
     The environment of the launcher's processes is forwarded with ``-x`` (ssh sessions on the
-    workers do not inherit the worker container's environment). No ``btl`` selection: the
+    workers do not inherit the worker container's environment), with the heartbeat period
+    that `watched_command`'s watch needs (`components.train.heartbeat`). No ``btl`` selection: the
     image's Open MPI (Debian 4.1.4) already sets ``btl = ^uct,openib,ofi`` in
     ``/etc/openmpi/openmpi-mca-params.conf``, and a command-line list would replace that one
     (``-mca btl ^openib``, used before, re-enabled uct and ofi; a first run in containers
     reported ``MPI_Init`` failing with it).
     """
     return [
-        "mpirun",
-        "-np",
-        str(p.train.world_size),
-        "--tag-output",
-        "-bind-to",
-        "none",
-        "-map-by",
-        "slot",
-        "-wdir",
-        defaults.TRAINER_WORKDIR,
-        "-x",
-        "PATH",
-        "-x",
-        "PYTHONUNBUFFERED=1",
-        "-x",
-        f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={p.stall_shutdown_seconds}",
-        "-mca",
-        "pml",
-        "ob1",
+        "mpirun", "-np", str(p.train.world_size), "--tag-output",
+        "-bind-to", "none", "-map-by", "slot", "-wdir", defaults.TRAINER_WORKDIR,
+        "-x", "PATH", "-x", "PYTHONUNBUFFERED=1",
+        "-x", f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={p.stall_shutdown_seconds}",
+        "-x", f"{HEARTBEAT_ENV}={period_for(p.stall_shutdown_seconds):g}",
+        "-mca", "pml", "ob1",
         *trainer_command(p),
-    ]
+    ]  # fmt: skip
 
 
 def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:

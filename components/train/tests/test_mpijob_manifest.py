@@ -129,8 +129,11 @@ def test_expected_workers_is_workers_times_slots(workers: int, slots: int) -> No
     m = build_manifest(p)
     validate_manifest(m)
     cmd = containers(m, "Launcher")["command"]
-    assert cmd[:4] == ["mpirun", "-np", str(workers * slots), "--tag-output"]
-    trainer = cmd[cmd.index("python") :]
+    watch, mpirun = cmd[: cmd.index("--")], cmd[cmd.index("--") + 1 :]
+    assert watch == ["python", "-m", "components.train.mpiwatch", "--ranks", str(workers * slots),
+                     "--silence-seconds", str(defaults.STALL_SHUTDOWN_SECONDS)]  # fmt: skip
+    assert mpirun[:4] == ["mpirun", "-np", str(workers * slots), "--tag-output"]
+    trainer = cmd[cmd.index("components.train") - 2 :]
     assert trainer[:3] == ["python", "-m", "components.train"]
     assert trainer[trainer.index("--expected-workers") + 1] == str(workers * slots)
     assert m["spec"]["slotsPerWorker"] == slots
@@ -151,7 +154,7 @@ def test_trainer_reads_and_writes_gcs_directly() -> None:
         stall_shutdown_seconds=99,
     )
     cmd = launcher_command(p)
-    trainer = cmd[cmd.index("python") :]
+    trainer = cmd[cmd.index("components.train") - 2 :]
 
     def flag(name: str) -> str:
         return trainer[trainer.index(name) + 1]
@@ -400,10 +403,25 @@ def test_elastic_job_runs_elastic_horovodrun_on_the_operators_discovery_script()
     assert m["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
 
 
-def test_static_job_keeps_mpirun_and_no_launcher_env() -> None:
+def test_static_job_runs_mpirun_under_the_heartbeat_watch_and_no_launcher_env() -> None:
     launcher = containers(build_manifest(params(workers=3)), "Launcher")
-    assert launcher["command"][0] == "mpirun" and "env" not in launcher
-    assert "--min-workers" not in launcher["command"]
+    cmd = launcher["command"]
+    assert cmd[:3] == ["python", "-m", "components.train.mpiwatch"] and "env" not in launcher
+    assert cmd[cmd.index("--") + 1] == "mpirun" and "--min-workers" not in cmd
+
+
+@pytest.mark.parametrize(("stall", "period"), [(120, "5"), (20, "5"), (8, "2"), (1, "0.25")])
+def test_the_watch_bound_is_the_stall_bound_and_the_ranks_beat_four_times_in_it(
+    stall: int, period: str
+) -> None:
+    """The watch ends the job after ``stall_shutdown_seconds`` of silence; mpirun forwards the
+    heartbeat period to the ranks: 5 s, or a quarter of the bound if that is less."""
+    cmd = launcher_command(params(workers=2, stall_shutdown_seconds=stall))
+    assert cmd[cmd.index("--silence-seconds") + 1] == str(stall)
+    mpirun = cmd[cmd.index("--") + 1 : cmd.index("components.train")]
+    exported = [mpirun[i + 1] for i, word in enumerate(mpirun) if word == "-x"]
+    assert f"KFP_HOROVOD_HEARTBEAT_SECONDS={period}" in exported
+    assert f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={stall}" in exported
 
 
 @pytest.mark.parametrize(
