@@ -15,6 +15,7 @@ from typing import Any
 
 from components.common import defaults, storage
 from components.common.params import MINIMUMS, QUANTITY_PARAMETERS, parameter_problems
+from components.train import mpirun
 from components.train.config import TrainConfig, to_argv
 from components.train.heartbeat import HEARTBEAT_ENV, period_for
 
@@ -211,7 +212,8 @@ def launcher_env(p: MPIJobParams) -> list[dict[str, str]]:
 
 
 def mpirun_command(p: MPIJobParams) -> list[str]:
-    """``mpirun`` over all slots, output tagged with each line's rank, running the trainer.
+    """The static job's ``mpirun`` (`components.train.mpirun`: the local launcher's command
+    line, waiting ranks yielding their core) over the hostfile mpi-operator gives the launcher.
 
     The environment of the launcher's processes is forwarded with ``-x`` (ssh sessions on the
     workers do not inherit the worker container's environment), with the heartbeat period
@@ -221,15 +223,15 @@ def mpirun_command(p: MPIJobParams) -> list[str]:
     (``-mca btl ^openib``, used before, re-enabled uct and ofi; a first run in containers
     reported ``MPI_Init`` failing with it).
     """
-    return [
-        "mpirun", "-np", str(p.train.world_size), "--tag-output",
-        "-bind-to", "none", "-map-by", "slot", "-wdir", defaults.TRAINER_WORKDIR,
-        "-x", "PATH", "-x", "PYTHONUNBUFFERED=1",
-        "-x", f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={p.stall_shutdown_seconds}",
-        "-x", f"{HEARTBEAT_ENV}={period_for(p.stall_shutdown_seconds):g}",
-        "-mca", "pml", "ob1",
-        *trainer_command(p),
-    ]  # fmt: skip
+    forward = [
+        "PATH",
+        "PYTHONUNBUFFERED=1",
+        f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={p.stall_shutdown_seconds}",
+        f"{HEARTBEAT_ENV}={period_for(p.stall_shutdown_seconds):g}",
+    ]
+    return mpirun.mpirun_command(
+        p.train.world_size, trainer_command(p), forward=forward, workdir=defaults.TRAINER_WORKDIR
+    )
 
 
 def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
