@@ -300,3 +300,33 @@ def test_frozen_rank_is_named_and_ends_the_job_within_the_bound_and_a_rerun_resu
     assert f"resuming from checkpoint after epoch {resume_from.epoch} of" in rerun["result"].log
     assert rerun["summary"]["resumed_from_epoch"] == resume_from.epoch
     assert model_files(bucket_of(p.train.output)) == [f"{p.train.model_uri}/saved_model.pb"]
+
+
+# --- a job that asks for GPUs, on this machine without any --------------------------------
+
+
+@pytest.mark.parametrize("variant", ["trainer_gpu", "trainer"])
+def test_a_gpu_job_stops_every_rank_before_training_naming_why(
+    variant: str, data_uri: str, docker_client: Any, gcs_container: Any, tmp_path: Path
+) -> None:
+    """2 workers x 1 GPU each. In the GPU image (what gpus_per_worker > 0 picks) every library
+    loads, but the containers have no GPU: "sees no GPU". In the CPU image (a user-given
+    trainer_image): "a CPU image". Either way every rank stops before its first step, with one
+    line from rank 0, nothing written, and the launcher fails: never a silent CPU run."""
+    image = require_images(docker_client, variant)[variant]
+    p = params(image, data_uri, f"gpu-{variant.replace('_', '-')}", gpus_per_worker=1)
+    job = run_job(p, docker_client, gcs_container, tmp_path)
+    result: LauncherResult = job["result"]
+    assert result.exit_code != 0, result.log[-3000:]
+    failed = [t for r, t in tagged_lines(result.log) if r == 0 and "training failed: " in t]
+    why = {
+        "trainer_gpu": "2 of 2 ranks cannot train: this job asked for 1 GPU(s) per worker, but "
+        "this rank sees no GPU (TensorFlow found none",
+        "trainer": "2 of 2 ranks cannot train: this job asked for 1 GPU(s) per worker, but the "
+        "trainer runs in a CPU image: TensorFlow cannot load libcudart.so.12",
+    }[variant]
+    assert len(failed) == 1 and why in failed[0], result.log[-3000:]
+    assert not [t for _, t in tagged_lines(result.log) if "Epoch 1/" in t], "no rank may train"
+    assert not [t for _, t in tagged_lines(result.log) if t.startswith("Traceback")]
+    assert model_files(bucket_of(p.train.output)) == []
+    assert not storage.exists(p.train.summary_uri)
