@@ -135,7 +135,7 @@ lint: install ## ruff check and format check
 	$(PY) -m ruff format --check .
 
 typecheck: install ## mypy
-	$(PY) -m mypy components pipeline bench
+	$(PY) -m mypy components pipeline bench standins
 
 compile: install ## write build/pipeline.yaml (REGISTRY=, TAG= for the images)
 	$(PY) -m pipeline compile --output build/pipeline.yaml --image-registry $(REGISTRY) --image-tag $(TAG)

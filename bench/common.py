@@ -27,7 +27,8 @@ from components.common import keras_env
 from components.common.defaults import MODEL, SPLIT_SEED
 from components.data_prep.prep import prepare
 from components.train.config import TrainConfig, to_argv
-from components.train.launch import hvdrun_command, job_environment
+from components.train.launch import job_environment, static_command
+from components.train.mpirun import YIELD_WHEN_IDLE
 
 RESULTS_DIR = Path(__file__).with_name("results")
 SCHEMA = "kfp-horovod/bench/v1"
@@ -280,13 +281,18 @@ def add_model_option(p: Any) -> None:
     )
 
 
-def horovod_command(workers: int, module: str, args: list[str], pin_threads: int = 0) -> list[str]:
-    """``horovodrun -np N -H localhost:N --gloo python -m MODULE ARGS`` (`launch.hvdrun_command`).
-
-    With `pin_threads`, each rank is first pinned to that many cores of its own (bench.pin).
-    """
-    pin = [sys.executable, "-m", "bench.pin", str(pin_threads), "--"] if pin_threads else []
-    return hvdrun_command(workers, [*pin, sys.executable, "-m", module, *args])
+def horovod_command(
+    workers: int, module: str, args: list[str], controller: str = "mpi", busy_wait: bool = False
+) -> list[str]:
+    """``python -m MODULE ARGS`` as one static job of `workers` local ranks, as the launcher
+    starts the trainer (`launch.static_command`: ``mpirun`` by default, ``horovodrun --gloo``
+    with `controller` ``gloo``). `busy_wait`: Open MPI's ranks spin while they wait, without
+    the launcher's ``mpi_yield_when_idle``."""
+    command = static_command(workers, [sys.executable, "-m", module, *args], controller)
+    if busy_wait:
+        at = command.index(YIELD_WHEN_IDLE[1]) - 1
+        del command[at : at + len(YIELD_WHEN_IDLE)]
+    return command
 
 
 def fresh(path: Path) -> Path:
@@ -379,15 +385,16 @@ def run_trainer(
     workers: int,
     args: list[str],
     env: dict[str, str] | None = None,
-    pin_threads: int = 0,
-    module: str = "components.train",
+    controller: str = "mpi",
+    busy_wait: bool = False,
+    module: str | None = None,
 ) -> tuple[JobResult, dict[str, Any]]:
-    """Run the project's trainer (or a rank program wrapping it) as one Horovod job.
-
-    `env` is added to this process's environment. Returns the job and its run_summary.
-    """
+    """Run the project's trainer (or `module`, a rank program wrapping it: `bench.variants`)
+    as one Horovod job (see `horovod_command`). `env` is added to this process's environment.
+    Returns the job and its run_summary."""
     job_env = local_job_env(workers, env)
-    result = run_job(horovod_command(workers, module, args, pin_threads), job_env)
+    command = horovod_command(workers, module or "components.train", args, controller, busy_wait)
+    result = run_job(command, job_env)
     output = Path(args[args.index("--output") + 1])
     return result, json.loads((output / "run_summary.json").read_text())
 

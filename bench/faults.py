@@ -2,9 +2,9 @@
 
 Each fault in `RUNNERS` runs `--repeats` times (N, 3 by default) against the real parts: the
 trainer under real ``horovodrun --gloo`` through the local launcher (`launch.run_local`), the
-real google-cloud-storage client against fake-gcs-server (`bench.fake_gcs`; issue 11 names
+real google-cloud-storage client against fake-gcs-server (`standins.fake_gcs`; issue 11 names
 gcp-storage-emulator, the project moved to fake-gcs-server), and the MPIJob backend
-(`run_mpijob`) with the real kubernetes client against kmock (`bench.kmock_cluster`, where the
+(`run_mpijob`) with the real kubernetes client against kmock (`standins.kmock_cluster`, where the
 MPIJob's launcher is the stored manifest's trainer command run by horovodrun on this machine;
 what kmock cannot do, that module plays and says so). Every trial is one record:
 
@@ -27,7 +27,7 @@ The faults (time to recover in brackets):
 - ``checkpoint_truncated``, ``checkpoint_deleted``, ``latest_json_corrupt``: the checkpoints of
   a finished 2-epoch run, damaged, resumed by a 3-epoch run: it falls back to epoch 1 (epoch 2
   for a corrupt ``latest.json``), saying so once (launch to the resume line).
-- ``gcs_transient``: 503 and 429 on a share of requests (`bench.fake_gcs.FaultProxy`) during
+- ``gcs_transient``: 503 and 429 on a share of requests (`standins.fake_gcs.FaultProxy`) during
   data prep, training (its checkpoints, summary and model), evaluation and registration; each
   retry must be logged once: logged retries = injected faults (the longest single recovery).
 - ``kfp_retry``: the train task's pod is lost after the first epoch and KFP retries it: the
@@ -240,7 +240,7 @@ class Bench:
 
     def bucket(self) -> str:
         """A new bucket in the emulator, as ``gs://name``."""
-        from bench.fake_gcs import create_bucket
+        from standins.fake_gcs import create_bucket
 
         name = f"faults-{os.getpid()}-{next(self._buckets)}"
         create_bucket(self.emulator, name)
@@ -495,7 +495,7 @@ def _retry_lines(job: Job) -> int:
 
 def gcs_transient(b: Bench) -> dict[str, Any]:
     """503 and 429 on a share of GCS requests through the whole chain; each retry logged once."""
-    from bench.fake_gcs import FaultProxy
+    from standins.fake_gcs import FaultProxy
 
     bucket = b.bucket()
     with FaultProxy(b.emulator, share=GCS_SHARE, seed=b.trial) as proxy, gcs_host(proxy.url):
@@ -538,8 +538,8 @@ class _PodLost(BaseException):
 
 def kfp_retry(b: Bench) -> dict[str, Any]:
     """The train task's pod lost after the first epoch; KFP's retry reattaches to its MPIJob."""
-    from bench.kmock_cluster import NS, Cluster, TrainerOperator
     from components.train.mpijob.lifecycle import run_mpijob
+    from standins.kmock_cluster import NS, Cluster, TrainerOperator
 
     bucket = b.bucket()
     with gcs_host(b.emulator), Cluster() as cluster:
@@ -602,8 +602,8 @@ def _alive(pid: int) -> bool:
 
 def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
     """Run the job and cancel it mid-training; what was left, and when it was all gone."""
-    from bench.kmock_cluster import NS
     from components.train.mpijob.lifecycle import MPIJobCancelled, run_mpijob
+    from standins.kmock_cluster import NS
 
     sent: list[float] = []
 
@@ -633,8 +633,8 @@ def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
 
 def cancel(b: Bench) -> dict[str, Any]:
     """SIGTERM to the train task: the MPIJob deleted, nothing left; the retried run resumes."""
-    from bench.kmock_cluster import NS, Cluster, TrainerOperator
     from components.train.mpijob.lifecycle import run_mpijob
+    from standins.kmock_cluster import NS, Cluster, TrainerOperator
 
     bucket = b.bucket()
     previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a late SIGTERM stops nothing
@@ -776,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats, size = (1, "quick") if a.quick else (a.repeats, "full")
     before = machine_state()
     work = scratch(a.work, NAME)
-    from bench.fake_gcs import fake_gcs_server
+    from standins.fake_gcs import fake_gcs_server
 
     with fake_gcs_server(work / "fake-gcs-server.log") as emulator:
         b = Bench(work=work, size=size, model=a.model, emulator=emulator)

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench.plots import scaling_plot, time_to_accuracy_plot
+
 # Issue 10's targets (2 cores, the default model) and issue 6's pipeline overhead.
 TARGETS = {
     "ceiling_ratio": 0.95,
@@ -507,47 +509,6 @@ def _size(n: int) -> str:
     return f"{n // 2**20} MB" if n >= 2**20 else f"{n // 1024} KB"
 
 
-def scaling_plot(scaling: dict[str, Any], path: Path) -> Path:
-    """Throughput against workers (1 thread each), with the ideal line and 1 x T points."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from bench.scaling import parse_layout
-
-    medians: dict[str, float] = scaling["median_examples_per_second"]
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    for pinned, style, label in ((False, "o-", "not pinned"), (True, "^-", "pinned, 1 core each")):
-        points = sorted(
-            (w, v)
-            for k, v in medians.items()
-            for w, t, p in [parse_layout(k)]
-            if t == 1 and p == pinned
-        )
-        if not points:
-            continue
-        xs, ys = zip(*points, strict=True)
-        line = ax.plot(xs, ys, style, label=f"Horovod, N processes × 1 thread, {label}")
-        base = dict(points).get(1)
-        if base and len(xs) > 1:
-            ax.plot(xs, [base * x for x in xs], ":", color=line[0].get_color(), label="ideal")
-    for k, v in medians.items():
-        workers, threads, _ = parse_layout(k)
-        if workers == 1 and threads > 1:
-            ax.plot([threads], [v], "s", label=f"1 process × {threads} threads")
-    ax.set_xlabel("processes (or threads, for the square)")
-    ax.set_ylabel("examples/s (median)")
-    ax.set_title("Training throughput on this machine")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
 def write_report(results: Path) -> list[Path]:
     """Write ``summary.md`` and, if scaling ran, ``scaling.png`` into `results`."""
     res = load(results)
@@ -555,4 +516,7 @@ def write_report(results: Path) -> list[Path]:
     written[0].write_text(summary_markdown(res))
     if "scaling" in res:
         written.append(scaling_plot(res["scaling"], results / "scaling.png"))
+    if "time_to_accuracy" in res:
+        tta = res["time_to_accuracy"]
+        written.append(time_to_accuracy_plot(tta, results / "time_to_accuracy.png"))
     return written

@@ -1,10 +1,9 @@
 """``make bench``: every benchmark, then ``summary.md`` and ``scaling.png`` in bench/results.
 
 Every benchmark trains the trainer's default model (the small CNN is scaling's secondary
-row). The scaling figures are at batch 64 per worker, and again at the trainer's default batch
-(``scaling_adopted``) if a measurement has made that something else. ``--quick`` runs tiny
-sizes (minutes) to check that everything works; ``--only`` runs a subset. See bench/README.md
-for how long the full run takes.
+row) at the project's defaults: local jobs on Open MPI with yielding waits, batch 64 per
+worker. ``--quick`` runs tiny sizes (minutes) to check that everything works; ``--only`` runs
+a subset. See bench/README.md for how long the full run takes.
 """
 
 from __future__ import annotations
@@ -15,38 +14,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import (
-    allreduce,
-    data_prep,
-    faults,
-    levers,
-    mwms,
-    pipeline_overhead,
-    scaling,
-    time_to_accuracy,
-)
+from bench import data_prep, faults, levers, mwms, pipeline_overhead, scaling, time_to_accuracy
 from bench.common import RESULTS_DIR
 from bench.report import write_report
-from components.common.defaults import BATCH_SIZE_PER_WORKER
 
 BENCHMARKS: dict[str, Callable[[list[str]], int]] = {
     "data_prep": data_prep.main,
     "scaling": scaling.main,
-    "scaling_adopted": scaling.main,
     "levers": levers.main,
-    "levers_accuracy": levers.main,
-    "levers_profile": levers.main,
     "mwms": mwms.main,
-    "allreduce": allreduce.main,
     "time_to_accuracy": time_to_accuracy.main,
     "pipeline_overhead": pipeline_overhead.main,
     "faults": faults.main,
-}
-# Flags of every run of a benchmark (what makes it that benchmark).
-FLAGS: dict[str, list[str]] = {
-    "scaling_adopted": ["--name", "scaling_adopted", "--batch-size", str(BATCH_SIZE_PER_WORKER)],
-    "levers_accuracy": ["--accuracy"],
-    "levers_profile": ["--profile"],
 }
 # Extra flags of the full run (kept here so the budget is visible in one place).
 FULL_FLAGS: dict[str, list[str]] = {
@@ -55,18 +34,13 @@ FULL_FLAGS: dict[str, list[str]] = {
 }
 
 
-def default_names() -> list[str]:
-    """Every benchmark, less ``scaling_adopted`` while the adopted batch is scaling's 64."""
-    return [n for n in BENCHMARKS if n != "scaling_adopted" or BATCH_SIZE_PER_WORKER != 64]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the selected benchmarks, then write the report."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
     p.add_argument("--work", type=Path, default=None, help="scratch directory (default: temp)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat")
-    p.add_argument("--only", default=",".join(default_names()), help="comma-separated names")
+    p.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated names")
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args(argv)
     names = [n for n in a.only.split(",") if n]
@@ -78,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         common += ["--work", str(a.work)]
     timings = {}
     for name in names:
-        flags = common + FLAGS.get(name, [])
-        flags += ["--quick"] if a.quick else FULL_FLAGS.get(name, [])
+        flags = common + (["--quick"] if a.quick else FULL_FLAGS.get(name, []))
         print(f"== {name} {' '.join(flags)}", flush=True)
         t0 = time.monotonic()
         BENCHMARKS[name](flags)

@@ -1,15 +1,18 @@
 """Horovod scaling on one machine: training throughput of the project's trainer per layout.
 
-A layout is ``NxT``: N Horovod processes with T CPU threads each. The default compares 1x1,
-2x1 and 1x2 (same cores as 2x1, one process), and 1x1, 2x1 pinned. Two figures:
+A layout is ``NxT``: N Horovod processes with T CPU threads each, started as the launcher
+starts a local job (Open MPI, waiting ranks yielding). The default compares 1x1, 2x1 and 1x2
+(same cores as 2x1, one process). Two figures:
 
 - ``efficiency`` = T(2x1) / (2 T(1x1)): what a second rank buys;
 - ``ceiling_ratio`` = T(2x1) / T(1x2): Horovod's ranks against one process on the same cores.
 
 Throughput is the trainer's own figure (``run_summary.json``: examples/s from the median
-epoch time, first epoch excluded), for the whole job. The trainer's default model is measured
-(``--model`` for another), and the small CNN as a secondary row (1x1, 2x1, 1x2). On a bigger
-machine or a GPU node::
+epoch time, first epoch excluded), for the whole job. Beside the measured efficiency stands the
+job's own estimate, from its run summary (``resource_use.estimated_efficiency``: compute's
+share of a step, each rank's own clock). The trainer's default model is measured (``--model``
+for another), and the small CNN as a secondary row (1x1, 2x1, 1x2). On a bigger machine or a
+GPU node::
 
     python -m bench.scaling --workers 1,2,4 --out bench/results
 """
@@ -39,30 +42,27 @@ from bench.common import (
 )
 
 NAME = "scaling"
-# 1x1p/2x1p: each process pinned to its own core (bench.pin), the fair "1 core per rank".
-DEFAULT_LAYOUTS = "1x1,2x1,1x2,1x1p,2x1p"
+DEFAULT_LAYOUTS = "1x1,2x1,1x2"
 # The secondary row: the small CNN at the layouts of the two figures.
 SECONDARY_MODEL = "small"
 SECONDARY_LAYOUTS = ("1x1", "2x1", "1x2")
 
 
-Layout = tuple[int, int, bool]
+Layout = tuple[int, int]
 
 
 def parse_layout(text: str) -> Layout:
-    """``"2x1"`` -> ``(2, 1, False)``; a trailing ``p`` pins each process to its own cores."""
-    text = text.lower().strip()
-    pinned = text.endswith("p")
-    workers, _, threads = text.rstrip("p").partition("x")
-    layout = int(workers), int(threads or 1), pinned
-    if min(layout[:2]) < 1:
-        raise ValueError(f"bad layout {text!r}: expected NxT[p] with N, T >= 1")
+    """``"2x1"`` -> ``(2, 1)``."""
+    workers, _, threads = text.lower().strip().partition("x")
+    layout = int(workers), int(threads or 1)
+    if min(layout) < 1:
+        raise ValueError(f"bad layout {text!r}: expected NxT with N, T >= 1")
     return layout
 
 
-def layout_name(workers: int, threads: int, pinned: bool = False) -> str:
-    """``(2, 1, True)`` -> ``"2x1p"``."""
-    return f"{workers}x{threads}{'p' if pinned else ''}"
+def layout_name(workers: int, threads: int) -> str:
+    """``(2, 1)`` -> ``"2x1"``."""
+    return f"{workers}x{threads}"
 
 
 def measure_layout(
@@ -75,13 +75,14 @@ def measure_layout(
     round_no: int,
 ) -> dict[str, Any]:
     """One training run of the layout; its job throughput and per-rank figures."""
-    workers, threads, pinned = layout
+    workers, threads = layout
     output = work / f"{model or 'default'}-{layout_name(*layout)}-b{batch_size}-r{round_no}"
     fields = {"batch_size_per_worker": batch_size, **model_fields(model)}
     args = trainer_args(data, output, workers, epochs, threads, **fields)
-    job, summary = run_trainer(workers, args, pin_threads=threads if pinned else 0)
+    job, summary = run_trainer(workers, args)
     return {
         "examples_per_second": job_throughput(summary),
+        "estimated_efficiency": (summary.get("resource_use") or {}).get("estimated_efficiency"),
         "per_rank_examples_per_second": [r["examples_per_second"] for r in summary["per_rank"]],
         "steps_per_epoch": summary["per_rank"][0]["steps_per_epoch"],
         "wall_seconds": round(job.wall_seconds, 2),
@@ -132,6 +133,16 @@ def run(
         "median_examples_per_second": main,
         "ratios": derived_ratios(main),
     }
+    estimates = [
+        r["estimated_efficiency"] for r in runs.get("2x1", []) if r["estimated_efficiency"]
+    ]
+    if estimates and "efficiency" in result["ratios"]:
+        estimate = median(estimates)
+        result["estimate"] = {
+            "estimated_efficiency_2x1": round(estimate, 3),
+            "measured_efficiency_2x1": result["ratios"]["efficiency"],
+            "estimate_over_measured": ratio(estimate, result["ratios"]["efficiency"]),
+        }
     if second:
         prefix = f"{secondary_model}/"
         rows = {k.removeprefix(prefix): v for k, v in medians.items() if k.startswith(prefix)}
@@ -145,14 +156,13 @@ def run(
 
 def derived_ratios(medians: dict[str, float]) -> dict[str, float]:
     """The two figures, ``efficiency`` = T(2x1) / (2 T(1x1)) and ``ceiling_ratio`` =
-    T(2x1) / T(1x2); ``efficiency_pinned`` (2x1p against 1x1p), ``efficiency_NxT`` for other
-    N, and ``1x2_over_1x1``."""
+    T(2x1) / T(1x2); ``efficiency_NxT`` for other N, and ``1x2_over_1x1``."""
     out: dict[str, float] = {}
     for name, value in medians.items():
-        workers, threads, pinned = parse_layout(name)
-        base = medians.get("1x1p" if pinned else "1x1")
+        workers, threads = parse_layout(name)
+        base = medians.get("1x1")
         if base and threads == 1 and workers > 1:
-            key = {"2x1": "efficiency", "2x1p": "efficiency_pinned"}.get(name, f"efficiency_{name}")
+            key = "efficiency" if name == "2x1" else f"efficiency_{name}"
             out[key] = ratio(value, workers * base)
     if "2x1" in medians and "1x2" in medians:
         out["ceiling_ratio"] = ratio(medians["2x1"], medians["1x2"])
@@ -165,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m bench.scaling [--workers 1,2,4] [--layouts 1x1,2x1,1x2]``."""
     p = base_parser(__doc__ or NAME)
     p.add_argument("--workers", default=None, help="e.g. 1,2,4: layouts Nx1 (plus --layouts)")
-    p.add_argument("--layouts", default=None, help=f"NxT[p] list; default {DEFAULT_LAYOUTS}")
+    p.add_argument("--layouts", default=None, help=f"NxT list; default {DEFAULT_LAYOUTS}")
     p.add_argument("--train-samples", type=int, default=20000)
     p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
     p.add_argument("--batch-size", type=int, default=64, help="per worker")
@@ -180,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     layouts: list[Layout] = []
     if a.workers:
-        layouts += [(int(w), 1, False) for w in a.workers.split(",")]
+        layouts += [(int(w), 1) for w in a.workers.split(",")]
     if a.layouts or not a.workers:
         layouts += [parse_layout(x) for x in (a.layouts or DEFAULT_LAYOUTS).split(",")]
     layouts = list(dict.fromkeys(layouts))

@@ -43,8 +43,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One in-memory fake-gcs-server for the session, on 127.0.0.1: yields its ``http://`` URL
-    (`bench.fake_gcs.fake_gcs_server`)."""
-    from bench.fake_gcs import fake_gcs_server
+    (`standins.fake_gcs.fake_gcs_server`)."""
+    from standins.fake_gcs import fake_gcs_server
 
     with fake_gcs_server(tmp_path_factory.mktemp("fake-gcs-server") / "server.log") as url:
         yield url

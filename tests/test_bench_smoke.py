@@ -1,11 +1,10 @@
 """Smoke test of the benchmarks: each runs at tiny sizes and writes valid JSON. No timings.
 
-The arithmetic (layouts, the levers' and the step profile's figures, pinning) runs in
-``make test-fast`` and ``make test``. Everything that starts real Horovod jobs is marked
-``horovod`` and ``bench``, and runs in ``make test-bench`` (which ``.ci/run`` runs): the module's
-`results` (data prep, one scaling layout, the 2-rank allreduce sizes, the report) and the
-benchmarks that need several jobs (MWMS, time to accuracy, the whole pipeline, the allreduce
-timeline, two levers jobs and a profiled one).
+The arithmetic (layouts, the levers' figures, time to accuracy's targets, plateau and verdict)
+runs in ``make test``. Everything that starts real Horovod jobs is marked ``horovod`` and
+``bench``, and runs in ``make test-bench`` (which ``.ci/run`` runs): the module's `results`
+(data prep, one scaling layout, the report) and the benchmarks that need several jobs (MWMS,
+time to accuracy, the whole pipeline, two levers jobs).
 """
 
 from __future__ import annotations
@@ -16,18 +15,7 @@ from typing import Any
 
 import pytest
 
-from bench import (
-    allreduce,
-    data_prep,
-    faults,
-    levers,
-    mwms,
-    pipeline_overhead,
-    scaling,
-    stack,
-    step_profile,
-    time_to_accuracy,
-)
+from bench import data_prep, faults, levers, mwms, pipeline_overhead, scaling, time_to_accuracy
 from bench.common import machine_state, write_result
 from bench.report import write_report
 from tests.conftest import LOCAL_RUN_FLAGS, LocalRun
@@ -50,7 +38,6 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     common = ["--quick", "--out", str(out), "--work", str(work)]
     assert data_prep.main(common) == 0
     assert scaling.main([*common, "--layouts", "1x1"]) == 0
-    assert allreduce.main([*common, "--no-timeline"]) == 0
     return out
 
 
@@ -77,16 +64,6 @@ def test_scaling_reports_job_throughput(results: Path) -> None:
 
 @pytest.mark.horovod
 @pytest.mark.bench
-def test_allreduce_reports_every_size_and_the_gradients(results: Path) -> None:
-    record = _read(results, "allreduce")
-    assert [r["bytes"] for r in record["allreduce"]] == allreduce.QUICK_SIZES
-    assert all(r["busbw_gb_s"] > 0 for r in record["allreduce"])
-    assert record["memcpy_gb_s"] > 0
-    assert record["gradients"]["bytes"] > 100_000  # the CNN's ~57k float32 weights
-
-
-@pytest.mark.horovod
-@pytest.mark.bench
 def test_report_writes_summary_and_plot(results: Path) -> None:
     written = write_report(results)
     summary = (results / "summary.md").read_text()
@@ -95,137 +72,86 @@ def test_report_writes_summary_and_plot(results: Path) -> None:
     assert len(written) == 2
 
 
-def test_stack_runs_each_stack_with_its_own_python_and_horovodrun(tmp_path: Path) -> None:
-    python = str(tmp_path / "venv" / "bin" / "python")
-    command = stack.stack_command(python, 2, ["--epochs", "1"])
-    assert command[0] == str(tmp_path / "venv" / "bin" / "horovodrun")
-    assert command[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
-    assert command[6:] == [python, "-m", "components.train", "--epochs", "1"]
-
-
-def test_stack_leaves_out_model_for_a_tree_from_before_the_choice(tmp_path: Path) -> None:
-    from components.train.config import TrainConfig
-
-    config = TrainConfig(data="/d", output="/o", workers=2, model="small")
-    before, after = tmp_path / "before", tmp_path / "after"
-    for tree, flags in ((before, '"--model-dir"'), (after, '"--model-dir" "--model"')):
-        (tree / "components" / "train").mkdir(parents=True)
-        (tree / "components" / "train" / "config.py").write_text(flags)
-    assert stack.tree_argv(after, config)[-2:] == ["--model", "small"]
-    assert "--model" not in stack.tree_argv(before, config)
-    with pytest.raises(ValueError, match="predates --model"):
-        stack.tree_argv(before, TrainConfig(data="/d", output="/o", workers=2))
-
-
 def test_scaling_layouts_parse() -> None:
-    assert scaling.parse_layout("2x1") == (2, 1, False)
-    assert scaling.parse_layout("4") == (4, 1, False)
-    assert scaling.parse_layout("2x1p") == (2, 1, True)
+    assert scaling.parse_layout("2x1") == (2, 1)
+    assert scaling.parse_layout("4") == (4, 1)
     with pytest.raises(ValueError):
         scaling.parse_layout("0x1")
-    ratios = scaling.derived_ratios(
-        {"1x1": 100.0, "2x1": 180.0, "1x2": 150.0, "1x1p": 80.0, "2x1p": 120.0}
-    )
-    assert ratios == {
-        "efficiency": 0.9,
-        "efficiency_pinned": 0.75,
-        "ceiling_ratio": 1.2,
-        "1x2_over_1x1": 1.5,
-    }
+    ratios = scaling.derived_ratios({"1x1": 100.0, "2x1": 180.0, "1x2": 150.0})
+    assert ratios == {"efficiency": 0.9, "ceiling_ratio": 1.2, "1x2_over_1x1": 1.5}
     assert scaling.derived_ratios({"1x1": 100.0, "4x1": 300.0}) == {"efficiency_4x1": 0.75}
     assert scaling.secondary_model(None, None, quick=True) is None
     assert scaling.secondary_model("", "x", quick=False) is None
     assert scaling.secondary_model(None, "small", quick=False) is None
 
 
-def test_levers_figures_compare_like_with_like() -> None:
-    fp16, xla = levers.pick_levers("fp16,xla")
-    medians = {"2x1": 100.0, "1x1": 80.0, "1x2": 125.0, "2x1+fp16": 110.0}
-    medians |= {"2x1+xla": 90.0, "1x1+xla": 50.0, "1x2+xla": 90.0}
-    assert levers.figures(medians, levers.BASELINE) == {
-        "examples_per_second_2x1": 100.0, "over_baseline_2x1": 1.0, "ceiling_ratio": 0.8,
-        "efficiency": 0.625, "references": "plain 1x1, 1x2",
-    }  # fmt: skip
-    plain_refs = levers.figures(medians, fp16)
-    assert (plain_refs["ceiling_ratio"], plain_refs["efficiency"]) == (0.88, 0.688)
-    own_refs = levers.figures(medians, xla)  # XLA changes a lone process too: its own 1x1, 1x2
-    assert (own_refs["ceiling_ratio"], own_refs["efficiency"]) == (1.0, 0.9)
-    assert (own_refs["over_baseline_1x1"], own_refs["references"]) == (0.625, "with the lever")
+def test_levers_compare_each_with_the_default_of_its_rank_count() -> None:
+    gloo, three, gloo_three = levers.pick_levers("gloo,3x1,gloo_3x1")
+    medians = {"1x1": 80.0, "1x2": 125.0, "baseline": 150.0, "gloo": 120.0, "3x1": 180.0,
+               "gloo_3x1": 120.0}  # fmt: skip
+    runs = {"gloo": [{"estimated_efficiency": 0.8}, {"estimated_efficiency": 0.7}]}
+    base = levers.figures(medians, levers.BASELINE, {})
+    assert (base["over_baseline"], base["efficiency"], base["ceiling_ratio"]) == (1.0, 0.938, 1.2)
+    row = levers.figures(medians, gloo, runs)
+    assert (row["over_baseline"], row["efficiency"], row["ceiling_ratio"]) == (0.8, 0.75, 0.96)
+    assert row["estimated_efficiency"] == pytest.approx(0.75)
+    row3 = levers.figures(medians, gloo_three, {})
+    assert (row3["over_baseline"], row3["efficiency"]) == (0.667, 0.5)  # against 3x1
+    assert "ceiling_ratio" not in row3 and three.workers == 3
     with pytest.raises(ValueError, match="unknown levers"):
-        levers.pick_levers("fp16,turbo")
-    assert levers.lever_env(levers.pick_levers("cycle_time_1ms")[0], 2) == {
-        "HOROVOD_CYCLE_TIME": "1"
-    }
+        levers.pick_levers("gloo,turbo")
 
 
-def test_levers_accuracy_reports_both_and_the_verdict() -> None:
-    def rows(*acc: float) -> list[dict[str, Any]]:
-        return [{"test_accuracy": a, "seed": 42 + i} for i, a in enumerate(acc)]
-
-    table = levers.accuracy_table(
-        {"baseline": rows(0.97, 0.98, 0.99), "fp16": rows(0.98, 0.98, 0.98),
-         "xla": rows(0.96, 0.97, 0.97)},
-        tolerance=0.002,
-    )  # fmt: skip
-    assert table["baseline"]["mean"] == 0.98 and "keeps_accuracy" not in table["baseline"]
-    assert table["fp16"]["keeps_accuracy"] is True and table["fp16"]["difference_of_means"] == 0
-    assert table["xla"]["keeps_accuracy"] is False and table["xla"]["test_accuracy"][0] == 0.96
-    assert table["xla"]["seeds"] == [42, 43, 44]
-
-
-def test_step_profile_counts_overlapping_tensors_once(tmp_path: Path) -> None:
-    assert step_profile.union_length([(0, 4), (2, 6), (10, 12)], 1, 11) == 6
-    start = 1_000_000.0  # the timeline's start, unix microseconds
-    events = [
-        {"name": "process_name", "ph": "M", "args": {"start_time_since_epoch_in_micros": start}}
+def _curve(*points: tuple[float, float]) -> list[dict[str, float]]:
+    """(training seconds, accuracy) points, an epoch apart, wall = training + 10 s."""
+    return [
+        {"epoch": i + 1, "training_seconds": s, "wall_seconds": s + 10, "accuracy": a}
+        for i, (s, a) in enumerate(points)
     ]
-    for pid in (1, 2):  # two tensors negotiated and reduced together, twice
-        for t0 in (1000, 3000):
-            events += [
-                {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": t0, "pid": pid},
-                {"ph": "E", "ts": t0 + 400, "pid": pid},
-                {"ph": "B", "name": "ALLREDUCE", "ts": t0 + 400, "pid": pid},
-                {"ph": "E", "ts": t0 + 600, "pid": pid},
-            ]
-    path = tmp_path / "timeline.json"
-    path.write_text(json.dumps(events)[:-1] + ",")  # as Horovod leaves it: no closing bracket
-    window = {"start_unix": (start + 0) / 1e6, "end_unix": (start + 4000) / 1e6, "steps": 2}
-    per_step = step_profile.timeline_per_step(path, window)
-    assert (per_step["NEGOTIATE_ALLREDUCE"], per_step["ALLREDUCE"]) == (0.4, 0.2)
-    assert step_profile.breakdown(2.0, per_step)["outside_horovod_ms"] == 1.4
-    rank = {
-        "window": {"seconds": 0.004, "steps": 2},
-        "threads": [
-            {"tid": 1, "origin": "main", "user_seconds": 0.002, "system_seconds": 0.0},
-            {"tid": 2, "origin": "horovod", "user_seconds": 0.0, "system_seconds": 0.001},
-        ],
+
+
+def test_time_to_accuracy_targets_plateau_speedups_and_the_rule() -> None:
+    tta = time_to_accuracy
+    one = [{"seed": s, "curve": _curve((30, 0.95), (60, 0.96), (90, 0.972)),
+            "final_accuracy": 0.972} for s in (1, 2, 3)]  # fmt: skip
+    two = [{"seed": s, "curve": _curve((20, 0.955), (40, 0.965), (60, 0.97)),
+            "final_accuracy": 0.97} for s in (1, 2, 3)]  # fmt: skip
+    sqrt = [{"seed": s, "curve": _curve((20, 0.962), (40, 0.97)), "final_accuracy": 0.969}
+            for s in (1, 2, 3)]  # fmt: skip
+    hit = tta.reached(one, 0.96)
+    assert (hit["reached"], hit["median_training_seconds"], hit["median_wall_seconds"]) == (
+        3, 60.0, 70.0,
+    )  # fmt: skip
+    assert tta.reached(one, 0.99) == {"reached": 0, "of": 3, "training_seconds": [None] * 3,
+                                      "wall_seconds": [None] * 3, "epochs": [None] * 3}  # fmt: skip
+    plateau = tta.plateau(one, 1000)
+    assert plateau["standard_error"] == 0.0052
+    assert plateau["targets_at_plateau"] == [0.97]  # 0.97 >= 0.972 - 2 x 0.0052
+    runs = {"1x1": one, "1x2": one, "2x1": two, "2x1_sqrt": sqrt}
+    times = {n: {t: tta.reached(rs, t) for t in tta.TARGETS} for n, rs in runs.items()}
+    sp = tta.speedups(times, plateau["targets_at_plateau"])
+    assert sp["0.96"]["2x1_vs_1x1_training"] == 1.5 and sp["0.97"]["at_plateau"] is True
+    verdict = tta.rules(times, runs, tolerance=0.002)
+    assert verdict["rules"]["sqrt"] == {
+        "median_training_seconds_to_96": 20.0,
+        "final_accuracy_mean": 0.969,
+        "keeps_accuracy": True,
     }
-    table = step_profile.thread_table(rank)
-    assert table["cpu_ms_per_step_by_origin"] == {"horovod": 0.5, "main": 1.0}
-    assert (table["step_ms"], table["cores_busy"]) == (2.0, 0.75)
-
-
-def test_pin_gives_each_rank_its_own_cores() -> None:
-    from bench.pin import cores_for
-
-    assert [cores_for(r, 1, [0, 1]) for r in range(2)] == [{0}, {1}]
-    assert cores_for(0, 2, [0, 1]) == {0, 1}
-    assert cores_for(2, 1, [0, 1]) == {0}  # more ranks than cores: wrap around
+    assert verdict["adopt"] == "sqrt"
+    strict = tta.rules(times, runs, tolerance=0.0005)
+    assert strict["rules"]["sqrt"]["keeps_accuracy"] is False and strict["adopt"] == "linear"
 
 
 @pytest.mark.horovod
 @pytest.mark.bench
 def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) -> None:
     """The benchmarks that need several real jobs. The pipeline's segments are those of the
-    session's tiny `run-local` (which test_e2e_local checks), and the allreduce sizes were
-    measured by the module's fixture: only the profiled timeline run is added here. Levers: the
-    plain 2x1 job and one lever (2 jobs), and one profiled 2x1 run."""
+    session's tiny `run-local` (which test_e2e_local checks). Levers: the default 2x1 job and
+    one lever (2 jobs, plus the 1x1 and 1x2 references)."""
     out, work = tmp_path / "results", tmp_path / "work"
     common = ["--quick", "--out", str(out), "--work", str(work)]
     assert mwms.main(common) == 0
-    assert time_to_accuracy.main(common) == 0
-    profile = allreduce.timeline_run(work, 600, 1, grad_allreduce_seconds=0.001)
-    assert profile["timeline"]["step_ms"] > 0 and profile["step"]["step_seconds_2x1"] > 0
+    assert time_to_accuracy.main([*common, "--variants", "1x1,1x2,2x1,2x1_adadelta"]) == 0
     segments = pipeline_overhead.segments(local_pipeline_run.job)
     configs = {"e2e": LOCAL_RUN_FLAGS}
     write_result(
@@ -233,30 +159,28 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
         pipeline_overhead.record(configs, 2, {"e2e": [segments]}, machine_state()),
         out,
     )
-    assert levers.main([*common, "--levers", "fp16", "--no-references"]) == 0  # 2 jobs
-    assert levers.main([*common, "--profile"]) == 0  # 1 job
+    assert levers.main([*common, "--levers", "gloo"]) == 0
     assert _read(out, "mwms")["ratios"]["horovod_over_mwms_throughput"] > 0
     tta = _read(out, "time_to_accuracy")
-    assert set(tta["median_wall_seconds_to_target"]) == {"1x1", "1x2", "2x1"}
-    assert set(tta["speedup_wall"]) == {"2x1_vs_1x1", "2x1_vs_1x2", "1x2_vs_1x1"}
-    assert tta["sampling_runs"]["random_2019"][0]["coverage"]["disjoint"] is False
-    assert tta["sampling_runs"]["disjoint_shards"][0]["coverage"]["disjoint"] is True
+    assert set(tta["runs"]) == {"1x1", "1x2", "2x1", "2x1_adadelta"}
+    curve = tta["runs"]["2x1"][0]["curve"]
+    assert [round(p["epoch"] % 1, 1) for p in curve] == [0.4, 0.0, 0.4, 0.0]  # 2 per epoch
+    assert all(0 <= p["accuracy"] <= 1 and p["wall_seconds"] > p["training_seconds"] > 0
+               for p in curve)  # fmt: skip
+    assert set(tta["rules"]) == {"linear", "adadelta"} and "plateau" in tta
     pipe = _read(out, "pipeline_overhead")["medians"]["e2e"]
     assert set(pipe["task_seconds"]) >= {"prepare-data", "train", "evaluate", "register-model"}
     assert 0 < pipe["training_seconds"] < pipe["train_task_seconds"] < pipe["total_seconds"]
     assert 0 < pipe["not_training_share"] < 1
     lv = _read(out, "levers")
-    assert set(lv["median_examples_per_second"]) == {"2x1", "2x1+fp16"}
-    assert lv["levers"]["fp16"]["over_baseline_2x1"] > 0
-    assert 0 <= lv["runs"]["2x1+fp16"][0]["test_accuracy"] <= 1
-    step = _read(out, "levers_profile")["profile"]
-    assert set(step["threads"]) == {"rank0", "rank1"}
-    assert step["threads"]["rank0"]["cpu_ms_per_step_by_origin"]["main"] > 0
-    assert step["timeline_ms_per_step"]["ALLREDUCE"] > 0
+    assert set(lv["median_examples_per_second"]) == {"1x1", "1x2", "baseline", "gloo"}
+    assert lv["runs"]["gloo"][0]["controller"] == "gloo"
+    assert lv["runs"]["baseline"][0]["controller"] == "mpi"
+    assert 0 < lv["levers"]["baseline"]["estimated_efficiency"] <= 1
     write_report(out)
     summary = (out / "summary.md").read_text()
     assert "Time to" in summary and "| Target | Required | Measured | Verdict |" in summary
-    assert "Levers on the 2×1 job" in summary and "Where a 2×1 step goes" in summary
+    assert (out / "time_to_accuracy.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_faults_count_half_written_files_and_models(tmp_path: Path) -> None:

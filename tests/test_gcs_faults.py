@@ -1,5 +1,5 @@
 """Transient GCS errors: 503 and 429 on a share of the requests, injected by
-`bench.fake_gcs.FaultProxy` in front of the suite's fake-gcs-server (the real
+`standins.fake_gcs.FaultProxy` in front of the suite's fake-gcs-server (the real
 google-cloud-storage client talks to the proxy). Data prep, the trainer's checkpoints,
 evaluation and registration all retry and succeed, and each retry is logged once: the
 storage layer's retry warnings equal, in number and status, the faults the proxy injected.
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.fake_gcs import FaultProxy, create_bucket
 from components.common import dataset, storage
+from standins.fake_gcs import FaultProxy, create_bucket
 
 SHARE = 0.2  # of the requests answered with a fault
 STORAGE_LOGGER = "components.common.storage"

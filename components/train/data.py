@@ -8,7 +8,6 @@ ranks' ids of an epoch are checked to cover the split exactly once (`coverage`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,20 +96,6 @@ def make_dataset(tf: Any, shard: Shard, rows: np.ndarray, lengths: np.ndarray, t
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """Which samples a rank loads, and the batches it draws from them each epoch.
-
-    The project's strategy is `DISJOINT`; ``bench/sampling_2019.py`` passes the 2019 example's.
-    """
-
-    load: Callable[[TrainConfig, int, int], Shard]
-    batches: Callable[[Shard, int, int, range], tuple[np.ndarray, np.ndarray]]
-
-
-DISJOINT = Sampling(load=load_shard, batches=epoch_batches)
-
-
-@dataclass(frozen=True)
 class EpochPlan:
     """The batches of the epochs a fit runs, from epoch `start` on (see `epoch_batches`)."""
 
@@ -131,13 +116,11 @@ class EpochPlan:
         return self.epoch_ids(shard, self.start)
 
 
-def plan_epochs(
-    shard: Shard, sampling: Sampling, config: TrainConfig, rank: int, start: int
-) -> EpochPlan:
+def plan_epochs(shard: Shard, config: TrainConfig, rank: int, start: int) -> EpochPlan:
     """The batches of the epochs left after `start` (or, if none are, of one epoch: for the
     coverage check)."""
     epochs_left = range(start, config.epochs) or range(start, start + 1)
-    rows, lengths = sampling.batches(shard, config.seed, rank, epochs_left)
+    rows, lengths = epoch_batches(shard, config.seed, rank, epochs_left)
     return EpochPlan(start, rows, lengths, shard.steps)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.common import keras_env
-from components.train.data import EpochPlan, Sampling, Shard, coverage, plan_epochs
+from components.train.data import EpochPlan, Shard, coverage, plan_epochs
 from components.train.export import gather_and_export
 from components.train.fit import EpochStats, fit_epochs, training_callbacks
 from components.train.job import Job, Trainee, agree_on_inputs, log_plan, rank_logger
@@ -58,7 +58,7 @@ def world_entry(epoch: int, size: int, why: str) -> dict[str, Any]:
     return {"epoch": epoch, "world_size": size, "when": when, "why": why}
 
 
-def train_elastic(job: Job, trainee: Trainee, sampling: Sampling) -> int:
+def train_elastic(job: Job, trainee: Trainee) -> int:
     """Train `trainee` (built, maybe resumed) elastically; export the one model. Exit code."""
     from horovod.common.exceptions import HostsUpdatedInterrupt
 
@@ -92,7 +92,7 @@ def train_elastic(job: Job, trainee: Trainee, sampling: Sampling) -> int:
     @hvd.elastic.run  # type: ignore[misc]
     def attempt(state: Any) -> Attempt:
         try:
-            return _attempt(job, trainee, sampling, state)
+            return _attempt(job, trainee, state)
         except HostsUpdatedInterrupt:
             why[0] = "the hosts changed (host discovery)"
             raise
@@ -110,11 +110,11 @@ def train_elastic(job: Job, trainee: Trainee, sampling: Sampling) -> int:
     )
 
 
-def _attempt(job: Job, trainee: Trainee, sampling: Sampling, state: Any) -> Attempt:
+def _attempt(job: Job, trainee: Trainee, state: Any) -> Attempt:
     """One attempt at the epochs left, in the world as it is now."""
-    shard = agree_on_inputs(job, sampling)
+    shard = agree_on_inputs(job)
     log_plan(job, shard)
-    plan = plan_epochs(shard, sampling, job.config, job.rank, state.epoch)
+    plan = plan_epochs(shard, job.config, job.rank, state.epoch)
     stats = EpochStats(samples_per_epoch=len(shard.labels))
     adam = job.adam
     if state.epoch < job.config.warmup_epochs:  # warmup sets the learning rate itself until then

@@ -13,7 +13,7 @@ from typing import Any
 from components.common import dataset, storage
 from components.train import checkpoints
 from components.train.config import TrainConfig
-from components.train.data import Sampling, Shard
+from components.train.data import Shard, load_shard
 from components.train.devices import Devices, gpu_problem
 from components.train.optimizer import AdamSettings, adam_settings, lr_formula
 
@@ -127,7 +127,7 @@ class Trainee:
         return self.resume.epoch if self.resume else 0
 
 
-def agree_on_inputs(job: Job, sampling: Sampling) -> Shard:
+def agree_on_inputs(job: Job) -> Shard:
     """Check this rank's devices and read its shard; every rank learns whether any rank failed
     before anyone trains."""
     config, rank, size = job.config, job.rank, job.size
@@ -135,7 +135,7 @@ def agree_on_inputs(job: Job, sampling: Sampling) -> Shard:
     shard: Shard | None = None
     if error is None:
         try:
-            shard = sampling.load(config, rank, size)
+            shard = load_shard(config, rank, size)
             if rank == 0 and storage.exists(storage.join(config.model_uri, "saved_model.pb")):
                 error = (
                     f"{config.model_uri}: a model is already exported there; refusing to overwrite"

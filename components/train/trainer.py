@@ -27,7 +27,7 @@ from typing import Any
 
 from components.common import keras_env
 from components.train.config import TrainConfig
-from components.train.data import DISJOINT, Sampling, plan_epochs
+from components.train.data import plan_epochs
 from components.train.devices import configure_devices
 from components.train.elastic import train_elastic
 from components.train.export import gather_and_export
@@ -46,7 +46,7 @@ def _quiet_tensorflow(tf: Any, rank: int) -> None:
     tf_logger.addFilter(lambda record: "compared to the batch time" not in record.getMessage())
 
 
-def run(config: TrainConfig, sampling: Sampling = DISJOINT) -> int:
+def run(config: TrainConfig) -> int:
     """Run this rank's part of the job. Returns the process exit code."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     keras_env.keras()  # first: Keras 2 and the `keras` alias, before Horovod loads (issue 12)
@@ -70,25 +70,25 @@ def run(config: TrainConfig, sampling: Sampling = DISJOINT) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
             job = Job(config, hvd, tf, log, devices, Path(workdir))
-            return _train_in(job, sampling)
+            return _train_in(job)
     except JobError as exc:
         if rank == 0:
             log.error("training failed: %s", exc)
         return exc.exit_code
 
 
-def _train_in(job: Job, sampling: Sampling) -> int:
+def _train_in(job: Job) -> int:
     """The Horovod checklist: agree on inputs, build or resume, fit, gather and export.
 
     An elastic job (``min_workers`` > 0) runs the same steps inside Horovod's elastic loop
     (`components.train.elastic`).
     """
     if job.config.elastic:
-        return train_elastic(job, build_or_resume(job), sampling)
-    shard = agree_on_inputs(job, sampling)
+        return train_elastic(job, build_or_resume(job))
+    shard = agree_on_inputs(job)
     log_plan(job, shard)
     trainee = build_or_resume(job)
-    plan = plan_epochs(shard, sampling, job.config, job.rank, trainee.initial_epoch)
+    plan = plan_epochs(shard, job.config, job.rank, trainee.initial_epoch)
     stats = EpochStats(samples_per_epoch=len(shard.labels))
     final_metrics = dict(trainee.resume.metrics) if trainee.resume else {}
     callbacks = training_callbacks(job, trainee, shard.steps, stats)

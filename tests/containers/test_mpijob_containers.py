@@ -27,7 +27,7 @@ from components.train.mpijob.manifest import (
     trainer_command,
 )
 from components.train.mpiwatch import EXIT_SILENT_RANK
-from tests.containers.mpijob_harness import LauncherResult, MPIJobRun
+from standins.mpijob_harness import LauncherResult, MPIJobRun
 from tests.containers.support import new_bucket, require_images
 
 pytestmark = pytest.mark.containers

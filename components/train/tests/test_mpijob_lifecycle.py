@@ -5,7 +5,7 @@ lists, patches and deletes objects), and the suite's in-memory ``fake-gcs-server
 run's outputs.
 
 What kmock cannot emulate (mpi-operator, pod logs, garbage collection, label selectors), the
-test plays itself through `bench.kmock_cluster` (`Cluster`, `Operator`), which says how; the
+test plays itself through `standins.kmock_cluster` (`Cluster`, `Operator`), which says how; the
 fault benchmark (bench/faults.py) drives the same code paths with the same pieces.
 """
 
@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.kmock_cluster import NS, Cluster, G, Operator, P, V, pod
 from components.common import storage
 from components.train.config import TrainConfig
 from components.train.mpijob.lifecycle import (
@@ -39,6 +38,7 @@ from components.train.mpijob.manifest import (
     job_name,
 )
 from components.train.mpijob.validate import ManifestError, find_crd
+from standins.kmock_cluster import NS, Cluster, G, Operator, P, V, pod
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.containers.kubelet_volumes import kubelet_swap, kubelet_volume
+from standins.kubelet_volumes import kubelet_swap, kubelet_volume
 
 CONFIG_MOUNT = "/etc/mpi"
 LABEL = "kfp-horovod.test/mpijob"

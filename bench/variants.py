@@ -1,0 +1,120 @@
+"""The trainer variants the benchmarks measure, built here, on the benchmarks' side.
+
+``python -m bench.variants [--groups N] [--optimizer adadelta] [--snapshots DIR --per-epoch K]
+-- TRAINER ARGS`` runs the project's trainer (``components.train.cli.main``) with:
+
+- ``--groups N``: Horovod's grouped allreduce (``DistributedOptimizer(groups=N)``: the
+  gradients go as N groups instead of being left to tensor fusion);
+- ``--optimizer adadelta``: the seed example's optimizer (Horovod's keras_mnist_advanced.py:
+  Adadelta at the scaled learning rate, to run with ``--learning-rate 1.0``), in place of Adam;
+- ``--snapshots DIR``: rank 0 saves the weights ``--per-epoch`` times an epoch and records, for
+  each, the training time from the first step and the wall clock, both without the time the
+  saving took (``DIR/snapshots.json``). The benchmark scores them after the job, outside the
+  timed path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SNAPSHOTS_FILE = "snapshots.json"
+
+
+def _grouped(groups: int) -> None:
+    import horovod.tensorflow.keras as hvd
+
+    hvd.DistributedOptimizer = functools.partial(hvd.DistributedOptimizer, groups=groups)
+
+
+def _adadelta() -> None:
+    from components.common import keras_env
+
+    keras = keras_env.keras()
+
+    def adadelta(learning_rate: float, **_: Any) -> Any:
+        return keras.optimizers.legacy.Adadelta(learning_rate=learning_rate)
+
+    keras.optimizers.legacy.Adam = adadelta
+
+
+def snapshot_callback(keras: Any, out: Path, per_epoch: int, steps: int) -> Any:
+    """Rank 0's weights `per_epoch` times an epoch of `steps` steps, each with its clocks."""
+    marks = {max(1, round(steps * k / per_epoch)) for k in range(1, per_epoch + 1)}
+
+    class Snapshots(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+        def on_train_begin(self, logs: Any = None) -> None:
+            self.first: float | None = None
+            self.spent = 0.0
+            self.records: list[dict[str, Any]] = []
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            if self.first is None:
+                self.first = time.perf_counter()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch + 1 not in marks or self.first is None:
+                return
+            started, wall = time.perf_counter(), time.time()
+            path = out / f"e{self.epoch:03d}-b{batch + 1:04d}.weights.h5"
+            self.model.save_weights(str(path))
+            self.records.append({
+                "epoch": self.epoch + (batch + 1) / steps, "weights": path.name,
+                "training_seconds": started - self.first - self.spent,
+                "wall_time": wall - self.spent,
+            })  # fmt: skip
+            (out / SNAPSHOTS_FILE).write_text(json.dumps(self.records))
+            self.spent += time.perf_counter() - started
+
+    return Snapshots()
+
+
+def _snapshots(out: Path, per_epoch: int) -> None:
+    from components.common import keras_env
+    from components.train import trainer
+
+    keras, plain = keras_env.keras(), trainer.training_callbacks
+    out.mkdir(parents=True, exist_ok=True)
+
+    def with_snapshots(job: Any, trainee: Any, steps: int, stats: Any) -> list[Any]:
+        callbacks = plain(job, trainee, steps, stats)
+        if job.rank == 0:
+            callbacks.append(snapshot_callback(keras, out, per_epoch, steps))
+        return callbacks
+
+    trainer.training_callbacks = with_snapshots
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Apply the variants asked for, then run this rank of the trainer."""
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(prog="python -m bench.variants")
+    p.add_argument("--groups", type=int, default=0)
+    p.add_argument("--optimizer", choices=["adam", "adadelta"], default="adam")
+    p.add_argument("--snapshots", type=Path, default=None)
+    p.add_argument("--per-epoch", type=int, default=4)
+    a = p.parse_args(argv[:split])
+    from components.common import keras_env
+    from components.train import cli
+
+    keras_env.keras()  # Keras 2 first, before Horovod is imported (as the trainer does)
+    if a.groups:
+        _grouped(a.groups)
+    if a.optimizer == "adadelta":
+        _adadelta()
+    if a.snapshots is not None:
+        _snapshots(a.snapshots, a.per_epoch)
+    return cli.main(argv[split + 1 :])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

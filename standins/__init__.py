@@ -1,0 +1,9 @@
+"""Stand-ins for what cannot run on a development or CI machine, shared by the tests and the
+benchmarks (never importing either):
+
+- `fake_gcs`: GCS, the real fake-gcs-server, with a fault-injecting proxy;
+- `kmock_cluster`: the Kubernetes API (kmock) for the real ``kubernetes`` client, with
+  mpi-operator's part played on it;
+- `mpijob_harness` (with `kubelet_volumes`): mpi-operator and the kubelet running an MPIJob
+  manifest in Docker containers.
+"""
