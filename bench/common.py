@@ -26,6 +26,7 @@ import numpy as np
 from components.common import keras_env
 from components.common.defaults import MODEL, SPLIT_SEED
 from components.data_prep.prep import prepare
+from components.train import summary
 from components.train.config import TrainConfig, to_argv
 from components.train.launch import job_environment, static_command
 from components.train.mpirun import YIELD_WHEN_IDLE
@@ -281,17 +282,23 @@ def add_model_option(p: Any) -> None:
     )
 
 
+Edit = tuple[tuple[str, ...], tuple[str, ...]]
+# Open MPI's ranks spinning while they wait: the launcher's mpi_yield_when_idle taken out.
+BUSY_WAIT: Edit = (YIELD_WHEN_IDLE, ())
+
+
 def horovod_command(
-    workers: int, module: str, args: list[str], controller: str = "mpi", busy_wait: bool = False
+    workers: int, module: str, args: list[str], controller: str = "mpi", edit: Edit | None = None
 ) -> list[str]:
     """``python -m MODULE ARGS`` as one static job of `workers` local ranks, as the launcher
     starts the trainer (`launch.static_command`: ``mpirun`` by default, ``horovodrun --gloo``
-    with `controller` ``gloo``). `busy_wait`: Open MPI's ranks spin while they wait, without
-    the launcher's ``mpi_yield_when_idle``."""
+    with `controller` ``gloo``). `edit` = (tokens, replacement): the launcher's command line
+    with those consecutive tokens replaced (a benchmark's variant of it)."""
     command = static_command(workers, [sys.executable, "-m", module, *args], controller)
-    if busy_wait:
-        at = command.index(YIELD_WHEN_IDLE[1]) - 1
-        del command[at : at + len(YIELD_WHEN_IDLE)]
+    if edit is not None:
+        old, new = edit
+        at = next(i for i in range(len(command)) if tuple(command[i : i + len(old)]) == old)
+        command[at : at + len(old)] = list(new)
     return command
 
 
@@ -386,17 +393,17 @@ def run_trainer(
     args: list[str],
     env: dict[str, str] | None = None,
     controller: str = "mpi",
-    busy_wait: bool = False,
+    edit: Edit | None = None,
     module: str | None = None,
 ) -> tuple[JobResult, dict[str, Any]]:
     """Run the project's trainer (or `module`, a rank program wrapping it: `bench.variants`)
     as one Horovod job (see `horovod_command`). `env` is added to this process's environment.
     Returns the job and its run_summary."""
     job_env = local_job_env(workers, env)
-    command = horovod_command(workers, module or "components.train", args, controller, busy_wait)
+    command = horovod_command(workers, module or "components.train", args, controller, edit)
     result = run_job(command, job_env)
     output = Path(args[args.index("--output") + 1])
-    return result, json.loads((output / "run_summary.json").read_text())
+    return result, dict(summary.read(str(output / "run_summary.json")))
 
 
 def job_throughput(summary: dict[str, Any]) -> float:

@@ -2,7 +2,7 @@
 
 Each input is an ``mnist.npz`` (``x_train``/``y_train`` plus a test split of a sixth of that,
 as MNIST's 60k/10k) made of shifted copies of the real bundled digits, fed through the
-project's ``prepare(..., expected_sha256=None)`` (the CLI's ``--sha256 none``): read, validate,
+project's ``prepare(..., expected_sha256=None)`` (the CLI's ``--data-sha256 none``): read, validate,
 shard, hash every shard, publish. Side by side, in the same rounds, a raw copy of the same
 file (``shutil.copyfile``) gives the floor. Throughput is input MB / second. Linearity: a
 least-squares line ``t = a + b n`` through the medians, and the per-sample time at each size.

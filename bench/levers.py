@@ -7,10 +7,15 @@ round by round (``--repeats``), beside the 1x1 and 1x2 references:
 - ``gloo``: Horovod's Gloo controller (``horovodrun --gloo``: TCP over loopback), the
   project's local default before this benchmark;
 - ``mpi_busy_wait``: Open MPI without ``mpi_yield_when_idle`` (a waiting rank spins);
+- ``bind_to_core``: Open MPI binding each rank to a core (``-bind-to core``, not ``none``);
 - ``3x1`` and ``gloo_3x1``: 3 ranks on the same cores, each controller;
 - ``grouped``: ``DistributedOptimizer(groups=1)``, one grouped allreduce per step
   (`bench.variants`); ``cycle_1ms``, ``cycle_20ms``: ``HOROVOD_CYCLE_TIME`` (default 5);
   ``autotune``: ``HOROVOD_AUTOTUNE=1`` (Horovod tunes fusion and cycle time as it runs).
+
+A reference beside them, ``two_copies``: two independent 1-rank jobs at once, each 1 thread, no
+allreduce between them: what two processes get from this machine's cores at all (the ceiling
+of any 2-rank job's efficiency here).
 
 Per lever: its throughput against the default at the same rank count (``over_baseline``),
 ``efficiency`` T(Nx1) / (N T(1x1)) and, for 2 ranks, ``ceiling_ratio`` T(2x1) / T(1x2). For
@@ -30,8 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    BUSY_WAIT,
+    Edit,
     base_parser,
     bench_dataset,
+    horovod_command,
     interleave,
     job_throughput,
     machine_state,
@@ -43,6 +51,7 @@ from bench.common import (
     write_result,
 )
 from components.common.defaults import MODEL
+from components.train import summary
 
 NAME = "levers"
 BATCH_SIZE = 64  # per worker: the batch the gap was measured at
@@ -56,7 +65,7 @@ class Lever:
     what: str
     workers: int = 2
     controller: str = "mpi"
-    busy_wait: bool = False  # Open MPI without mpi_yield_when_idle
+    edit: Edit | None = None  # a change to the launcher's mpirun command line
     env: Mapping[str, str] = field(default_factory=dict)
     variant: tuple[str, ...] = ()  # bench.variants flags
 
@@ -65,7 +74,12 @@ BASELINE = Lever("baseline", "Open MPI, waiting ranks yield (the default)")
 BASELINE_3 = Lever("3x1", "3 ranks, Open MPI with yielding waits", workers=3)
 LEVERS = (
     Lever("gloo", "Horovod's Gloo controller (horovodrun --gloo)", controller="gloo"),
-    Lever("mpi_busy_wait", "Open MPI without mpi_yield_when_idle", busy_wait=True),
+    Lever("mpi_busy_wait", "Open MPI without mpi_yield_when_idle", edit=BUSY_WAIT),
+    Lever(
+        "bind_to_core",
+        "Open MPI binding each rank to a core",
+        edit=(("-bind-to", "none"), ("-bind-to", "core")),
+    ),  # fmt: skip
     BASELINE_3,
     Lever("gloo_3x1", "3 ranks, Gloo", workers=3, controller="gloo"),
     Lever("grouped", "DistributedOptimizer(groups=1)", variant=("--groups", "1")),
@@ -96,7 +110,7 @@ def measure(setup: Setup, name: str, workers: int, threads: int, lever: Lever, r
         args = [*lever.variant, "--", *args]
     job, summary = run_trainer(
         workers, args, env=dict(lever.env), controller=lever.controller,
-        busy_wait=lever.busy_wait, module="bench.variants" if lever.variant else None,
+        edit=lever.edit, module="bench.variants" if lever.variant else None,
     )  # fmt: skip
     use = summary.get("resource_use") or {}
     return {
@@ -107,6 +121,26 @@ def measure(setup: Setup, name: str, workers: int, threads: int, lever: Lever, r
         "communication_share": use.get("communication_share"),
         "waiting_share": use.get("waiting_share"),
     }
+
+
+def two_copies(setup: Setup, r: int) -> dict[str, Any]:
+    """Two independent 1-rank jobs at once, 1 thread each: the sum of their throughputs."""
+    from bench.common import collect, local_job_env, start_job
+
+    jobs = []
+    for copy in (0, 1):
+        output = setup.work / f"two_copies-{copy}-r{r}"
+        args = trainer_args(
+            setup.data, output, 1, setup.epochs, 1, batch_size_per_worker=BATCH_SIZE
+        )
+        jobs.append(
+            (start_job(horovod_command(1, "components.train", args), local_job_env(1)), output)
+        )
+    rates = []
+    for job, output in jobs:
+        collect(job)
+        rates.append(job_throughput(dict(summary.read(str(output / "run_summary.json")))))
+    return {"examples_per_second": sum(rates), "per_copy": rates}
 
 
 def figures(medians: Mapping[str, float], lever: Lever, runs: Mapping[str, list]) -> dict:
@@ -133,6 +167,7 @@ def run(setup: Setup, levers: list[Lever], repeats: int) -> dict[str, Any]:
     variants: dict[str, Callable[[int], dict[str, Any]]] = {}
     for name, (workers, threads) in REFERENCES.items():
         variants[name] = functools.partial(measure, setup, name, workers, threads, BASELINE)
+    variants["two_copies"] = functools.partial(two_copies, setup)
     chosen = {lever.name: lever for lever in (BASELINE, *levers)}
     for lever in chosen.values():
         variants[lever.name] = functools.partial(
@@ -141,7 +176,9 @@ def run(setup: Setup, levers: list[Lever], repeats: int) -> dict[str, Any]:
     runs = interleave(variants, repeats)
     medians = {k: median([r["examples_per_second"] for r in v]) for k, v in runs.items()}
     table = {name: figures(medians, lever, runs) for name, lever in chosen.items()}
-    return {"runs": runs, "median_examples_per_second": medians, "levers": table}
+    ceiling = ratio(medians["two_copies"], 2 * medians["1x1"])
+    return {"runs": runs, "median_examples_per_second": medians, "levers": table,
+            "two_copies_over_two_1x1": ceiling}  # fmt: skip
 
 
 def pick_levers(names: str) -> list[Lever]:

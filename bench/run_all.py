@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench import data_prep, faults, levers, mwms, pipeline_overhead, scaling, time_to_accuracy
 from bench.common import RESULTS_DIR
-from bench.report import write_report
+from bench.report import DOC, write_report
 
 BENCHMARKS: dict[str, Callable[[list[str]], int]] = {
     "data_prep": data_prep.main,
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         BENCHMARKS[name](flags)
         timings[name] = time.monotonic() - t0
         print(f"== {name} took {timings[name]:.0f} s", flush=True)
-    for path in write_report(a.out):
+    for path in write_report(a.out, DOC if a.out == RESULTS_DIR else None):
         print(f"wrote {path}")
     print("time per benchmark (s):", {k: round(v) for k, v in timings.items()})
     return 0

@@ -5,7 +5,10 @@ from __future__ import annotations
 import click
 
 from components.common import defaults
-from pipeline.cli_options import lr_scaling_option, min_workers_option, model_options
+from components.data_prep.step import PREP_PARAMETERS
+from components.register.step import REGISTER_PARAMETERS
+from components.train.config import PIPELINE_TRAIN_PARAMETERS
+from pipeline.cli_options import declared_options
 
 
 @click.command("compile")
@@ -25,22 +28,8 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 
 
 @click.command("run-local")
-@click.option("--workers", type=int, default=defaults.WORKERS, show_default=True)
-@click.option("--epochs", type=int, default=defaults.EPOCHS, show_default=True)
-@click.option(
-    "--batch-size-per-worker", type=int, default=defaults.BATCH_SIZE_PER_WORKER, show_default=True
-)
-@click.option("--learning-rate", type=float, default=defaults.BASE_LEARNING_RATE, show_default=True)
-@click.option("--threads-per-worker", type=int, default=0, help="0: cores / workers")
-@lr_scaling_option
-@min_workers_option
-@model_options
-@click.option("--data-source", default="bundled", show_default=True)
-@click.option("--data-limit", type=int, default=0, help="keep only N samples per split (0: all)")
-@click.option("--min-accuracy", type=float, default=defaults.MIN_ACCURACY, show_default=True)
-@click.option("--model-name", default=defaults.MODEL_NAME, show_default=True)
+@declared_options([*PIPELINE_TRAIN_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS])
 @click.option("--root", default="runs", show_default=True, help="where runs and the registry go")
-@click.option("--registry-root", default=None, help="default ROOT/registry")
 @click.option(
     "--runner",
     type=click.Choice(["subprocess", "docker"]),
@@ -58,7 +47,6 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 @click.option("--image-tag", default=defaults.LOCAL_IMAGE_TAG, show_default=True)
 def run_local_command(
     root: str,
-    registry_root: str | None,
     runner: str,
     image_registry: str,
     image_tag: str,
@@ -67,8 +55,8 @@ def run_local_command(
     """Run the whole pipeline on this machine (kfp.local, horovodrun, local disk)."""
     from pipeline.local_run import run_pipeline_locally
 
-    if registry_root:
-        params["registry_root"] = registry_root
+    if not params["registry_root"]:  # run_pipeline_locally's default: under ROOT
+        del params["registry_root"]
     images = (image_registry, image_tag) if runner == "docker" else None
     try:
         run = run_pipeline_locally(root, docker_images=images, **params)
@@ -80,4 +68,12 @@ def run_local_command(
         click.echo(line)
 
 
-COMMANDS = [compile_command, run_local_command]
+@click.command("parameters")
+def parameters_command() -> None:
+    """Print docs/parameters.md: every pipeline parameter, from its declaration."""
+    from pipeline.checks import parameters_markdown
+
+    click.echo(parameters_markdown(), nl=False)
+
+
+COMMANDS = [compile_command, run_local_command, parameters_command]

@@ -1,16 +1,44 @@
-"""Click options that more than one ``python -m pipeline`` command takes, written once."""
+"""Click options made from declared parameters (`components.common.declare`): one option per
+parameter, ``--<name-with-dashes>``, with its type, default, choices and help."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
 
-from components.common import defaults
-from components.common.params import LR_SCALINGS
+from components.common.declare import Declared
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def option(p: Declared, default: Any = None) -> Callable[[F], F]:
+    """The click option of `p` (`default` overrides the declared one)."""
+    value = p.default if default is None else default
+    kwargs: dict[str, Any] = {"help": p.help, "show_default": True}
+    if p.type is bool:
+        return click.option(f"{p.flag}/--no-{p.flag[2:]}", p.name, default=value, **kwargs)
+    if p.rule.choices:
+        kwargs["type"] = click.Choice(list(p.rule.choices))
+    else:
+        kwargs["type"] = p.type
+    if p.required and default is None:
+        return click.option(p.flag, p.name, required=True, **kwargs)
+    return click.option(p.flag, p.name, default=value, **kwargs)
+
+
+def declared_options(
+    params: Sequence[Declared], defaults: dict[str, Any] | None = None
+) -> Callable[[F], F]:
+    """One decorator adding an option per parameter, in the order declared."""
+
+    def apply(func: F) -> F:
+        for p in reversed(params):
+            func = option(p, (defaults or {}).get(p.name))(func)
+        return func
+
+    return apply
 
 
 def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
@@ -22,40 +50,3 @@ def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
         return func
 
     return apply
-
-
-# The model the trainer trains (TrainConfig.model, .augment): run-local and render-mpijob.
-model_options = options(
-    click.option(
-        "--model",
-        default=defaults.MODEL,
-        show_default=True,
-        help=f"{' or '.join(defaults.MODELS)}, or your own as package.module:function "
-        "(importable where the trainer runs; see components/train/README.md)",
-    ),
-    click.option(
-        "--augment/--no-augment",
-        default=defaults.AUGMENT,
-        show_default=True,
-        help="augment the training images (rotation, shifts, shear, zoom; training only)",
-    ),
-)
-
-# Elastic training (TrainConfig.min_workers): run-local and render-mpijob.
-min_workers_option = click.option(
-    "--min-workers",
-    type=int,
-    default=0,
-    show_default=True,
-    help="0: static (losing a worker ends the job); N > 0: elastic, it goes on with as few as N "
-    "workers and grows back to --workers",
-)
-
-# How Adam follows the world size (TrainConfig.lr_scaling): run-local and render-mpijob.
-lr_scaling_option = click.option(
-    "--lr-scaling",
-    type=click.Choice(list(LR_SCALINGS)),
-    default=defaults.LR_SCALING,
-    show_default=True,
-    help="how Adam's learning rate (sqrt: and its betas and epsilon) follows the world size",
-)

@@ -6,17 +6,25 @@ Each component runs as a local subprocess (``SubprocessRunner``), the training s
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
+import sys
 import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from components.common import defaults
+from components.common import params as rules
 from components.common.defaults import MODEL, PIPELINE_NAME
-from components.common.params import check_parameters
 from components.train.preflight import check_model_before_launch
 from components.train.report import world_history
+from components.train.summary import read as read_summary
+from pipeline.checks import PIPELINE_PARAMETERS
 from pipeline.pipeline import build_pipeline
 
 
@@ -27,6 +35,7 @@ class LocalRun:
     run_dir: Path
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     wall_seconds: float = 0.0
+    log: Path | None = None  # everything kfp.local and the steps printed
 
     def artifact(self, task: str, name: str) -> str:
         """The URI of output artifact `name` of `task`."""
@@ -46,11 +55,12 @@ class LocalRun:
         accuracy = self.parameter("evaluate", "accuracy")
         loss = self.parameter("evaluate", "loss")
         summary_path = self.run_summary_path
-        summary = json.loads(Path(summary_path).read_text())
+        summary = read_summary(summary_path)
         return [
             f"run: {self.run_dir}",
+            f"log: {self.log}",
             f"dataset: {self.artifact('prepare-data', 'dataset')}",
-            f"model: {self.artifact('train', 'model')}",
+            f"model: {self.artifact('train', 'saved_model')}",
             f"run_summary: {summary_path}",
             f"coordination_report: {self.artifact('train', 'coordination_report')}",
             f"metrics: accuracy {accuracy:.4f}, loss {loss:.4f} "
@@ -94,7 +104,7 @@ def run_pipeline_locally(
     default_registry = (pipeline_root if docker_images else root) / "registry"
     params.setdefault("registry_root", str(default_registry))
     params.setdefault("training_backend", "local")
-    check_parameters(params)
+    rules.check(PIPELINE_PARAMETERS, params, "pipeline parameters")
     if params["training_backend"] != "local":
         raise ValueError("training_backend must be 'local' for a local run (no cluster here)")
     if not docker_images:
@@ -118,14 +128,65 @@ def run_pipeline_locally(
     )
     pipeline_func = build_pipeline(images, image_at_run_time=False)
     started = time.monotonic()
-    pipeline_func(**params)
+    log = root / "logs" / time.strftime("run-local-%Y%m%d-%H%M%S.log")
+    with quiet_console(log):
+        pipeline_func(**params)
     new = sorted(set(pipeline_root.iterdir()) - before)
     runs = [p for p in new if p.name.startswith(PIPELINE_NAME)]
     if len(runs) != 1:
         raise RuntimeError(f"expected one new run under {pipeline_root}, found {len(runs)}")
     run = read_run(runs[0])
-    run.wall_seconds = time.monotonic() - started
+    run.wall_seconds, run.log = time.monotonic() - started, log
     return run
+
+
+# What a run prints to the console: kfp.local's task lines, and what the trainer's ranks and
+# launcher say (rank-tagged lines, the launcher's watch). Everything goes to the log file.
+SHOWN = re.compile(r"Executing task|finished with status|\[rank \d+/\d+\]|launcher: |mpiwatch: ")
+# kfp.local's warning about running components outside their images: that is the point of a
+# local run (SubprocessRunner), so it is not shown.
+HARMLESS_WARNINGS = ("You may be attemping to run a task that uses custom",)
+
+
+class _Tee(io.TextIOBase):
+    """Every line to `log`; the lines `SHOWN` matches also to `console`."""
+
+    def __init__(self, log: TextIO, console: TextIO) -> None:
+        self.log, self.console, self.pending = log, console, ""
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            if SHOWN.search(line):
+                self.console.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+        self.console.flush()
+
+
+@contextlib.contextmanager
+def quiet_console(log_path: Path) -> Iterator[None]:
+    """Send what kfp.local and the steps print to `log_path`, and only the lines that matter to
+    the console (`SHOWN`); on failure, the log's last lines too."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    console = sys.stdout
+    with log_path.open("w") as log, warnings.catch_warnings():
+        for message in HARMLESS_WARNINGS:
+            warnings.filterwarnings("ignore", message=message)
+        tee = _Tee(log, console)
+        try:
+            with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):
+                yield
+        except BaseException:
+            log.flush()
+            tail = log_path.read_text().splitlines()[-40:]
+            console.write("\n".join(["--- the run's log, last lines ---", *tail, ""]))
+            console.write(f"log: {log_path}\n")
+            raise
 
 
 def _share_with_image_user(pipeline_root: Path, registry_root: Path) -> None:

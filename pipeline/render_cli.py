@@ -1,6 +1,7 @@
 """``python -m pipeline render-mpijob``: print the exact MPIJob manifest as YAML (a dry run).
 
 Nothing touches a cluster. The manifest is validated against the CRD schema before printing.
+The options are the declared fields of `TrainConfig` and `MPIJobParams`, under their own names.
 """
 
 from __future__ import annotations
@@ -10,17 +11,20 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from components.common import defaults, storage
-from pipeline.cli_options import lr_scaling_option, min_workers_option, model_options, options
+from components.train.config import TRAIN_PARAMETERS
+from components.train.mpijob.manifest import MPIJOB_PARAMETERS
+from pipeline.cli_options import declared_options
 
 if TYPE_CHECKING:
     from components.train.mpijob.manifest import MPIJobParams
 
 EXAMPLE_BUCKET = "gs://YOUR_BUCKET/kfp-horovod"
-TRAIN_OPTIONS = (
-    "workers", "slots_per_worker", "epochs", "batch_size_per_worker", "learning_rate",
-    "warmup_epochs", "lr_scaling", "threads_per_worker", "seed", "model", "augment",
-    "min_workers", "gpus_per_worker",
-)  # fmt: skip
+# The trainer's fields, less its URIs (options of their own, defaulting to the example bucket).
+TRAINER_OPTIONS = [p for p in TRAIN_PARAMETERS if p.name not in ("data", "output", "model_dir")]
+# The pods' and run policy's fields, less the ones the command fills in.
+POD_OPTIONS = [
+    p for p in MPIJOB_PARAMETERS if p.name not in ("image", "owner_pod_name", "owner_pod_uid")
+]
 
 
 def render_yaml(
@@ -38,89 +42,24 @@ def render_yaml(
 
 
 def params_from_options(
-    run_name: str, data: str | None, output: str | None, model_dir: str | None, **options: Any
+    data: str | None, output: str | None, model_dir: str | None, **options: Any
 ) -> MPIJobParams:
     """The MPIJobParams of the command's options; ValueError lists every bad one at once."""
     from components.train.config import TrainConfig
     from components.train.mpijob.manifest import MPIJobParams, uri_problems
 
     data = data or storage.join(EXAMPLE_BUCKET, "data")
-    output = output or storage.join(EXAMPLE_BUCKET, "runs", run_name)
-    fields = {name: options.pop(name) for name in TRAIN_OPTIONS}
+    output = output or storage.join(EXAMPLE_BUCKET, "runs", options["run_name"])
+    fields = {p.name: options.pop(p.name) for p in TRAINER_OPTIONS}
     try:
         train = TrainConfig(data=data, output=output, model_dir=model_dir, **fields)
     except ValueError as exc:
         problems = [str(exc), *uri_problems(data, output, model_dir)]
         raise ValueError("; ".join(problems)) from exc
-    return MPIJobParams(run_name=run_name, train=train, **options)
-
-
-# What the trainer is told (TrainConfig's fields, TRAIN_OPTIONS).
-trainer_options = options(
-    click.option("--workers", type=int, default=defaults.WORKERS, show_default=True),
-    click.option(
-        "--slots-per-worker", type=int, default=defaults.SLOTS_PER_WORKER, show_default=True
-    ),
-    click.option("--epochs", type=int, default=defaults.EPOCHS, show_default=True),
-    click.option(
-        "--batch-size",
-        "batch_size_per_worker",
-        type=int,
-        default=defaults.BATCH_SIZE_PER_WORKER,
-        show_default=True,
-    ),
-    click.option(
-        "--learning-rate", type=float, default=defaults.BASE_LEARNING_RATE, show_default=True
-    ),
-    click.option("--warmup-epochs", type=int, default=defaults.WARMUP_EPOCHS, show_default=True),
-    lr_scaling_option,
-    click.option("--threads-per-worker", type=int, default=0, help="0: cores / local workers"),
-    click.option("--seed", type=int, default=defaults.SHUFFLE_SEED, show_default=True),
-    model_options,
-    min_workers_option,
-    click.option(
-        "--gpus",
-        "gpus_per_worker",
-        type=int,
-        default=0,
-        show_default=True,
-        help="nvidia.com/gpu per worker; > 0 also picks the GPU trainer image",
-    ),
-)
-# How the pods are sized, scheduled and cleaned up (MPIJobParams' own fields).
-pod_options = options(
-    click.option("--cpu", "cpu_per_worker", default=defaults.WORKER_CPU, show_default=True),
-    click.option(
-        "--memory", "memory_per_worker", default=defaults.WORKER_MEMORY, show_default=True
-    ),
-    click.option(
-        "--ttl-seconds",
-        "ttl_seconds_after_finished",
-        type=int,
-        default=defaults.MPIJOB_TTL_SECONDS_AFTER_FINISHED,
-        show_default=True,
-    ),
-    click.option(
-        "--backoff-limit", type=int, default=defaults.MPIJOB_BACKOFF_LIMIT, show_default=True
-    ),
-    click.option(
-        "--deadline-seconds",
-        "active_deadline_seconds",
-        type=int,
-        default=defaults.MPIJOB_ACTIVE_DEADLINE_SECONDS,
-        show_default=True,
-    ),
-    click.option("--queue", default=None, help="Gang-scheduling queue (Volcano)."),
-    click.option("--priority-class", default=None),
-    click.option("--min-available", type=int, default=None, help="Gang size (default: all pods)."),
-    click.option("--scheduler-name", default=None, help="e.g. volcano"),
-    click.option("--service-account", default=None, help="KSA of the pods (Workload Identity)."),
-)
+    return MPIJobParams(train=train, **options)
 
 
 @click.command("render-mpijob")
-@click.option("--run-name", default="dry-run", show_default=True, help="Names the MPIJob.")
-@click.option("--pipeline-run-id", default="", help="KFP run id (a label, and part of the name).")
 @click.option("--namespace", default=None, help="Set metadata.namespace.")
 @click.option("--data", default=None, help="gs:// dataset [<bucket>/data].")
 @click.option("--output", default=None, help="gs:// output [<bucket>/runs/<run>].")
@@ -128,14 +67,14 @@ pod_options = options(
 @click.option(
     "--image",
     default=None,
-    help="Trainer image (overrides registry and tag) [the trainer image, or with --gpus > 0 the "
-    "GPU trainer image, of --image-registry and --image-tag].",
+    help="Trainer image (overrides registry and tag) [the trainer image, or with "
+    "--gpus-per-worker > 0 the GPU trainer image, of --image-registry and --image-tag].",
 )
 @click.option("--image-registry", default=defaults.DEFAULT_IMAGE_REGISTRY, show_default=True)
 @click.option("--image-tag", default=defaults.PACKAGE_VERSION, show_default=True)
 @click.option("--crd", "crd_path", default=None, help="CRD file [deploy/crd/...].")
-@trainer_options
-@pod_options
+@declared_options(TRAINER_OPTIONS)
+@declared_options(POD_OPTIONS, {"run_name": "dry-run"})
 def render_mpijob(
     namespace: str | None,
     image: str | None,

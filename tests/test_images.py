@@ -725,7 +725,7 @@ def test_trainer_pins_tensorflow_and_friends(image: str) -> None:
     assert tf == want, f"trainer image pins TensorFlow {tf}, want {want} (defaults.py)"
     assert int(pins["protobuf"].split(".")[0]) < 5, "kfp 2.13 needs protobuf<5"
     # TF 2.18 requires Keras 3 (`keras`), which breaks Horovod 0.28; the trainer runs on the
-    # Keras 2 API of tf-keras, selected in components/common/keras_env.py (issue 12).
+    # Keras 2 API of tf-keras, selected in components/common/keras_env.py (docs/versions.md).
     assert pins["tf-keras"].startswith("2."), "Keras 3 breaks Horovod 0.28: tf-keras 2 needed"
     for dep in requires("horovod"):
         assert dep in pins, f"Horovod is installed --no-deps; pin its dependency {dep}"

@@ -1,4 +1,4 @@
-"""Issue 12: the trainer selects Keras 2 through components/common/keras_env.py before it imports
+"""The trainer selects Keras 2 through components/common/keras_env.py before it imports
 Horovod, so Horovod 0.28.1's callbacks get Keras 2's backend (tf_keras), never Keras 3's.
 
 Each check runs in a fresh interpreter, without TF_USE_LEGACY_KERAS in its environment: what
@@ -29,7 +29,7 @@ TRAINER_PROBE = """
 import json, sys
 from components.train.cli import main
 from components.train.preflight import EXIT_PREFLIGHT
-assert main(["--data", {data!r}, "--output", {out!r}, "--expected-workers", "2"]) == EXIT_PREFLIGHT
+assert main(["--data", {data!r}, "--output", {out!r}, "--workers", "2"]) == EXIT_PREFLIGHT
 import horovod.tensorflow.keras as hvd_keras
 import horovod.tensorflow.keras.callbacks as callbacks
 import tensorflow as tf

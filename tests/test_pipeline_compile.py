@@ -40,13 +40,13 @@ def test_compiles_to_one_yaml_that_kfp_loads_back(tmp_path: Path) -> None:
     assert set(tasks) == {"check-parameters", "prepare-data", "train", "evaluate", "register-model"}
     assert sorted(tasks["train"]["dependentTasks"]) == ["check-parameters", "prepare-data"]
     assert tasks["evaluate"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"] == {
-        "outputArtifactKey": "model", "producerTask": "train",
+        "outputArtifactKey": "saved_model", "producerTask": "train",
     }  # fmt: skip
 
 
 def test_model_and_augment_reach_the_check_and_the_train_step(tmp_path: Path) -> None:
     """The compiled defaults are mnist_advanced, no augmentation; the check step sees both
-    parameters and the train step gets them (``model`` as its input ``architecture``)."""
+    parameters and the train step gets them under the same names."""
     spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     assert parameters["model"] == {
@@ -57,7 +57,7 @@ def test_model_and_augment_reach_the_check_and_the_train_step(tmp_path: Path) ->
     }  # fmt: skip
     tasks = spec["root"]["dag"]["tasks"]
     train = tasks["train"]["inputs"]["parameters"]
-    assert train["architecture"] == {"componentInputParameter": "model"}
+    assert train["model"] == {"componentInputParameter": "model"}
     assert train["augment"] == {"componentInputParameter": "augment"}
     check = tasks["check-parameters"]["inputs"]["parameters"]
     assert check["model"] == {"componentInputParameter": "model"}
@@ -127,20 +127,12 @@ def test_output_does_not_depend_on_who_compiles_it(tmp_path: Path) -> None:
 
 
 def _check(**overrides: object) -> object:
-    """The check step's function, called as the step calls it, with the compiled defaults."""
-    from pipeline.pipeline import check_parameters
+    """The check step's program, called as the step calls it, with the compiled defaults."""
+    from pipeline.checks import PIPELINE_PARAMETERS, check_step
 
-    params: dict[str, object] = dict(
-        workers=2, epochs=8, batch_size_per_worker=64, learning_rate=0.001, warmup_epochs=1,
-        lr_scaling="linear", threads_per_worker=0, model="mnist_advanced", augment=False,
-        min_workers=0,
-        data_source="bundled", data_sha256=defaults.MNIST_SHA256, data_limit=0, shard_size=1000,
-        min_accuracy=0.9, model_name="mnist-cnn", registry_root="gs://b/models",
-        training_backend="mpijob", slots_per_worker=1, cpu_per_worker="2",
-        memory_per_worker="4Gi", gpus_per_worker=0, trainer_image="",
-        images=json.dumps(defaults.image_refs("r.example/p", "7")),
-    )  # fmt: skip
-    return check_parameters(**{**params, **overrides})
+    values = {p.name: p.default for p in PIPELINE_PARAMETERS}
+    values.update({"registry_root": "gs://b/models", **overrides})
+    return check_step(images=json.dumps(defaults.image_refs("r.example/p", "7")), **values)
 
 
 def test_a_ui_run_with_an_empty_registry_fails_in_the_check_step_saying_what_to_fill_in() -> None:
@@ -164,3 +156,10 @@ def test_the_check_step_chooses_the_trainer_image_from_the_jobs_gpus() -> None:
     )  # fmt: skip  # the local backend trains in the step's own pod: one GPU per worker
     mine = _check(gpus_per_worker=1, trainer_image="me/my-trainer:1")
     assert mine.trainer_image == "me/my-trainer:1"  # a user-given image wins
+
+
+def test_the_parameters_page_is_the_declarations() -> None:
+    from pipeline.checks import parameters_markdown
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "parameters.md"
+    assert page.read_text() == parameters_markdown(), "run: python -m pipeline parameters"

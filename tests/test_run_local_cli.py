@@ -72,7 +72,10 @@ def test_run_local_help_lists_the_models() -> None:
     result = CliRunner().invoke(cli, ["run-local", "--help"])
     assert result.exit_code == 0
     text = " ".join(result.output.split())
-    assert "--model TEXT mnist_advanced or small, or your own as package.module:function" in text
+    assert (
+        "--model TEXT mnist_advanced or small, or a Python entry point package.module:function"
+        in text
+    )
     assert "--augment / --no-augment" in text
 
 

@@ -1,4 +1,4 @@
-"""Issue 10's overhead rule, asserted on real runs: a step imports TensorFlow only where it needs
+"""The overhead rule, asserted on real runs: a step imports TensorFlow only where it needs
 it, and only once. Data prep never does; the train step's own process does not either (only its
 ranks, each once, in its own process), so a train step pays TensorFlow's import once per rank.
 Registration has its own test (components/register/tests/test_register.py); evaluation needs
@@ -20,7 +20,7 @@ from components.train.config import TrainConfig
 from components.train.task import train_locally
 
 seen = {{}}
-assert prep(["--output", {data!r}, "--limit", "400", "--shard-size", "200"]) == 0
+assert prep(["--output", {data!r}, "--data-limit", "400", "--shard-size", "200"]) == 0
 seen["data prep"] = sorted(m for m in ("tensorflow", "keras", "horovod") if m in sys.modules)
 # data and output are the artifacts' URIs on a cluster; train_locally uses the local paths
 config = TrainConfig(data="gs://b/data", output="gs://b/out", workers=2, epochs=1,

@@ -14,7 +14,7 @@ PACKAGE_VERSION = __version__
 
 # Toolchain pins. The images and `make install` use the same numbers.
 PYTHON_VERSION = "3.11"
-TENSORFLOW_VERSION = "2.18.1"  # with tf-keras 2.18.0: the Keras 2 API (issue 12)
+TENSORFLOW_VERSION = "2.18.1"  # with tf-keras 2.18.0: the Keras 2 API (docs/versions.md)
 HOROVOD_VERSION = "0.28.1"
 KFP_VERSION = "2.13.0"
 

@@ -2,7 +2,7 @@
 ``keras()``, never ``tf.keras``; the trainer calls it before it imports Horovod. Code that needs
 TensorFlow but not Keras imports it through ``tensorflow()``, which selects Keras 2 the same way.
 
-Issue 12: Horovod 0.28.1 does ``from keras import backend as K``, and from TF 2.16 on ``keras``
+Why: Horovod 0.28.1 does ``from keras import backend as K``, and from TF 2.16 on ``keras``
 is Keras 3, which breaks Horovod's callbacks: so select Keras 2 (tf-keras), aliased as ``keras``.
 
 Nothing happens at import. TF reads ``TF_USE_LEGACY_KERAS`` when ``tf.keras`` is first accessed
@@ -70,13 +70,13 @@ def _check_bound(tf: ModuleType, tf_keras: ModuleType) -> None:
     if tf.keras.Model is not tf_keras.Model:
         raise Keras3Loaded(
             f"tf.keras was loaded as {tf.keras.Model.__module__} before "
-            "components.common.keras_env.keras() selected Keras 2 (issue 12)"
+            "components.common.keras_env.keras() selected Keras 2 (docs/versions.md)"
         )
     callbacks = sys.modules.get("horovod.tensorflow.keras.callbacks")
     if callbacks is not None and getattr(callbacks, "K", None) is not tf_keras.backend:
         raise Keras3Loaded(
             "horovod.tensorflow.keras was imported before components.common.keras_env.keras(): "
-            f"its callbacks use {callbacks.K.__name__}, not tf_keras.backend (issue 12)"
+            f"its callbacks use {callbacks.K.__name__}, not tf_keras.backend (docs/versions.md)"
         )
 
 

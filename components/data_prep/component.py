@@ -1,33 +1,19 @@
-"""KFP definition of data prep: a thin wrapper over ``components.data_prep.prep``."""
+"""KFP definition of data prep: its declared parameters (`PrepStep`) in, the dataset out
+(``components.data_prep.prep.prepare_step``)."""
 
 from kfp import dsl
-from kfp.dsl import Dataset, Output
 
+from components.common.kfp_function import kfp_function
+from components.data_prep.step import PREP_PARAMETERS
 
-def prepare_data(
-    source: str,
-    sha256: str,
-    shard_size: int,
-    limit: int,
-    dataset: Output[Dataset],
-) -> None:
-    """Write the MNIST dataset from `source` under ``dataset.path``.
-
-    `source` is ``bundled`` or a URL/gs:// path of an mnist.npz; `sha256` its expected hash
-    (``none`` disables the check); `limit` keeps the first N samples per split (0: all).
-    """
-    from components.data_prep.prep import manifest_sha256, parse_sha256, prepare
-
-    manifest = prepare(source, dataset.path, shard_size, parse_sha256(sha256), limit)
-    for split, body in manifest["splits"].items():
-        dataset.metadata[f"{split}_count"] = body["count"]
-        dataset.metadata[f"{split}_shards"] = len(body["shards"])
-    dataset.metadata["manifest_sha256"] = manifest_sha256(dataset.path)
-    dataset.metadata["source"] = manifest["source"]["uri"]
-    dataset.metadata["source_sha256"] = manifest["source"]["sha256"]
-    dataset.metadata["format"] = manifest["format"]
+SIGNATURE = [*((p.name, p.type.__name__) for p in PREP_PARAMETERS), ("dataset", "Output[Dataset]")]
 
 
 def make_component(image: str) -> dsl.base_component.BaseComponent:
     """The KFP data prep component running in `image`."""
-    return dsl.component(base_image=image, install_kfp_package=False)(prepare_data)
+    func = kfp_function(
+        "prepare_data", SIGNATURE, "None",
+        "components.data_prep.prep:prepare_step",
+        "Write the MNIST dataset from `data_source` under ``dataset.path``.",
+    )  # fmt: skip
+    return dsl.component(base_image=image, install_kfp_package=False)(func)

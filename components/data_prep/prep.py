@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common import dataset, storage
+from components.common.declare import add_arguments
 from components.common.defaults import MNIST_SHA256, SHARD_SIZE
 from components.data_prep.sources import load_source
 
@@ -50,9 +51,9 @@ def prepare(
     at all), on GCS with ``manifest.json`` uploaded last (readers key on it: ``read_manifest``).
     """
     if shard_size < 1:
-        raise ValueError(f"--shard-size must be >= 1, got {shard_size}")
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     if limit is not None and limit < 0:
-        raise ValueError(f"--limit must be >= 0 (0 = all), got {limit}")
+        raise ValueError(f"data_limit must be >= 0 (0 = all), got {limit}")
     limit = limit or None
     check_output_free(output)
     data = load_source(source, expected_sha256)
@@ -82,30 +83,40 @@ def manifest_sha256(output: str) -> str:
     return dataset.sha256_bytes(storage.read_bytes(storage.join(output, dataset.MANIFEST)))
 
 
+def prepare_step(
+    data_source: str, data_sha256: str, data_limit: int, shard_size: int, dataset: Any
+) -> None:
+    """The data-prep step: `prepare` into the Dataset artifact `dataset`, with its metadata."""
+    manifest = prepare(data_source, dataset.path, shard_size, parse_sha256(data_sha256), data_limit)
+    for split, body in manifest["splits"].items():
+        dataset.metadata[f"{split}_count"] = body["count"]
+        dataset.metadata[f"{split}_shards"] = len(body["shards"])
+    dataset.metadata["manifest_sha256"] = manifest_sha256(dataset.path)
+    dataset.metadata["source"] = manifest["source"]["uri"]
+    dataset.metadata["source_sha256"] = manifest["source"]["sha256"]
+    dataset.metadata["format"] = manifest["format"]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m components.data_prep.prep --source bundled --output DIR``."""
+    """CLI: ``python -m components.data_prep.prep --data-source bundled --output DIR``."""
+    from components.data_prep.step import PREP_PARAMETERS, PrepStep
+
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--source", default="bundled", help="'bundled' or URL/gs:///path of mnist.npz"
-    )
     parser.add_argument("--output", required=True, help="dataset directory (local or gs://)")
-    parser.add_argument("--shard-size", type=int, default=SHARD_SIZE)
-    parser.add_argument(
-        "--sha256", default=MNIST_SHA256, help="expected sha256 of the source file, or 'none'"
-    )
-    parser.add_argument(
-        "--limit", type=int, default=0, help="keep only the first N samples per split (0: all)"
-    )
-    args = parser.parse_args(argv)
+    add_arguments(parser, PREP_PARAMETERS)
+    args = vars(parser.parse_args(argv))
+    output = args.pop("output")
     try:
+        step = PrepStep(**args)
         manifest = prepare(
-            args.source, args.output, args.shard_size, parse_sha256(args.sha256), args.limit
-        )
+            step.data_source, output, step.shard_size, parse_sha256(step.data_sha256),
+            step.data_limit,
+        )  # fmt: skip
     except (dataset.DataError, ValueError, FileExistsError, storage.StorageError) as exc:
         print(f"data prep failed: {exc}", file=sys.stderr)
         return 2
     counts = {k: v["count"] for k, v in manifest["splits"].items()}
-    print(f"dataset written to {args.output}: {json.dumps(counts)}")
+    print(f"dataset written to {output}: {json.dumps(counts)}")
     return 0
 
 

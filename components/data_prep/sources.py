@@ -74,7 +74,7 @@ def fetch(uri: str, timeout_s: float = 60.0) -> bytes:
 def load_mnist_npz(uri: str, expected_sha256: str | None = MNIST_SHA256) -> SourceData:
     """Read an ``mnist.npz`` (keys x_train, y_train, x_test, y_test) and check its sha256.
 
-    Pass ``expected_sha256=None`` (the CLI's ``--sha256 none``) for a file of your own that has
+    Pass ``expected_sha256=None`` (the CLI's ``--data-sha256 none``) for a file of your own that has
     no published hash.
     """
     data = fetch(uri)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from components.common import dataset, storage
 from components.common.defaults import MIN_ACCURACY, MODEL_NAME, PRODUCTION_ALIAS
@@ -190,8 +190,7 @@ class Provenance:
                 "counts": {split: manifest.count(split) for split in manifest.splits},
                 "source": manifest.raw.get("source", {}),
             },
-            # which model the trainer trained (the pipeline's `model` and `augment`); None
-            # for a run summary from before the model was a choice
+            # which model the trainer trained (the pipeline's `model` and `augment`)
             "model": self.run_summary.get("model"),
             "augment": self.run_summary.get("augment"),
             "run_summary": self.run_summary,
@@ -363,6 +362,38 @@ def register(
             version, local_model, provenance.metadata(candidate, version, started)
         )
     return promote(store, candidate, version, version_uri, clock().isoformat())
+
+
+class StepOutputs(NamedTuple):
+    """The register step's output parameters."""
+
+    registered: bool
+    promoted: bool
+    version: int
+    decision_text: str
+    version_uri: str
+
+
+def register_step(
+    model: Any, run_summary: Any, dataset: Any, accuracy: float, loss: float,
+    min_accuracy: float, model_name: str, registry_root: str, pipeline_run_id: str,
+    image_refs: str, decision: Any,
+) -> StepOutputs:  # fmt: skip
+    """The register step (KFP artifacts `model`, `run_summary`, `dataset`, `decision`): the
+    model must hash to the ``saved_model_sha256`` the trainer recorded (in the run summary and
+    the Model artifact's metadata), or nothing is registered."""
+    result = register(
+        model.path, run_summary.path, dataset.path, accuracy, loss,
+        registry_root=registry_root, pipeline_run_id=pipeline_run_id, model_name=model_name,
+        min_accuracy=min_accuracy, image_refs=parse_image_refs(image_refs),
+        saved_model_sha256=model.metadata.get("saved_model_sha256"),
+    )  # fmt: skip
+    Path(decision.path).write_text(result.to_markdown(), encoding="utf-8")
+    decision.metadata["decision"] = result.decision
+    decision.metadata["version"] = result.version
+    return StepOutputs(
+        result.registered, result.promoted, result.version, result.decision, result.version_uri
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

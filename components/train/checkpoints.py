@@ -17,9 +17,7 @@ file there, with its size and sha256), and the first that checks out is used. Wh
 the one ``latest.json`` names, or ``latest.json`` itself is unreadable or gone, one log line
 says which checkpoint was passed over and why. A resume never silently starts from scratch:
 once anything was committed (``latest.json`` or an epoch's ``checkpoint.json`` exists) and no
-checkpoint checks out, `latest` raises `CheckpointError` naming each one. Trees written before
-the per-epoch files existed (no ``checkpoint.json`` anywhere) resume from ``latest.json`` as
-before.
+checkpoint checks out, `latest` raises `CheckpointError` naming each one.
 """
 
 from __future__ import annotations
@@ -38,8 +36,6 @@ from components.common import storage
 LATEST = "latest.json"
 EPOCH_MARKER = "checkpoint.json"
 _EPOCH_DIR = re.compile(r"^epoch-(\d{4,})$")
-# Markers written before the model was a choice name no model: all of them trained this one.
-MODEL_BEFORE_THE_CHOICE = "small"
 _log = logging.getLogger(__name__)
 
 
@@ -55,7 +51,7 @@ class CheckpointInfo:
     epoch: int
     prefix: str
     metrics: dict[str, float]
-    model: str = MODEL_BEFORE_THE_CHOICE
+    model: str
 
     def model_problem(self, model: str, checkpoint_uri: str) -> str | None:
         """Why a run training `model` cannot resume from this checkpoint, or None."""
@@ -79,7 +75,7 @@ def _info(raw: Any) -> CheckpointInfo:
         int(raw["epoch"]),
         str(raw["prefix"]),
         dict(raw.get("metrics", {})),
-        str(raw.get("model", MODEL_BEFORE_THE_CHOICE)),
+        str(raw["model"]),
     )
 
 
@@ -162,11 +158,10 @@ def latest(checkpoint_uri: str, log: logging.Logger | None = None) -> Checkpoint
     present = _files_under(checkpoint_uri)
     pointer, pointer_problem = _pointer(checkpoint_uri)
     epochs = _epochs_present(present)
-    if not any(f"{epoch_dir(e)}/{EPOCH_MARKER}" in present for e in epochs):
-        if pointer_problem == "missing":  # nothing was committed: a fresh start
-            return None
-        if pointer is not None and f"{pointer.prefix}.index" in present:
-            return pointer  # a tree from before the per-epoch markers
+    if pointer_problem == "missing" and not any(
+        f"{epoch_dir(e)}/{EPOCH_MARKER}" in present for e in epochs
+    ):
+        return None  # nothing was committed: a fresh start
     newest = pointer.epoch if pointer is not None else max(epochs, default=0)
     candidates = {e for e in epochs if e <= newest} | ({newest} if newest > 0 else set())
     passed_over = [] if pointer_problem is None else [f"{LATEST} is {pointer_problem}"]

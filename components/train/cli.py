@@ -1,6 +1,6 @@
 """Thin CLI of the trainer.
 
-``horovodrun -np N python -m components.train --data ... --expected-workers N``
+``mpirun -np N python -m components.train --data ... --workers N``
 
 The flags are read by `components.train.config.from_argv`, the inverse of `to_argv`.
 """

@@ -16,6 +16,7 @@ import numpy as np
 from components.common import dataset
 from components.train.config import TrainConfig
 from components.train.sharding import batch_bounds, epoch_permutation, shard_range, steps_per_epoch
+from components.train.summary import Coverage
 
 
 @dataclass
@@ -124,7 +125,7 @@ def plan_epochs(shard: Shard, config: TrainConfig, rank: int, start: int) -> Epo
     return EpochPlan(start, rows, lengths, shard.steps)
 
 
-def coverage(all_ids: list[np.ndarray], total: int) -> dict[str, Any]:
+def coverage(all_ids: list[np.ndarray], total: int) -> Coverage:
     """Whether the ranks' ids of one epoch (one array per rank) cover 0..total-1 exactly once."""
     ids = np.concatenate(all_ids)
     return {

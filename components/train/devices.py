@@ -34,14 +34,11 @@ class Devices:
         return self.device.startswith("GPU")
 
 
-def configure_devices(
-    tf: Any, local_rank: int, local_size: int, threads: int | None, inter_op: int = 0
-) -> Devices:
+def configure_devices(tf: Any, local_rank: int, local_size: int, threads: int | None) -> Devices:
     """Pin this process to one GPU by local rank, or run on CPU; set the thread counts.
 
-    Intra-op threads: `threads`, or this rank's share of the cores. Inter-op threads:
-    `inter_op`, or (0) ``min(2, intra-op threads)``. Must run before TensorFlow executes any
-    op.
+    Intra-op threads: `threads`, or this rank's share of the cores; inter-op threads:
+    ``min(2, intra-op threads)``. Must run before TensorFlow executes any op.
     """
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
@@ -53,7 +50,7 @@ def configure_devices(
         device = "CPU"
     n = threads or default_threads(local_size)
     tf.config.threading.set_intra_op_parallelism_threads(n)
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op or max(1, min(2, n)))
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, n)))
     return Devices(device, n, len(gpus))
 
 

@@ -37,6 +37,7 @@ from components.train.data import EpochPlan, Shard, coverage, plan_epochs
 from components.train.export import gather_and_export
 from components.train.fit import EpochStats, fit_epochs, training_callbacks
 from components.train.job import Job, Trainee, agree_on_inputs, log_plan, rank_logger
+from components.train.summary import Coverage, ElasticRecord, RunSummary
 
 # Larger than any job's step count: Horovod's CommitStateCallback then commits at epoch ends
 # only, so an epoch never straddles two world sizes.
@@ -101,7 +102,7 @@ def train_elastic(job: Job, trainee: Trainee) -> int:
             raise
 
     done = attempt(state)
-    extra = {"elastic": elastic_record(config, state)}
+    extra: RunSummary = {"elastic": elastic_record(config, state)}
     if state.epochs:
         extra["coverage"] = combined_coverage(state.epochs, done.shard.total)
     final_ids = done.plan.first_epoch_ids(done.shard)
@@ -135,8 +136,7 @@ def _state_callbacks(job: Job, shard: Shard, plan: EpochPlan, state: Any) -> lis
     class RecordEpoch(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             ids = allgather_object(plan.epoch_ids(shard, epoch))
-            record = {"epoch": epoch + 1, "world_size": job.size}
-            record.update(coverage(ids, shard.total))
+            record = {"epoch": epoch + 1, "world_size": job.size, **coverage(ids, shard.total)}
             # Assign, never mutate: KerasState keeps the committed values by reference.
             state.epochs = [*state.epochs, record]
             state.metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
@@ -146,7 +146,7 @@ def _state_callbacks(job: Job, shard: Shard, plan: EpochPlan, state: Any) -> lis
     return [RecordEpoch(), commit]
 
 
-def elastic_record(config: Any, state: Any) -> dict[str, Any]:
+def elastic_record(config: Any, state: Any) -> ElasticRecord:
     """The run summary's ``elastic`` block."""
     return {
         "min_workers": config.min_workers,
@@ -156,7 +156,7 @@ def elastic_record(config: Any, state: Any) -> dict[str, Any]:
     }
 
 
-def combined_coverage(epochs: list[dict[str, Any]], total: int) -> dict[str, Any]:
+def combined_coverage(epochs: list[dict[str, Any]], total: int) -> Coverage:
     """The summary's coverage over every epoch this job trained, each at its world size."""
     return {
         "samples": total,

@@ -4,7 +4,6 @@ run summary, and says in plain words whether it was one model or N.
 
 from __future__ import annotations
 
-import json
 import socket
 import tempfile
 from dataclasses import asdict
@@ -22,8 +21,7 @@ from components.train.job import EXIT_OK, Job, Trainee, controller
 from components.train.model import count_parameters, weights_fingerprint
 from components.train.report import device_text, world_history
 from components.train.resources import resource_use
-
-SUMMARY_KIND = "kfp-horovod/run-summary/v1"
+from components.train.summary import KIND, RankRecord, RunSummary, write
 
 
 def gather_and_export(
@@ -33,18 +31,18 @@ def gather_and_export(
     final_metrics: dict[str, float],
     stats: EpochStats,
     epoch_ids: np.ndarray,
-    extra: dict[str, Any] | None = None,
+    extra: RunSummary | None = None,
 ) -> int:
     """Every rank shares what it did; rank 0 exports the one model and the run summary (with
     `extra`'s keys added)."""
     from horovod.tensorflow import allgather_object
 
-    mine = {
+    mine: RankRecord = {
         "rank": job.rank,
         "local_rank": job.hvd.local_rank(),
         "host": socket.gethostname(),
         "device": job.device,
-        **gpu_usage(job.tf, job.devices),
+        **gpu_usage(job.tf, job.devices),  # type: ignore[typeddict-item]
         "threads": job.threads,
         "sample_range": [shard.start, shard.stop],
         "samples_per_epoch": int(len(shard.labels)),
@@ -67,8 +65,9 @@ def gather_and_export(
     summary["adam"] = asdict(job.adam)
     summary["model_parameters"] = count_parameters(trainee.model)
     summary.update(extra or {})
-    summary.update(_export(trainee.model, job.config.model_uri))
-    storage.write_text(job.config.summary_uri, json.dumps(summary, indent=2, sort_keys=True))
+    summary["model_uri"] = job.config.model_uri
+    summary["saved_model_sha256"] = _export(trainee.model, job.config.model_uri)
+    write(job.config.summary_uri, summary)
     for line in coordination_lines(summary):
         job.log.info("%s", line)
     return EXIT_OK
@@ -81,12 +80,12 @@ def _summarise(
     scaled_lr: float,
     initial_epoch: int,
     final_metrics: dict[str, float],
-    per_rank: list[dict[str, Any]],
+    per_rank: list[RankRecord],
     all_ids: list[np.ndarray],
-) -> dict[str, Any]:
+) -> RunSummary:
     fingerprints = {r["weights_sha256"] for r in per_rank}
     return {
-        "kind": SUMMARY_KIND,
+        "kind": KIND,
         "world_size": size,
         "expected_workers": config.world_size,
         "hosts": sorted({r["host"] for r in per_rank}),
@@ -113,26 +112,21 @@ def _summarise(
         "tensorboard_uri": config.tensorboard_uri,
         "models_exported": 1,
         "exported_by_rank": 0,
-        "levers": {
-            "compression": config.compression,
-            "backward_passes_per_step": config.backward_passes_per_step,
-            "jit_compile": config.jit_compile,
-            "inter_op_threads": config.inter_op_threads,
-        },
     }
 
 
-def _export(model: Any, model_uri: str) -> dict[str, Any]:
-    """Rank 0 writes the one SavedModel (no optimizer: it loads without Horovod)."""
+def _export(model: Any, model_uri: str) -> str:
+    """Rank 0 writes the one SavedModel (no optimizer: it loads without Horovod); the sha256 of
+    its ``saved_model.pb``."""
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         local = Path(tmp) / "model"
         model.save(str(local), include_optimizer=False, save_format="tf")
         pb_sha256 = dataset.sha256_bytes((local / "saved_model.pb").read_bytes())
         storage.upload_dir(local, model_uri, last="saved_model.pb")
-    return {"model_uri": model_uri, "saved_model_sha256": pb_sha256}
+    return pb_sha256
 
 
-def coordination_lines(summary: dict[str, Any]) -> list[str]:
+def coordination_lines(summary: RunSummary) -> list[str]:
     """The plain-words answer to 'one model or N?', for the log."""
     size = summary["world_size"]
     lines = [

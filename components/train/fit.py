@@ -9,7 +9,6 @@ and checkpoint (rank 0).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -55,58 +54,13 @@ def build_or_resume(job: Job) -> Trainee:
     keras = keras_env.keras()
     clock = AllreduceClock(tf)
     adam = keras.optimizers.legacy.Adam(**asdict(job.adam))
-    optimizer = clock.wrap(_distributed_optimizer(job, adam))
+    optimizer = clock.wrap(job.hvd.DistributedOptimizer(adam))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    if config.jit_compile:
-        model.train_step = _xla_train_step(model, tf, keras)
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
     if resume:
         checkpoints.restore(ckpt, config.checkpoint_uri, resume, job.workdir)
         job.log.info("resuming from checkpoint after epoch %d of %d", resume.epoch, config.epochs)
     return Trainee(model, ckpt, resume, clock)
-
-
-def _distributed_optimizer(job: Job, optimizer: Any) -> Any:
-    """Horovod's DistributedOptimizer around `optimizer`, with the config's levers.
-
-    ``backward_passes_per_step`` k > 1: each rank sums k batches' gradients locally, then one
-    allreduce; the update uses their mean (``average_aggregated_gradients``), as one batch k
-    times bigger would, and the optimizer steps once per k batches.
-    """
-    config, hvd = job.config, job.hvd
-    return hvd.DistributedOptimizer(
-        optimizer,
-        compression=getattr(hvd.Compression, config.compression),
-        backward_passes_per_step=config.backward_passes_per_step,
-        average_aggregated_gradients=config.backward_passes_per_step > 1,
-    )
-
-
-def _xla_train_step(model: Any, tf: Any, keras: Any) -> Callable[[Any], Any]:
-    """Keras' train step with the forward and backward pass compiled by XLA, the allreduce not.
-
-    ``model.compile(jit_compile=True)`` would compile the whole step, and Horovod's allreduce
-    has no XLA kernel on CPU (HorovodAllreduce: "No registered OpKernel for XLA_CPU_JIT"). So
-    XLA compiles the gradients and the DistributedOptimizer reduces and applies them as in its
-    own ``minimize`` (compression and backward passes per step included).
-    """
-
-    @tf.function(jit_compile=True)
-    def forward_backward(x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any]:
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            loss = model.compute_loss(x, y, y_pred, sample_weight)
-        return y_pred, tape.gradient(loss, model.trainable_variables)
-
-    def train_step(data: Any) -> Any:
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        y_pred, grads = forward_backward(x, y, sample_weight)
-        variables = model.trainable_variables
-        reduced = model.optimizer._allreduce(grads, variables)  # what its minimize() does
-        model.optimizer.apply_gradients(list(zip(reduced, variables, strict=True)))
-        return model.compute_metrics(x, y, y_pred, sample_weight)
-
-    return train_step
 
 
 def training_callbacks(job: Job, trainee: Trainee, steps: int, stats: EpochStats) -> list[Any]:

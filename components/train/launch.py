@@ -156,7 +156,7 @@ def thread_affinity(local_ranks: int) -> str:
     """``HOROVOD_THREAD_AFFINITY`` for `local_ranks` ranks on this machine: rank r's Horovod
     background thread on core r (cycling over the cores this process may use).
 
-    Issue 10's lever run measured 1.10x the 2x1 throughput with it (bench/results/levers.json):
+    It measured 1.10x the 2x1 throughput with Gloo (docs/performance.md has today's figures):
     the background thread's Gloo work then stays off the core the other rank computes on. It
     changes no arithmetic, so it is a default of every static local job.
     """

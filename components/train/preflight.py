@@ -39,15 +39,17 @@ def world_size_problem(
     tag = f"[rank {rank}/{world_size}]"
     if world_size < expected_workers:
         what = (
-            f"This process is in a Horovod job of {world_size} worker(s), but "
-            f"--expected-workers is {expected_workers}. The processes that were started are "
+            f"This process is in a Horovod job of {world_size} worker(s), but the job was "
+            f"started for {expected_workers} (--workers x --slots-per-worker). The processes "
+            "that were started are "
             "independent copies, not one job: each would train its own model on all the data and "
             "print its own copy of every log line (the 'every line N times' symptom)."
         )
     else:
         what = (
-            f"This Horovod job has {world_size} workers, but --expected-workers is "
-            f"{expected_workers}: more processes joined than were planned (check -np, the "
+            f"This Horovod job has {world_size} workers, but it was started for "
+            f"{expected_workers} (--workers x --slots-per-worker): more processes joined than "
+            "were planned (check -np, the "
             "MPIJob's replicas and slotsPerWorker)."
         )
     how = (

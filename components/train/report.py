@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from components.train.summary import RankRecord, RunSummary
 
 
-def coordination_report(summary: dict[str, Any]) -> str:
+def coordination_report(summary: RunSummary) -> str:
     """Render a run summary as the Markdown shown in the KFP UI next to the model."""
     size = summary["world_size"]
     fingerprints = sorted({r["weights_sha256"] for r in summary["per_rank"]})
@@ -68,7 +68,7 @@ def coordination_report(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _lr_text(summary: dict[str, Any]) -> str:
+def _lr_text(summary: RunSummary) -> str:
     """The learning rate and how the ``lr_scaling`` rule made it, in Markdown."""
     from components.train.optimizer import lr_formula
 
@@ -83,7 +83,7 @@ def _lr_text(summary: dict[str, Any]) -> str:
     return f"**{value}** = {rest}"
 
 
-def resource_lines(summary: dict[str, Any]) -> list[str]:
+def resource_lines(summary: RunSummary) -> list[str]:
     """The report's answer to "did the workers pay?": where a step's time went, per rank, and
     what to change (none for summaries without the measurement)."""
     use = summary.get("resource_use")
@@ -109,7 +109,7 @@ def resource_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def device_text(rank: dict[str, Any]) -> str:
+def device_text(rank: RankRecord) -> str:
     """A rank's device in words: ``CPU``, or ``GPU:0 (NVIDIA H100 80GB HBM3, peak 1.2 GiB)``."""
     if "gpu_name" not in rank:
         return str(rank["device"])
@@ -117,7 +117,7 @@ def device_text(rank: dict[str, Any]) -> str:
     return f"{rank['device']} ({rank['gpu_name']}, peak {peak:.1f} GiB)"
 
 
-def _device_lines(summary: dict[str, Any]) -> list[str]:
+def _device_lines(summary: RunSummary) -> list[str]:
     """How gradients were averaged: through host memory or GPU to GPU (NCCL)."""
     how = summary.get("gradient_allreduce")
     if how is None:
@@ -126,7 +126,7 @@ def _device_lines(summary: dict[str, Any]) -> list[str]:
     return [f"- Gradient allreduce: **{how}**, {words.get(how, how)}"]
 
 
-def world_history(summary: dict[str, Any]) -> str | None:
+def world_history(summary: RunSummary) -> str | None:
     """An elastic job's world sizes in words ("3 workers from epoch 1; 2 from epoch 4 (a
     worker was lost ...)"), or None for a static job."""
     elastic = summary.get("elastic")
@@ -142,7 +142,7 @@ def world_history(summary: dict[str, Any]) -> str | None:
     )
 
 
-def _elastic_lines(summary: dict[str, Any]) -> list[str]:
+def _elastic_lines(summary: RunSummary) -> list[str]:
     """The report's elastic section: the world-size history and each epoch's coverage."""
     history = world_history(summary)
     if history is None:
@@ -157,12 +157,10 @@ def _elastic_lines(summary: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def _model_lines(summary: dict[str, Any]) -> list[str]:
-    """Which model was trained, and whether augmented (none for summaries from before the
-    model was a choice)."""
-    if "model" not in summary:
-        return []
-    size = summary.get("model_parameters")
-    parameters = f" ({size:,} parameters)" if size is not None else ""
-    augment = "on (training only)" if summary.get("augment") else "off"
-    return [f"- Model: **{summary['model']}**{parameters}, augmentation {augment}"]
+def _model_lines(summary: RunSummary) -> list[str]:
+    """Which model was trained, its size, and whether augmented."""
+    augment = "on (training only)" if summary["augment"] else "off"
+    return [
+        f"- Model: **{summary['model']}** ({summary['model_parameters']:,} parameters), "
+        f"augmentation {augment}"
+    ]

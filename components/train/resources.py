@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from components.train.summary import RankUse, ResourceUse, Straggler
+
 # A rank whose compute per step exceeds the others' median by more than this is a straggler.
 # Identical ranks on a shared 2-core machine differed by up to 6% (bench/README.md).
 STRAGGLER_MARGIN = 0.10
@@ -131,10 +133,10 @@ def step_split(costs: list[EpochCost]) -> dict[str, float]:
     }
 
 
-def _per_rank(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> list[dict[str, Any]]:
+def _per_rank(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> list[RankUse]:
     """Each rank's medians over `epochs`: its step, compute and allreduce milliseconds, and the
     cores it kept busy against the threads it had."""
-    rows = []
+    rows: list[RankUse] = []
     for rank in sorted({c.rank for costs in epochs for c in costs}):
         mine = [c for costs in epochs for c in costs if c.rank == rank]
         step = statistics.median(c.seconds / max(1, c.steps) for c in mine)
@@ -149,7 +151,7 @@ def _per_rank(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> list[dict
     return rows
 
 
-def straggler(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+def straggler(ranks: list[RankUse]) -> Straggler | None:
     """The rank whose compute per step is the most above the other ranks' median, if by more
     than `STRAGGLER_MARGIN`; None otherwise (and for a job of one rank)."""
     if len(ranks) < 2:
@@ -162,26 +164,29 @@ def straggler(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"rank": slowest["rank"], "host": slowest["host"], "slower_by": round(slower_by, 3)}
 
 
-def resource_use(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> dict[str, Any]:
+def resource_use(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> ResourceUse:
     """The run summary's ``resource_use``: the step split (the median over epochs, the first
     left out when there are others: it includes tracing and warm-up), per-rank figures, the
     efficiency estimate, a straggler, and advice."""
     timed = epochs[1:] or epochs
     splits = [step_split(costs) for costs in timed]
     split = {k: round(statistics.median(s[k] for s in splits), 4) for k in splits[0]}
-    ranks = _per_rank(timed, hosts)
-    slow = straggler(ranks)
-    use: dict[str, Any] = {
-        **split,
+    use: ResourceUse = {
+        "step_seconds": split["step_seconds"],
+        "compute_share": split["compute_share"],
+        "communication_share": split["communication_share"],
+        "waiting_share": split["waiting_share"],
         "estimated_efficiency": split["compute_share"],
         "epochs_measured": len(timed),
-        "per_rank": ranks,
-        "straggler": slow,
+        "per_rank": (ranks := _per_rank(timed, hosts)),
+        "straggler": straggler(ranks),
+        "advice": [],
     }
-    return {**use, "advice": advice(use)}
+    use["advice"] = advice(use)
+    return use
 
 
-def advice(use: dict[str, Any]) -> list[str]:
+def advice(use: ResourceUse) -> list[str]:
     """What to change, in plain words (or why nothing needs to)."""
     notes = []
     lost = use["communication_share"] + use["waiting_share"]

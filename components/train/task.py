@@ -10,26 +10,19 @@ the coordination report.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.common import storage
-from components.common.params import check_parameters
-from components.train.config import TrainConfig
+from components.common import defaults, storage
+from components.train import summary
+from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
 from components.train.launch import run_local
 from components.train.preflight import check_model_before_launch
 from components.train.report import coordination_report
-
-# The train step's inputs that are `TrainConfig` fields under the same name (the step's
-# `architecture` is the field `model`: the step's output artifact already holds that name).
-TRAIN_PARAMETERS = (
-    "workers", "slots_per_worker", "epochs", "batch_size_per_worker", "learning_rate",
-    "warmup_epochs", "lr_scaling", "threads_per_worker", "augment", "min_workers",
-    "gpus_per_worker",
-)  # fmt: skip
+from components.train.step import TrainStep
+from components.train.summary import RunSummary
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -49,7 +42,7 @@ def current_namespace() -> str:
 
 def train_locally(
     config: TrainConfig, dataset_path: str, model_path: str, log: Callable[[str], None]
-) -> dict[str, Any]:
+) -> RunSummary:
     """Run ``horovodrun -np workers`` here on the artifacts' local paths; return the summary.
 
     One machine is the one worker host, so the world size is `config.workers`.
@@ -67,16 +60,13 @@ def train_locally(
             f"the Horovod job failed (horovodrun exit code {code}); the rank-tagged log above "
             "says why. No model was exported."
         )
-    return dict(json.loads(storage.read_text(config.summary_uri)))
+    return summary.read(config.summary_uri)
 
 
 def train_on_mpijob(
-    config: TrainConfig, pods: dict[str, Any], namespace: str, log: Callable[[str], None]
-) -> dict[str, Any]:
-    """Run the trainer as an MPIJob; return its checked run summary.
-
-    `pods` holds `MPIJobParams`' pod and run-policy fields by name.
-    """
+    config: TrainConfig, step: TrainStep, pipeline_run_id: str, log: Callable[[str], None]
+) -> RunSummary:
+    """Run the trainer as an MPIJob; return its checked run summary."""
     from components.train.mpijob.lifecycle import run_mpijob
     from components.train.mpijob.manifest import MPIJobParams, uri_problems
 
@@ -86,52 +76,86 @@ def train_on_mpijob(
             "training_backend='mpijob' needs gs:// artifacts: set the pipeline root to a gs:// "
             "bucket (" + "; ".join(problems) + ")"
         )
-    namespace = namespace or current_namespace()
+    namespace = step.namespace or current_namespace()
     if not namespace:
         raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")
     check_model_before_launch(config.model)  # this pod runs the trainer's image, as the ranks do
-    params = MPIJobParams(train=config, owner_pod_name=os.environ.get("HOSTNAME") or None, **pods)
+    params = MPIJobParams(
+        train=config,
+        run_name=f"train-{pipeline_run_id}" if pipeline_run_id else "train",
+        pipeline_run_id=pipeline_run_id,
+        image=defaults.trainer_image(config.gpus_per_worker, override=step.trainer_image),
+        cpu_per_worker=step.cpu_per_worker,
+        memory_per_worker=step.memory_per_worker,
+        service_account=step.trainer_service_account or None,
+        owner_pod_name=os.environ.get("HOSTNAME") or None,
+    )
     return run_mpijob(params, namespace=namespace, log=log)
 
 
 def run_train_task(
     config: TrainConfig,
-    backend: str,
+    step: TrainStep,
     dataset_path: str,
     model_path: str,
     outputs: tuple[str, str],
-    pods: dict[str, Any] | None = None,
-    namespace: str = "",
+    pipeline_run_id: str = "",
     log: Callable[[str], None] = print,
-) -> dict[str, Any]:
-    """Train on the chosen backend; write the run summary and coordination report files.
+) -> RunSummary:
+    """Train on `step`'s backend; write the run summary and coordination report files.
 
     `config` names the artifacts by URI (what the MPIJob's pods read and write); the local
     backend uses their local paths `dataset_path` and `model_path` instead. `outputs` are the
     paths of the run summary and the coordination report.
     """
-    check_parameters({"training_backend": backend})
-    if backend == "mpijob":
-        summary = train_on_mpijob(config, pods or {}, namespace, log)
+    if step.training_backend == "mpijob":
+        record = train_on_mpijob(config, step, pipeline_run_id, log)
     else:
-        summary = train_locally(config, dataset_path, model_path, log)
+        record = train_locally(config, dataset_path, model_path, log)
         # the artifacts' URIs, as the pipeline sees them (the ranks wrote to their local paths)
-        summary["model_uri"] = config.model_uri
-        summary["tensorboard_uri"] = config.tensorboard_uri
+        record["model_uri"] = config.model_uri
+        record["tensorboard_uri"] = config.tensorboard_uri
     summary_path, report_path = outputs
-    _write(summary_path, json.dumps(summary, indent=2, sort_keys=True))
-    _write(report_path, coordination_report(summary))
-    return summary
+    _write(summary_path, summary.to_json(record))
+    _write(report_path, coordination_report(record))
+    return record
 
 
-def artifact_metadata(summary: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The metadata of the Model and the run_summary artifacts, from the run summary."""
-    model_keys = (
-        "model", "augment", "world_size", "epochs", "saved_model_sha256", "final_metrics",
-        "tensorboard_uri",
+def run_step(
+    dataset: Any,
+    saved_model: Any,
+    run_summary: Any,
+    coordination_report: Any,
+    pipeline_run_id: str,
+    **values: Any,
+) -> None:
+    """The train step (KFP artifacts `dataset`, `saved_model`, `run_summary`,
+    `coordination_report`): `values` are its declared parameters, by name."""
+    trainer = {p.name: values.pop(p.name) for p in PIPELINE_TRAIN_PARAMETERS}
+    config = TrainConfig(
+        data=dataset.uri, output=work_uri(saved_model.uri), model_dir=saved_model.uri, **trainer
+    )
+    record = run_train_task(
+        config, TrainStep(**values), dataset.path, saved_model.path,
+        (run_summary.path, coordination_report.path), pipeline_run_id,
     )  # fmt: skip
-    model = {"framework": "tensorflow-savedmodel", **{k: summary[k] for k in model_keys}}
-    run = {k: summary[k] for k in ("world_size", "weights_identical_across_ranks")}
+    model_metadata, summary_metadata = artifact_metadata(record)
+    saved_model.metadata.update(model_metadata)
+    run_summary.metadata.update(summary_metadata)
+
+
+def artifact_metadata(record: RunSummary) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The metadata of the Model and the run_summary artifacts, from the run summary."""
+    model = {
+        "framework": "tensorflow-savedmodel", "model": record["model"],
+        "augment": record["augment"], "world_size": record["world_size"],
+        "epochs": record["epochs"], "saved_model_sha256": record["saved_model_sha256"],
+        "final_metrics": record["final_metrics"], "tensorboard_uri": record["tensorboard_uri"],
+    }  # fmt: skip
+    run = {
+        "world_size": record["world_size"],
+        "weights_identical_across_ranks": record["weights_identical_across_ranks"],
+    }
     return model, run
 
 

@@ -2,7 +2,7 @@
 
 What each rank does, in order:
 
-1. ``hvd.init()`` and the preflight: the world size must equal ``--expected-workers``.
+1. ``hvd.init()`` and the preflight: the world size must be ``--workers`` x ``--slots-per-worker``.
 2. Pin itself to one GPU by local rank (if any) and set its CPU thread count. A job that asked
    for GPUs (``--gpus-per-worker``) and cannot have them stops here (`devices.gpu_problem`).
 3. Read only its own disjoint shard of the training split (all ranks agree on any error, the
@@ -49,7 +49,7 @@ def _quiet_tensorflow(tf: Any, rank: int) -> None:
 def run(config: TrainConfig) -> int:
     """Run this rank's part of the job. Returns the process exit code."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    keras_env.keras()  # first: Keras 2 and the `keras` alias, before Horovod loads (issue 12)
+    keras_env.keras()  # first: Keras 2 and the `keras` alias, before Horovod loads (keras_env)
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
@@ -61,12 +61,11 @@ def run(config: TrainConfig) -> int:
     fewest = config.min_world_size if config.elastic else 0
     problem = world_size_problem(size, config.world_size, rank, fewest)
     if problem:
-        print(problem, file=sys.stderr, flush=True)
+        sys.stderr.write(problem + "\n")  # one write: mpirun tags each chunk a rank writes
+        sys.stderr.flush()
         return EXIT_PREFLIGHT
 
-    devices = configure_devices(
-        tf, hvd.local_rank(), hvd.local_size(), config.threads_per_worker, config.inter_op_threads
-    )
+    devices = configure_devices(tf, hvd.local_rank(), hvd.local_size(), config.threads_per_worker)
     try:
         with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
             job = Job(config, hvd, tf, log, devices, Path(workdir))

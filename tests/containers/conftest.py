@@ -8,8 +8,6 @@ installs Docker, builds the images and runs them.
 
 from __future__ import annotations
 
-import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,31 +33,11 @@ def docker_client() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def gcs_container(docker_client: Any) -> Iterator[tuple[Any, str]]:
     """The GCS emulator in a container: yields ``(container, "http://127.0.0.1:PORT")``."""
+    from standins.fake_gcs import fake_gcs_container
+
     image = require_images(docker_client, "gcs-emulator")["gcs-emulator"]
-    container = docker_client.containers.run(
-        image, detach=True, ports={"9023/tcp": ("127.0.0.1", None)},
-        labels={"kfp-horovod.test/mpijob": "gcs-emulator"},
-    )  # fmt: skip
-    try:
-        container.reload()
-        port = container.attrs["NetworkSettings"]["Ports"]["9023/tcp"][0]["HostPort"]
-        url = f"http://127.0.0.1:{port}"
-        _wait_http(url, container)
-        yield container, url
-    finally:
-        container.remove(force=True)
-
-
-def _wait_http(url: str, container: Any, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2).read()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"GCS emulator not up: {container.logs().decode()}") from None
-            time.sleep(0.5)
+    with fake_gcs_container(docker_client, image) as found:
+        yield found
 
 
 @pytest.fixture(scope="module")

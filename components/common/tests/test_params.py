@@ -1,16 +1,22 @@
-"""The one home of the parameter rules."""
+"""The parameter rules: each declared field's, the named forms, and the joint rules."""
 
 from __future__ import annotations
 
 import pytest
 
+from components.common.declare import is_positive_quantity
 from components.common.params import (
-    check_parameters,
     data_sha256_problem,
     data_source_problem,
-    is_positive_quantity,
-    parameter_problems,
+    joint_problems,
+    problems,
 )
+from pipeline.checks import PIPELINE_PARAMETERS
+
+
+def pipeline_problems(values: dict) -> list[str]:
+    """What the check step says of `values` (the pipeline's declared parameters' rules)."""
+    return problems(PIPELINE_PARAMETERS, values)
 
 
 @pytest.mark.parametrize(
@@ -36,10 +42,10 @@ from components.common.params import (
 )
 def test_quantity_follows_kubernetes_grammar_and_is_positive(text: str, valid: bool) -> None:
     assert is_positive_quantity(text) is valid
-    problems = parameter_problems({"memory_per_worker": text})
-    assert (problems == []) is valid
+    found = pipeline_problems({"memory_per_worker": text})
+    assert (found == []) is valid
     if not valid:
-        assert problems[0].startswith("memory_per_worker must be a positive Kubernetes quantity")
+        assert found[0].startswith("memory_per_worker must be a positive Kubernetes quantity")
 
 
 @pytest.mark.parametrize(
@@ -68,21 +74,16 @@ def test_sha256_rule() -> None:
 
 
 def test_every_problem_is_named_at_once() -> None:
-    with pytest.raises(ValueError) as info:
-        check_parameters(
-            {"workers": 0, "learning_rate": 20.0, "training_backend": "k8s", "model_name": "A",
-             "cpu_per_worker": "1K", "data_sha256": "x", "data_source": "ftp://x",
-             "gpus_per_worker": True}
-        )  # fmt: skip
-    message = str(info.value)
+    found = pipeline_problems(
+        {"workers": 0, "learning_rate": 20.0, "training_backend": "k8s", "model_name": "A",
+         "cpu_per_worker": "1K", "data_sha256": "x", "data_source": "ftp://x",
+         "gpus_per_worker": True, "augment": "yes", "registry_root": ""}
+    )  # fmt: skip
+    message = "; ".join(found)
     for name in ("workers", "learning_rate", "training_backend", "model_name", "cpu_per_worker",
-                 "data_sha256", "data_source", "gpus_per_worker"):  # fmt: skip
+                 "data_sha256", "data_source", "gpus_per_worker", "registry_root"):  # fmt: skip
         assert name in message
-
-
-def test_labels_name_parameters_as_the_caller_knows_them() -> None:
-    problems = parameter_problems({"batch_size_per_worker": 0}, {"batch_size_per_worker": "--bs"})
-    assert problems == ["--bs must be >= 1, got 0"]
+    assert "augment must be true or false, got 'yes'" in found
 
 
 @pytest.mark.parametrize(
@@ -109,45 +110,27 @@ def test_labels_name_parameters_as_the_caller_knows_them() -> None:
     ],
 )
 def test_model_is_a_built_in_name_or_an_entry_point(model: object, valid: bool) -> None:
-    problems = parameter_problems({"model": model})
-    assert (problems == []) is valid
+    found = pipeline_problems({"model": model})
+    assert (found == []) is valid
     if not valid:
-        assert problems == [
+        assert found == [
             "model must be one of the built-in models mnist_advanced, small or a Python entry "
             "point 'package.module:function' (a function (input_shape, num_classes) -> Keras "
             f"model), got {model!r}"
         ]
 
 
-def test_model_and_augment_problems_carry_the_callers_labels() -> None:
-    problems = parameter_problems(
-        {"model": "x", "augment": "yes"}, {"model": "--model", "augment": "--augment"}
-    )
-    assert problems[0].startswith("--model must be one of the built-in models")
-    assert problems[1] == "--augment must be true or false, got 'yes'"
-    assert parameter_problems({"augment": True}) == parameter_problems({"augment": False}) == []
-
-
-def test_lever_rules_name_the_parameter() -> None:
-    assert parameter_problems({"compression": "fp16", "backward_passes_per_step": 2}) == []
-    assert parameter_problems({"compression": "fp8"}) == [
-        "compression must be one of none, fp16, got 'fp8'"
+def test_the_joint_rules() -> None:
+    assert joint_problems({"workers": 2, "min_workers": 3}) == [
+        "min_workers must be <= workers (the most workers an elastic job runs with), got 3 > 2"
     ]
-    assert parameter_problems({"backward_passes_per_step": 0}) == [
-        "backward_passes_per_step must be >= 1, got 0"
+    assert joint_problems({"workers": 2, "min_workers": 2, "gpus_per_worker": 0}) == []
+    assert joint_problems({"gpus_per_worker": 1, "slots_per_worker": 2}) == [
+        "gpus_per_worker must be 0 (CPU) or >= slots_per_worker (each of a worker's ranks trains "
+        "on a GPU of its own), got 1 < 2"
     ]
-    assert parameter_problems({"inter_op_threads": -1}, {"inter_op_threads": "--inter-op"}) == [
-        "--inter-op must be >= 0, got -1"
+    assert joint_problems({"lr_scaling": "sqrt", "workers": 5, "slots_per_worker": 2}) == [
+        "lr_scaling 'sqrt' works for at most 9 ranks (it sets Adam's beta_1 = 1 - ranks x 0.1), "
+        "got 10"
     ]
-
-
-def test_augment_and_xla_are_refused_together_by_name() -> None:
-    assert parameter_problems({"augment": True, "jit_compile": False}) == []
-    assert parameter_problems({"augment": False, "jit_compile": True}) == []
-    problems = parameter_problems(
-        {"augment": True, "jit_compile": True}, {"augment": "--augment", "jit_compile": "--jit"}
-    )
-    assert problems == [
-        "--augment cannot be combined with --jit: XLA has no CPU kernel for the augmentation's "
-        "image transform (ImageProjectiveTransformV3)"
-    ]
+    assert joint_problems({"lr_scaling": "sqrt", "workers": 9}) == []

@@ -225,7 +225,7 @@ def test_missing_arrays_in_npz(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"shard_size": 0}, "--shard-size must be >= 1"), ({"limit": -1}, "--limit must be >= 0")],
+    [({"shard_size": 0}, "shard_size must be >= 1"), ({"limit": -1}, "data_limit must be >= 0")],
 )
 def test_bad_parameters(tmp_path: Path, kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
@@ -256,14 +256,20 @@ def test_cli(
 ) -> None:
     path, digest = good_npz
     assert (
-        prep.main(["--source", str(path), "--output", str(tmp_path / "a"), "--sha256", digest]) == 0
+        prep.main(
+            ["--data-source", str(path), "--output", str(tmp_path / "a"), "--data-sha256", digest]
+        )
+        == 0
     )
     assert '"train": 120' in capsys.readouterr().out
     assert (
-        prep.main(["--source", str(path), "--output", str(tmp_path / "b"), "--sha256", "NONE"]) == 0
+        prep.main(
+            ["--data-source", str(path), "--output", str(tmp_path / "b"), "--data-sha256", "NONE"]
+        )
+        == 0
     )
     assert (
-        prep.main(["--source", str(path), "--output", str(tmp_path / "c")]) == 2
+        prep.main(["--data-source", str(path), "--output", str(tmp_path / "c")]) == 2
     )  # default hash: the canonical file
     assert "sha256 mismatch" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
@@ -358,15 +364,17 @@ def test_component_compiles_and_runs_with_kfp_local(tmp_path: Path) -> None:
     prepare_data = make_component("example.com/data-prep:test")
 
     @dsl.pipeline(name="data-prep-only")
-    def only_prep(source: str = "bundled", limit: int = 40):
-        prepare_data(source=source, sha256="none", shard_size=32, limit=limit)
+    def only_prep(data_source: str = "bundled", data_limit: int = 40):
+        prepare_data(
+            data_source=data_source, data_sha256="none", shard_size=32, data_limit=data_limit
+        )
 
     package = tmp_path / "p.yaml"
     compiler.Compiler().compile(only_prep, str(package))
     assert "example.com/data-prep:test" in package.read_text()
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
-    task = prepare_data(source="bundled", sha256="none", shard_size=32, limit=40)
+    task = prepare_data(data_source="bundled", data_sha256="none", shard_size=32, data_limit=40)
     artifact = task.outputs["dataset"]
     assert artifact.metadata["train_count"] == 40 and artifact.metadata["test_shards"] == 2
     assert artifact.metadata["manifest_sha256"] == prep.manifest_sha256(artifact.path)

@@ -434,10 +434,11 @@ def test_gcs_registry(trained_model, summary, gcs_uri: str) -> None:
 def test_component_function_and_compile(trained_model, summary, tmp_path: Path) -> None:
     from kfp import compiler, dsl
 
-    from components.register.component import make_component, register_model
+    from components.register.component import make_component
+    from components.register.register import register_step
 
-    def call(digest: str, registry: str, decision: dsl.Markdown):
-        return register_model(
+    def call(digest: str, registry: str, decision: dsl.Markdown):  # as the component calls it
+        return register_step(
             model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": digest}),
             run_summary=dsl.Artifact(uri=summary),
             dataset=dsl.Dataset(uri=trained_model.dataset),
@@ -510,7 +511,7 @@ def test_kfp_local_pipeline_prep_evaluate_register(trained_model, summary, tmp_p
 
     @dsl.pipeline(name="prep-evaluate-register")
     def flow(model_uri: str, summary_uri: str, root: str, digest: str) -> str:
-        data = prep_op(source="bundled", sha256="none", shard_size=256, limit=400)
+        data = prep_op(data_source="bundled", data_sha256="none", shard_size=256, data_limit=400)
         model = dsl.importer(
             artifact_uri=model_uri,
             artifact_class=dsl.Model,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import signal
 import threading
 import time
@@ -43,6 +42,7 @@ from components.train.mpijob.manifest import (
     owner_reference,
 )
 from components.train.mpijob.validate import validate_manifest
+from components.train.summary import RunSummary, parse
 
 Log = Callable[[str], None]
 
@@ -347,7 +347,7 @@ def delete_job(
         time.sleep(poll_interval_s)
 
 
-def check_run(params: MPIJobParams, log: Log = print) -> dict[str, Any]:
+def check_run(params: MPIJobParams, log: Log = print) -> RunSummary:
     """Check the finished run's outputs; return its run summary.
 
     The summary and the SavedModel must exist at the expected URIs, and the Horovod world size
@@ -359,8 +359,8 @@ def check_run(params: MPIJobParams, log: Log = print) -> dict[str, Any]:
             f"the MPIJob succeeded but there is no run summary at {train.summary_uri}"
         )
     try:
-        summary = json.loads(storage.read_text(train.summary_uri))
-    except json.JSONDecodeError as exc:
+        summary = parse(storage.read_text(train.summary_uri))
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
         raise RunCheckError(f"run summary {train.summary_uri} is not JSON: {exc}") from exc
     if str(summary.get("model_uri", "")).rstrip("/") != train.model_uri.rstrip("/"):
         raise RunCheckError(
@@ -370,10 +370,11 @@ def check_run(params: MPIJobParams, log: Log = print) -> dict[str, Any]:
     saved_model = storage.join(train.model_uri, "saved_model.pb")
     if not storage.exists(saved_model):
         raise RunCheckError(f"the MPIJob succeeded but there is no model at {saved_model}")
-    for key in ("world_size", "expected_workers"):
-        if summary.get(key) != train.world_size:
+    for key, value in (("world_size", summary.get("world_size")),
+                       ("expected_workers", summary.get("expected_workers"))):  # fmt: skip
+        if value != train.world_size:
             raise RunCheckError(
-                f"run summary {train.summary_uri} has {key}={summary.get(key)!r}, expected "
+                f"run summary {train.summary_uri} has {key}={value!r}, expected "
                 f"workers x slots = {train.workers} x {train.slots_per_worker} = "
                 f"{train.world_size}"
             )
@@ -381,7 +382,7 @@ def check_run(params: MPIJobParams, log: Log = print) -> dict[str, Any]:
         f"run summary at {train.summary_uri}: world_size {summary['world_size']}, "
         f"model {train.model_uri}"
     )
-    return dict(summary)
+    return summary
 
 
 def _add_owner(
@@ -430,7 +431,7 @@ def run_mpijob(
     crd_path: str | None = None,
     cleanup_timeout_s: float = 60.0,
     deadline_grace_s: float = DEADLINE_GRACE_S,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Run the trainer as an MPIJob and return its checked run summary.
 
     Raises `ManifestError` before contacting the cluster if the manifest is invalid,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.common import defaults, storage
-from components.common.params import MINIMUMS, QUANTITY_PARAMETERS, parameter_problems
+from components.common.declare import Declared, declared, field_problems, param
 from components.train import mpirun
 from components.train.config import TrainConfig, to_argv
 from components.train.heartbeat import HEARTBEAT_ENV, period_for
@@ -41,6 +41,13 @@ _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _GPU_RESOURCE = "nvidia.com/gpu"
 
 
+def dns_name_problem(value: str | None) -> str | None:
+    """Why `value` is not a lower-case DNS name (None: not set), or None."""
+    if value is None or _DNS_NAME.match(value):
+        return None
+    return f"must be a lower-case DNS name, got {value!r}"
+
+
 @dataclass(frozen=True)
 class MPIJobParams:
     """One MPIJob run of the trainer: its `TrainConfig` plus the pods' and run policy's fields.
@@ -48,37 +55,54 @@ class MPIJobParams:
     The trainer's URIs (`train.data`, `train.output`, `train.model_dir`) must be ``gs://``: the
     MPIJob's pods are not the component's pod and cannot see its disk, so the trainer reads the
     dataset and writes the model to GCS itself. The job has `train.workers` worker pods of
-    `train.slots_per_worker` ranks each.
+    `train.slots_per_worker` ranks each. The fields are declared (`param`): render-mpijob's
+    options come from them.
     """
 
-    run_name: str
     train: TrainConfig
-    pipeline_run_id: str = ""
-    image: str = defaults.image_ref("trainer")
-    stall_shutdown_seconds: int = defaults.STALL_SHUTDOWN_SECONDS
+    run_name: str = param(help="names the MPIJob")
+    pipeline_run_id: str = param("", "the KFP run id (a label, and part of the name)")
+    image: str = param(defaults.image_ref("trainer"), "the trainer image")
+    stall_shutdown_seconds: int = param(
+        defaults.STALL_SHUTDOWN_SECONDS, "how long a rank may stall (or stay silent) before "
+        "the job ends", minimum=1,
+    )  # fmt: skip
     # resources of each worker pod (requests == limits: Guaranteed QoS)
-    cpu_per_worker: str = defaults.WORKER_CPU
-    memory_per_worker: str = defaults.WORKER_MEMORY
-    launcher_cpu: str = defaults.LAUNCHER_CPU
-    launcher_memory: str = defaults.LAUNCHER_MEMORY
+    cpu_per_worker: str = param(defaults.WORKER_CPU, "CPU of each worker pod", quantity=True)
+    memory_per_worker: str = param(
+        defaults.WORKER_MEMORY, "memory of each worker pod", quantity=True
+    )
+    launcher_cpu: str = param(defaults.LAUNCHER_CPU, "CPU of the launcher pod", quantity=True)
+    launcher_memory: str = param(
+        defaults.LAUNCHER_MEMORY, "memory of the launcher pod", quantity=True
+    )
     # run policy
-    ttl_seconds_after_finished: int = defaults.MPIJOB_TTL_SECONDS_AFTER_FINISHED
-    backoff_limit: int = defaults.MPIJOB_BACKOFF_LIMIT
-    active_deadline_seconds: int = defaults.MPIJOB_ACTIVE_DEADLINE_SECONDS
+    ttl_seconds_after_finished: int = param(
+        defaults.MPIJOB_TTL_SECONDS_AFTER_FINISHED, "seconds a finished job is kept", minimum=0
+    )
+    backoff_limit: int = param(defaults.MPIJOB_BACKOFF_LIMIT, "launcher retries", minimum=0)
+    active_deadline_seconds: int = param(
+        defaults.MPIJOB_ACTIVE_DEADLINE_SECONDS, "the job's deadline", minimum=1
+    )
     # gang scheduling (Volcano / scheduler-plugins); all optional
-    queue: str | None = None
-    priority_class: str | None = None
-    min_available: int | None = None
-    scheduler_name: str | None = None
+    queue: str | None = param(None, "gang-scheduling queue (Volcano)", check=dns_name_problem)
+    priority_class: str | None = param(None, "priority class of the pods", check=dns_name_problem)
+    min_available: int | None = param(None, "gang size (default: all pods)", minimum=1)
+    scheduler_name: str | None = param(None, "e.g. volcano", check=dns_name_problem)
     # identity and ownership
-    service_account: str | None = None
-    owner_pod_name: str | None = None
-    owner_pod_uid: str | None = None
+    service_account: str | None = param(
+        None, "service account of the pods (Workload Identity)", check=dns_name_problem
+    )
+    owner_pod_name: str | None = param(None, "the pod that owns the job", check=dns_name_problem)
+    owner_pod_uid: str | None = param(None, "its uid")
 
     def __post_init__(self) -> None:
         problems = param_problems(self)
         if problems:
             raise ValueError("invalid MPIJob parameters: " + "; ".join(problems))
+
+
+MPIJOB_PARAMETERS: list[Declared] = declared(MPIJobParams)
 
 
 def uri_problems(data: str, output: str, model_dir: str | None) -> list[str]:
@@ -94,30 +118,19 @@ def uri_problems(data: str, output: str, model_dir: str | None) -> list[str]:
 
 
 def param_problems(p: MPIJobParams) -> list[str]:
-    """Every problem with `p`, each naming the parameter; empty if it is valid.
-
-    The numeric and quantity rules are `components.common.params`'s; the trainer's own
-    fields were checked when `p.train` was made.
-    """
+    """Every problem with `p`, each naming the parameter; empty if it is valid (the trainer's
+    own fields were checked when `p.train` was made)."""
     problems = [] if p.run_name.strip() else ["run_name is empty"]
     problems += uri_problems(p.train.data, p.train.output, p.train.model_dir)
     if not p.image or any(c.isspace() for c in p.image):
         problems.append(f"image must be a non-empty image reference, got {p.image!r}")
-    fields = {
-        name: getattr(p, name)
-        for name in (*QUANTITY_PARAMETERS, *MINIMUMS)
-        if name in MPIJobParams.__dataclass_fields__
-    }
-    problems += parameter_problems(fields)
+    values = {f.name: getattr(p, f.name) for f in MPIJOB_PARAMETERS}
+    problems += field_problems(MPIJOB_PARAMETERS, values)
     if p.min_available is not None and p.min_available > p.train.workers + 1:
         problems.append(
             f"min_available must be <= workers + 1 launcher = {p.train.workers + 1}, "
             f"got {p.min_available}"
         )
-    for name in ("queue", "priority_class", "scheduler_name", "service_account", "owner_pod_name"):
-        value = getattr(p, name)
-        if value is not None and not _DNS_NAME.match(value):
-            problems.append(f"{name} must be a lower-case DNS name, got {value!r}")
     if p.owner_pod_uid and not p.owner_pod_name:
         problems.append("owner_pod_uid is set but owner_pod_name is not")
     return problems

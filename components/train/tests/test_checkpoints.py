@@ -43,14 +43,14 @@ def test_marker_records_the_model_and_refuses_another(tmp_path: Path) -> None:
     )
 
 
-def test_a_marker_from_before_the_choice_was_written_training_small(tmp_path: Path) -> None:
+def test_a_tree_without_per_epoch_markers_is_refused_not_restarted(tmp_path: Path) -> None:
+    """No checkpoint.json and a latest.json naming no model: not a tree this trainer writes, and
+    never a silent fresh start."""
     (tmp_path / "latest.json").write_text(json.dumps({"epoch": 1, "prefix": "epoch-0001/ckpt"}))
     (tmp_path / "epoch-0001").mkdir()
-    (tmp_path / "epoch-0001" / "ckpt.index").write_text("index")  # no per-epoch marker then
-    info = checkpoints.latest(str(tmp_path))
-    assert info is not None and info.model == "small"
-    assert info.model_problem("small", str(tmp_path)) is None
-    assert "written training model 'small'" in str(info.model_problem("mnist_advanced", "c"))
+    (tmp_path / "epoch-0001" / "ckpt.index").write_text("index")
+    with pytest.raises(checkpoints.CheckpointError, match="none can be resumed from"):
+        checkpoints.latest(str(tmp_path))
 
 
 @pytest.fixture(params=["local", "gcs"])

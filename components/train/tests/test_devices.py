@@ -63,13 +63,13 @@ def test_thread_override_wins() -> None:
     assert ("intra", 3) in config.calls and ("inter", 2) in config.calls
 
 
-def test_inter_op_threads_override_the_rule() -> None:
+def test_inter_op_threads_follow_the_rule() -> None:
     config = _FakeConfig([])
-    configure_devices(SimpleNamespace(config=config), 0, 2, 1, inter_op=4)
-    assert ("intra", 1) in config.calls and ("inter", 4) in config.calls
-    config = _FakeConfig([])
-    configure_devices(SimpleNamespace(config=config), 0, 2, 1)  # 0: min(2, intra), at least 1
+    configure_devices(SimpleNamespace(config=config), 0, 2, 1)  # min(2, intra), at least 1
     assert ("inter", 1) in config.calls
+    config = _FakeConfig([])
+    configure_devices(SimpleNamespace(config=config), 0, 1, 4)
+    assert ("inter", 2) in config.calls
 
 
 def test_a_gpu_rank_reports_its_gpus_name_and_peak_memory() -> None:

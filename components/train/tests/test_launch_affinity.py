@@ -1,4 +1,4 @@
-"""Static local jobs pin each rank's Horovod background thread to its own core (issue 10's
+"""Static local jobs pin each rank's Horovod background thread to its own core (the
 ``HOROVOD_THREAD_AFFINITY`` lever, adopted as the launcher's default)."""
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ from components.train import launch
 
 # Each rank: after hvd.init(), the CPUs each of its threads may run on.
 RANK_PROGRAM = """
-import glob, json, horovod.tensorflow as hvd
+import glob, json, sys, horovod.tensorflow as hvd
 hvd.init()
 allowed = []
 for status in glob.glob('/proc/self/task/*/status'):
     for line in open(status):
         if line.startswith('Cpus_allowed_list:'):
             allowed.append(line.split()[1])
-print('AFFINITY', hvd.local_rank(), json.dumps(sorted(set(allowed))), flush=True)
+# one write, one line: mpirun tags each chunk a rank writes (print writes text and newline apart)
+sys.stdout.write(f"AFFINITY {hvd.local_rank()} {json.dumps(sorted(set(allowed)))}\\n")
+sys.stdout.flush()
 """
 
 

@@ -179,7 +179,7 @@ def test_failure_carries_reason_and_log_tail(
         op.conditions(name, ("Running", "MPIJobRunning", ""))
         op.say(pod_name, *[f"line {i}" for i in range(80)])
         time.sleep(0.2)
-        op.say(pod_name, "[1,1]<stderr>:[rank 1/4] trainer: world size 3 != --expected-workers 4")
+        op.say(pod_name, "[1,1]<stderr>:[rank 1/4] trainer: world size 3 != workers x slots 4")
         time.sleep(0.2)
         op.conditions(name, ("Failed", reason, "launcher exited with code 3"))
 
@@ -192,9 +192,9 @@ def test_failure_carries_reason_and_log_tail(
     assert err.reason == expect
     assert err.message == "launcher exited with code 3"
     assert len(err.log_tail) == 50
-    assert err.log_tail[-1].endswith("world size 3 != --expected-workers 4")
+    assert err.log_tail[-1].endswith("world size 3 != workers x slots 4")
     assert err.log_tail[0] == "line 31"
-    assert "line 30" not in str(err) and "world size 3 != --expected-workers 4" in str(err)
+    assert "line 30" not in str(err) and "world size 3 != workers x slots 4" in str(err)
     assert f"failed: {expect}: launcher exited with code 3" in str(err)
     # a failed job is left for inspection (TTL removes it); no outputs are checked
     assert not cluster.requests("DELETE", "/mpijobs")

@@ -135,7 +135,11 @@ def test_expected_workers_is_workers_times_slots(workers: int, slots: int) -> No
     assert mpirun[:4] == ["mpirun", "-np", str(workers * slots), "--tag-output"]
     trainer = cmd[cmd.index("components.train") - 2 :]
     assert trainer[:3] == ["python", "-m", "components.train"]
-    assert trainer[trainer.index("--expected-workers") + 1] == str(workers * slots)
+
+    def flag(name: str, default: str) -> str:
+        return trainer[trainer.index(name) + 1] if name in trainer else default
+
+    assert (flag("--workers", "2"), flag("--slots-per-worker", "1")) == (str(workers), str(slots))
     assert m["spec"]["slotsPerWorker"] == slots
     assert m["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == workers
 
@@ -162,7 +166,7 @@ def test_trainer_reads_and_writes_gcs_directly() -> None:
     assert flag("--data") == "gs://bkt/data"
     assert flag("--output") == "gs://bkt/runs/nightly"
     assert flag("--model-dir") == "gs://bkt/models/m1"
-    assert (flag("--epochs"), flag("--batch-size"), flag("--seed")) == ("7", "32", "5")
+    assert (flag("--epochs"), flag("--batch-size-per-worker"), flag("--seed")) == ("7", "32", "5")
     assert float(flag("--learning-rate")) == 0.01
     assert (flag("--warmup-epochs"), flag("--threads-per-worker")) == ("2", "3")
     assert flag("--model") == "team.models:build" and "--augment" in trainer
@@ -173,7 +177,7 @@ def test_trainer_reads_and_writes_gcs_directly() -> None:
     assert "--model-dir" not in launcher_command(plain)
     assert "--threads-per-worker" not in launcher_command(plain)
     assert "--augment" not in launcher_command(plain)
-    assert "--model mnist_advanced" in " ".join(launcher_command(plain))  # the default, explicit
+    assert "--model" not in launcher_command(plain)  # the trainer's default: from_argv restores it
     assert plain.train.model_uri == "gs://bkt/runs/nightly/model"
 
 
@@ -265,7 +269,7 @@ def test_all_problems_reported_at_once() -> None:
         params(workers=0, epochs=0, learning_rate=11.0)
     assert "workers must be >= 1, got 0" in str(info.value)
     assert "epochs must be >= 1, got 0" in str(info.value)
-    assert "learning_rate must be in (0, 10], got 11.0" in str(info.value)
+    assert "learning_rate must be <= 10, got 11.0" in str(info.value)
     with pytest.raises(ValueError) as info:
         params(data="data", cpu_per_worker="1K", backoff_limit=-1)
     assert "data must be a gs:// URI" in str(info.value)
@@ -397,7 +401,8 @@ def test_elastic_job_runs_elastic_horovodrun_on_the_operators_discovery_script()
     assert "mpirun" not in cmd and "--gloo" in cmd
     trainer = cmd[cmd.index("components.train") + 1 :]
     assert trainer[trainer.index("--min-workers") + 1] == "3"
-    assert trainer[trainer.index("--expected-workers") + 1] == "8"
+    assert trainer[trainer.index("--workers") + 1] == "4"  # 4 workers x 2 slots: 8 ranks
+    assert trainer[trainer.index("--slots-per-worker") + 1] == "2"
     env = {e["name"]: e["value"] for e in launcher["env"]}
     assert env == {"PYTHONUNBUFFERED": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "77"}
     assert m["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4

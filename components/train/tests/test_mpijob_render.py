@@ -39,7 +39,7 @@ def test_render_prints_the_exact_valid_manifest() -> None:
         "gs://b/data",
         "--output",
         "gs://b/out",
-        "--gpus",
+        "--gpus-per-worker",
         "2",
         "--queue",
         "train",
@@ -58,7 +58,7 @@ def test_render_prints_the_exact_valid_manifest() -> None:
                 slots_per_worker=2,
                 gpus_per_worker=2,
             ),
-            image=defaults.image_ref("trainer_gpu"),  # what --gpus > 0 picks
+            image=defaults.image_ref("trainer_gpu"),  # what --gpus-per-worker > 0 picks
             queue="train",
         ),
         "team-a",
@@ -68,7 +68,8 @@ def test_render_prints_the_exact_valid_manifest() -> None:
     cmd = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0][
         "command"
     ]
-    assert cmd[cmd.index("--expected-workers") + 1] == "6"
+    assert cmd[cmd.index("--workers") + 1] == "3"
+    assert cmd[cmd.index("--slots-per-worker") + 1] == "2"  # 6 ranks
 
 
 def test_gpus_pick_the_gpu_trainer_image_and_a_given_image_wins() -> None:
@@ -79,15 +80,15 @@ def test_gpus_pick_the_gpu_trainer_image_and_a_given_image_wins() -> None:
         return {spec[r]["template"]["spec"]["containers"][0]["image"] for r in spec}
 
     assert images() == {defaults.image_ref("trainer")}
-    assert images("--gpus", "1") == {defaults.image_ref("trainer_gpu")}
-    assert images("--gpus", "1", "--image-tag", "v2") == {
+    assert images("--gpus-per-worker", "1") == {defaults.image_ref("trainer_gpu")}
+    assert images("--gpus-per-worker", "1", "--image-tag", "v2") == {
         defaults.image_ref("trainer_gpu", tag="v2")
     }
-    assert images("--gpus", "1", "--image", "me/mine:1") == {"me/mine:1"}
+    assert images("--gpus-per-worker", "1", "--image", "me/mine:1") == {"me/mine:1"}
 
 
 def test_a_gpu_count_a_worker_cannot_share_among_its_ranks_is_refused() -> None:
-    code, out = render("--workers", "2", "--slots-per-worker", "2", "--gpus", "1")
+    code, out = render("--workers", "2", "--slots-per-worker", "2", "--gpus-per-worker", "1")
     assert code == 2
     assert "gpus_per_worker must be 0 (CPU) or >= slots_per_worker" in out
 

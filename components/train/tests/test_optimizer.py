@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from components.common.params import parameter_problems
-from components.train.config import TrainConfig, from_argv, to_argv
+from components.common.params import joint_problems, problems
+from components.train.config import TRAIN_PARAMETERS, TrainConfig, from_argv, to_argv
 from components.train.optimizer import AdamSettings, adam_settings, lr_formula
 
 
@@ -28,10 +28,10 @@ def test_the_rule_in_words() -> None:
 
 
 def test_a_bad_rule_and_sqrt_beyond_its_range_are_refused_by_name() -> None:
-    assert parameter_problems({"lr_scaling": "cubic"}) == [
+    assert problems(TRAIN_PARAMETERS, {"lr_scaling": "cubic"}) == [
         "lr_scaling must be one of linear, sqrt, none, got 'cubic'"
     ]
-    assert parameter_problems({"lr_scaling": "sqrt", "workers": 5, "slots_per_worker": 2}) == [
+    assert joint_problems({"lr_scaling": "sqrt", "workers": 5, "slots_per_worker": 2}) == [
         "lr_scaling 'sqrt' works for at most 9 ranks (it sets Adam's beta_1 = 1 - ranks x 0.1), "
         "got 10"
     ]

@@ -11,6 +11,7 @@ import pytest
 from components.train import task
 from components.train.config import TrainConfig
 from components.train.report import coordination_report
+from components.train.step import TrainStep
 from components.train.task import run_train_task
 
 
@@ -49,7 +50,7 @@ def test_unknown_backend_is_refused_by_name() -> None:
     with pytest.raises(
         ValueError, match="training_backend must be one of local, mpijob, got 'k8s'"
     ):
-        run_train_task(_config(), "k8s", "/d", "/m", outputs=("/s", "/r"))
+        TrainStep(training_backend="k8s")
 
 
 def test_mpijob_backend_refuses_local_artifacts(tmp_path: Path) -> None:
@@ -58,12 +59,10 @@ def test_mpijob_backend_refuses_local_artifacts(tmp_path: Path) -> None:
     ):
         run_train_task(
             _config(data=str(tmp_path / "d"), model_dir="gs://b/m"),
-            "mpijob",
+            TrainStep(trainer_image="r/t:1", namespace="kubeflow"),
             dataset_path=str(tmp_path / "d"),
             model_path="/gcs/b/m",
             outputs=(str(tmp_path / "s"), str(tmp_path / "r")),
-            pods={"image": "r/t:1", "run_name": "train"},
-            namespace="kubeflow",
         )
 
 
@@ -86,19 +85,19 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(lifecycle, "run_mpijob", fake_run_mpijob)
     summary = run_train_task(
         _config(slots_per_worker=2),
-        "mpijob",
+        TrainStep(trainer_image="reg/trainer:9", namespace="team-a"),
         dataset_path="/gcs/b/data",
         model_path="/gcs/b/run/train/model",
         outputs=(str(tmp_path / "summary"), str(tmp_path / "report")),
-        pods={"image": "reg/trainer:9", "service_account": "kfp-horovod-trainer",
-              "run_name": "train-run-42", "pipeline_run_id": "run-42"},
-        namespace="team-a",
+        pipeline_run_id="run-42",
     )  # fmt: skip
     params = seen["params"]
     assert seen["namespace"] == "team-a"
     assert (params.train.data, params.train.model_uri) == ("gs://b/data", "gs://b/run/train/model")
     assert params.train.output == "gs://b/run/train/train-work"
     assert params.train.world_size == 6 and params.image == "reg/trainer:9"
+    assert (params.run_name, params.pipeline_run_id) == ("train-run-42", "run-42")
+    assert params.service_account == "kfp-horovod-trainer"
     command = " ".join(
         seen["manifest"]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][
             0
@@ -107,7 +106,7 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
             0
         ].get("args", [])
     )
-    assert "--expected-workers 6" in command
+    assert "--workers 3 --slots-per-worker 2" in command
     assert json.loads((tmp_path / "summary").read_text()) == summary
     assert "6 workers formed ONE Horovod job" in (tmp_path / "report").read_text()
 
@@ -123,8 +122,6 @@ def test_report_answers_one_model_or_n() -> None:
     assert "identical on all 3 ranks" in text
     assert "**1 model, exported by rank 0, at `gs://b/run/train/model`**" in text
     assert "- Model: **mnist_advanced** (1,199,882 parameters), augmentation on" in text
-    older = {k: v for k, v in _summary().items() if k not in ("model", "model_parameters")}
-    assert "Model:" not in coordination_report(older)  # a summary from before the choice
 
 
 BAD_ENTRY_POINT = "components.train.tests.user_model:five_classes"
@@ -161,10 +158,10 @@ def test_mpijob_launcher_checks_the_model_before_creating_the_job(
     monkeypatch.setattr(lifecycle, "run_mpijob", no_job)
     with pytest.raises(PreflightError, match="returns outputs of shape"):
         run_train_task(
-            _config(model=BAD_ENTRY_POINT), "mpijob", dataset_path="/gcs/b/data",
+            _config(model=BAD_ENTRY_POINT), TrainStep(trainer_image="reg/trainer:9",
+            namespace="team-a"), dataset_path="/gcs/b/data",
             model_path="/gcs/b/run/train/model",
             outputs=(str(tmp_path / "summary"), str(tmp_path / "report")),
-            pods={"image": "reg/trainer:9", "run_name": "train"}, namespace="team-a",
         )  # fmt: skip
 
 

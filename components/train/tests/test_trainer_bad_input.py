@@ -83,7 +83,7 @@ def test_bad_input_fails_clearly_on_every_rank(
     data = _copy(mnist_1000, tmp_path)
     expected = breaker(data)
     out = tmp_path / "out"
-    args = ["--data", str(data), "--output", str(out), "--expected-workers", "2", "--epochs", "1"]
+    args = ["--data", str(data), "--output", str(out), "--workers", "2", "--epochs", "1"]
     proc = run_job(2, args, timeout=240)  # a hang would time out and fail the test
     assert proc.returncode != 0
     assert proc.returncode == 2, proc.stdout + proc.stderr  # our bad-input exit, not a crash
@@ -106,7 +106,7 @@ def test_too_few_samples_for_the_workers_is_an_empty_shard(tmp_path: Path, run_j
         str(tmp_path / "tiny"),
         "--output",
         str(tmp_path / "out"),
-        "--expected-workers",
+        "--workers",
         "2",
     ]
     proc = run_job(2, args, timeout=240)
@@ -122,7 +122,7 @@ def test_refuses_to_overwrite_an_exported_model(
     model.mkdir()
     (model / "saved_model.pb").write_bytes(b"an earlier model")
     args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--model-dir", str(model),
-            "--expected-workers", "2"]  # fmt: skip
+            "--workers", "2"]  # fmt: skip
     proc = run_job(2, args, timeout=240)
     assert proc.returncode != 0
     assert "a model is already exported there; refusing to overwrite" in proc.stdout
@@ -136,7 +136,7 @@ def test_a_job_asking_for_gpus_stops_every_rank_before_training_on_a_cpu_machine
     TensorFlow's CUDA libraries: both ranks stop before training with one clear line (never a
     silent CPU run), exit code 2, no traceback, nothing written."""
     out = tmp_path / "out"
-    args = ["--data", mnist_1000, "--output", str(out), "--expected-workers", "2",
+    args = ["--data", mnist_1000, "--output", str(out), "--workers", "2",
             "--gpus-per-worker", "1"]  # fmt: skip
     proc = run_job(2, args, timeout=240)
     assert proc.returncode != 0

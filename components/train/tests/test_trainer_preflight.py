@@ -27,7 +27,7 @@ def test_message_explains_independent_copies_and_the_fix() -> None:
 @pytest.mark.horovod
 def test_independent_copies_fail_at_once(mnist_1000: str, tmp_path: Path) -> None:
     """The original report: 3 copies of the script, each a world of 1. All three must stop."""
-    args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--expected-workers", "3"]
+    args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--workers", "3"]
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "components.train", *args],
@@ -49,7 +49,7 @@ def test_independent_copies_fail_at_once(mnist_1000: str, tmp_path: Path) -> Non
 def test_job_of_the_wrong_size_fails_on_every_rank(
     mnist_1000: str, tmp_path: Path, run_job: Any
 ) -> None:
-    args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--expected-workers", "3"]
+    args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--workers", "3"]
     proc = run_job(2, args, timeout=180)
     assert proc.returncode != 0
     for rank in (0, 1):

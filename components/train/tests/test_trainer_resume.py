@@ -35,10 +35,9 @@ def test_killed_run_resumes_at_the_next_epoch(
 ) -> None:
     epochs = 6
     args = [
-        "--data", mnist_1000, "--output", str(tmp_path / "out"), "--expected-workers", "2",
-        "--epochs", str(epochs), "--batch-size", "16", "--threads-per-worker", "1",
+        "--data", mnist_1000, "--output", str(tmp_path / "out"), "--workers", "2",
+        "--epochs", str(epochs), "--batch-size-per-worker", "16", "--threads-per-worker", "1",
         "--model", "small", "--augment",  # augmentation's draws across ranks, killed, resumed
-        "--backward-passes-per-step", "2",  # 31 steps per epoch: a pass spans epochs and a kill
     ]  # fmt: skip
     marker = tmp_path / "out" / "checkpoints" / "latest.json"
     first = subprocess.Popen(
@@ -62,7 +61,6 @@ def test_killed_run_resumes_at_the_next_epoch(
     assert summary["resumed_from_epoch"] == k
     assert json.loads(marker.read_text())["epoch"] == epochs
     assert summary["weights_identical_across_ranks"] is True
-    assert summary["levers"]["backward_passes_per_step"] == 2
     assert summary["augment"] is True
 
 
@@ -73,8 +71,8 @@ DATA_FILE = "ckpt.data-00000-of-00001"
 
 def _small_job(data: str, output: Path, epochs: int, *extra: str) -> list[str]:
     return [
-        "--data", data, "--output", str(output), "--expected-workers", "2", "--epochs", str(epochs),
-        "--batch-size", "32", "--threads-per-worker", "1", "--model", "small", *extra,
+        "--data", data, "--output", str(output), "--workers", "2", "--epochs", str(epochs),
+        "--batch-size-per-worker", "32", "--threads-per-worker", "1", "--model", "small", *extra,
     ]  # fmt: skip
 
 

@@ -1,0 +1,48 @@
+"""A Python function made from a signature, whose source KFP can embed in a component.
+
+KFP's lightweight components ship their function's source into the container and call it there
+with the task's inputs, so the function's parameters must be written out in its source. A
+component whose parameters come from declarations (`components.common.declare`) gets its
+source from here: ``def NAME(PARAMETERS) -> RETURNS:`` and a body that hands its arguments to
+the step's program, by name. The source is registered with `linecache`, where
+``inspect.getsource`` (which KFP calls) finds it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any
+
+_count = itertools.count()
+
+
+def kfp_function(
+    name: str, parameters: Sequence[tuple[str, str]], returns: str, program: str, doc: str
+) -> Callable[..., Any]:
+    """``def name(p: annotation, ...) -> returns:`` returning ``program(**arguments)``, where
+    `program` is ``"package.module:function"``, with `doc` as its docstring.
+
+    `parameters` are (name, annotation source) pairs; annotations and `returns` may use what
+    KFP's own component source imports (``from kfp.dsl import *``, ``from typing import *``).
+    """
+    module, function = program.split(":")
+    body = (
+        "arguments = dict(locals())\n"  # before the import, which binds a local too
+        f"from {module} import {function}\n"
+        f"return {function}(**arguments)"
+    )
+    signature = ",\n".join(f"    {p}: {annotation}" for p, annotation in parameters)
+    source = (
+        f"def {name}(\n{signature},\n) -> {returns}:\n"
+        f"{textwrap.indent(repr(doc), '    ')}\n{textwrap.indent(body, '    ')}\n"
+    )
+    filename = f"<kfp-horovod generated {name} {next(_count)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict[str, Any] = {}
+    exec("import kfp\nfrom kfp.dsl import *\nfrom typing import *", namespace)
+    exec(compile(source, filename, "exec", dont_inherit=True), namespace)  # no PEP 563 here
+    func: Callable[..., Any] = namespace[name]
+    return func

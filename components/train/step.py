@@ -1,0 +1,36 @@
+"""The train step's own parameters: where and how the Horovod job runs (the trainer's are
+`TrainConfig`'s), declared once, as `TrainConfig`'s are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components.common import defaults
+from components.common.declare import Declared, declared, param
+from components.common.params import TRAINING_BACKENDS, Validated
+
+
+@dataclass(frozen=True)
+class TrainStep(Validated):
+    """How the train step runs the job: its backend, image, pods and identity."""
+
+    training_backend: str = param(
+        "mpijob", "mpijob: a Kubeflow MPIJob across pods; local: horovodrun inside the train "
+        "step's own pod", choices=TRAINING_BACKENDS,
+    )  # fmt: skip
+    trainer_image: str = param(
+        "", "the trainer's image; empty: this version's trainer image, the GPU one when "
+        "gpus_per_worker > 0",
+    )  # fmt: skip
+    cpu_per_worker: str = param(defaults.WORKER_CPU, "CPU of each worker pod", quantity=True)
+    memory_per_worker: str = param(
+        defaults.WORKER_MEMORY, "memory of each worker pod", quantity=True
+    )
+    namespace: str = param("", "the MPIJob's namespace; empty: the train step's own")
+    trainer_service_account: str = param(
+        defaults.TRAINER_SERVICE_ACCOUNT, "the service account of the job's pods (Workload "
+        "Identity)",
+    )  # fmt: skip
+
+
+TRAIN_STEP_PARAMETERS: list[Declared] = declared(TrainStep)

@@ -1,0 +1,65 @@
+"""The pipeline's parameters, gathered from the steps' declarations, and its check step.
+
+`PIPELINE_PARAMETERS` is the pipeline's signature: the trainer's (`TrainConfig`), the train
+step's (`TrainStep`), data prep's and register's declared parameters, in that order. The check
+step (`check_step`, first in every run) refuses bad values before any work, naming each, and
+chooses the trainer's image.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+from components.common import defaults, params
+from components.common.declare import Declared
+from components.data_prep.step import PREP_PARAMETERS
+from components.register.step import REGISTER_PARAMETERS
+from components.train.config import PIPELINE_TRAIN_PARAMETERS
+from components.train.step import TRAIN_STEP_PARAMETERS
+
+PIPELINE_PARAMETERS: list[Declared] = [
+    *PIPELINE_TRAIN_PARAMETERS, *TRAIN_STEP_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS,
+]  # fmt: skip
+
+
+class Checked(NamedTuple):
+    """What the check step hands on: the trainer's image, and the GPUs of the train step's own
+    pod (the local backend trains there, a GPU per worker; the MPIJob backend only launches)."""
+
+    trainer_image: str
+    train_step_gpus: int
+
+
+def check_step(images: str, **values: Any) -> Checked:
+    """Raise ValueError naming every bad parameter; else choose the trainer's image
+    (`defaults.trainer_image`) from the compiled `images` (JSON)."""
+    params.check(PIPELINE_PARAMETERS, values, "pipeline parameters")
+    gpus = values["gpus_per_worker"]
+    image = defaults.trainer_image(gpus, json.loads(images), values["trainer_image"])
+    local = values["training_backend"] == "local"
+    return Checked(image, values["workers"] * gpus if local else 0)
+
+
+def parameters_markdown() -> str:
+    """docs/parameters.md: every pipeline parameter, its type, default and help, from the
+    declarations (a test keeps the file in step with them)."""
+    groups = (
+        ("The trainer (`TrainConfig`, components/train/config.py)", PIPELINE_TRAIN_PARAMETERS),
+        ("The train step (`TrainStep`, components/train/step.py)", TRAIN_STEP_PARAMETERS),
+        ("Data prep (`PrepStep`, components/data_prep/step.py)", PREP_PARAMETERS),
+        ("Register (`RegisterStep`, components/register/step.py)", REGISTER_PARAMETERS),
+    )
+    lines = [
+        "# Pipeline parameters",
+        "",
+        "Generated from the declarations by `python -m pipeline parameters > docs/parameters.md`."
+        " Each parameter has this name everywhere: the pipeline, the step's input, the check "
+        "step's rule, the trainer's or the CLI's `--<name-with-dashes>`.",
+    ]
+    for title, group in groups:
+        lines += ["", f"## {title}", "", "| parameter | type | default | |", "|---|---|---|---|"]
+        for p in group:
+            default = "" if p.required else f"`{p.default!r}`"
+            lines.append(f"| `{p.name}` | {p.type.__name__} | {default} | {p.help} |")
+    return "\n".join(lines) + "\n"
