@@ -285,12 +285,15 @@ def local_copy(uri: str, workdir: str | Path) -> Path:
     return download_dir(uri, Path(workdir))
 
 
-def remove_tree(uri: str) -> None:
-    """Delete a directory tree or prefix; missing is fine."""
+def remove_tree(uri: str, last: str | None = None) -> None:
+    """Delete a directory tree or prefix; missing is fine. On GCS the file named `last` (as in
+    `upload_dir`) goes after every other, so a delete cut short never leaves files without the
+    file that marks them for their readers."""
     if is_gcs(uri):
         from google.api_core import exceptions as gexc
 
-        for file_uri in list_files(uri):
+        marker = join(uri, last) if last else None
+        for file_uri in sorted(list_files(uri), key=lambda f: f == marker):
             with contextlib.suppress(gexc.NotFound):  # a retried delete that went through
                 _blob(file_uri).delete(retry=_retry("delete", file_uri))
         return

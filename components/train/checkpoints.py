@@ -212,7 +212,7 @@ def save(
         old_uri = storage.join(checkpoint_uri, epoch_dir(old))
         if not storage.list_files(old_uri) and not storage.exists(old_uri):
             break
-        storage.remove_tree(old_uri)
+        storage.remove_tree(old_uri, last=EPOCH_MARKER)
 
 
 def restore(checkpoint: Any, checkpoint_uri: str, info: CheckpointInfo, workdir: Path) -> None:
