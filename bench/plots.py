@@ -65,7 +65,8 @@ def time_to_accuracy_plot(result: dict[str, Any], path: Path) -> Path:
         style = ":" if target in at else "--"
         note = " (at the plateau)" if target in at else ""
         ax.axhline(target, linestyle=style, color="grey", linewidth=0.8)
-        ax.annotate(f"{target:.0%}{note}", (0, target), fontsize=8, va="bottom")
+        ax.annotate(f"{target:.0%}{note}", (0.01, target), xycoords=("axes fraction", "data"),
+                    fontsize=8, va="bottom")  # fmt: skip
     ax.set_ylim(0.9, 1.0)
     ax.set_xlabel("training time from the first step (s)")
     ax.set_ylabel("test accuracy (1,000 held-out digits)")
