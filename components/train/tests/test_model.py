@@ -13,7 +13,6 @@ import pytest
 
 from components.common import defaults
 from components.common.keras_env import keras
-from components.train import model as models
 from components.train.model import (
     ModelChoiceError,
     build_model,
@@ -55,17 +54,21 @@ def _digits(n: int = 4) -> np.ndarray:
     return x
 
 
-def test_the_default_is_mnist_advanced() -> None:
-    from components.train.config import TrainConfig
+def test_a_trainer_given_no_model_trains_the_horovod_examples_network() -> None:
+    """The default reaches the network: the trainer's command line without --model or
+    --augment builds mnist_advanced (1,199,882 parameters), unaugmented."""
+    from components.train.config import from_argv
 
-    assert defaults.MODEL == "mnist_advanced" and defaults.AUGMENT is False
-    config = TrainConfig(data="/d", output="/o", workers=1)
-    assert (config.model, config.augment) == ("mnist_advanced", False)
-    assert build_model.__defaults__ == ("mnist_advanced", False)
+    config = from_argv(["--data", "/d", "--output", "/o", "--workers", "1"])
+    assert config.augment is False
+    assert count_parameters(build_model(42, config.model, config.augment)) == 1_199_882
 
 
-def test_the_registry_holds_the_built_in_models() -> None:
-    assert tuple(models.BUILT_IN) == defaults.MODELS == ("mnist_advanced", "small")
+@pytest.mark.parametrize("name", defaults.MODELS)
+def test_every_model_the_parameter_accepts_builds_a_classifier_of_digits(name: str) -> None:
+    model = build_model(42, name)
+    assert (model.input_shape, model.output_shape) == ((None, 28, 28), (None, 10))
+    assert model.layers[-1].name == "probabilities"
 
 
 def test_small_is_the_old_cnn_with_the_same_weights() -> None:
