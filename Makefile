@@ -99,7 +99,7 @@ lock-cuda: ## re-resolve tensorflow[and-cuda] against the lock into requirements
 		--report build/lock-cuda-report.json -c requirements/lock.txt "tensorflow[and-cuda]==$(TF_VERSION)"
 	build/lock-venv/bin/python images/pin_requirements.py --cuda-lock build/lock-cuda-report.json
 
-run: install ## the whole pipeline on this machine (kfp.local, horovodrun -np $WORKERS, local disk)
+run: install ## the whole pipeline on this machine (kfp.local, mpirun -np $WORKERS, local disk)
 	$(PY) -m pipeline run-local --workers $(WORKERS) --epochs $(EPOCHS) --model $(MODEL) \
 		$(AUGMENT_FLAG) --min-workers $(MIN_WORKERS)
 

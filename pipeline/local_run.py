@@ -22,7 +22,7 @@ from components.common import defaults
 from components.common import params as rules
 from components.common.defaults import MODEL, PIPELINE_NAME
 from components.train.preflight import check_model_before_launch
-from components.train.report import world_history
+from components.train.report import paid_line, world_history
 from components.train.summary import read as read_summary
 from pipeline.checks import PIPELINE_PARAMETERS
 from pipeline.pipeline import build_pipeline
@@ -73,6 +73,7 @@ class LocalRun:
             f"({summary['controller']} controller); 1 model, exported by rank 0 "
             f"(weights identical on all ranks: {summary['weights_identical_across_ranks']})",
             *([history] if (history := world_history(summary)) else []),
+            *([paid] if (paid := paid_line(summary)) else []),
         ]
 
 
@@ -143,6 +144,8 @@ def run_pipeline_locally(
 # What a run prints to the console: kfp.local's task lines, and what the trainer's ranks and
 # launcher say (rank-tagged lines, the launcher's watch). Everything goes to the log file.
 SHOWN = re.compile(r"Executing task|finished with status|\[rank \d+/\d+\]|launcher: |mpiwatch: ")
+# mpirun's tag on each line of a rank (``[1,0]<stdout>:``): the console has the rank's own tag.
+MPI_TAG = re.compile(r"\[\d+,\d+\]<std(out|err)>:")
 # kfp.local's warning about running components outside their images: that is the point of a
 # local run (SubprocessRunner), so it is not shown.
 HARMLESS_WARNINGS = ("You may be attemping to run a task that uses custom",)
@@ -160,7 +163,7 @@ class _Tee(io.TextIOBase):
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
             if SHOWN.search(line):
-                self.console.write(line + "\n")
+                self.console.write(MPI_TAG.sub("", line, count=1) + "\n")
         return len(text)
 
     def flush(self) -> None:

@@ -33,6 +33,9 @@ def test_make_run_equivalent_end_to_end(local_pipeline_run: LocalRun) -> None:
     assert (model / "saved_model.pb").exists()
     assert len(list(root.rglob("pipeline-root/**/saved_model.pb"))) == 1  # ONE model
     assert "2 workers formed ONE Horovod job" in Path(first["coordination_report"]).read_text()
+    # ... and says whether the workers paid, from the ranks' own timings.
+    efficiency = summary["resource_use"]["estimated_efficiency"]
+    assert first["paid"].startswith(f"estimated scaling efficiency {efficiency:.2f} (a step: ")
     assert "| 9 |" in Path(first["evaluation_report"]).read_text()  # per-class table
     accuracy = float(first["metrics"].split()[1].rstrip(","))
     assert accuracy > 0.3

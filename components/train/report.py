@@ -109,6 +109,19 @@ def resource_lines(summary: RunSummary) -> list[str]:
     return lines
 
 
+def paid_line(summary: RunSummary) -> str | None:
+    """One line for a console: did the workers pay (None without the measurement)."""
+    use = summary.get("resource_use")
+    if not use:
+        return None
+    advice = f"; {use['advice'][0]}" if use["advice"] else ""
+    return (
+        f"paid: estimated scaling efficiency {use['estimated_efficiency']:.2f} (a step: compute "
+        f"{use['compute_share']:.0%}, communication {use['communication_share']:.0%}, waiting "
+        f"{use['waiting_share']:.0%}){advice}"
+    )
+
+
 def device_text(rank: RankRecord) -> str:
     """A rank's device in words: ``CPU``, or ``GPU:0 (NVIDIA H100 80GB HBM3, peak 1.2 GiB)``."""
     if "gpu_name" not in rank:
