@@ -130,15 +130,30 @@ def to_json(summary: RunSummary) -> str:
 
 def parse(text: str) -> RunSummary:
     """A run summary from its JSON (ValueError if it is not one)."""
-    data = json.loads(text)
-    if not isinstance(data, dict) or "world_size" not in data:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError("not a kfp-horovod run summary (expected a JSON object)")
+    if "world_size" not in data:
         raise ValueError("not a kfp-horovod run summary (no world_size)")
     return cast(RunSummary, data)
 
 
 def read(uri: str) -> RunSummary:
-    """The run summary at `uri` (local path or ``gs://``)."""
-    return parse(storage.read_text(uri))
+    """The run summary at `uri` (local path or ``gs://``); a ValueError names the URI and
+    what is wrong with it."""
+    try:
+        text = storage.read_text(uri)
+    except FileNotFoundError as exc:
+        raise ValueError(f"run summary {uri}: missing") from exc
+    except IsADirectoryError as exc:
+        raise ValueError(f"run summary {uri}: is a directory, expected a JSON file") from exc
+    try:
+        return parse(text)
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"run summary {uri}: {exc}") from exc
 
 
 def write(uri: str, summary: RunSummary) -> None:

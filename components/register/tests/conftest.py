@@ -12,6 +12,9 @@ import pytest
 def summary(trained_model, tmp_path: Path) -> str:
     """A run summary as the trainer writes it, recording the model's saved_model.pb digest."""
     path = tmp_path / "run_summary.json"
-    record = {"workers": 2, "epochs": 1, "final_loss": 0.5, "model": "small", "augment": False}
+    record = {
+        "world_size": 2, "workers": 2, "epochs": 1, "final_loss": 0.5, "model": "small",
+        "augment": False,
+    }  # fmt: skip
     path.write_text(json.dumps({**record, "saved_model_sha256": trained_model.saved_model_sha256}))
     return str(path)

@@ -22,6 +22,7 @@ import pytest
 from components.common import storage
 from components.evaluate.saved_model import check_saved_model
 from components.register import register as rg
+from components.register.decision import challenger_wins
 from components.register.registry import METADATA_FILE, SAVED_MODEL_PB, STAGING, ModelStore
 
 FIXED_TIME = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -215,15 +216,15 @@ def test_a_writer_that_loses_the_alias_race_decides_again(root: str, rival, ends
     """Between writer A's read of the alias (version 1) and its write, a rival promotes version
     3. A's write is refused (stale generation), A re-reads and decides against version 3."""
     store = ModelStore(root, "m")
-    assert store.move_alias_if("production", _candidate(1, 0.90), rg.challenger_wins)[0]
+    assert store.move_alias_if("production", _candidate(1, 0.90), challenger_wins)[0]
     seen: list[int] = []
 
     def wins_with_a_rival_in_between(candidate, current):
         seen.append(current["version"])
         if len(seen) == 1:
-            rival_wins = store.move_alias_if("production", _candidate(3, rival), rg.challenger_wins)
+            rival_wins = store.move_alias_if("production", _candidate(3, rival), challenger_wins)
             assert rival_wins[0]
-        return rg.challenger_wins(candidate, current)
+        return challenger_wins(candidate, current)
 
     promoted, reason, _ = store.move_alias_if(
         "production", _candidate(2, 0.95), wins_with_a_rival_in_between
@@ -242,7 +243,8 @@ WORKER = """
 import json, sys
 from components.common import storage
 from components.register.registry import ModelStore
-from components.register.register import challenger_wins
+from components.register import register as rg
+from components.register.decision import challenger_wins
 root, name, accuracy = sys.argv[1], sys.argv[2], float(sys.argv[3])
 written, real = [], storage.write_if_unchanged
 def spy(uri, data, token):
