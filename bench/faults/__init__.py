@@ -1,43 +1,13 @@
 """``python -m bench.faults``: does a run survive each fault, and what does the fault cost?
 
 Each fault in `RUNNERS` runs `--repeats` times (N, 3 by default) against the real parts: the
-trainer under real ``horovodrun --gloo`` through the local launcher (`launch.run_local`), the
-real google-cloud-storage client against fake-gcs-server (`standins.fake_gcs`), and the MPIJob
-backend (`run_mpijob`) with the real kubernetes client against kmock (`standins.kmock_cluster`,
-where the MPIJob's launcher is the stored manifest's trainer command run by horovodrun on this
-machine; what kmock cannot do, that module plays and says so). Every trial is one record:
-
-- ``survived``: the fault's own checks passed (below) and the run ended with one model;
-- ``epochs_lost``: training done before the fault that had to be done again (fractional: the
-  part of an epoch since its last checkpoint, from the checkpoint lines' times);
-- ``time_to_recover_s``: from the fault to the point the run is back (per fault, below);
-- ``models_exported``: ``saved_model.pb`` files under the run's output (must be 1);
-- ``half_written``: files left partial under the output, checkpoint, dataset and registry
-  locations (temporary or staging names, an epoch directory without its ``checkpoint.json``, a
-  model without ``saved_model.pb``, a dataset without ``manifest.json``); must be 0.
-
-The faults (time to recover in brackets):
-
-- ``static_sigkill``: rank 1 SIGKILLed half an epoch after the 2nd checkpoint; the job fails, a
-  rerun resumes from the last checkpoint (kill to the rerun's resume line).
-- ``sigstop``: rank 1 SIGSTOPped likewise; the launcher names it and ends the job once it has
-  been stopped for the stall bound (`components.train.rankwatch`; short stall settings through
-  the job's environment), then a rerun resumes (stop to the rerun's resume line).
-- ``checkpoint_truncated``, ``checkpoint_deleted``, ``latest_json_corrupt``: the checkpoints of
-  a finished 2-epoch run, damaged, resumed by a 3-epoch run: it falls back to epoch 1 (epoch 2
-  for a corrupt ``latest.json``), saying so once (launch to the resume line).
-- ``gcs_transient``: 503 and 429 on a share of requests (`standins.fake_gcs.FaultProxy`) during
-  data prep, training (its checkpoints, summary and model), evaluation and registration; each
-  retry must be logged once: logged retries = injected faults (the longest single recovery).
-- ``kfp_retry``: the train task's pod is lost after the first epoch and KFP retries it: the
-  retry reattaches to the same MPIJob, which trained on meanwhile (loss to the reattach line).
-- ``cancel``: SIGTERM to the train task mid-training: the MPIJob is deleted and its pods and
-  ranks are gone (SIGTERM to all gone); then the run is retried and resumes.
-
-``elastic_sigkill`` kills a rank of an elastic job (3 workers, ``min_workers`` 2): the other two
-go on as one job at once, the interrupted epoch runs again at the new size, and the one model
-is exported at the end. Its time to recover runs from the kill to the launcher's first line
-of the new world; its epochs lost are the part of the interrupted epoch done before the kill.
+trainer under real ``horovodrun --gloo`` (`bench.faults.local`), the real GCS client against
+fake-gcs-server, and the MPIJob backend with the real kubernetes client against kmock
+(`bench.faults.cluster`). Every trial is one record (`bench.faults.runs.record`): whether it
+``survived`` (the fault's own checks passed, one model exported, nothing half-written), the
+``epochs_lost``, the ``time_to_recover_s``, the ``models_exported`` and the ``half_written``
+files (`standins.outputs`). docs/reliability.md says what each fault does, how its time to
+recover is measured, and shows the table `--readme docs/reliability.md` writes there.
 """
 
 from __future__ import annotations

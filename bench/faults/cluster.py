@@ -23,6 +23,7 @@ from bench.faults.runs import (
     RETRY_LINE,
     Bench,
     Job,
+    emulator_env,
     gcs_host,
     progress_at,
     record,
@@ -72,7 +73,7 @@ def _gcs_chain(b: Bench, proxy: Any, bucket: str, counter: _Retries) -> dict[str
         return out
 
     step("data_prep", lambda: b.prepare(data))
-    job = Job(config, b.env(STORAGE_EMULATOR_HOST=proxy.url, GOOGLE_CLOUD_PROJECT="emulator"))
+    job = Job(config, b.env(**emulator_env(proxy.url)))
     step("train", lambda: _succeed(job), lambda: _retry_lines(job))
     summary = json.loads(storage.read_text(config.summary_uri))
     scores = step("evaluate", lambda: evaluate(summary["model_uri"], data))
@@ -144,7 +145,7 @@ def kfp_retry(b: Bench) -> dict[str, Any]:
     bucket = b.bucket()
     with gcs_host(b.emulator), Cluster() as cluster:
         p = _mpijob_params(b, bucket, f"retry-{b.trial}")
-        op = TrainerOperator(cluster, b.env(**_emulator_env(b)))
+        op = TrainerOperator(cluster, b.env(**emulator_env(b.emulator)))
         op.play(_serve_one)
         lost: list[float] = []
 
@@ -175,10 +176,6 @@ def kfp_retry(b: Bench) -> dict[str, Any]:
 def _serve_one(op: Any) -> None:
     """The operator's script: serve the next MPIJob created."""
     op.serve(op.wait_for_job())
-
-
-def _emulator_env(b: Bench) -> dict[str, str]:
-    return {"STORAGE_EMULATOR_HOST": b.emulator, "GOOGLE_CLOUD_PROJECT": "emulator"}
 
 
 def _sigterm_mid_epoch(op: Any, sent: list[float]) -> None:
@@ -241,7 +238,7 @@ def cancel(b: Bench) -> dict[str, Any]:
     try:
         with gcs_host(b.emulator), Cluster() as cluster:
             p = _mpijob_params(b, bucket, f"cancel-{b.trial}")
-            op = TrainerOperator(cluster, b.env(**_emulator_env(b)))
+            op = TrainerOperator(cluster, b.env(**emulator_env(b.emulator)))
             cancelled = _cancel_once(b, cluster, op, p)
             progress = progress_at(op.lines, op.killed_at or cancelled["sent"])
             op.play(_serve_one)

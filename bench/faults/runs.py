@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
-from bench.common import median
+from bench.common import fresh, median
 from components.common import storage
 from components.train.config import TrainConfig
 
@@ -152,9 +153,7 @@ class Bench:
         )  # fmt: skip
 
     def out(self, fault: str) -> Path:
-        path = self.work / f"{fault}-{self.trial}"
-        shutil.rmtree(path, ignore_errors=True)
-        return path
+        return fresh(self.work / f"{fault}-{self.trial}")
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, **STALL_ENV, **extra}
@@ -185,18 +184,17 @@ class Bench:
         return self._base
 
 
+def emulator_env(url: str) -> dict[str, str]:
+    """The environment that points a GCS client at the emulator (or proxy) at `url`."""
+    return {"STORAGE_EMULATOR_HOST": url, "GOOGLE_CLOUD_PROJECT": "emulator"}
+
+
 @contextlib.contextmanager
 def gcs_host(url: str) -> Iterator[None]:
     """This process's GCS client talks to `url` within the block."""
-    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")}
-    os.environ.update({"STORAGE_EMULATOR_HOST": url, "GOOGLE_CLOUD_PROJECT": "emulator"})
-    storage._client.cache_clear()
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with mock.patch.dict(os.environ, emulator_env(url)):
         storage._client.cache_clear()
+        try:
+            yield
+        finally:
+            storage._client.cache_clear()
