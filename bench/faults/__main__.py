@@ -1,7 +1,5 @@
 """``python -m bench.faults``."""
 
-import sys
-
 from bench.faults import main
 
-sys.exit(main())
+raise SystemExit(main())

@@ -74,7 +74,7 @@ def _gcs_chain(b: Bench, proxy: Any, bucket: str, counter: _Retries) -> dict[str
 
     step("data_prep", lambda: b.prepare(data))
     job = Job(config, b.env(**emulator_env(proxy.url)))
-    step("train", lambda: _succeed(job), lambda: _retry_lines(job))
+    step("train", job.succeed, lambda: _retry_lines(job))
     summary = json.loads(storage.read_text(config.summary_uri))
     scores = step("evaluate", lambda: evaluate(summary["model_uri"], data))
     decision = step("register", lambda: register(
@@ -84,13 +84,6 @@ def _gcs_chain(b: Bench, proxy: Any, bucket: str, counter: _Retries) -> dict[str
     steps["train"]["resumed_from_epoch"] = int(summary["resumed_from_epoch"])
     steps["register"]["version"] = decision.version if decision.registered else 0
     return steps
-
-
-def _succeed(job: Job) -> Job:
-    """Run `job`; raise with its output's tail unless it succeeds."""
-    if job.start().wait() != 0:
-        raise RuntimeError(f"the job failed: {job.tail()}")
-    return job
 
 
 def _retry_lines(job: Job) -> int:

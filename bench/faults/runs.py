@@ -65,6 +65,12 @@ class Job:
             raise RuntimeError(f"job did not finish: {self.tail()}")
         return self.code
 
+    def succeed(self) -> Job:
+        """Start, wait; raise with the output's tail unless the job succeeds."""
+        if self.start().wait() != 0:
+            raise RuntimeError(f"the job failed: {self.tail()}")
+        return self
+
     def first(self, pattern: str | re.Pattern[str]) -> tuple[float, re.Match[str]] | None:
         """When the first line matching `pattern` came, and the match."""
         for t, line in list(self.lines):
@@ -177,9 +183,7 @@ class Bench:
         if self._base is None:
             out = self.work / "base-run"
             shutil.rmtree(out, ignore_errors=True)
-            job = Job(self.config(self.data, str(out), 2), self.env()).start()
-            if job.wait() != 0:
-                raise RuntimeError(f"the base run failed: {job.tail()}")
+            Job(self.config(self.data, str(out), 2), self.env()).succeed()
             self._base = out / "checkpoints"
         return self._base
 
