@@ -138,6 +138,7 @@ def _run_all(b: Bench, names: list[str], repeats: int) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     """Run the faults; write faults.json (and, with --readme, the README's table)."""
     p = base_parser(__doc__ or NAME)
+    p.prog = "python -m bench.faults"
     p.add_argument("--model", default="small", help="model to train (default: small)")
     p.add_argument("--only", default=",".join(RUNNERS), help="comma-separated faults")
     p.add_argument("--readme", type=Path, default=None, help="README whose table to rewrite")
