@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: medians, the JSON record, datasets, running real jobs.
+"""Shared pieces of the benchmarks: medians, the JSON record, datasets, running real jobs
+(through `standins.jobs`).
 
 Every benchmark repeats its measurements, interleaving the variants it compares (A B A B ...)
 so that drift on a shared machine hits all of them alike, and reports medians and ratios.
@@ -14,10 +15,7 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from components.train import summary
 from components.train.config import TrainConfig, to_argv
 from components.train.launch import job_environment, static_command
 from components.train.mpirun import YIELD_WHEN_IDLE
+from standins.jobs import JobResult, run_job
 
 RESULTS_DIR = Path(__file__).with_name("results")
 SCHEMA = "kfp-horovod/bench/v1"
@@ -241,23 +240,6 @@ def bench_dataset(root: Path, train: int) -> str:
 # Running real jobs
 
 
-@dataclass
-class JobResult:
-    """What a finished job printed, when each line arrived and how long it ran."""
-
-    returncode: int
-    wall_seconds: float
-    lines: list[tuple[float, str]] = field(default_factory=list)
-    started: float = 0.0
-
-    def first_time(self, needle: str) -> float | None:
-        """Seconds after launch at which a line containing `needle` first arrived."""
-        for t, line in self.lines:
-            if needle in line:
-                return t - self.started
-        return None
-
-
 def default_model() -> str:
     """The model the trainer trains by default (`TrainConfig.model`)."""
     return MODEL
@@ -327,59 +309,6 @@ def trainer_args(
         **fields,
     )
     return to_argv(config)
-
-
-@dataclass
-class RunningJob:
-    """A started job whose output a thread reads as it comes, stamping each line."""
-
-    proc: subprocess.Popen[str]
-    started: float
-    lines: list[tuple[float, str]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
-
-
-def start_job(command: list[str], env: dict[str, str] | None = None) -> RunningJob:
-    """Start `command` with the trainer's job environment; its output is read as it comes."""
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=job_environment(env),
-    )
-    return RunningJob(proc, started)
-
-
-def collect(job: RunningJob, timeout_s: float = 600) -> JobResult:
-    """Wait for `job` to exit; its lines with arrival times. Raises if it failed."""
-    try:
-        code = job.proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        job.proc.kill()
-        code = job.proc.wait()
-    job._reader.join()
-    result = JobResult(code, time.monotonic() - job.started, job.lines, job.started)
-    if code != 0:
-        tail = "\n".join(line for _, line in job.lines[-30:])
-        raise RuntimeError(f"job failed with exit code {code}: {job.proc.args!r}\n{tail}")
-    return result
-
-
-def run_job(
-    command: list[str], env: dict[str, str] | None = None, timeout_s: float = 600
-) -> JobResult:
-    """Run `command` to completion (see :func:`collect`)."""
-    return collect(start_job(command, env), timeout_s)
 
 
 def local_job_env(workers: int, env: dict[str, str] | None = None) -> dict[str, str]:

@@ -125,7 +125,8 @@ def measure(setup: Setup, name: str, workers: int, threads: int, lever: Lever, r
 
 def two_copies(setup: Setup, r: int) -> dict[str, Any]:
     """Two independent 1-rank jobs at once, 1 thread each: the sum of their throughputs."""
-    from bench.common import collect, local_job_env, start_job
+    from bench.common import local_job_env
+    from standins.jobs import collect, start_job
 
     jobs = []
     for copy in (0, 1):

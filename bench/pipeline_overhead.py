@@ -17,17 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    JobResult,
     base_parser,
     interleave,
     machine_state,
     median,
     ratio,
-    run_job,
     scratch,
     write_result,
 )
 from components.common.defaults import EPOCHS
+from standins.jobs import JobResult, run_job
 
 NAME = "pipeline_overhead"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

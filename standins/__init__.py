@@ -5,5 +5,7 @@ benchmarks (never importing either):
 - `kmock_cluster`: the Kubernetes API (kmock) for the real ``kubernetes`` client, with
   mpi-operator's part played on it;
 - `mpijob_harness` (with `kubelet_volumes`): mpi-operator and the kubelet running an MPIJob
-  manifest in Docker containers.
+  manifest in Docker containers;
+- `jobs` and `outputs`, not stand-ins but shared the same way: a real job run with each line
+  of its output stamped, and what a run left behind (models exported, half-written files).
 """

@@ -1,6 +1,6 @@
 """A Kubernetes API for the MPIJob backend on this machine: kmock's emulator, served over HTTP.
 
-Used by the MPIJob lifecycle tests and by the fault benchmark (bench/faults.py), with the real
+Used by the MPIJob lifecycle tests and by the fault benchmark (bench/faults/), with the real
 ``kubernetes`` client. What kmock cannot emulate is played here, and said so:
 
 * mpi-operator: an `Operator` thread moves the job's conditions by patching its status through

@@ -133,7 +133,7 @@ LOCAL_RUN_FLAGS = [
 @dataclass(frozen=True)
 class LocalRun:
     """One finished ``python -m pipeline run-local``: its root, and every line it printed with
-    the time it arrived (`bench.common.JobResult`)."""
+    the time it arrived (`standins.jobs.JobResult`)."""
 
     root: Path
     job: Any
@@ -150,7 +150,7 @@ def run_local_pipeline(root: Path, *extra: str) -> LocalRun:
     with the output's tail if it fails."""
     import sys
 
-    from bench.common import run_job
+    from standins.jobs import run_job
 
     command = [sys.executable, "-m", "pipeline", "run-local", "--root", str(root)]
     return LocalRun(root, run_job([*command, *LOCAL_RUN_FLAGS, *extra], timeout_s=600))

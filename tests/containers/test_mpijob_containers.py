@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from bench.faults import half_written
 from components.common import storage
 from components.train import checkpoints
 from components.train.config import TrainConfig
@@ -28,6 +27,7 @@ from components.train.mpijob.manifest import (
 )
 from components.train.mpiwatch import EXIT_SILENT_RANK
 from standins.mpijob_harness import LauncherResult, MPIJobRun
+from standins.outputs import half_written
 from tests.containers.support import new_bucket, require_images
 
 pytestmark = pytest.mark.containers

@@ -6,7 +6,7 @@ run's outputs.
 
 What kmock cannot emulate (mpi-operator, pod logs, garbage collection, label selectors), the
 test plays itself through `standins.kmock_cluster` (`Cluster`, `Operator`), which says how; the
-fault benchmark (bench/faults.py) drives the same code paths with the same pieces.
+fault benchmark (bench/faults/) drives the same code paths with the same pieces.
 """
 
 from __future__ import annotations
