@@ -174,7 +174,9 @@ def test_register_retries_and_publishes_one_version(
 
     model_uri, data_uri = _upload_inputs(faulty, trained_model)
     summary_uri = f"{faulty.root}/run/run_summary.json"
-    summary = {"model": "small", "saved_model_sha256": trained_model.saved_model_sha256}
+    summary = {
+        "world_size": 1, "model": "small", "saved_model_sha256": trained_model.saved_model_sha256
+    }  # fmt: skip
     storage.write_text(summary_uri, json.dumps(summary))
     caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
     faulty.proxy.share = SHARE
