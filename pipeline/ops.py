@@ -8,6 +8,7 @@ Every failure is an :class:`OpsError` whose message says what was wrong.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import subprocess
@@ -27,7 +28,6 @@ from components import __version__
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "SKIPPED", "CANCELED"})
 MAX_CONSECUTIVE_POLL_ERRORS = 3  # transient (5xx, network) errors in a row a wait tolerates
-MAX_CONCURRENCY_LIMIT = 10  # the KFP API's bound on a recurring run's max_concurrency
 
 
 class OpsError(click.ClickException):
@@ -37,14 +37,6 @@ class OpsError(click.ClickException):
     def __init__(self, message: str, status: int | None = None, transient: bool = False) -> None:
         super().__init__(message)
         self.status, self.transient = status, transient
-
-
-class NotFoundError(OpsError):
-    """A named pipeline, version, run or schedule does not exist."""
-
-
-class AlreadyExistsError(OpsError):
-    """The thing to create exists already."""
 
 
 class RunFailedError(OpsError):
@@ -65,14 +57,11 @@ def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except kfp_server_api.ApiException as exc:
         detail = exc.body.decode() if isinstance(exc.body, bytes) else exc.body
-        try:
+        with contextlib.suppress(ValueError, AttributeError):
             detail = json.loads(detail or "{}").get("message") or detail
-        except (ValueError, AttributeError):
-            pass
         message = f"{what} failed: HTTP {exc.status} {exc.reason or ''}".rstrip()
         message += f": {detail or '(no details)'}"
-        kind = {404: NotFoundError, 409: AlreadyExistsError}.get(exc.status, OpsError)
-        raise kind(message, exc.status, transient=exc.status >= 500) from exc
+        raise OpsError(message, exc.status, transient=exc.status >= 500) from exc
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise OpsError(f"{what} failed: no answer from KFP ({exc})", transient=True) from exc
 
@@ -126,24 +115,21 @@ def declared_parameters(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return dict(_unwrap(spec)["root"].get("inputDefinitions", {}).get("parameters", {}))
 
 
+_TYPES: dict[str, Any] = {"NUMBER_INTEGER": int, "NUMBER_DOUBLE": (int, float),
+                          "BOOLEAN": bool, "LIST": list, "STRUCT": dict}  # fmt: skip
+
+
 def _coerce(name: str, kind: str, raw: str) -> Any:
-    """Convert `raw` to the Python value of KFP parameter type `kind`."""
-    booleans = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    """Convert `raw` to KFP parameter type `kind`: strings as given, the rest as JSON."""
+    if kind not in _TYPES:
+        return raw
     try:
-        if kind == "NUMBER_INTEGER":
-            return int(raw)
-        if kind == "NUMBER_DOUBLE":
-            return float(raw)
-        if kind == "BOOLEAN":
-            return booleans[raw.strip().lower()]
-        if kind in ("LIST", "STRUCT"):
-            value = json.loads(raw)
-            if not isinstance(value, list if kind == "LIST" else dict):
-                raise ValueError(f"expected a JSON {'array' if kind == 'LIST' else 'object'}")
-            return value
-    except (ValueError, KeyError) as exc:
-        raise OpsError(f"parameter {name!r} is declared {kind} but got {raw!r}: {exc}") from exc
-    return raw
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, _TYPES[kind]) or (kind.startswith("NUMBER") and value is True):
+        raise OpsError(f"parameter {name!r} is declared {kind} but got {raw!r}")
+    return float(value) if kind == "NUMBER_DOUBLE" else value
 
 
 def parse_parameters(pairs: Sequence[str], declared: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,8 +164,8 @@ _CRON_FIELDS = (
     ("minute", 0, 59, ()),
     ("hour", 0, 23, ()),
     ("day of month", 1, 31, ()),
-    ("month", 1, 12, ("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split())),
-    ("day of week", 0, 6, ("SUN MON TUE WED THU FRI SAT".split())),
+    ("month", 1, 12, (["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"])),
+    ("day of week", 0, 6, (["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"])),
 )
 
 
@@ -249,78 +235,53 @@ def _named(what: str, lister: Callable[..., Any], field: str, name: str, **kw: A
     return [item for item in getattr(page, field) or [] if item.display_name == name]
 
 
-def find_pipeline(client: kfp.Client, name: str, namespace: str | None = None) -> Any | None:
-    """Return the pipeline named `name`, or ``None``; error if several have that name."""
-    found = _named(
-        f"pipeline {name!r}", client.list_pipelines, "pipelines", name, namespace=namespace
-    )
-    if len(found) > 1:
-        raise OpsError(f"several pipelines are named {name!r}; names must be unique")
+def find_pipeline(client: kfp.Client, name: str) -> str | None:
+    """Return the id of the pipeline named `name` (kfp.Client's look-up), or ``None``."""
+    return call(f"look up pipeline {name!r}", client.get_pipeline_id, name)
+
+
+def _version(client: kfp.Client, pipeline_id: str, name: str) -> Any | None:
+    """Return the version of pipeline `pipeline_id` named `name`, or ``None``."""
+    found = _named("version", client.list_pipeline_versions, "pipeline_versions", name,
+                   pipeline_id=pipeline_id)  # fmt: skip
     return found[0] if found else None
 
 
 def upload(
-    client: kfp.Client,
-    package: Path,
-    version_name: str,
-    *,
-    pipeline_name: str | None = None,
-    namespace: str | None = None,
-    reuse_existing: bool = False,
-) -> tuple[Any, Any, bool]:
-    """Upload `package` as version `version_name`; return (pipeline, version, created).
+    client: kfp.Client, package: Path, version: str, pipeline: str | None, reuse: bool = False
+) -> tuple[str, str, bool]:
+    """Upload `package` as version `version`; return (pipeline id, version id, uploaded).
 
     A missing pipeline is created empty first, so that every version, the first included,
-    carries `version_name`. An existing version is an error unless `reuse_existing`.
+    carries `version`. An existing version is an error unless `reuse`.
     """
-    name = pipeline_name or pipeline_name_of(read_pipeline_spec(package))
-    pipeline = find_pipeline(client, name, namespace)
-    if pipeline is None:
-        body = kfp_server_api.V2beta1Pipeline(display_name=name, namespace=namespace)
-        pipeline = call(
-            f"create pipeline {name!r}", client.pipelines.pipeline_service_create_pipeline, body
-        )
-    else:
-        pid = pipeline.pipeline_id
-        found = _named(
-            "version",
-            client.list_pipeline_versions,
-            "pipeline_versions",
-            version_name,
-            pipeline_id=pid,
-        )
-        if found and reuse_existing:
-            return pipeline, found[0], False
-        if found:
-            raise AlreadyExistsError(
-                f"pipeline {name!r} already has a version named {version_name!r}; commit your "
+    name = pipeline or pipeline_name_of(read_pipeline_spec(package))
+    pid = find_pipeline(client, name)
+    if pid is None:
+        body = kfp_server_api.V2beta1Pipeline(display_name=name)
+        create = client.pipelines.pipeline_service_create_pipeline
+        pid = call(f"create pipeline {name!r}", create, body).pipeline_id
+    elif (existing := _version(client, pid, version)) is not None:
+        if not reuse:
+            raise OpsError(
+                f"pipeline {name!r} already has a version named {version!r}; commit your "
                 "change, pass another --version-name, or --reuse-existing to keep it"
             )
-    version = call(
-        f"upload version {version_name!r} of pipeline {name!r}",
-        client.upload_pipeline_version,
-        pipeline_package_path=str(package),
-        pipeline_version_name=version_name,
-        pipeline_id=pipeline.pipeline_id,
-    )
-    return pipeline, version, True
+        return pid, existing.pipeline_version_id, False
+    uploaded = call(f"upload version {version!r} of pipeline {name!r}",
+                    client.upload_pipeline_version, str(package), version, pipeline_id=pid)  # fmt: skip
+    return pid, uploaded.pipeline_version_id, True
 
 
-def resolve_version(
-    client: kfp.Client, pipeline_name: str, version_name: str, namespace: str | None = None
-) -> tuple[Any, Any]:
-    """Return ``(pipeline, version)`` for the named version, with its pipeline spec."""
-    pipeline = find_pipeline(client, pipeline_name, namespace)
-    if pipeline is None:
-        raise NotFoundError(f"no pipeline named {pipeline_name!r} on the server; upload it first")
-    pid = pipeline.pipeline_id
-    found = _named(
-        "version", client.list_pipeline_versions, "pipeline_versions", version_name, pipeline_id=pid
-    )
-    if not found:
-        raise NotFoundError(f"pipeline {pipeline_name!r} has no version named {version_name!r}")
-    version = call("get version", client.get_pipeline_version, pid, found[0].pipeline_version_id)
-    return pipeline, version
+def resolve_version(client: kfp.Client, pipeline: str, version: str) -> tuple[str, Any]:
+    """Return ``(pipeline id, version)`` for the named version, with its pipeline spec."""
+    pid = find_pipeline(client, pipeline)
+    if pid is None:
+        raise OpsError(f"no pipeline named {pipeline!r} on the server; upload it first", 404)
+    found = _version(client, pid, version)
+    if found is None:
+        raise OpsError(f"pipeline {pipeline!r} has no version named {version!r}", 404)
+    return pid, call("get version", client.get_pipeline_version, pid, found.pipeline_version_id)
 
 
 def experiment_id(client: kfp.Client, name: str, namespace: str | None = None) -> str:
@@ -384,27 +345,13 @@ def wait_for_run(
         time.sleep(max(0.0, min(poll_interval, deadline - time.monotonic())))
 
 
-def find_schedules(
-    client: kfp.Client, name: str | None = None, namespace: str | None = None
-) -> list[Any]:
-    """Return the recurring runs named `name` (all of them when `name` is None)."""
+def find_schedules(client: kfp.Client, name: str | None, namespace: str | None) -> list[Any]:
+    """Return the recurring runs named `name` (the first 200 of all when `name` is None)."""
     if name is not None:
-        return _named(
-            "schedule", client.list_recurring_runs, "recurring_runs", name, namespace=namespace
-        )
-    found, token = [], ""
-    while True:
-        page = call(
-            "list schedules",
-            client.list_recurring_runs,
-            page_token=token,
-            page_size=100,
-            namespace=namespace,
-        )
-        found += page.recurring_runs or []
-        token = page.next_page_token
-        if not token:
-            return found
+        return _named("schedule", client.list_recurring_runs, "recurring_runs", name,
+                      namespace=namespace)  # fmt: skip
+    page = call("list schedules", client.list_recurring_runs, page_size=200, namespace=namespace)
+    return list(page.recurring_runs or [])
 
 
 def resolve_schedule(client: kfp.Client, ref: str, namespace: str | None = None) -> Any:
@@ -416,5 +363,7 @@ def resolve_schedule(client: kfp.Client, ref: str, namespace: str | None = None)
         return found[0]
     try:
         return call(f"get schedule {ref}", client.get_recurring_run, recurring_run_id=ref)
-    except NotFoundError as exc:
-        raise NotFoundError(f"no schedule named or with id {ref!r}") from exc
+    except OpsError as exc:
+        if exc.status != 404:
+            raise
+        raise OpsError(f"no schedule named or with id {ref!r}") from exc

@@ -59,15 +59,9 @@ def upload_command(package: Path, pipeline_name: str | None, version_name: str |
 
     ops.read_pipeline_spec(package)  # a bad package fails before connecting
     name = version_name or ops.git_version_name()
-    pipeline, version, created = ops.upload(
-        _client(kw), package, name, pipeline_name=pipeline_name,
-        namespace=kw.get("namespace"), reuse_existing=reuse_existing,
-    )  # fmt: skip
-    click.echo(
-        f"{'uploaded' if created else 'kept existing'} version {name} "
-        f"({version.pipeline_version_id}) of pipeline {pipeline.display_name} "
-        f"({pipeline.pipeline_id})"
-    )
+    pid, vid, uploaded = ops.upload(_client(kw), package, name, pipeline_name, reuse_existing)
+    what = "uploaded" if uploaded else "kept existing"
+    click.echo(f"{what} version {name} ({vid}) of pipeline {pipeline_name or ''} ({pid})")
 
 
 @click.command("submit")
@@ -100,9 +94,9 @@ def submit_command(package: Path, version_name: str | None, pipeline_name: str,
         pipeline_name = ops.pipeline_name_of(spec)
     else:
         client = _client(kw)
-        pipeline, version = ops.resolve_version(client, pipeline_name, version_name, namespace)
+        pid, version = ops.resolve_version(client, pipeline_name, version_name)
         arguments = ops.parse_parameters(params, ops.declared_parameters(version.pipeline_spec))
-        source = {"pipeline_id": pipeline.pipeline_id, "version_id": version.pipeline_version_id}
+        source = {"pipeline_id": pid, "version_id": version.pipeline_version_id}
     run = ops.call(
         "create run", client.run_pipeline,
         experiment_id=ops.experiment_id(client, experiment, namespace),
@@ -144,15 +138,15 @@ def schedule_create_command(name: str, cron: str, version_name: str, pipeline_na
     cron = ops.validate_cron(cron)  # before connecting: a typo should not need a cluster
     namespace = kw.get("namespace")
     client = _client(kw)
-    pipeline, version = ops.resolve_version(client, pipeline_name, version_name, namespace)
+    pid, version = ops.resolve_version(client, pipeline_name, version_name)
     arguments = ops.parse_parameters(params, ops.declared_parameters(version.pipeline_spec))
     if ops.find_schedules(client, name, namespace):
-        raise ops.AlreadyExistsError(f"a schedule named {name!r} exists already")
+        raise ops.OpsError(f"a schedule named {name!r} exists already")
     created = ops.call(
         f"create schedule {name!r}", client.create_recurring_run,
         experiment_id=ops.experiment_id(client, experiment, namespace), job_name=name,
         cron_expression=cron, max_concurrency=max_concurrency, no_catchup=not catchup,
-        params=arguments, pipeline_id=pipeline.pipeline_id,
+        params=arguments, pipeline_id=pid,
         version_id=version.pipeline_version_id, enabled=not paused,
         service_account=service_account,
     )  # fmt: skip
@@ -168,13 +162,13 @@ def schedule_list_command(pipeline_name: str | None, **kw: Any) -> None:
 
     namespace = kw.get("namespace")
     client = _client(kw)
-    schedules = ops.find_schedules(client, namespace=namespace)
+    schedules = ops.find_schedules(client, None, namespace)
     if pipeline_name is not None:
-        pipeline = ops.find_pipeline(client, pipeline_name, namespace)
-        if pipeline is None:
-            raise ops.NotFoundError(f"no pipeline named {pipeline_name!r} on the server")
+        pid = ops.find_pipeline(client, pipeline_name)
+        if pid is None:
+            raise ops.OpsError(f"no pipeline named {pipeline_name!r} on the server")
         refs = [(s, s.pipeline_version_reference) for s in schedules]
-        schedules = [s for s, ref in refs if ref and ref.pipeline_id == pipeline.pipeline_id]
+        schedules = [s for s, ref in refs if ref and ref.pipeline_id == pid]
     click.echo("ID\tNAME\tMODE\tCRON\tMAX_CONCURRENCY\tCATCHUP\tVERSION_ID")
     for s in schedules:
         cron = s.trigger.cron_schedule.cron if s.trigger and s.trigger.cron_schedule else "-"
