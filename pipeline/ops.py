@@ -123,8 +123,11 @@ def _coerce(name: str, kind: str, raw: str) -> Any:
     """Convert `raw` to KFP parameter type `kind`: strings as given, the rest as JSON."""
     if kind not in _TYPES:
         return raw
+    words = {"yes": True, "no": False, "1": True, "0": False}
     try:
-        value = json.loads(raw)
+        value = (
+            words[raw.lower()] if kind == "BOOLEAN" and raw.lower() in words else json.loads(raw)
+        )
     except ValueError:
         value = None
     if not isinstance(value, _TYPES[kind]) or (kind.startswith("NUMBER") and value is True):
@@ -164,7 +167,12 @@ _CRON_FIELDS = (
     ("minute", 0, 59, ()),
     ("hour", 0, 23, ()),
     ("day of month", 1, 31, ()),
-    ("month", 1, 12, (["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"])),
+    (
+        "month",
+        1,
+        12,
+        (["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"]),
+    ),
     ("day of week", 0, 6, (["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"])),
 )
 

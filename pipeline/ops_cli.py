@@ -97,10 +97,11 @@ def submit_command(package: Path, version_name: str | None, pipeline_name: str,
         pid, version = ops.resolve_version(client, pipeline_name, version_name)
         arguments = ops.parse_parameters(params, ops.declared_parameters(version.pipeline_spec))
         source = {"pipeline_id": pid, "version_id": version.pipeline_version_id}
+    run_name = run_name or ops.default_run_name(pipeline_name, version_name)
     run = ops.call(
-        "create run", client.run_pipeline,
+        f"create run {run_name!r}", client.run_pipeline,
         experiment_id=ops.experiment_id(client, experiment, namespace),
-        job_name=run_name or ops.default_run_name(pipeline_name, version_name),
+        job_name=run_name,
         params=arguments, pipeline_root=pipeline_root, service_account=service_account,
         enable_caching=caching, **source,
     )  # fmt: skip
@@ -123,7 +124,7 @@ def schedule_group() -> None:
 @click.option("--pipeline-name", default=defaults.PIPELINE_NAME, show_default=True)
 @param_option
 @experiment_option
-@click.option("--max-concurrency", type=click.IntRange(1, 10), default=1, show_default=True)
+@click.option("--max-concurrency", type=int, default=1, show_default=True)
 @click.option("--catchup/--no-catchup", default=False, show_default=True)
 @click.option("--paused", is_flag=True, help="Create it disabled.")
 @click.option("--service-account")
@@ -136,6 +137,8 @@ def schedule_create_command(name: str, cron: str, version_name: str, pipeline_na
     from pipeline import ops
 
     cron = ops.validate_cron(cron)  # before connecting: a typo should not need a cluster
+    if not 1 <= max_concurrency <= 10:  # the KFP API's bounds
+        raise ops.OpsError(f"max_concurrency must be between 1 and 10, got {max_concurrency}")
     namespace = kw.get("namespace")
     client = _client(kw)
     pid, version = ops.resolve_version(client, pipeline_name, version_name)

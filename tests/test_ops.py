@@ -22,7 +22,7 @@ from kfp import dsl
 
 from pipeline import ops
 from pipeline.cli import cli
-from pipeline.ops.api import call
+from pipeline.ops import call
 from tests.kfp_standin import KfpStandin, robfig_cron_parse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,13 +85,8 @@ def standin() -> Any:
 
 
 @pytest.fixture
-def settings(standin: KfpStandin) -> ops.KfpSettings:
-    return ops.KfpSettings(host=standin.url, request_timeout=2.0)
-
-
-@pytest.fixture
-def client(settings: ops.KfpSettings) -> kfp.Client:
-    return ops.connect(settings)
+def client(standin: KfpStandin) -> kfp.Client:
+    return ops.connect(standin.url, None, None, None)
 
 
 def invoke(args: list[str], standin: KfpStandin | None = None) -> Any:
