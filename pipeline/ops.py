@@ -123,10 +123,12 @@ def _coerce(name: str, kind: str, raw: str) -> Any:
     """Convert `raw` to KFP parameter type `kind`: strings as given, the rest as JSON."""
     if kind not in _TYPES:
         return raw
-    words = {"yes": True, "no": False, "1": True, "0": False}
+    words = {"yes": True, "no": False, "1": True, "0": False, "true": True, "false": False}
     try:
         value = (
-            words[raw.lower()] if kind == "BOOLEAN" and raw.lower() in words else json.loads(raw)
+            words[raw.strip().lower()]
+            if kind == "BOOLEAN" and raw.strip().lower() in words
+            else json.loads(raw)
         )
     except ValueError:
         value = None
@@ -196,13 +198,16 @@ def validate_cron(expression: str) -> str:
     """
     fields = expression.split()
     if len(fields) != 6:
-        hint = f"; did you mean '0 {' '.join(fields)}'?" if len(fields) == 5 else ""
+        hint = "; KFP cron has a leading seconds field, did you mean"
+        hint = f"{hint}  '0 {' '.join(fields)}'?" if len(fields) == 5 else ""
         raise OpsError(
             f"cron expression {expression!r} has {len(fields)} fields, KFP needs 6: "
             f"SECOND MINUTE HOUR DAY-OF-MONTH MONTH DAY-OF-WEEK{hint}"
         )
     for text, (field, low, high, names) in zip(fields, _CRON_FIELDS, strict=True):
         for part in text.split(","):
+            if not part:
+                raise OpsError(f"cron {field} field {text!r} has an empty list item")
             span, slash, step = part.partition("/")
             if slash and (not step.isdigit() or int(step) == 0):
                 raise OpsError(f"cron {field} field: step {step!r} must be a positive number")
