@@ -199,7 +199,7 @@ def validate_cron(expression: str) -> str:
     fields = expression.split()
     if len(fields) != 6:
         hint = "; KFP cron has a leading seconds field, did you mean"
-        hint = f"{hint}  '0 {' '.join(fields)}'?" if len(fields) == 5 else ""
+        hint = f"{hint} '0 {' '.join(fields)}'?" if len(fields) == 5 else ""
         raise OpsError(
             f"cron expression {expression!r} has {len(fields)} fields, KFP needs 6: "
             f"SECOND MINUTE HOUR DAY-OF-MONTH MONTH DAY-OF-WEEK{hint}"

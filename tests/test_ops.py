@@ -106,7 +106,7 @@ def _filter_name(recorded: Any) -> str:
 
 def test_declared_parameters_come_from_the_compiled_yaml(spec: dict[str, Any]) -> None:
     declared = ops.declared_parameters(spec)
-    assert {n: d.type for n, d in declared.items()} == {
+    assert {n: d["parameterType"] for n, d in declared.items()} == {
         "run_tag": "STRING",
         "epochs": "NUMBER_INTEGER",
         "learning_rate": "NUMBER_DOUBLE",
@@ -114,7 +114,8 @@ def test_declared_parameters_come_from_the_compiled_yaml(spec: dict[str, Any]) -
         "layers": "LIST",
         "extra": "STRUCT",
     }
-    assert [n for n, d in declared.items() if d.required] == ["run_tag"]
+    with pytest.raises(ops.OpsError, match=r"missing required pipeline parameter\(s\): run_tag$"):
+        ops.parse_parameters([], declared)
 
 
 def test_parameters_are_coerced_to_the_declared_types(spec: dict[str, Any]) -> None:
