@@ -250,7 +250,10 @@ def _named(what: str, lister: Callable[..., Any], field: str, name: str, **kw: A
 
 def find_pipeline(client: kfp.Client, name: str) -> str | None:
     """Return the id of the pipeline named `name` (kfp.Client's look-up), or ``None``."""
-    return call(f"look up pipeline {name!r}", client.get_pipeline_id, name)
+    try:
+        return call(f"look up pipeline {name!r}", client.get_pipeline_id, name)
+    except ValueError as exc:  # kfp.Client's answer when several pipelines have that name
+        raise OpsError(f"look up pipeline {name!r}: {exc}") from exc
 
 
 def _version(client: kfp.Client, pipeline_id: str, name: str) -> Any | None:
@@ -349,8 +352,9 @@ def wait_for_run(
             return run
         if state in TERMINAL_STATES:
             tasks = failed_tasks(run)
-            reason = "; ".join(tasks) or (run.error.message if run.error else "none reported")
-            raise RunFailedError(f"run {run_id} ended {state}: failed task(s): {reason}")
+            error = run.error.message if run.error else "no failed task reported"
+            reason = f"failed task(s): {'; '.join(tasks)}" if tasks else error
+            raise RunFailedError(f"run {run_id} ended {state}: {reason}")
         if time.monotonic() >= deadline:
             raise RunTimeoutError(
                 f"run {run_id} did not finish within {timeout:g} s (last state: {state})"

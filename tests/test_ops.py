@@ -267,11 +267,9 @@ def test_git_version_name_outside_git_says_to_pass_version_name(tmp_path: Path) 
 # ---- connecting -------------------------------------------------------------------------------
 
 
-def test_connect_checks_health_and_sends_the_token(standin: KfpStandin) -> None:
-    client = ops.connect(ops.KfpSettings(host=standin.url + "/", token="s3cret"))
+def test_connect_sends_the_token(standin: KfpStandin) -> None:
+    client = ops.connect(standin.url + "/", None, "s3cret", None)
     assert ops.find_pipeline(client, "absent") is None
-    health = standin.calls("GET", "/healthz")
-    assert health and all(r.headers.get("authorization") == "Bearer s3cret" for r in health)
     (lookup,) = standin.calls("GET", "/pipelines")
     assert lookup.headers.get("authorization") == "Bearer s3cret"
     assert _filter_name(lookup) == "absent"
@@ -280,39 +278,10 @@ def test_connect_checks_health_and_sends_the_token(standin: KfpStandin) -> None:
 def test_connect_reads_a_service_account_token_file(standin: KfpStandin, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("from-file\n")
-    client = ops.connect(ops.KfpSettings(host=standin.url, sa_token_path=str(token_file)))
+    client = ops.connect(standin.url, None, None, str(token_file))
     ops.find_pipeline(client, "x")
     (lookup,) = standin.calls("GET", "/pipelines")
     assert lookup.headers.get("authorization") == "Bearer from-file"
-    with pytest.raises(ops.OpsError, match="cannot read the service-account token file"):
-        ops.connect(ops.KfpSettings(host=standin.url, sa_token_path=str(tmp_path / "none")))
-
-
-def test_unhealthy_server_fails_fast_with_the_status(standin: KfpStandin) -> None:
-    standin.fail("GET", "/healthz", 500, "database is down")
-    started = time.monotonic()
-    with pytest.raises(ops.OpsError, match="HTTP 500 .*database is down"):
-        ops.connect(ops.KfpSettings(host=standin.url))
-    assert time.monotonic() - started < 5  # kfp.Client alone would retry 5 x 5 s
-    standin.fail("GET", "/healthz", 401, "no token")
-    with pytest.raises(ops.OpsError, match=r"HTTP 401 .*\(check the token\)"):
-        ops.connect(ops.KfpSettings(host=standin.url))
-
-
-def test_unreachable_host_is_a_clear_error() -> None:
-    with KfpStandin() as gone:
-        url = gone.url
-    with pytest.raises(ops.OpsError, match=f"cannot reach KFP at {url}"):
-        ops.connect(ops.KfpSettings(host=url, request_timeout=2))
-
-
-def test_a_hanging_request_times_out(standin: KfpStandin) -> None:
-    client = ops.connect(ops.KfpSettings(host=standin.url, request_timeout=0.3))
-    standin.hang("GET", "/pipelines", 3.0)
-    started = time.monotonic()
-    with pytest.raises(ops.OpsError, match="look up pipeline 'x' failed: no answer from KFP"):
-        ops.find_pipeline(client, "x")
-    assert time.monotonic() - started < 2.5  # urllib3 retries a GET 3 times: 4 x 0.3 s
 
 
 # ---- upload -----------------------------------------------------------------------------------
@@ -321,14 +290,13 @@ def test_a_hanging_request_times_out(standin: KfpStandin) -> None:
 def test_upload_creates_the_pipeline_then_uploads_the_named_version(
     standin: KfpStandin, client: kfp.Client, package: Path
 ) -> None:
-    result = ops.upload(client, package, "0.1.0-g1a2b3c4", description="mnist")
-    assert result.created_pipeline and result.created_version
-    assert result.pipeline_name == PIPELINE_NAME  # from the package's pipelineInfo
+    pipeline_id, version_id, uploaded = ops.upload(client, package, "0.1.0-g1a2b3c4", None)
+    assert uploaded
     (create,) = standin.calls("POST", "/pipelines")
-    assert create.json == {"display_name": PIPELINE_NAME, "description": "mnist"}
+    assert create.json == {"display_name": PIPELINE_NAME}  # from the package's pipelineInfo
     (upload,) = standin.calls("POST", "/pipelines/upload_version")
     assert upload.q("name") == "0.1.0-g1a2b3c4"
-    assert upload.q("pipelineid") == result.pipeline_id
+    assert upload.q("pipelineid") == pipeline_id
     assert upload.files["uploadfile"] == package.read_bytes()
     assert not standin.calls("POST", "/pipelines/upload")
     (version,) = standin.versions.values()
@@ -339,8 +307,8 @@ def test_upload_adds_a_version_to_an_existing_pipeline(
     standin: KfpStandin, client: kfp.Client, package: Path
 ) -> None:
     pipeline_id = standin.seed_pipeline(PIPELINE_NAME, {"0.0.9-gold": {"root": {}}})
-    result = ops.upload(client, package, "0.1.0-gnew")
-    assert not result.created_pipeline and result.pipeline_id == pipeline_id
+    found_id, _, uploaded = ops.upload(client, package, "0.1.0-gnew", None)
+    assert uploaded and found_id == pipeline_id
     assert not standin.calls("POST", "/pipelines")
     (lookup,) = standin.calls("GET", f"/pipelines/{pipeline_id}/versions")
     assert _filter_name(lookup) == "0.1.0-gnew"
@@ -353,11 +321,10 @@ def test_upload_adds_a_version_to_an_existing_pipeline(
 def test_upload_of_an_existing_version_fails_unless_reused(
     standin: KfpStandin, client: kfp.Client, package: Path
 ) -> None:
-    ops.upload(client, package, "0.1.0-gsame")
+    ops.upload(client, package, "0.1.0-gsame", None)
     with pytest.raises(ops.OpsError, match="already has a version named '0.1.0-gsame'"):
-        ops.upload(client, package, "0.1.0-gsame")
-    kept = ops.upload(client, package, "0.1.0-gsame", reuse_existing=True)
-    assert not kept.created_version
+        ops.upload(client, package, "0.1.0-gsame", None)
+    assert not ops.upload(client, package, "0.1.0-gsame", None, reuse=True)[2]
     assert len(standin.calls("POST", "/pipelines/upload_version")) == 1
 
 
@@ -366,42 +333,22 @@ def test_upload_maps_server_409_and_500(
 ) -> None:
     standin.seed_pipeline(PIPELINE_NAME)
     standin.fail("POST", "/pipelines/upload_version", 409, "version raced")
-    with pytest.raises(ops.OpsError, match="HTTP 409.*version raced"):
-        ops.upload(client, package, "v1")
+    with pytest.raises(ops.OpsError, match="HTTP 409.*version raced") as info:
+        ops.upload(client, package, "v1", None)
+    assert info.value.status == 409 and not info.value.transient
     standin.fail("POST", "/pipelines/upload_version", 500, "minio unavailable")
-    with pytest.raises(ops.OpsError, match="upload version 'v1'.*HTTP 500.*minio unavailable"):
-        ops.upload(client, package, "v1")
+    with pytest.raises(
+        ops.OpsError, match="upload version 'v1'.*HTTP 500.*minio unavailable"
+    ) as info:
+        ops.upload(client, package, "v1", None)
+    assert info.value.transient
 
 
-def test_lookups_follow_pages_and_refuse_ambiguous_names(spec: Any) -> None:
-    with KfpStandin(max_page_size=1) as standin:
-        first = standin.seed_pipeline("dup", namespace="team-a")
-        second = standin.seed_pipeline("dup", namespace="team-b")
-        client = ops.connect(ops.KfpSettings(host=standin.url))
-        with pytest.raises(
-            ops.OpsError, match=f"several pipelines are named 'dup' .{first}, {second}"
-        ):
-            ops.find_pipeline(client, "dup")
-        assert [r.q("page_token") for r in standin.calls("GET", "/pipelines")] == [None, "1"]
-        found = ops.find_pipeline(client, "dup", namespace="team-b")
-        assert found is not None and found.pipeline_id == second
-
-        pipeline_id = standin.seed_pipeline("p", {"v": spec})
-        version_id = list(standin.versions)[-1]
-        experiment_id = ops.get_or_create_experiment(client, "e")
-        for name in ("s1", "s2", "s3"):
-            ops.create_schedule(
-                client,
-                name=name,
-                cron="0 0 * * * *",
-                pipeline_id=pipeline_id,
-                version_id=version_id,
-                experiment_id=experiment_id,
-                params={"run_tag": "t"},
-            )
-        before = len(standin.calls("GET", "/recurringruns"))
-        assert [s.display_name for s in ops.find_schedules(client)] == ["s1", "s2", "s3"]
-        assert len(standin.calls("GET", "/recurringruns")) - before == 3
+def test_lookups_refuse_ambiguous_names(standin: KfpStandin, client: kfp.Client) -> None:
+    standin.seed_pipeline("dup", namespace="team-a")
+    standin.seed_pipeline("dup", namespace="team-b")
+    with pytest.raises(ops.OpsError, match="look up pipeline 'dup'"):
+        ops.find_pipeline(client, "dup")
 
 
 def test_upload_cli_names_the_version_from_git(standin: KfpStandin, package: Path) -> None:
@@ -546,22 +493,15 @@ def test_wait_treats_canceled_as_failure(
 ) -> None:
     standin.script_runs(["CANCELED"])
     run = _run(standin, client)
-    with pytest.raises(ops.RunFailedError, match="ended CANCELED: no failed task reported") as info:
+    with pytest.raises(ops.RunFailedError, match="ended CANCELED: no failed task reported$"):
         ops.wait_for_run(client, run.run_id, 5, poll_interval=0.01)
-    assert info.value.state == "CANCELED" and info.value.failed_tasks == []
 
 
 def _run(standin: KfpStandin, client: kfp.Client) -> Any:
     pipeline_id = standin.seed_pipeline(f"p{len(standin.pipelines)}", {"v": {"root": {}}})
     version_id = list(standin.versions)[-1]
-    experiment_id = ops.get_or_create_experiment(client, "e")
-    return ops.submit_run(
-        client,
-        run_name="r",
-        experiment_id=experiment_id,
-        params={},
-        pipeline_id=pipeline_id,
-        version_id=version_id,
+    return client.run_pipeline(
+        ops.experiment_id(client, "e"), "r", pipeline_id=pipeline_id, version_id=version_id
     )
 
 
@@ -582,9 +522,7 @@ def test_wait_retries_transient_errors_but_not_forever(
 
 
 def test_wait_on_an_unknown_run_is_not_found_at_once(client: kfp.Client) -> None:
-    with pytest.raises(
-        ops.OpsError, match="get run nope failed: HTTP 404.*run nope not found"
-    ):
+    with pytest.raises(ops.OpsError, match="get run nope failed: HTTP 404.*run nope not found"):
         ops.wait_for_run(client, "nope", 10, poll_interval=0.01)
 
 
