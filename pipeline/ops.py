@@ -285,7 +285,8 @@ def upload(
             )
         return pid, existing.pipeline_version_id, False
     uploaded = call(f"upload version {version!r} of pipeline {name!r}",
-                    client.upload_pipeline_version, str(package), version, pipeline_id=pid)  # fmt: skip
+                    client.upload_pipeline_version, str(package), version,
+                    pipeline_id=pid)  # fmt: skip
     return pid, uploaded.pipeline_version_id, True
 
 

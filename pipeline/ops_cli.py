@@ -81,7 +81,8 @@ def upload_command(package: Path, pipeline_name: str | None, version_name: str |
 def submit_command(package: Path, version_name: str | None, pipeline_name: str,
                    params: tuple[str, ...], experiment: str, run_name: str | None,
                    pipeline_root: str | None, service_account: str | None, caching: bool | None,
-                   wait: bool, timeout: float, poll_interval: float, **kw: Any) -> None:  # fmt: skip
+                   wait: bool, timeout: float, poll_interval: float,
+                   **kw: Any) -> None:  # fmt: skip
     """Create a run from the compiled package (or an uploaded version); --wait follows it."""
     from pipeline import ops
 
@@ -178,7 +179,8 @@ def schedule_list_command(pipeline_name: str | None, **kw: Any) -> None:
         ref = s.pipeline_version_reference
         click.echo(
             f"{s.recurring_run_id}\t{s.display_name}\t{s.mode}\t{cron}\t{s.max_concurrency}\t"
-            f"{'no' if s.no_catchup else 'yes'}\t{(ref.pipeline_version_id if ref else None) or '-'}"
+            f"{'no' if s.no_catchup else 'yes'}\t"
+            f"{(ref.pipeline_version_id if ref else None) or '-'}"
         )
 
 
