@@ -57,11 +57,12 @@ def upload_command(package: Path, pipeline_name: str | None, version_name: str |
     """Create the pipeline, or add a new version to it, from the compiled package."""
     from pipeline import ops
 
-    ops.read_pipeline_spec(package)  # a bad package fails before connecting
+    spec = ops.read_pipeline_spec(package)  # a bad package fails before connecting
+    pipeline_name = pipeline_name or ops.pipeline_name_of(spec)
     name = version_name or ops.git_version_name()
     pid, vid, uploaded = ops.upload(_client(kw), package, name, pipeline_name, reuse_existing)
     what = "uploaded" if uploaded else "kept existing"
-    click.echo(f"{what} version {name} ({vid}) of pipeline {pipeline_name or ''} ({pid})")
+    click.echo(f"{what} version {name} ({vid}) of pipeline {pipeline_name} ({pid})")
 
 
 @click.command("submit")
