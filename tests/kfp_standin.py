@@ -5,17 +5,6 @@ runs and recurring runs in memory, records every request it gets, and can be tol
 (any status, JSON error body like KFP's grpc-gateway) or to hang, so the tests drive the real
 ``kfp.Client`` over real HTTP. It is a stand-in for a KFP API server (which needs a cluster),
 not a re-implementation: only the fields the client reads are filled in.
-
-Creating a recurring run checks its cron expression and max concurrency as the real API
-server does (kubeflow/pipelines ``backend/src/apiserver/server/api_converter.go``,
-``toModelJob``): the cron is parsed with robfig/cron v1.2.0's ``cron.Parse``, that is
-``NewParser(Second | Minute | Hour | Dom | Month | DowOptional | Descriptor)`` (seconds first,
-day of week optional, ``@daily``-style descriptors), and a parse error is answered HTTP 400
-with ``Failed to create a recurring run due to conversion error: Invalid input error: Schedule
-cron is not a supported format(https://godoc.org/github.com/robfig/cron). Error: <robfig's
-message>`` (``job_server.go`` wraps it; ``util.NewInvalidInputError`` adds "Invalid input
-error"). :func:`robfig_cron_parse` ports the v1.2.0 parser's checks and messages; it is what
-tests/test_ops.py compares the CLI's own cron check with.
 """
 
 from __future__ import annotations
@@ -426,7 +415,6 @@ class KfpStandin:
         return run
 
     def _create_recurring_run(self, body: dict[str, Any]) -> dict[str, Any]:
-        _check_recurring_run(body)
         self._check_source(body)
         job = dict(body)
         job.update(
@@ -452,91 +440,6 @@ _CRON_BOUNDS: tuple[tuple[int, int, tuple[str, ...]], ...] = (
 )
 _DESCRIPTORS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 _GO_DURATION = re.compile(r"(\d+(\.\d*)?(ns|us|µs|ms|s|m|h))+")
-
-
-def _go_atoi(text: str) -> int:
-    """Go's ``mustParseInt`` in robfig/cron v1.2.0, with its messages."""
-    if not re.fullmatch(r"[+-]?\d+", text):
-        raise ValueError(
-            f'Failed to parse int from {text}: strconv.Atoi: parsing "{text}": invalid syntax'
-        )
-    number = int(text)
-    if number < 0:
-        raise ValueError(f"Negative number ({number}) not allowed: {text}")
-    return number
-
-
-def _cron_range(expr: str, low: int, high: int, names: tuple[str, ...]) -> None:
-    """robfig/cron v1.2.0 ``getRange``: ``*``/``?``, ``a`` or ``a-b``, each with optional ``/n``."""
-
-    def value(text: str) -> int:
-        return names.index(text.lower()) if text.lower() in names and text else _go_atoi(text)
-
-    range_and_step = expr.split("/")
-    low_and_high = range_and_step[0].split("-")
-    if low_and_high[0] in ("*", "?"):
-        start, end = low, high
-    else:
-        if len(low_and_high) > 2:
-            raise ValueError(f"Too many hyphens: {expr}")
-        start = value(low_and_high[0])
-        end = value(low_and_high[1]) if len(low_and_high) == 2 else start
-    if len(range_and_step) > 2:
-        raise ValueError(f"Too many slashes: {expr}")
-    step = _go_atoi(range_and_step[1]) if len(range_and_step) == 2 else 1
-    if len(range_and_step) == 2 and len(low_and_high) == 1:
-        end = high  # "N/step" means "N-max/step"
-    if start < low:
-        raise ValueError(f"Beginning of range ({start}) below minimum ({low}): {expr}")
-    if end > high:
-        raise ValueError(f"End of range ({end}) above maximum ({high}): {expr}")
-    if start > end:
-        raise ValueError(f"Beginning of range ({start}) beyond end of range ({end}): {expr}")
-    if step == 0:
-        raise ValueError(f"Step of range should be a positive number: {expr}")
-
-
-def robfig_cron_parse(spec: str) -> None:
-    """Raise ValueError with robfig/cron v1.2.0's message if ``cron.Parse(spec)`` fails there."""
-    if not spec:
-        raise ValueError("Empty spec string")
-    if spec.startswith("@"):
-        every = spec.removeprefix("@every ")
-        if spec in _DESCRIPTORS or (every != spec and _GO_DURATION.fullmatch(every)):
-            return
-        if every != spec:
-            raise ValueError(f'Failed to parse duration {spec}: time: invalid duration "{every}"')
-        raise ValueError(f"Unrecognized descriptor: {spec}")
-    fields = spec.split()
-    if not 5 <= len(fields) <= 6:
-        raise ValueError(f"Expected 5 to 6 fields, found {len(fields)}: {spec}")
-    fields += ["*"] * (6 - len(fields))  # DowOptional: a 5th field is the month, not the weekday
-    for text, (low, high, names) in zip(fields, _CRON_BOUNDS, strict=True):
-        for expr in (part for part in text.split(",") if part):
-            _cron_range(expr, low, high, names)
-
-
-def _check_recurring_run(body: dict[str, Any]) -> None:
-    """The API server's checks of a new recurring run's max concurrency and cron (toModelJob)."""
-    prefix = "Failed to create a recurring run due to conversion error: Invalid input error: "
-    concurrency = int(body.get("max_concurrency") or 0)
-    if not 1 <= concurrency <= 10:
-        raise ApiError(
-            400,
-            f"{prefix}Max concurrency of a recurring run must be at least 1 and at most 10. "
-            f"Received {concurrency}",
-        )
-    cron = ((body.get("trigger") or {}).get("cron_schedule") or {}).get("cron")
-    if cron is None:
-        return
-    try:
-        robfig_cron_parse(cron)
-    except ValueError as exc:
-        raise ApiError(
-            400,
-            f"{prefix}Schedule cron is not a supported format"
-            f"(https://godoc.org/github.com/robfig/cron). Error: {exc}",
-        ) from exc
 
 
 def _parse_multipart(ctype: str, body: bytes) -> dict[str, bytes]:
