@@ -98,14 +98,6 @@ def hardware_info() -> dict[str, Any]:
     }
 
 
-def load_average() -> list[float]:
-    """The 1, 5 and 15 minute load averages (other work on the machine shows up here)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
 SPIN = (
     "import time\nt=time.perf_counter()\nx=0\nfor i in range(N): x+=i\nprint(time.perf_counter()-t)"
 )
@@ -144,8 +136,10 @@ def cpu_parallel_capacity() -> dict[str, float]:
 
 
 def machine_state() -> dict[str, Any]:
-    """Load averages and the effective core count right now (see cpu_parallel_capacity)."""
-    return {"load_average": load_average(), "cpu_capacity": cpu_parallel_capacity()}
+    """The 1, 5 and 15 minute load averages (other work on the machine shows up there) and the
+    effective core count right now (see cpu_parallel_capacity)."""
+    load = [round(x, 2) for x in os.getloadavg()]
+    return {"load_average": load, "cpu_capacity": cpu_parallel_capacity()}
 
 
 def finite(value: Any) -> Any:
@@ -196,13 +190,10 @@ def augmented_digits(
 
 
 def bundled_splits() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The real bundled digits as uint8, like mnist.npz, split as data prep splits them."""
+    """The real bundled digits (uint8, like mnist.npz), split as data prep splits them."""
     from components.data_prep.sources import load_bundled
 
-    return {
-        k: (np.asarray(x).astype(np.uint8), np.asarray(y).astype(np.uint8))
-        for k, (x, y) in load_bundled().splits.items()
-    }
+    return load_bundled().splits
 
 
 def write_mnist_npz(path: Path, train: int, test: int | None = None, seed: int = SPLIT_SEED) -> int:

@@ -163,19 +163,12 @@ def other_sections(res: dict[str, dict[str, Any]]) -> list[str]:
 
 def machines_line(res: dict[str, dict[str, Any]]) -> str:
     """The machine most results were measured on, and each result measured elsewhere."""
-
-    def describe(hw: dict[str, Any]) -> str:
-        return (
-            f"{hw.get('cpu_model', '?')}, {hw.get('cores', '?')} cores, TF "
-            f"{hw.get('tensorflow', '?')}, Horovod {hw.get('horovod', '?')}"
-        )
-
-    machines = {name: describe(r.get("hardware", {})) for name, r in sorted(res.items())}
-    if not machines:
-        return "Measured on ?"
-    common = Counter(machines.values()).most_common(1)[0][0]
-    others = [f"`{name}` on {m}" for name, m in machines.items() if m != common]
-    return f"Measured on {common}" + (f" ({'; '.join(others)})" if others else "")
+    keys = ("cpu_model", "cores", "tensorflow", "horovod")
+    machines = {n: tuple(r.get("hardware", {}).get(k, "?") for k in keys) for n, r in res.items()}
+    said = {m: "{}, {} cores, TF {}, Horovod {}".format(*m) for m in machines.values()}
+    common = Counter(machines.values()).most_common(1)[0][0] if machines else ("?",) * 4
+    others = [f"`{n}` on {said[m]}" for n, m in sorted(machines.items()) if m != common]
+    return f"Measured on {said.get(common, '?')}" + (f" ({'; '.join(others)})" if others else "")
 
 
 def performance_markdown(res: dict[str, dict[str, Any]]) -> str:
