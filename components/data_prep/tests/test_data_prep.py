@@ -406,8 +406,8 @@ def test_bundled_digits_are_mlxtends_own() -> None:
         assert x.dtype == tx.dtype == y.dtype == ty.dtype == np.uint8
         assert x.shape == (5000 - n_test, 28, 28) and tx.shape == (n_test, 28, 28)
         assert source.description["sha256"] == BUNDLED_SHUFFLED_SHA256
-        shuffled = np.concatenate([tx, x]).tobytes() + np.concatenate([ty, y]).tobytes()
-        assert hashlib.sha256(shuffled).hexdigest() == BUNDLED_SHUFFLED_SHA256
         all_x, all_y = np.concatenate([tx, x]), np.concatenate([ty, y])
+        shuffled = all_x.tobytes() + all_y.tobytes()
+        assert hashlib.sha256(shuffled).hexdigest() == BUNDLED_SHUFFLED_SHA256
         got = sorted(zip(all_y.tolist(), map(bytes, all_x), strict=True))
         assert got == sorted(zip(labels.tolist(), map(bytes, images), strict=True))
