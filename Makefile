@@ -164,12 +164,13 @@ images-local: docker-ready ## build the five images for local use (no push; offl
 gcs-emulator-image: docker-ready ## the container tests' GCS emulator image
 	images/build-local.sh $(LOCAL_REGISTRY) $(LOCAL_TAG) $(BASE_IMAGE) $(OFFLINE_BASE_IMAGE) gcs-emulator=gcs-emulator
 
-# The MPIJob CRD the manifests are validated against (deploy/crd/SOURCE.md).
+# The MPIJob CRD the manifests are validated against (deploy/crd/SOURCE.md); the Trainer CRDs are
+# copied by hand (deploy/crd/trainer/SOURCE.md). Every CRD's schema is packaged for the image.
 MPI_OPERATOR_REF ?= caa3c47
-crd: install ## refresh deploy/crd from kubeflow/mpi-operator at MPI_OPERATOR_REF, and the packaged schema
+crd: install ## refresh deploy/crd from kubeflow/mpi-operator at MPI_OPERATOR_REF, and the packaged schemas
 	curl -fsSL -o deploy/crd/kubeflow.org_mpijobs.yaml \
 		https://raw.githubusercontent.com/kubeflow/mpi-operator/$(MPI_OPERATOR_REF)/manifests/base/kubeflow.org_mpijobs.yaml
-	$(PY) -c "import json; from components.train.mpijob.validate import PACKAGED_SCHEMA, crd_schema, find_crd; PACKAGED_SCHEMA.write_text(json.dumps(crd_schema(find_crd()), sort_keys=True, separators=(',', ':')))"
+	$(PY) -c "from components.train.cluster.crd import write_packaged_schema as w; from components.train.mpijob.validate import MPIJOB; from components.train.trainjob.manifest import TRAINJOB, TRAINING_RUNTIME; [w(c) for c in (MPIJOB, TRAINJOB, TRAINING_RUNTIME)]"
 	@echo "deploy/crd: now from mpi-operator $(MPI_OPERATOR_REF); write it into deploy/crd/SOURCE.md"
 
 bench: install ## the benchmarks (bench/README.md)

@@ -6,17 +6,18 @@ import click
 
 from pipeline.build_cli import COMMANDS as BUILD_COMMANDS
 from pipeline.ops_cli import COMMANDS as OPS_COMMANDS
-from pipeline.render_cli import render_mpijob
+from pipeline.render_cli import render_mpijob, render_trainjob
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
-    """Compile, run locally, render the MPIJob, and operate the pipeline on a KFP cluster."""
+    """Compile, run locally, render the cluster job, and operate the pipeline on a KFP cluster."""
 
 
 for _command in BUILD_COMMANDS:  # compile, run-local
     cli.add_command(_command)
 cli.add_command(render_mpijob)
+cli.add_command(render_trainjob)
 for _command in OPS_COMMANDS:  # upload, submit, schedule, version-name
     cli.add_command(_command)
 

@@ -107,7 +107,11 @@ def run_pipeline_locally(
     params.setdefault("training_backend", "local")
     rules.check(PIPELINE_PARAMETERS, params, "pipeline parameters")
     if params["training_backend"] != "local":
-        raise ValueError("training_backend must be 'local' for a local run (no cluster here)")
+        raise ValueError(
+            f"training_backend must be 'local' for a local run (no cluster here), got "
+            f"{params['training_backend']!r}: 'mpijob' and 'trainjob' run on a Kubeflow cluster "
+            "(docs/operating.md)"
+        )
     if not docker_images:
         check_model_before_launch(params.get("model", MODEL))
     pipeline_root.mkdir(parents=True, exist_ok=True)

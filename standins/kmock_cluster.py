@@ -1,7 +1,9 @@
-"""A Kubernetes API for the MPIJob backend on this machine: kmock's emulator, served over HTTP.
+"""A Kubernetes API for the cluster backends on this machine: kmock's emulator, served over HTTP.
 
-Used by the MPIJob lifecycle tests and by the fault benchmark (bench/faults/), with the real
-``kubernetes`` client. What kmock cannot emulate is played here, and said so:
+Used by the MPIJob and TrainJob lifecycle tests and by the fault benchmark (bench/faults/), with
+the real ``kubernetes`` client. The cluster serves the MPIJob, TrainJob and TrainingRuntime APIs
+(discovery included), or the ones a test names. What kmock cannot emulate is played here, and
+said so:
 
 * mpi-operator: an `Operator` thread moves the job's conditions by patching its status through
   the API and creates the launcher pod, as the controller would;
@@ -29,17 +31,24 @@ import psutil
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from components.train.cluster.crd import Crd
 from components.train.mpijob.manifest import LABEL_JOB, LABEL_ROLE
+from components.train.mpijob.validate import MPIJOB
 from components.train.rankwatch import rank_processes
+from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
 
 NS = "kubeflow-user"
 G, V, P = "kubeflow.org", "v2beta1", "mpijobs"
 
 
 class Cluster:
-    """kmock's KubernetesEmulator served on a local port; `api` is a real kubernetes client."""
+    """kmock's KubernetesEmulator served on a local port; `api` is a real kubernetes client.
 
-    def __init__(self) -> None:
+    It serves the APIs of `kinds` (default: MPIJob, TrainJob and TrainingRuntime), as a cluster
+    with those CRDs installed would."""
+
+    def __init__(self, kinds: tuple[Crd, ...] = (MPIJOB, TRAINJOB, TRAINING_RUNTIME)) -> None:
+        self.kinds = kinds
         self.emu = kmock.KubernetesEmulator()
         self.logs: dict[str, str] = {}  # launcher log per pod name, served by a reaction
         self._ready = threading.Event()
@@ -59,8 +68,12 @@ class Cluster:
     def __enter__(self) -> Cluster:
         self._thread.start()
         assert self._ready.wait(10), "kmock did not start"
-        self.emu.resources["kubeflow.org/v2beta1/mpijobs"] = kmock.ResourceInfo()
-        self.emu.resources["v1/pods"] = kmock.ResourceInfo()
+        for crd in self.kinds:
+            self.emu.resources[f"{crd.api_version}/{crd.plural}"] = kmock.ResourceInfo(
+                namespaced=True, kind=crd.kind, verbs={"create", "get", "list", "delete", "patch"},
+                subresources={"status"},
+            )  # fmt: skip
+        self.emu.resources["v1/pods"] = kmock.ResourceInfo(namespaced=True, kind="Pod")
         self.emu["get", kmock.subresource("log")] << (
             lambda request: self.logs.get(request.name, "").encode()
         )

@@ -29,8 +29,9 @@ def test_a_copy_of_the_repository_alone_collects_and_finds_its_crd(tmp_path: Pat
     assert collect.returncode == 0, collect.stdout[-3000:] + collect.stderr[-3000:]
     assert " tests collected" in collect.stdout or "tests collected" in collect.stdout
     crd = subprocess.run(
-        [sys.executable, "-c", "from components.train.mpijob.validate import find_crd; "
-         "import components; print(find_crd(), components.__file__)"],
+        [sys.executable, "-c", "from components.train.cluster.crd import find_crd; "
+         "from components.train.mpijob.validate import MPIJOB; "
+         "import components; print(find_crd(MPIJOB), components.__file__)"],
         cwd=copy, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert crd.returncode == 0, crd.stderr

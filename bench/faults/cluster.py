@@ -119,11 +119,11 @@ def gcs_transient(b: Bench) -> dict[str, Any]:
 
 def _mpijob_params(b: Bench, bucket: str, run_id: str) -> Any:
     """An MPIJob run of the 2-rank job on a dataset prepared in `bucket` (no faults)."""
-    from components.train.mpijob.manifest import MPIJobParams
+    from components.train.cluster.params import ClusterJobParams
 
     data = b.prepare(f"{bucket}/data")
     train = b.config(data, f"{bucket}/runs/{run_id}", b.epochs)
-    return MPIJobParams(run_name="faults", train=train, pipeline_run_id=run_id)
+    return ClusterJobParams(run_name="faults", train=train, pipeline_run_id=run_id)
 
 
 class _PodLost(BaseException):
@@ -192,7 +192,8 @@ def _alive(pid: int) -> bool:
 
 def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
     """Run the job and cancel it mid-training; what was left, and when it was all gone."""
-    from components.train.mpijob.lifecycle import MPIJobCancelled, run_mpijob
+    from components.train.cluster.lifecycle import JobCancelled
+    from components.train.mpijob.lifecycle import run_mpijob
     from standins.kmock_cluster import NS
 
     sent: list[float] = []
@@ -204,7 +205,7 @@ def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
 
     op.play(script)
     gone_at = None
-    with contextlib.suppress(MPIJobCancelled):
+    with contextlib.suppress(JobCancelled):
         run_mpijob(p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2, log=lambda _: None)
     if sent:
         gone_at = time.monotonic()

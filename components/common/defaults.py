@@ -119,17 +119,18 @@ MODEL_NAME = "mnist-cnn"
 MIN_ACCURACY = 0.9
 PRODUCTION_ALIAS = "production"
 
-# MPIJob backend (mpi-operator v2beta1). Pod and SSH layout the trainer image must match:
-# a non-root user whose sshd listens on an unprivileged port (see images/trainer).
-MPIJOB_NAME_PREFIX = "hvd"
+# The cluster backends (mpi-operator's MPIJob, Kubeflow Trainer's TrainJob). Pod and SSH layout
+# the trainer image must match: a non-root user whose sshd listens on an unprivileged port (see
+# images/trainer).
+JOB_NAME_PREFIX = "hvd"
 SLOTS_PER_WORKER = 1
 WORKER_CPU = "2"
 WORKER_MEMORY = "4Gi"
 LAUNCHER_CPU = "500m"
 LAUNCHER_MEMORY = "1Gi"
-MPIJOB_TTL_SECONDS_AFTER_FINISHED = 3600
-MPIJOB_BACKOFF_LIMIT = 0
-MPIJOB_ACTIVE_DEADLINE_SECONDS = 6 * 3600
+JOB_TTL_SECONDS_AFTER_FINISHED = 3600
+JOB_BACKOFF_LIMIT = 0
+JOB_ACTIVE_DEADLINE_SECONDS = 6 * 3600
 # The Kubernetes service account of the MPIJob pods (deploy/trainer-serviceaccount.yaml),
 # mapped to a Google service account by Workload Identity.
 TRAINER_SERVICE_ACCOUNT = "kfp-horovod-trainer"
@@ -138,6 +139,10 @@ MPI_SSH_AUTH_MOUNT_PATH = "/home/mpiuser/.ssh"
 MPI_SSHD_CONFIG = "/home/mpiuser/.sshd_config"
 MPI_SSHD_PORT = 2222
 TRAINER_WORKDIR = "/app"
+# The Kubeflow Trainer release the TrainJob backend is built and tested against (its CRDs are
+# vendored in deploy/crd/trainer, SOURCE.md there), and the TrainingRuntime's name prefix.
+TRAINER_VERSION = "v2.3.0"
+TRAINING_RUNTIME_PREFIX = "kfp-horovod"
 
 # Evaluation defaults.
 EVAL_BATCH_SIZE = 256

@@ -17,7 +17,7 @@ from typing import Any
 from components.common.declare import Declared, declared, field_problems
 from components.common.defaults import BUNDLED_SOURCE, MODELS
 
-TRAINING_BACKENDS = ("local", "mpijob")
+TRAINING_BACKENDS = ("local", "mpijob", "trainjob")
 SOURCE_SCHEMES = ("http", "https", "gs")
 LR_SCALINGS = ("linear", "sqrt", "none")  # components/train/optimizer.py
 # Malladi's square-root rule sets beta_1 = 1 - k (1 - 0.9): above 9 ranks it is not an Adam.
@@ -88,10 +88,23 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def elastic_backend_problem(backend: str, min_workers: int | None) -> str | None:
+    """Why an elastic job (``min_workers`` > 0) cannot run on `backend`, or None: Kubeflow
+    Trainer v2 has no host discovery (mpi-operator's ``discover_hosts.sh``)."""
+    if backend != "trainjob" or not min_workers:
+        return None
+    return (
+        f"min_workers={min_workers}: elastic training needs mpi-operator's discover_hosts.sh, "
+        "which Kubeflow Trainer v2 does not provide; use training_backend 'mpijob' (or "
+        "min_workers 0) instead of 'trainjob'"
+    )
+
+
 def joint_problems(p: Mapping[str, Any]) -> list[str]:
     """The rules across parameters (each checked only when its parameters are present):
 
-    - an elastic job (``min_workers`` > 0) needs ``min_workers <= workers``;
+    - an elastic job (``min_workers`` > 0) needs ``min_workers <= workers``, and a backend
+      that can grow and shrink the job (`elastic_backend_problem`);
     - a GPU job needs a GPU per rank: ``slots_per_worker <= gpus_per_worker``;
     - ``lr_scaling`` ``sqrt`` works for at most `SQRT_MAX_WORLD_SIZE` ranks.
     """
@@ -103,6 +116,8 @@ def joint_problems(p: Mapping[str, Any]) -> list[str]:
             "min_workers must be <= workers (the most workers an elastic job runs with), got "
             f"{minimum} > {workers}"
         )
+    if elastic := elastic_backend_problem(p.get("training_backend", ""), minimum):
+        problems.append(elastic)
     if gpus and gpus > 0 and gpus < slots:
         problems.append(
             f"gpus_per_worker must be 0 (CPU) or >= slots_per_worker (each of a worker's ranks "

@@ -15,8 +15,9 @@ class TrainStep(Validated):
     """How the train step runs the job: its backend, image, pods and identity."""
 
     training_backend: str = param(
-        "mpijob", "mpijob: a Kubeflow MPIJob across pods; local: horovodrun inside the train "
-        "step's own pod", choices=TRAINING_BACKENDS,
+        "mpijob", "mpijob: a Kubeflow MPIJob across pods (mpi-operator); trainjob: a Kubeflow "
+        "Trainer v2 TrainJob across pods; local: mpirun inside the train step's own pod",
+        choices=TRAINING_BACKENDS,
     )  # fmt: skip
     trainer_image: str = param(
         "", "the trainer's image; empty: this version's trainer image, the GPU one when "
@@ -26,7 +27,7 @@ class TrainStep(Validated):
     memory_per_worker: str = param(
         defaults.WORKER_MEMORY, "memory of each worker pod", quantity=True
     )
-    namespace: str = param("", "the MPIJob's namespace; empty: the train step's own")
+    namespace: str = param("", "the cluster job's namespace; empty: the train step's own")
     trainer_service_account: str = param(
         defaults.TRAINER_SERVICE_ACCOUNT, "the service account of the job's pods (Workload "
         "Identity)",

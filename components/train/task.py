@@ -1,7 +1,10 @@
 """The train component's program: run the job on the chosen backend, return its outputs.
 
-- ``local``: ``horovodrun -np workers`` inside the component's own container (or machine).
-- ``mpijob``: a Kubeflow MPIJob across pods; the trainer reads and writes GCS directly.
+- ``local``: ``mpirun -np workers`` inside the component's own container (or machine).
+- ``mpijob``: a Kubeflow MPIJob across pods (mpi-operator); the trainer reads and writes GCS
+  directly.
+- ``trainjob``: the same job as a Kubeflow Trainer v2 TrainJob, on the project's own
+  TrainingRuntime.
 
 Either way the component ends with one SavedModel at the Model artifact, the run summary and
 the coordination report.
@@ -63,24 +66,24 @@ def train_locally(
     return summary.read(config.summary_uri)
 
 
-def train_on_mpijob(
+def train_on_cluster(
     config: TrainConfig, step: TrainStep, pipeline_run_id: str, log: Callable[[str], None]
 ) -> RunSummary:
-    """Run the trainer as an MPIJob; return its checked run summary."""
-    from components.train.mpijob.lifecycle import run_mpijob
-    from components.train.mpijob.manifest import MPIJobParams, uri_problems
+    """Run the trainer as an MPIJob or a TrainJob (`step.training_backend`); return its
+    checked run summary."""
+    from components.train.cluster.params import ClusterJobParams, uri_problems
 
     problems = uri_problems(config.data, config.output, config.model_dir)
     if problems:
         raise ValueError(
-            "training_backend='mpijob' needs gs:// artifacts: set the pipeline root to a gs:// "
-            "bucket (" + "; ".join(problems) + ")"
+            f"training_backend={step.training_backend!r} needs gs:// artifacts: set the pipeline "
+            "root to a gs:// bucket (" + "; ".join(problems) + ")"
         )
     namespace = step.namespace or current_namespace()
     if not namespace:
         raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")
     check_model_before_launch(config.model)  # this pod runs the trainer's image, as the ranks do
-    params = MPIJobParams(
+    params = ClusterJobParams(
         train=config,
         run_name=f"train-{pipeline_run_id}" if pipeline_run_id else "train",
         pipeline_run_id=pipeline_run_id,
@@ -90,6 +93,12 @@ def train_on_mpijob(
         service_account=step.trainer_service_account or None,
         owner_pod_name=os.environ.get("HOSTNAME") or None,
     )
+    if step.training_backend == "trainjob":
+        from components.train.trainjob.lifecycle import run_trainjob
+
+        return run_trainjob(params, namespace=namespace, log=log)
+    from components.train.mpijob.lifecycle import run_mpijob
+
     return run_mpijob(params, namespace=namespace, log=log)
 
 
@@ -108,8 +117,8 @@ def run_train_task(
     backend uses their local paths `dataset_path` and `model_path` instead. `outputs` are the
     paths of the run summary and the coordination report.
     """
-    if step.training_backend == "mpijob":
-        record = train_on_mpijob(config, step, pipeline_run_id, log)
+    if step.training_backend != "local":
+        record = train_on_cluster(config, step, pipeline_run_id, log)
     else:
         record = train_locally(config, dataset_path, model_path, log)
         # the artifacts' URIs, as the pipeline sees them (the ranks wrote to their local paths)

@@ -19,12 +19,10 @@ import pytest
 
 from components.common import storage
 from components.train import checkpoints
+from components.train.cluster.params import ClusterJobParams
+from components.train.cluster.pods import trainer_command
 from components.train.config import TrainConfig
-from components.train.mpijob.manifest import (
-    MPIJobParams,
-    build_manifest,
-    trainer_command,
-)
+from components.train.mpijob.manifest import build_manifest
 from components.train.mpiwatch import EXIT_SILENT_RANK
 from standins.mpijob_harness import LauncherResult, MPIJobRun
 from standins.outputs import half_written
@@ -54,20 +52,20 @@ def data_uri(gcs_host: str) -> str:
 
 def params(
     image: str, data_uri: str, run: str, stall: int = STALL_SECONDS, **train: Any
-) -> MPIJobParams:
+) -> ClusterJobParams:
     """A run of 2 epochs, batch 32, of the small model, with a stall bound of `stall` seconds;
     `train` sets TrainConfig fields (workers, epochs, ...)."""
     config = TrainConfig(
         **{"data": data_uri, "output": f"gs://{new_bucket()}/{run}", "workers": 2, "epochs": 2,
            "batch_size_per_worker": 32, "model": "small", **train}
     )  # fmt: skip
-    return MPIJobParams(
+    return ClusterJobParams(
         run_name=run, train=config, image=image, cpu_per_worker="1", memory_per_worker="2Gi",
         stall_shutdown_seconds=stall,
     )  # fmt: skip
 
 
-def run_job(p: MPIJobParams, docker: Any, gcs: tuple[Any, str], tmp: Path) -> dict[str, Any]:
+def run_job(p: ClusterJobParams, docker: Any, gcs: tuple[Any, str], tmp: Path) -> dict[str, Any]:
     """Run the MPIJob of `p` to its end; returns the result, the summary and the harness."""
     with MPIJobRun(build_manifest(p, NAMESPACE), docker, tmp, emulator=gcs[0]) as job:
         job.start_workers()
@@ -114,7 +112,7 @@ def test_3x1_launcher_succeeds_as_one_mpi_job_of_3(job_3x1: dict[str, Any]) -> N
 
 
 def test_3x1_exports_exactly_one_model_with_identical_weights(job_3x1: dict[str, Any]) -> None:
-    p: MPIJobParams = job_3x1["p"]
+    p: ClusterJobParams = job_3x1["p"]
     assert model_files(bucket_of(p.train.output)) == [f"{p.train.model_uri}/saved_model.pb"]
     summary = job_3x1["summary"]
     assert summary["weights_identical_across_ranks"] is True

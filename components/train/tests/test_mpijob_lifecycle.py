@@ -23,21 +23,14 @@ import pytest
 import yaml
 
 from components.common import storage
+from components.train.cluster.crd import ManifestError, find_crd
+from components.train.cluster.lifecycle import JobCancelled, JobError, JobFailed, RunCheckError
+from components.train.cluster.params import ClusterJobParams, job_name
+from components.train.cluster.run import check_run
 from components.train.config import TrainConfig
-from components.train.mpijob.lifecycle import (
-    MPIJobCancelled,
-    MPIJobError,
-    MPIJobFailed,
-    RunCheckError,
-    check_run,
-    run_mpijob,
-)
-from components.train.mpijob.manifest import (
-    MPIJobParams,
-    build_manifest,
-    job_name,
-)
-from components.train.mpijob.validate import ManifestError, find_crd
+from components.train.mpijob.lifecycle import run_mpijob
+from components.train.mpijob.manifest import build_manifest
+from components.train.mpijob.validate import MPIJOB
 from standins.kmock_cluster import NS, Cluster, G, Operator, P, V, pod
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,8 +53,8 @@ def bucket(gcs_uri: str) -> str:
     return gcs_uri
 
 
-def make_params(bucket: str, **overrides: Any) -> MPIJobParams:
-    """A 2 x 2 run; `overrides` may name TrainConfig or MPIJobParams fields."""
+def make_params(bucket: str, **overrides: Any) -> ClusterJobParams:
+    """A 2 x 2 run; `overrides` may name TrainConfig or ClusterJobParams fields."""
     train: dict[str, Any] = {
         "data": f"{bucket}/data", "output": f"{bucket}/runs/nightly", "workers": 2,
         "slots_per_worker": 2,
@@ -69,10 +62,10 @@ def make_params(bucket: str, **overrides: Any) -> MPIJobParams:
     pods: dict[str, Any] = {"run_name": "nightly", "pipeline_run_id": "run-123"}
     for name, value in overrides.items():
         (train if name in TrainConfig.__dataclass_fields__ else pods)[name] = value
-    return MPIJobParams(train=TrainConfig(**train), **pods)
+    return ClusterJobParams(train=TrainConfig(**train), **pods)
 
 
-def write_outputs(p: MPIJobParams, world_size: int | None = None) -> None:
+def write_outputs(p: ClusterJobParams, world_size: int | None = None) -> None:
     """What rank 0 of the trainer leaves behind on success."""
     import json
 
@@ -92,7 +85,7 @@ def write_outputs(p: MPIJobParams, world_size: int | None = None) -> None:
     )
 
 
-def progress(name: str, op: Operator, p: MPIJobParams) -> str:
+def progress(name: str, op: Operator, p: ClusterJobParams) -> str:
     """Created -> launcher starts -> Running with some output; returns the launcher pod."""
     op.conditions(name, ("Created", "MPIJobCreated", "MPIJob created"))
     time.sleep(0.1)
@@ -184,7 +177,7 @@ def test_failure_carries_reason_and_log_tail(
         op.conditions(name, ("Failed", reason, "launcher exited with code 3"))
 
     op.play(script)
-    with pytest.raises(MPIJobFailed) as info:
+    with pytest.raises(JobFailed) as info:
         run_mpijob(p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=lines.append)
     op.join()
 
@@ -209,7 +202,7 @@ def test_client_side_deadline_deletes_a_stuck_job(cluster: Cluster, bucket: str)
         op.conditions(name, ("Created", "MPIJobCreated", ""))  # and never runs
 
     op.play(script)
-    with pytest.raises(MPIJobFailed, match="DeadlineExceeded") as info:
+    with pytest.raises(JobFailed, match="DeadlineExceeded") as info:
         run_mpijob(
             p,
             namespace=NS,
@@ -246,7 +239,7 @@ def test_sigterm_deletes_the_job_and_waits_for_its_pods(cluster: Cluster, bucket
 
     op.play(script)
     name = job_name("nightly", "run-123")
-    with pytest.raises(MPIJobCancelled, match=rf"^cancelled; MPIJob {NS}/{name} deleted$"):
+    with pytest.raises(JobCancelled, match=rf"^cancelled; MPIJob {NS}/{name} deleted$"):
         run_mpijob(
             p,
             namespace=NS,
@@ -275,7 +268,7 @@ def test_sigterm_reports_pods_left_behind(cluster: Cluster, bucket: str) -> None
         os.kill(os.getpid(), signal.SIGTERM)  # and no garbage collector runs
 
     op.play(script)
-    with pytest.raises(MPIJobCancelled, match="pods still present: .*-launcher-x7k2p"):
+    with pytest.raises(JobCancelled, match="pods still present: .*-launcher-x7k2p"):
         run_mpijob(
             p,
             namespace=NS,
@@ -355,7 +348,7 @@ def test_a_same_named_job_of_another_run_is_not_adopted(cluster: Cluster, bucket
     other = build_manifest(p, NS)
     other["metadata"]["annotations"]["kfp-horovod/pipeline-run-id"] = "someone-else"
     cluster.custom.create_namespaced_custom_object(G, V, NS, P, other)
-    with pytest.raises(MPIJobError, match="belongs to another run"):
+    with pytest.raises(JobError, match="belongs to another run"):
         run_mpijob(
             p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=lambda _: None
         )
@@ -391,7 +384,7 @@ def test_schema_invalid_spec_is_refused_before_any_request(
     cluster: Cluster, bucket: str, tmp_path: Path
 ) -> None:
     # an older mpi-operator CRD without launcherCreationPolicy: our manifest does not fit it
-    crd = yaml.safe_load(find_crd().read_text())
+    crd = yaml.safe_load(find_crd(MPIJOB).read_text())
     old = copy.deepcopy(crd)
     spec_props = old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     del spec_props["properties"]["launcherCreationPolicy"]
@@ -414,7 +407,11 @@ def test_schema_invalid_spec_is_refused_before_any_request(
     ("world_size", "drop", "message"),
     [
         (3, None, "world_size=3, expected workers x slots = 2 x 2 = 4"),
-        (None, "summary", "no run summary at gs://"),
+        (
+            None,
+            "summary",
+            r"the MPIJob succeeded but its run summary gs://\S+/run_summary\.json: missing",
+        ),
         (None, "model", "no model at gs://"),
     ],
 )
@@ -427,13 +424,13 @@ def test_success_checks(
     if drop == "model":
         storage.remove_tree(p.train.model_uri)
     with pytest.raises(RunCheckError, match=message):
-        check_run(p, log=lambda _: None)
+        check_run(p, "MPIJob", log=lambda _: None)
 
 
 def test_success_check_passes_on_good_outputs(bucket: str) -> None:
     p = make_params(bucket, model_dir=f"{bucket}/models/m")
     write_outputs(p)
-    assert check_run(p, log=lambda _: None)["expected_workers"] == 4
+    assert check_run(p, "MPIJob", log=lambda _: None)["expected_workers"] == 4
 
 
 def test_manifest_is_built_and_validated_once(

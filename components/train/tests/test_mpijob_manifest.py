@@ -5,38 +5,30 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from components.common import defaults
-from components.train.config import TrainConfig
-from components.train.mpijob.manifest import (
-    LABEL_JOB,
-    LABEL_ROLE,
+from components.train.cluster.crd import ManifestError
+from components.train.cluster.params import (
     LABEL_RUN_ID,
     MAX_NAME_LENGTH,
-    MPIJobParams,
-    build_manifest,
+    ClusterJobParams,
     job_name,
-    launcher_command,
     sanitize_name,
 )
-from components.train.mpijob.validate import (
-    ManifestError,
-    find_crd,
-    load_schema,
-    manifest_problems,
-    validate_manifest,
-)
+from components.train.cluster.pods import launcher_command
+from components.train.config import TrainConfig
+from components.train.mpijob.manifest import LABEL_JOB, LABEL_ROLE, build_manifest
+from components.train.mpijob.validate import mpijob_problems, validate_manifest
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def params(**overrides: Any) -> MPIJobParams:
-    """MPIJobParams of a nightly run; `overrides` may name TrainConfig or MPIJobParams fields."""
+def params(**overrides: Any) -> ClusterJobParams:
+    """ClusterJobParams of a nightly run; `overrides` may name TrainConfig or ClusterJobParams
+    fields."""
     train: dict[str, Any] = {
         "data": "gs://bkt/data",
         "output": "gs://bkt/runs/nightly",
@@ -45,7 +37,7 @@ def params(**overrides: Any) -> MPIJobParams:
     pods: dict[str, Any] = {"run_name": "nightly", "pipeline_run_id": "0b5e-run-42"}
     for name, value in overrides.items():
         (train if name in fields_of(TrainConfig) else pods)[name] = value
-    return MPIJobParams(train=TrainConfig(**train), **pods)
+    return ClusterJobParams(train=TrainConfig(**train), **pods)
 
 
 def fields_of(cls: type) -> set[str]:
@@ -102,9 +94,9 @@ def test_manifest_basics_and_validates() -> None:
     assert spec["sshAuthMountPath"] == defaults.MPI_SSH_AUTH_MOUNT_PATH
     assert spec["runPolicy"] == {
         "cleanPodPolicy": "Running",
-        "ttlSecondsAfterFinished": defaults.MPIJOB_TTL_SECONDS_AFTER_FINISHED,
-        "backoffLimit": defaults.MPIJOB_BACKOFF_LIMIT,
-        "activeDeadlineSeconds": defaults.MPIJOB_ACTIVE_DEADLINE_SECONDS,
+        "ttlSecondsAfterFinished": defaults.JOB_TTL_SECONDS_AFTER_FINISHED,
+        "backoffLimit": defaults.JOB_BACKOFF_LIMIT,
+        "activeDeadlineSeconds": defaults.JOB_ACTIVE_DEADLINE_SECONDS,
     }
     assert spec["mpiReplicaSpecs"]["Launcher"]["replicas"] == 1
     assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == defaults.WORKERS
@@ -295,7 +287,7 @@ def test_each_rank_of_a_gpu_worker_needs_a_gpu_of_its_own() -> None:
 
 def test_schema_refuses_typos_wrong_types_and_bad_policy() -> None:
     good = build_manifest(params())
-    assert manifest_problems(good) == []
+    assert mpijob_problems(good) == []
 
     typo = copy.deepcopy(good)
     typo["spec"]["slotPerWorker"] = typo["spec"].pop("slotsPerWorker")
@@ -333,40 +325,6 @@ def test_schema_refuses_typos_wrong_types_and_bad_policy() -> None:
     wrong_kind["kind"] = "TFJob"
     with pytest.raises(ManifestError, match=r"kind: expected MPIJob"):
         validate_manifest(wrong_kind)
-
-
-def test_crd_is_found_from_the_project_and_missing_crd_is_named(tmp_path: Path) -> None:
-    crd = find_crd()
-    assert crd.name == "kubeflow.org_mpijobs.yaml"
-    assert load_schema(str(crd))["properties"]["spec"]["additionalProperties"] is False
-    with pytest.raises(FileNotFoundError, match="kubeflow.org_mpijobs.yaml"):
-        find_crd(tmp_path)
-    other = tmp_path / "crd.yaml"
-    other.write_text(yaml.safe_dump({"kind": "ConfigMap", "spec": {"group": "x"}}))
-    with pytest.raises(ValueError, match="not the kubeflow.org MPIJob CRD"):
-        load_schema(str(other))
-
-
-def test_packaged_schema_copy_is_identical_to_the_crd() -> None:
-    """The trainer image validates with the packaged copy; it must not drift from the CRD."""
-    import json
-
-    from components.train.mpijob.validate import PACKAGED_SCHEMA, crd_schema
-
-    assert json.loads(PACKAGED_SCHEMA.read_text()) == crd_schema(find_crd())
-
-
-def test_packaged_schema_is_used_where_the_crd_is_absent(tmp_path, monkeypatch) -> None:
-    """Inside the image there is no deploy/crd/ folder: validation still works, strictly."""
-    from components.train.mpijob import validate
-
-    monkeypatch.setattr(validate, "find_crd", lambda start=None: find_crd(tmp_path))
-    validate.load_schema.cache_clear()
-    try:
-        schema = validate.load_schema()
-        assert schema["properties"]["spec"]["additionalProperties"] is False
-    finally:
-        validate.load_schema.cache_clear()
 
 
 def test_launcher_leaves_the_btl_choice_to_the_image() -> None:

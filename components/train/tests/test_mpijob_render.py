@@ -10,8 +10,9 @@ import yaml
 from click.testing import CliRunner
 
 from components.common import defaults
+from components.train.cluster.params import ClusterJobParams, job_name
 from components.train.config import TrainConfig
-from components.train.mpijob.manifest import MPIJobParams, build_manifest, job_name
+from components.train.mpijob.manifest import build_manifest
 from components.train.mpijob.validate import validate_manifest
 from pipeline.cli import cli
 
@@ -48,7 +49,7 @@ def test_render_prints_the_exact_valid_manifest() -> None:
     manifest = yaml.safe_load(out)
     validate_manifest(manifest)
     expected = build_manifest(
-        MPIJobParams(
+        ClusterJobParams(
             run_name="Nightly #7",
             pipeline_run_id="r-1",
             train=TrainConfig(

@@ -48,7 +48,7 @@ def _summary(world_size: int = 3, same: bool = True) -> dict[str, Any]:
 
 def test_unknown_backend_is_refused_by_name() -> None:
     with pytest.raises(
-        ValueError, match="training_backend must be one of local, mpijob, got 'k8s'"
+        ValueError, match="training_backend must be one of local, mpijob, trainjob, got 'k8s'"
     ):
         TrainStep(training_backend="k8s")
 

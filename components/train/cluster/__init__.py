@@ -1,0 +1,9 @@
+"""What the train step's two cluster backends share: the job's parameters and names, the
+launcher's command and the pods' pieces, the CRD-schema check, and the lifecycle (create or
+reattach, follow the launcher's log, cancel, check the outputs).
+
+The backends themselves say only what differs: `components.train.mpijob` (mpi-operator's
+MPIJob) and `components.train.trainjob` (Kubeflow Trainer v2's TrainJob and its runtime).
+Nothing here is imported eagerly, so ``kubernetes`` and ``jsonschema`` load only where a
+manifest is validated or a job is run.
+"""

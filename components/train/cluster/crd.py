@@ -1,0 +1,141 @@
+"""Check a manifest against its CustomResourceDefinition's schema before anything is sent.
+
+Each backend names its CRDs as `Crd`s: the vendored file under ``deploy/crd/`` (SOURCE.md
+there says from where) and a copy of its schema packaged beside the backend for the trainer
+image, which has no ``deploy/`` folder (a test keeps each copy identical to its CRD). The check
+is jsonschema's, with two differences from the API server made on purpose:
+
+* The API server *prunes* unknown fields of a structural schema silently; here an unknown field
+  is an error (a typo like ``slotPerWorker`` would otherwise vanish on the way in).
+* ``x-kubernetes-*`` extensions (CEL rules among them) are ignored by jsonschema;
+  int-or-string fields already carry an ``anyOf`` of integer and string, which it understands.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+
+class ManifestError(ValueError):
+    """The manifest does not match its CRD; the message names each bad field."""
+
+
+@dataclass(frozen=True)
+class Crd:
+    """One custom resource: its API coordinates, its vendored CRD file (relative to the
+    repository's root) and the packaged copy of its schema."""
+
+    group: str
+    version: str
+    kind: str
+    plural: str
+    relative_path: Path
+    packaged_schema: Path
+
+    @property
+    def api_version(self) -> str:
+        """``<group>/<version>``, as a manifest's ``apiVersion``."""
+        return f"{self.group}/{self.version}"
+
+
+def find_crd(crd: Crd, start: Path | None = None) -> Path:
+    """Find `crd`'s vendored file in `start` or a folder above it.
+
+    In a checkout that is the repository's root, so the search walks up from this module by
+    default; an installed package (the trainer image) has none.
+    """
+    here = (start or Path(__file__)).resolve()
+    for folder in [here, *here.parents]:
+        candidate = folder / crd.relative_path
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"no {crd.relative_path} in {here} or any folder above it")
+
+
+def crd_schema(crd: Crd, path: Path) -> dict[str, Any]:
+    """The ``openAPIV3Schema`` of `crd`'s version in the CRD file at `path`."""
+    doc = yaml.safe_load(path.read_text())
+    names = (doc.get("spec") or {}).get("names") or {}
+    if (
+        doc.get("kind") != "CustomResourceDefinition"
+        or doc["spec"].get("group") != crd.group
+        or names.get("kind", crd.kind) != crd.kind
+    ):
+        raise ValueError(f"{path} is not the {crd.group} {crd.kind} CRD")
+    for version in doc["spec"]["versions"]:
+        if version["name"] == crd.version:
+            return dict(version["schema"]["openAPIV3Schema"])
+    raise ValueError(f"{path} has no {crd.version} version")
+
+
+def _close_objects(schema: Any) -> Any:
+    """Forbid properties the schema does not declare (where it declares some and allows no more)."""
+    if isinstance(schema, dict):
+        out = {key: _close_objects(value) for key, value in schema.items()}
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_close_objects(item) for item in schema]
+    return schema
+
+
+@lru_cache(maxsize=8)
+def load_schema(crd: Crd, crd_path: str | None = None) -> dict[str, Any]:
+    """The strict jsonschema of `crd`: from the CRD file at `crd_path`; if None, from the
+    repository's vendored file, or else (inside the trainer image) from the packaged copy."""
+    if crd_path:
+        schema = crd_schema(crd, Path(crd_path))
+    else:
+        try:
+            schema = crd_schema(crd, find_crd(crd))
+        except FileNotFoundError:
+            schema = json.loads(crd.packaged_schema.read_text())
+    # The CRD leaves `metadata` open (the API server validates ObjectMeta itself).
+    return dict(_close_objects(copy.deepcopy(schema)))
+
+
+def write_packaged_schema(crd: Crd) -> None:
+    """Refresh `crd`'s packaged schema from its vendored file (``make crd``)."""
+    schema = crd_schema(crd, find_crd(crd))
+    crd.packaged_schema.write_text(json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+
+def _path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(part) for part in error.absolute_path) or "<root>"
+
+
+def manifest_problems(manifest: dict[str, Any], crd: Crd, crd_path: str | None = None) -> list[str]:
+    """Every schema violation in `manifest` as ``field.path: message``; empty if it is valid."""
+    problems = []
+    if manifest.get("apiVersion") != crd.api_version:
+        problems.append(
+            f"apiVersion: expected {crd.api_version}, got {manifest.get('apiVersion')!r}"
+        )
+    if manifest.get("kind") != crd.kind:
+        problems.append(f"kind: expected {crd.kind}, got {manifest.get('kind')!r}")
+    validator = jsonschema.Draft7Validator(load_schema(crd, crd_path))
+    for error in sorted(validator.iter_errors(manifest), key=lambda e: list(e.absolute_path)):
+        problems.append(f"{_path(error)}: {error.message}")
+    return problems
+
+
+def raise_problems(manifest: dict[str, Any], crd: Crd, problems: list[str]) -> None:
+    """Raise `ManifestError` naming the manifest and listing `problems`, if there are any."""
+    if problems:
+        name = manifest.get("metadata", {}).get("name", "<unnamed>")
+        raise ManifestError(
+            f"{crd.kind} {name} does not match the CRD schema: " + "; ".join(problems)
+        )

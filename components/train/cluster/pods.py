@@ -1,0 +1,164 @@
+"""What the launcher runs and what every pod of a cluster job is made of, for both backends.
+
+The launcher's command is built here once: ``mpiwatch -- mpirun ... python -m
+components.train ...`` for a static job (the MPIJob's launcher and the TrainJob's node 0 run
+the same line), elastic ``horovodrun`` for an elastic MPIJob. The pods' pieces (resources,
+security context, the workers' sshd) are the same on an MPIJob and a TrainingRuntime.
+Nothing here talks to a cluster or reads the environment.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from components.common import defaults
+from components.train import mpirun
+from components.train.cluster.params import ClusterJobParams
+from components.train.config import to_argv
+from components.train.heartbeat import HEARTBEAT_ENV, period_for
+
+GPU_RESOURCE = "nvidia.com/gpu"
+# Where mpi-operator v2beta1 keeps the launcher's host discovery script: it lists the worker
+# pods that are running now (``echo <pod>.<job>-worker.<namespace>.svc`` per pod, no slots).
+# Kubeflow Trainer v2 has none, so elastic jobs are MPIJob-only.
+DISCOVER_HOSTS = "/etc/mpi/discover_hosts.sh"
+
+
+def trainer_command(p: ClusterJobParams) -> list[str]:
+    """The trainer's command line (``python -m components.train ...``) for these parameters."""
+    return ["python", "-m", "components.train", *to_argv(p.train)]
+
+
+def launcher_command(p: ClusterJobParams) -> list[str]:
+    """The launcher's command: `watched_command`, or for an elastic job `elastic_command`."""
+    return elastic_command(p) if p.train.elastic else watched_command(p)
+
+
+def watched_command(p: ClusterJobParams) -> list[str]:
+    """`mpirun_command` run by `components.train.mpiwatch`: a rank that sends no heartbeat for
+    ``stall_shutdown_seconds`` (frozen, or its node or network down) ends the job, named."""
+    return [
+        "python", "-m", "components.train.mpiwatch",
+        "--ranks", str(p.train.world_size), "--silence-seconds", str(p.stall_shutdown_seconds),
+        "--", *mpirun_command(p),
+    ]  # fmt: skip
+
+
+def elastic_command(p: ClusterJobParams) -> list[str]:
+    """Elastic ``horovodrun`` (run by `components.train.hvdrun`) over ssh to the workers.
+
+    It starts once ``--min-np`` slots are up, finds the workers with the operator's
+    `DISCOVER_HOSTS` (``--slots``: the script gives no slot counts), keeps going while at
+    least ``min_workers`` workers are left, and grows back to ``workers`` as pods return. The
+    ranks inherit the launcher's environment (`launcher_env`); ssh reaches the workers' sshd on
+    its port through the image's ssh client config.
+    """
+    t = p.train
+    return [
+        "python", "-m", "components.train.hvdrun",
+        "-np", str(t.world_size), "--min-np", str(t.min_world_size),
+        "--max-np", str(t.world_size), "--slots", str(t.slots_per_worker),
+        "--host-discovery-script", DISCOVER_HOSTS, "--gloo",
+        *trainer_command(p),
+    ]  # fmt: skip
+
+
+def launcher_env(p: ClusterJobParams) -> list[dict[str, str]]:
+    """The launcher container's environment: what ``mpirun -x`` forwards in a static job, set
+    on the launcher of an elastic one (horovodrun passes its environment to the ranks)."""
+    if not p.train.elastic:
+        return []
+    return [
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "value": str(p.stall_shutdown_seconds)},
+    ]
+
+
+def mpirun_command(p: ClusterJobParams) -> list[str]:
+    """The static job's ``mpirun`` (`components.train.mpirun`: the local launcher's command
+    line, waiting ranks yielding their core) over the hostfile the operator gives the launcher.
+
+    The environment of the launcher's processes is forwarded with ``-x`` (ssh sessions on the
+    workers do not inherit the worker container's environment), with the heartbeat period
+    that `watched_command`'s watch needs (`components.train.heartbeat`). No ``btl`` selection: the
+    image's Open MPI (Debian 4.1.4) already sets ``btl = ^uct,openib,ofi`` in
+    ``/etc/openmpi/openmpi-mca-params.conf``, and a command-line list would replace that one
+    (``-mca btl ^openib``, used before, re-enabled uct and ofi; a first run in containers
+    reported ``MPI_Init`` failing with it).
+    """
+    forward = [
+        "PATH",
+        "PYTHONUNBUFFERED=1",
+        f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={p.stall_shutdown_seconds}",
+        f"{HEARTBEAT_ENV}={period_for(p.stall_shutdown_seconds):g}",
+    ]
+    return mpirun.mpirun_command(
+        p.train.world_size, trainer_command(p), forward=forward, workdir=defaults.TRAINER_WORKDIR
+    )
+
+
+def command_line(p: ClusterJobParams) -> str:
+    """The launcher command as one shell-quoted line (for logs and docs)."""
+    return shlex.join(launcher_command(p))
+
+
+def resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
+    """Requests = limits (Guaranteed QoS) of CPU, memory and, when asked for, GPUs."""
+    amounts: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if gpus:
+        amounts[GPU_RESOURCE] = gpus
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def worker_resources(p: ClusterJobParams) -> dict[str, Any]:
+    """A worker pod's (a TrainJob node's) resources."""
+    return resources(p.cpu_per_worker, p.memory_per_worker, p.train.gpus_per_worker)
+
+
+def security_context() -> dict[str, Any]:
+    """Every container's: the image's non-root user, no privilege escalation, no capabilities."""
+    return {
+        "runAsUser": defaults.MPI_USER_UID,
+        "runAsGroup": defaults.MPI_USER_UID,
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def pod_spec(p: ClusterJobParams, container: dict[str, Any], gpus: bool) -> dict[str, Any]:
+    """A pod spec of one container with the job's fsGroup, identity and scheduling; `gpus`:
+    the pod asks for GPUs, so it tolerates the usual GPU taint."""
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "securityContext": {"fsGroup": defaults.MPI_USER_UID},
+    }
+    if p.service_account:
+        spec["serviceAccountName"] = p.service_account
+    if p.priority_class:
+        spec["priorityClassName"] = p.priority_class
+    if p.scheduler_name:
+        spec["schedulerName"] = p.scheduler_name
+    if gpus:
+        spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    return spec
+
+
+def sshd_container(name: str, image: str) -> dict[str, Any]:
+    """A worker's container: the image's non-root sshd on its unprivileged port, ready once it
+    accepts a TCP connection (no resources: the caller sets them)."""
+    return {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/usr/sbin/sshd"],
+        "args": ["-De", "-f", defaults.MPI_SSHD_CONFIG],
+        "ports": [{"name": "ssh", "containerPort": defaults.MPI_SSHD_PORT, "protocol": "TCP"}],
+        "readinessProbe": {
+            "tcpSocket": {"port": defaults.MPI_SSHD_PORT},
+            "initialDelaySeconds": 2,
+            "periodSeconds": 2,
+        },
+        "securityContext": security_context(),
+    }

@@ -1,0 +1,61 @@
+"""The CRD-schema check every cluster manifest passes before it is printed or sent: the
+vendored CRDs are found from the project, each packaged copy equals its CRD, and the packaged
+copy is what validates where the CRD is absent (the trainer image)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.train.cluster import crd as crds
+from components.train.cluster.crd import Crd
+from components.train.mpijob.validate import MPIJOB
+from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
+
+ALL = [MPIJOB, TRAINJOB, TRAINING_RUNTIME]
+
+
+@pytest.mark.parametrize("crd", ALL, ids=lambda c: c.kind)
+def test_crd_is_found_from_the_project_and_a_missing_or_wrong_crd_is_named(
+    crd: Crd, tmp_path: Path
+) -> None:
+    path = crds.find_crd(crd)
+    assert path.name == crd.relative_path.name
+    assert crds.load_schema(crd, str(path))["properties"]["spec"]["additionalProperties"] is False
+    with pytest.raises(FileNotFoundError, match=crd.relative_path.name):
+        crds.find_crd(crd, tmp_path)
+    other = tmp_path / "crd.yaml"
+    other.write_text(yaml.safe_dump({"kind": "ConfigMap", "spec": {"group": "x"}}))
+    with pytest.raises(ValueError, match=f"not the {crd.group} {crd.kind} CRD"):
+        crds.load_schema(crd, str(other))
+
+
+def test_a_crd_of_another_kind_in_the_same_group_is_refused() -> None:
+    """The TrainingRuntime CRD is not the TrainJob's, though both are trainer.kubeflow.org."""
+    with pytest.raises(ValueError, match="not the trainer.kubeflow.org TrainJob CRD"):
+        crds.crd_schema(TRAINJOB, crds.find_crd(TRAINING_RUNTIME))
+
+
+@pytest.mark.parametrize("crd", ALL, ids=lambda c: c.kind)
+def test_packaged_schema_copy_is_identical_to_the_crd(crd: Crd) -> None:
+    """The trainer image validates with the packaged copy; it must not drift from the CRD
+    (``make crd`` rewrites the copies)."""
+    assert json.loads(crd.packaged_schema.read_text()) == crds.crd_schema(crd, crds.find_crd(crd))
+
+
+@pytest.mark.parametrize("crd", ALL, ids=lambda c: c.kind)
+def test_packaged_schema_is_used_where_the_crd_is_absent(
+    crd: Crd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside the image there is no deploy/crd/ folder: validation still works, strictly."""
+    real = crds.find_crd
+    monkeypatch.setattr(crds, "find_crd", lambda c, start=None: real(c, tmp_path))
+    crds.load_schema.cache_clear()
+    try:
+        schema = crds.load_schema(crd)
+        assert schema["properties"]["spec"]["additionalProperties"] is False
+    finally:
+        crds.load_schema.cache_clear()

@@ -1,0 +1,219 @@
+"""The TrainingRuntime and the TrainJob, built by pure functions from the pipeline parameters.
+
+Kubeflow Trainer v2.3 runs an MPI TrainJob as a JobSet of two replicated jobs (read from
+kubeflow/trainer at v2.3.0: ``pkg/runtime/framework/plugins/mpi/mpi.go``,
+``pkg/runtime/framework/plugins/jobset/builder.go``, ``pkg/constants/constants.go``):
+
+- ``node``: the workers, here the trainer image's non-root sshd;
+- ``launcher``: labelled as the TrainJob's trainer ancestor, so the TrainJob's image and command
+  land there (and only there: kubeflow/trainer#4030), started once the nodes are ready. With
+  ``runLauncherAsNode`` it is node 0 too: the nodes are ``numNodes - 1`` pods, and the hostfile
+  lists each node pod, then the launcher.
+
+The trainer's containers must be named ``node``: only those get the SSH Secret, the hostfile
+and Open MPI's variables. Trainer's built-in MPI runtimes run other images, and a TrainJob's
+image reaches the launcher alone, so the project ships its own TrainingRuntime with the
+trainer image on both jobs. Everything the TrainJob API cannot say per run (the image on the
+nodes, the pods' identity, scheduling and security, TTL, restarts) is in that runtime, whose
+name is a hash of its spec: runs with the same settings share one, and no run ever changes a
+runtime another run uses. Nothing here talks to a cluster or reads the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from components.common import defaults
+from components.common.params import elastic_backend_problem
+from components.train.cluster import pods
+from components.train.cluster.crd import Crd, manifest_problems, raise_problems
+from components.train.cluster.params import APP_LABELS, ClusterJobParams, job_metadata
+
+API_GROUP = "trainer.kubeflow.org"
+API_VERSION = "v1alpha1"
+_CRDS = Path("deploy") / "crd" / "trainer"
+TRAINJOB = Crd(
+    API_GROUP, API_VERSION, "TrainJob", "trainjobs",
+    relative_path=_CRDS / "trainer.kubeflow.org_trainjobs.yaml",
+    packaged_schema=Path(__file__).with_name("trainjob-v1alpha1.schema.json"),
+)  # fmt: skip
+TRAINING_RUNTIME = Crd(
+    API_GROUP, API_VERSION, "TrainingRuntime", "trainingruntimes",
+    relative_path=_CRDS / "trainer.kubeflow.org_trainingruntimes.yaml",
+    packaged_schema=Path(__file__).with_name("trainingruntime-v1alpha1.schema.json"),
+)  # fmt: skip
+
+# Kubeflow Trainer's names (pkg/constants/constants.go at v2.3.0).
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+ANCESTOR_TRAINER = "trainer"
+NODE = "node"  # the node job, and every trainer container's name
+LAUNCHER = "launcher"
+# Trainer sets these on the launcher itself and refuses a TrainJob that sets one (MPI plugin).
+RESERVED_ENV = (
+    "OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args",
+    "OMPI_MCA_orte_keep_fqdn_hostnames", "OMPI_MCA_orte_set_default_slots",
+)  # fmt: skip
+# JobSet's labels on every pod it makes.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+LABEL_ROLE = "kfp-horovod/role"
+RUNTIME_SPEC_ANNOTATION = "kfp-horovod/runtime-spec-sha256"
+# The TrainJob's own environment on the trainer containers (ranks get theirs by mpirun -x).
+TRAINJOB_ENV = ({"name": "PYTHONUNBUFFERED", "value": "1"},)
+
+
+def trainjob_problems(p: ClusterJobParams) -> list[str]:
+    """What `p` asks for that a TrainJob cannot do, each naming the parameter."""
+    elastic = elastic_backend_problem("trainjob", p.train.min_workers)
+    problems = [elastic] if elastic else []
+    for name in ("queue", "min_available"):
+        if getattr(p, name) is not None:
+            problems.append(
+                f"{name} is an MPIJob scheduling policy; a TrainJob is gang-scheduled through "
+                "its runtime's podGroupPolicy or Kueue, not by this parameter"
+            )
+    for name, default, instead in (
+        ("launcher_cpu", defaults.LAUNCHER_CPU, "cpu_per_worker"),
+        ("launcher_memory", defaults.LAUNCHER_MEMORY, "memory_per_worker"),
+    ):
+        if getattr(p, name) != default:
+            problems.append(
+                f"{name} does not apply to a TrainJob: its launcher is node 0 and gets {instead}"
+            )
+    return problems
+
+
+def env_problems(env: list[dict[str, str]]) -> list[str]:
+    """The names in a TrainJob's `env` that Trainer reserves for itself (it would refuse them)."""
+    return [
+        f"spec.trainer.env: {e['name']} is reserved by Kubeflow Trainer's MPI plugin"
+        for e in env
+        if e["name"] in RESERVED_ENV
+    ]
+
+
+def _replicated_job(name: str, container: dict[str, Any], p: ClusterJobParams) -> dict[str, Any]:
+    gpus = p.train.gpus_per_worker > 0
+    labels = {**APP_LABELS, LABEL_ROLE: name}
+    job: dict[str, Any] = {
+        "name": name,
+        "template": {
+            "spec": {
+                "backoffLimit": 0,
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {**pods.pod_spec(p, container, gpus), "restartPolicy": "Never"},
+                },
+            }
+        },
+    }
+    if name == LAUNCHER:
+        job["template"]["metadata"] = {"labels": {ANCESTOR_LABEL: ANCESTOR_TRAINER}}
+        job["dependsOn"] = [{"name": NODE, "status": "Ready"}]
+    return job
+
+
+def runtime_spec(p: ClusterJobParams) -> dict[str, Any]:
+    """The TrainingRuntime's spec: the MPI policy and the JobSet of nodes and launcher."""
+    launcher = {
+        "name": NODE, "image": p.image, "imagePullPolicy": "IfNotPresent",
+        "securityContext": pods.security_context(),
+    }  # fmt: skip
+    return {
+        "mlPolicy": {
+            "numNodes": 1,  # the launcher's count; the TrainJob's numNodes sizes the nodes
+            "mpi": {
+                "numProcPerNode": 1,
+                "mpiImplementation": "OpenMPI",
+                "sshAuthMountPath": defaults.MPI_SSH_AUTH_MOUNT_PATH,
+                "runLauncherAsNode": True,
+            },
+        },
+        "template": {
+            "spec": {
+                "network": {"publishNotReadyAddresses": True},
+                "successPolicy": {"operator": "All", "targetReplicatedJobs": [LAUNCHER]},
+                "failurePolicy": {"maxRestarts": p.backoff_limit},
+                "ttlSecondsAfterFinished": p.ttl_seconds_after_finished,
+                "replicatedJobs": [
+                    _replicated_job(NODE, pods.sshd_container(NODE, p.image), p),
+                    _replicated_job(LAUNCHER, launcher, p),
+                ],
+            }
+        },
+    }
+
+
+def spec_digest(spec: dict[str, Any]) -> str:
+    """The sha256 of a runtime spec's canonical JSON."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def build_runtime(p: ClusterJobParams, namespace: str | None = None) -> dict[str, Any]:
+    """The project's TrainingRuntime for `p`, named ``kfp-horovod-<hash of its spec>``."""
+    spec = runtime_spec(p)
+    digest = spec_digest(spec)
+    metadata: dict[str, Any] = {
+        "name": f"{defaults.TRAINING_RUNTIME_PREFIX}-{digest[:10]}",
+        "labels": {**APP_LABELS, "trainer.kubeflow.org/framework": "horovod"},
+        "annotations": {RUNTIME_SPEC_ANNOTATION: digest},
+    }
+    if namespace:
+        metadata["namespace"] = namespace
+    return {"apiVersion": TRAINING_RUNTIME.api_version, "kind": "TrainingRuntime",
+            "metadata": metadata, "spec": spec}  # fmt: skip
+
+
+def build_trainjob(
+    p: ClusterJobParams, runtime: dict[str, Any], namespace: str | None = None
+) -> dict[str, Any]:
+    """The TrainJob of `p` on `runtime`: `p.train.workers` nodes of `slots_per_worker`
+    processes, node 0 running the launcher's ``mpiwatch -- mpirun ...`` line."""
+    return {
+        "apiVersion": TRAINJOB.api_version,
+        "kind": TRAINJOB.kind,
+        "metadata": job_metadata(p, namespace),
+        "spec": {
+            "runtimeRef": {
+                "name": runtime["metadata"]["name"],
+                "apiGroup": API_GROUP,
+                "kind": "TrainingRuntime",
+            },
+            "activeDeadlineSeconds": p.active_deadline_seconds,
+            "trainer": {
+                "image": p.image,
+                "command": pods.launcher_command(p),
+                "numNodes": p.train.workers,
+                "numProcPerNode": p.train.slots_per_worker,
+                "resourcesPerNode": pods.worker_resources(p),
+                "env": [dict(e) for e in TRAINJOB_ENV],
+            },
+        },
+    }
+
+
+def build_manifests(
+    p: ClusterJobParams, namespace: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(TrainingRuntime, TrainJob)`` for `p`; ValueError names what a TrainJob cannot do."""
+    problems = trainjob_problems(p)
+    if problems:
+        raise ValueError("invalid TrainJob parameters: " + "; ".join(problems))
+    runtime = build_runtime(p, namespace)
+    return runtime, build_trainjob(p, runtime, namespace)
+
+
+def validate_manifests(
+    runtime: dict[str, Any], trainjob: dict[str, Any], crd_dir: str | None = None
+) -> None:
+    """Raise `ManifestError` unless both match their vendored CRDs (from `crd_dir` if given)
+    and the TrainJob sets no reserved variable."""
+    for crd, manifest in ((TRAINING_RUNTIME, runtime), (TRAINJOB, trainjob)):
+        path = str(Path(crd_dir) / crd.relative_path.name) if crd_dir else None
+        problems = manifest_problems(manifest, crd, path)
+        if crd is TRAINJOB:
+            problems += env_problems(manifest.get("spec", {}).get("trainer", {}).get("env", []))
+        raise_problems(manifest, crd, problems)
