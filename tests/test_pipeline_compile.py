@@ -156,6 +156,17 @@ def test_the_check_step_chooses_the_trainer_image_from_the_jobs_gpus() -> None:
     )  # fmt: skip  # the local backend trains in the step's own pod: one GPU per worker
     mine = _check(gpus_per_worker=1, trainer_image="me/my-trainer:1")
     assert mine.trainer_image == "me/my-trainer:1"  # a user-given image wins
+    trainjob = _check(gpus_per_worker=2, slots_per_worker=2, training_backend="trainjob")
+    assert (trainjob.trainer_image, trainjob.train_step_gpus) == (
+        "r.example/p/kfp-horovod-trainer-gpu:7", 0,
+    )  # fmt: skip  # the TrainJob's nodes get the GPUs, not the launching pod
+
+
+def test_the_check_step_refuses_an_elastic_trainjob_by_name() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="min_workers=1: elastic training needs mpi-operator's"):
+        _check(training_backend="trainjob", workers=2, min_workers=1)
 
 
 def test_the_parameters_page_is_the_declarations() -> None:

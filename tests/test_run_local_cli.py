@@ -95,3 +95,15 @@ def test_a_bad_model_stops_run_local_before_any_step(
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
     assert not (tmp_path / "pipeline-root").exists()
+
+
+@pytest.mark.parametrize("backend", ["mpijob", "trainjob"])
+def test_a_cluster_backend_stops_a_local_run_before_any_step(backend: str, tmp_path: Path) -> None:
+    """Both cluster backends need a Kubeflow cluster; a local run says so, naming the value."""
+    with pytest.raises(ValueError) as info:
+        local_run.run_pipeline_locally(root=tmp_path, training_backend=backend)
+    assert (
+        f"training_backend must be 'local' for a local run (no cluster here), got {backend!r}"
+        in (str(info.value))
+    )
+    assert not (tmp_path / "pipeline-root").exists()

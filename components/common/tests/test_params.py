@@ -134,3 +134,11 @@ def test_the_joint_rules() -> None:
         "got 10"
     ]
     assert joint_problems({"lr_scaling": "sqrt", "workers": 9}) == []
+    elastic = {"workers": 3, "min_workers": 2}
+    assert joint_problems({**elastic, "training_backend": "mpijob"}) == []
+    assert joint_problems({**elastic, "training_backend": "trainjob"}) == [
+        "min_workers=2: elastic training needs mpi-operator's discover_hosts.sh, which Kubeflow "
+        "Trainer v2 does not provide; use training_backend 'mpijob' (or min_workers 0) instead "
+        "of 'trainjob'"
+    ]
+    assert joint_problems({"workers": 3, "min_workers": 0, "training_backend": "trainjob"}) == []

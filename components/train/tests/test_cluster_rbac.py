@@ -1,4 +1,5 @@
-"""deploy/rbac.yaml grants exactly what the MPIJob lifecycle uses, in one namespace."""
+"""deploy/rbac.yaml grants exactly what the cluster backends (MPIJob, TrainJob) use, in one
+namespace."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def test_rbac_is_least_privilege_and_namespaced() -> None:
     }
     assert rules == {
         ("kubeflow.org", "mpijobs"): ["create", "delete", "get", "list", "watch"],
+        ("trainer.kubeflow.org", "trainjobs"): ["create", "delete", "get", "list", "watch"],
+        ("trainer.kubeflow.org", "trainingruntimes"): ["create", "get"],
         ("", "pods"): ["get", "list"],
         ("", "pods/log"): ["get"],
     }
