@@ -113,7 +113,10 @@ def _params(image: str | None, image_registry: str, image_tag: str, **options: A
 
 @click.command("render-mpijob")
 @_common_options
-@click.option("--crd", "crd_path", default=None, help="CRD file [deploy/crd/...].")
+@click.option(
+    "--crd", "crd_path", default=None, type=click.Path(exists=True, dir_okay=False),
+    help="CRD file [deploy/crd/...].",
+)  # fmt: skip
 @declared_options(POD_OPTIONS, {"run_name": "dry-run"})
 def render_mpijob(namespace: str | None, crd_path: str | None, **options: Any) -> None:
     """Print the MPIJob manifest the train step would submit, as YAML, without a cluster."""
@@ -128,7 +131,7 @@ def render_mpijob(namespace: str | None, crd_path: str | None, **options: Any) -
 @click.command("render-trainjob")
 @_common_options
 @click.option(
-    "--crd-dir", default=None,
+    "--crd-dir", default=None, type=click.Path(exists=True, file_okay=False),
     help="Folder of the Trainer CRD files [deploy/crd/trainer].",
 )  # fmt: skip
 @declared_options(TRAINJOB_POD_OPTIONS, {"run_name": "dry-run"})

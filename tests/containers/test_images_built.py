@@ -146,6 +146,26 @@ def test_trainer_ssh_matches_the_mpijob_contract(component: str, docker_client: 
     assert client["stricthostkeychecking"] == ["false"]
 
 
+def test_the_trainer_image_validates_both_backends_manifests_without_deploy(
+    docker_client: Any,
+) -> None:
+    """The train step runs in the trainer image, which has no deploy/crd/: it checks the MPIJob,
+    TrainingRuntime and TrainJob against the schemas packaged beside each backend, strictly."""
+    image = require_images(docker_client, "trainer")["trainer"]
+    script = (
+        "import pathlib, yaml; from click.testing import CliRunner; from pipeline.cli import cli; "
+        "assert not any((p / 'deploy').exists() for p in pathlib.Path.cwd().parents); "
+        "args = ['--workers', '3', '--data', 'gs://b/d', '--output', 'gs://b/o']; "
+        "out = [CliRunner().invoke(cli, [f'render-{kind}', *args]) "
+        "for kind in ('mpijob', 'trainjob')]; "
+        "print([r.exit_code for r in out]); "
+        "print([d['kind'] for r in out for d in yaml.safe_load_all(r.output)])"
+    )
+    codes, kinds = _run(docker_client, image, ["python", "-c", script]).splitlines()[-2:]
+    assert codes == "[0, 0]", codes
+    assert kinds == "['MPIJob', 'TrainingRuntime', 'TrainJob']", kinds
+
+
 def _settings(text: str) -> dict[str, list[str]]:
     values: dict[str, list[str]] = {}
     for line in text.splitlines():
