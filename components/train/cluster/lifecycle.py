@@ -69,14 +69,14 @@ class JobState:
 class Backend:
     """What one kind of cluster job needs beside the shared steps.
 
-    `state` reads a job object's phase from its conditions; the launcher pod is the pod whose
-    labels include one of `launcher_labels(name)`, its log is container `launcher_container`'s;
-    the job's pods carry `pod_labels(name)`; `install` says what to install when the cluster
-    does not serve the job's API.
+    `terminal` maps the job's terminal condition types to Failed or Succeeded (`state`); the
+    launcher pod is the pod whose labels include one of `launcher_labels(name)`, its log is
+    container `launcher_container`'s; the job's pods carry `pod_labels(name)`; `install` says
+    what to install when the cluster does not serve the job's API.
     """
 
     crd: Crd
-    state: Callable[[dict[str, Any]], JobState]
+    terminal: Mapping[str, str]
     launcher_labels: Callable[[str], list[dict[str, str]]]
     launcher_container: str
     pod_labels: Callable[[str], dict[str, str]]
@@ -86,18 +86,29 @@ class Backend:
         """``<Kind> <namespace>/<name>``, as every message names the job."""
         return f"{self.crd.kind} {namespace}/{name}"
 
-
-def true_conditions(job: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The job's conditions whose status is True, in order."""
-    conditions = (job.get("status") or {}).get("conditions") or []
-    return [c for c in conditions if c.get("status") == "True"]
-
-
-def newest(conditions: list[dict[str, Any]]) -> dict[str, Any]:
-    """The condition with the latest ``lastTransitionTime`` (the later one on a tie)."""
-    return max(
-        enumerate(conditions), key=lambda ic: (ic[1].get("lastTransitionTime") or "", ic[0])
-    )[1]
+    def state(self, job: Mapping[str, Any]) -> JobState:
+        """The job's state from its true ``status.conditions``: a terminal one wins (Failed
+        first), else the newest by ``lastTransitionTime`` (the later listed on a tie), else
+        Pending."""
+        conditions = [
+            c
+            for c in (job.get("status") or {}).get("conditions") or []
+            if c.get("status") == "True"
+        ]
+        by_type = {c.get("type"): c for c in conditions}
+        for kind, phase in sorted(self.terminal.items(), key=lambda kp: kp[1] != "Failed"):
+            if kind in by_type:
+                return JobState(
+                    phase, by_type[kind].get("reason", ""), by_type[kind].get("message", "")
+                )
+        if not conditions:
+            return JobState("Pending")
+        latest = max(
+            enumerate(conditions), key=lambda ic: (ic[1].get("lastTransitionTime") or "", ic[0])
+        )[1]
+        return JobState(
+            latest.get("type", "Unknown"), latest.get("reason", ""), latest.get("message", "")
+        )
 
 
 def default_api_client() -> client.ApiClient:

@@ -7,17 +7,12 @@ MPIJob's own: its conditions and how its launcher pod is found.
 
 from __future__ import annotations
 
-from typing import Any
-
 from kubernetes import client
 
 from components.train.cluster.lifecycle import (
     DEADLINE_GRACE_S,
     Backend,
-    JobState,
     Log,
-    newest,
-    true_conditions,
 )
 from components.train.cluster.params import ClusterJobParams
 from components.train.cluster.run import run_job
@@ -30,26 +25,10 @@ OPERATOR_JOB_LABEL = "training.kubeflow.org/job-name"
 OPERATOR_ROLE_LABEL = "training.kubeflow.org/job-role"
 
 
-def job_state(job: dict[str, Any]) -> JobState:
-    """The state of an MPIJob object from its ``status.conditions`` (Created, Running,
-    Restarting, Suspended, Succeeded, Failed): a terminal condition wins, else the newest."""
-    conditions = true_conditions(job)
-    by_type = {c.get("type"): c for c in conditions}
-    for terminal in ("Failed", "Succeeded"):
-        if terminal in by_type:
-            c = by_type[terminal]
-            return JobState(terminal, c.get("reason", ""), c.get("message", ""))
-    if not conditions:
-        return JobState("Pending")
-    latest = newest(conditions)
-    return JobState(
-        latest.get("type", "Unknown"), latest.get("reason", ""), latest.get("message", "")
-    )
-
-
+# An MPIJob's conditions: Created, Running, Restarting, Suspended, then Succeeded or Failed.
 MPIJOB_BACKEND = Backend(
     crd=MPIJOB,
-    state=job_state,
+    terminal={"Failed": "Failed", "Succeeded": "Succeeded"},
     launcher_labels=lambda name: [
         {LABEL_JOB: name, LABEL_ROLE: "launcher"},
         {OPERATOR_JOB_LABEL: name, OPERATOR_ROLE_LABEL: "launcher"},

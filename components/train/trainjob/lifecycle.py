@@ -19,12 +19,9 @@ from components.train.cluster.lifecycle import (
     DEADLINE_GRACE_S,
     Backend,
     JobError,
-    JobState,
     Log,
     check_api,
     get_job,
-    newest,
-    true_conditions,
 )
 from components.train.cluster.params import ClusterJobParams
 from components.train.cluster.run import run_job
@@ -47,26 +44,10 @@ INSTALL = (
 )
 
 
-def job_state(job: dict[str, Any]) -> JobState:
-    """The state of a TrainJob from its ``status.conditions``: Complete (as Succeeded) or
-    Failed win; else Suspended while it is; else Created once Trainer has made its JobSet."""
-    conditions = true_conditions(job)
-    by_type = {c.get("type"): c for c in conditions}
-    for terminal, phase in (("Failed", "Failed"), ("Complete", "Succeeded")):
-        if terminal in by_type:
-            c = by_type[terminal]
-            return JobState(phase, c.get("reason", ""), c.get("message", ""))
-    if not conditions:
-        return JobState("Pending")
-    latest = newest(conditions)
-    return JobState(
-        latest.get("type", "Unknown"), latest.get("reason", ""), latest.get("message", "")
-    )
-
-
+# A TrainJob's conditions (trainjob_types.go): Suspended while it is, then Complete or Failed.
 TRAINJOB_BACKEND = Backend(
     crd=TRAINJOB,
-    state=job_state,
+    terminal={"Failed": "Failed", "Complete": "Succeeded"},
     launcher_labels=lambda name: [{JOBSET_NAME_LABEL: name, REPLICATED_JOB_LABEL: LAUNCHER}],
     launcher_container=NODE,
     pod_labels=lambda name: {JOBSET_NAME_LABEL: name},
