@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.containers.support import require_images, unavailable
+from tests.containers.support import new_bucket, require_images, unavailable
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +51,19 @@ def gcs_host(gcs_container: tuple[Any, str]) -> Iterator[str]:
         storage._client.cache_clear()
         yield gcs_container[1]
     storage._client.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def trainer_image(docker_client: Any) -> str:
+    """The trainer image under test."""
+    return require_images(docker_client, "trainer")["trainer"]
+
+
+@pytest.fixture(scope="module")
+def data_uri(gcs_host: str) -> str:
+    """The bundled digits (1,200 train / 300 test) prepared onto the emulator from here."""
+    from components.data_prep.prep import prepare
+
+    uri = f"gs://{new_bucket()}/data"
+    prepare("bundled", uri, shard_size=400, limit=1200)
+    return uri

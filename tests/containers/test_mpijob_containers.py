@@ -9,9 +9,7 @@ the containers run comes from the manifest that `build_manifest` makes, the same
 from __future__ import annotations
 
 import json
-import re
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -21,48 +19,23 @@ from components.common import storage
 from components.train import checkpoints
 from components.train.cluster.params import ClusterJobParams
 from components.train.cluster.pods import trainer_command
-from components.train.config import TrainConfig
 from components.train.mpijob.manifest import build_manifest
 from components.train.mpiwatch import EXIT_SILENT_RANK
 from standins.mpijob_harness import LauncherResult, MPIJobRun
 from standins.outputs import half_written
-from tests.containers.support import new_bucket, require_images
+from tests.containers.support import (
+    NAMESPACE,
+    STALL_SECONDS,
+    assert_epochs_once_and_no_line_per_rank,
+    bucket_of,
+    model_files,
+    params,
+    require_images,
+    tagged_lines,
+    wait_for_checkpoint,
+)
 
 pytestmark = pytest.mark.containers
-
-NAMESPACE = "kfp"
-STALL_SECONDS = 60
-_TAGGED = re.compile(r"^\[1,(\d+)\]<(stdout|stderr)>:(.*)$")
-
-
-@pytest.fixture(scope="module")
-def trainer_image(docker_client: Any) -> str:
-    return require_images(docker_client, "trainer")["trainer"]
-
-
-@pytest.fixture(scope="module")
-def data_uri(gcs_host: str) -> str:
-    """The bundled digits (1,200 train / 300 test) prepared onto the emulator from here."""
-    from components.data_prep.prep import prepare
-
-    uri = f"gs://{new_bucket()}/data"
-    prepare("bundled", uri, shard_size=400, limit=1200)
-    return uri
-
-
-def params(
-    image: str, data_uri: str, run: str, stall: int = STALL_SECONDS, **train: Any
-) -> ClusterJobParams:
-    """A run of 2 epochs, batch 32, of the small model, with a stall bound of `stall` seconds;
-    `train` sets TrainConfig fields (workers, epochs, ...)."""
-    config = TrainConfig(
-        **{"data": data_uri, "output": f"gs://{new_bucket()}/{run}", "workers": 2, "epochs": 2,
-           "batch_size_per_worker": 32, "model": "small", **train}
-    )  # fmt: skip
-    return ClusterJobParams(
-        run_name=run, train=config, image=image, cpu_per_worker="1", memory_per_worker="2Gi",
-        stall_shutdown_seconds=stall,
-    )  # fmt: skip
 
 
 def run_job(p: ClusterJobParams, docker: Any, gcs: tuple[Any, str], tmp: Path) -> dict[str, Any]:
@@ -76,19 +49,6 @@ def run_job(p: ClusterJobParams, docker: Any, gcs: tuple[Any, str], tmp: Path) -
     )
     print(f"{p.run_name}: launcher exit {result.exit_code} after {result.seconds:.1f} s")
     return {"result": result, "summary": json.loads(summary_text), "cpus": limits[0], "p": p}
-
-
-def tagged_lines(log: str) -> list[tuple[int, str]]:
-    """``(rank, text)`` of every line mpirun tagged with its rank (``--tag-output``)."""
-    return [(int(m[1]), m[3]) for m in map(_TAGGED.match, log.splitlines()) if m]
-
-
-def model_files(bucket_prefix: str) -> list[str]:
-    return [u for u in storage.list_files(bucket_prefix) if u.endswith("/saved_model.pb")]
-
-
-def bucket_of(uri: str) -> str:
-    return "/".join(uri.split("/")[:3])
 
 
 # --- a. the seed's case: 3 workers x 1 slot -------------------------------------------------
@@ -121,17 +81,7 @@ def test_3x1_exports_exactly_one_model_with_identical_weights(job_3x1: dict[str,
 
 
 def test_3x1_logs_every_epoch_once_and_no_line_once_per_rank(job_3x1: dict[str, Any]) -> None:
-    lines = tagged_lines(job_3x1["result"].log)
-    assert lines, "no rank-tagged output: was --tag-output dropped?"
-    epochs = job_3x1["p"].train.epochs
-    for epoch in range(1, epochs + 1):
-        hits = [(r, t) for r, t in lines if f"Epoch {epoch}/{epochs} " in t]
-        assert len(hits) == 1 and hits[0][0] == 0, hits
-    ranks_by_text: dict[str, set[int]] = defaultdict(set)
-    for rank, text in lines:
-        ranks_by_text[text].add(rank)
-    repeated = {t: sorted(r) for t, r in ranks_by_text.items() if len(r) > 1 and t.strip()}
-    assert not repeated, f"lines printed once per rank: {repeated}"
+    assert_epochs_once_and_no_line_per_rank(job_3x1["result"].log, job_3x1["p"].train.epochs)
 
 
 def test_3x1_threads_follow_the_worker_cpu_limit(job_3x1: dict[str, Any]) -> None:
@@ -182,18 +132,6 @@ def test_workers_running_the_trainer_themselves_stop_as_independent_copies(
 # --- d. a worker container killed mid-run ---------------------------------------------------
 
 
-def _wait_for_checkpoint(uri: str, job: MPIJobRun, timeout: float = 300) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = checkpoints.latest(uri)
-        if info is not None:
-            return info.epoch
-        job.launcher.reload()
-        assert job.launcher.status == "running", job.launcher.logs().decode()[-3000:]
-        time.sleep(0.5)
-    raise TimeoutError(f"no checkpoint under {uri} after {timeout:g} s")
-
-
 def test_elastic_job_loses_a_worker_and_finishes_on_two(
     trainer_image: str, data_uri: str, docker_client: Any, gcs_container: Any, tmp_path: Path
 ) -> None:
@@ -205,7 +143,7 @@ def test_elastic_job_loses_a_worker_and_finishes_on_two(
         job.start_workers()
         job.wait_ready()
         job.start_launcher()
-        killed_after = _wait_for_checkpoint(p.train.checkpoint_uri, job)
+        killed_after = wait_for_checkpoint(p.train.checkpoint_uri, job)
         job.kill_worker(1)
         job.update_discovery()
         result = job.wait_launcher(timeout=600)
@@ -232,7 +170,7 @@ def test_killed_worker_fails_the_job_fast_and_a_rerun_resumes(
         job.start_workers()
         job.wait_ready()
         job.start_launcher()
-        seen = _wait_for_checkpoint(checkpoint_uri, job)
+        seen = wait_for_checkpoint(checkpoint_uri, job)
         killed_at = time.monotonic()
         job.kill_worker(1)
         result = job.wait_launcher(timeout=STALL_SECONDS + 120)
@@ -275,7 +213,7 @@ def test_frozen_rank_is_named_and_ends_the_job_within_the_bound_and_a_rerun_resu
         job.start_workers()
         job.wait_ready()
         job.start_launcher()
-        seen = _wait_for_checkpoint(checkpoint_uri, job)
+        seen = wait_for_checkpoint(checkpoint_uri, job)
         user = job.worker_template.user
         stop = job.workers[1].exec_run(["pkill", "-STOP", "-f", "components.train"], user=user)
         stopped_at = time.monotonic()
