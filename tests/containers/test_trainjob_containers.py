@@ -68,8 +68,10 @@ def run_trainjob(
     summary_text = (
         storage.read_text(p.train.summary_uri) if storage.exists(p.train.summary_uri) else "{}"
     )
-    print(f"{p.run_name}: launcher exit {result.exit_code} after {result.seconds:.1f} s")
-    return {"result": result, "summary": json.loads(summary_text), "status": status,
+    summary = json.loads(summary_text)
+    ranks = {r["rank"]: r["host"] for r in summary.get("per_rank", [])}
+    print(f"{p.run_name}: launcher exit {result.exit_code} after {result.seconds:.1f} s; {ranks}")
+    return {"result": result, "summary": summary, "status": status,
             "seen": seen, "p": p, "name": trainjob["metadata"]["name"]}  # fmt: skip
 
 
