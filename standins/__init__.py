@@ -2,8 +2,8 @@
 benchmarks (never importing either):
 
 - `fake_gcs`: GCS, the real fake-gcs-server, with a fault-injecting proxy;
-- `kmock_cluster`: the Kubernetes API (kmock) for the real ``kubernetes`` client, with
-  mpi-operator's part played on it;
+- `kmock_cluster` (with `kmock_jobs`): the Kubernetes API (kmock) for the real ``kubernetes``
+  client, with mpi-operator's part, or Kubeflow Trainer's and JobSet's, played on it;
 - `mpijob_harness`: mpi-operator and the kubelet running an MPIJob manifest in Docker
   containers;
 - `trainjob_harness`: Kubeflow Trainer v2.3 (MPI plugin), JobSet and the kubelet running a

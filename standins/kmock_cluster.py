@@ -1,18 +1,26 @@
 """A Kubernetes API for the cluster backends on this machine: kmock's emulator, served over HTTP.
 
-Used by the MPIJob and TrainJob lifecycle tests and by the fault benchmark (bench/faults/), with
-the real ``kubernetes`` client. The cluster serves the MPIJob, TrainJob and TrainingRuntime APIs
-(discovery included), or the ones a test names. What kmock cannot emulate is played here, and
-said so:
+Used by the MPIJob and TrainJob lifecycle tests, the pipeline's train step test and the fault
+benchmark (bench/faults/), with the real ``kubernetes`` client. The cluster serves the MPIJob,
+TrainJob and TrainingRuntime APIs (discovery included), or the ones a test names. What kmock
+cannot emulate is played here, and said so:
 
-* mpi-operator: an `Operator` thread moves the job's conditions by patching its status through
-  the API and creates the launcher pod, as the controller would;
+* the controllers: an `Operator` thread plays the controller of one `Kind` of job
+  (`standins.kmock_jobs`), moving its conditions by patching its status through the API and
+  creating its pods. `MPIJOB_KIND` is
+  mpi-operator (Created, Running, Succeeded or Failed; pods ``<name>-launcher-xxxxx`` and
+  ``<name>-worker-<i>``). `TRAINJOB_KIND` is Kubeflow Trainer v2.3 with JobSet under it: no
+  condition while the job runs (Trainer has no Created or Running), then JobSet's terminal
+  condition copied as ``Complete`` or ``Failed``; JobSet's pods ``<name>-launcher-0-0-xxxxx``
+  and ``<name>-node-0-<i>-xxxxx`` with JobSet's labels, as many nodes as the TrainJob's
+  TrainingRuntime makes (which must exist, as Trainer needs it);
 * pod logs: kmock has no kubelet, so a reaction serves ``pods/<name>/log`` from a dict the
-  operator thread appends to;
-* garbage collection: kmock does not cascade deletes, so an `Operator` deletes the job's pods
-  once the job is gone, as Kubernetes' garbage collector would;
+  operator thread appends to, for the pod's launcher container only;
+* garbage collection: kmock does not cascade deletes, so `Operator.collect` deletes the job's
+  pods once the job is gone, as Kubernetes' garbage collector would;
 * the pods themselves: `TrainerOperator` runs the launcher's trainer command line with
   horovodrun on this machine instead of mpirun across pods (and without the heartbeat watch);
+  where no real training is needed, `Operator.write_outputs` leaves what rank 0 would;
 * kmock ignores label selectors, so an unrelated pod is always present to prove that the code
   filters pods itself.
 """
@@ -32,13 +40,27 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from components.train.cluster.crd import Crd
-from components.train.mpijob.manifest import LABEL_JOB, LABEL_ROLE
+from components.train.config import TrainConfig
 from components.train.mpijob.validate import MPIJOB
 from components.train.rankwatch import rank_processes
 from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
+from standins.kmock_jobs import (
+    MPIJOB_KIND,
+    TRAINJOB_KIND,
+    Condition,
+    Kind,
+    launcher_command,
+    local_equivalent,
+    write_rank0_outputs,
+)
+
+__all__ = [
+    "MPIJOB_KIND", "NS", "TRAINJOB_KIND", "Cluster", "Kind", "Operator", "TrainerOperator",
+    "launcher_command", "local_equivalent", "pod", "write_rank0_outputs",
+]  # fmt: skip
 
 NS = "kubeflow-user"
-G, V, P = "kubeflow.org", "v2beta1", "mpijobs"
+G, V, P = MPIJOB.group, MPIJOB.version, MPIJOB.plural
 
 
 class Cluster:
@@ -51,6 +73,7 @@ class Cluster:
         self.kinds = kinds
         self.emu = kmock.KubernetesEmulator()
         self.logs: dict[str, str] = {}  # launcher log per pod name, served by a reaction
+        self.log_containers: dict[str, str] = {}  # the container that log is of, per pod
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -74,9 +97,7 @@ class Cluster:
                 subresources={"status"},
             )  # fmt: skip
         self.emu.resources["v1/pods"] = kmock.ResourceInfo(namespaced=True, kind="Pod")
-        self.emu["get", kmock.subresource("log")] << (
-            lambda request: self.logs.get(request.name, "").encode()
-        )
+        self.emu["get", kmock.subresource("log")] << self._log
         config = client.Configuration()
         config.host = self.url
         self.api = client.ApiClient(config)
@@ -86,6 +107,13 @@ class Cluster:
         self.core.create_namespaced_pod(NS, pod("unrelated", {"app": "other"}))
         return self
 
+    def _log(self, request: kmock.Request) -> bytes:
+        """A pod's log; empty for a container other than the launcher's (or for none named)."""
+        wanted = request.params.get("container")
+        if wanted != self.log_containers.get(str(request.name)):
+            return b""
+        return self.logs.get(str(request.name), "").encode()
+
     def __exit__(self, *exc: object) -> None:
         assert self._loop is not None and self._stop is not None
         self._loop.call_soon_threadsafe(self._stop.set)
@@ -94,27 +122,36 @@ class Cluster:
     def requests(self, method: str, path_part: str) -> list[Any]:
         return [r for r in list(self.emu) if r.method.value == method and path_part in str(r.url)]
 
-    def job(self, name: str) -> dict[str, Any] | None:
+    def job(self, name: str, crd: Crd = MPIJOB) -> dict[str, Any] | None:
+        """The stored object `name` of `crd`'s kind (an MPIJob unless named), or None."""
         try:
-            return dict(self.custom.get_namespaced_custom_object(G, V, NS, P, name))
+            return dict(
+                self.custom.get_namespaced_custom_object(
+                    crd.group, crd.version, NS, crd.plural, name
+                )
+            )
         except ApiException as exc:
             assert exc.status == 404
             return None
 
-    def job_names(self) -> list[str]:
-        items = self.custom.list_namespaced_custom_object(G, V, NS, P)["items"]
-        return [i["metadata"]["name"] for i in items]
+    def job_names(self, crd: Crd = MPIJOB) -> list[str]:
+        """The names of the stored objects of `crd`'s kind (MPIJobs unless named)."""
+        items = self.custom.list_namespaced_custom_object(crd.group, crd.version, NS, crd.plural)
+        return [i["metadata"]["name"] for i in items["items"]]
 
     def pod_names(self) -> list[str]:
         return sorted(p.metadata.name for p in self.core.list_namespaced_pod(NS).items)
 
 
-def pod(name: str, labels: dict[str, str], uid: str = "", reason: str | None = None) -> dict:
+def pod(
+    name: str, labels: dict[str, str], uid: str = "", reason: str | None = None,
+    container: str = "launcher",
+) -> dict:  # fmt: skip
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "labels": labels},
-        "spec": {"containers": [{"name": "launcher", "image": "x"}]},
+        "spec": {"containers": [{"name": container, "image": "x"}]},
     }
     if uid:
         body["metadata"]["uid"] = uid
@@ -124,45 +161,94 @@ def pod(name: str, labels: dict[str, str], uid: str = "", reason: str | None = N
 
 
 class Operator:
-    """Plays mpi-operator (and the garbage collector) through the API, in a thread."""
+    """Plays the controller of `kind`'s jobs (and the garbage collector) through the API, in
+    a thread."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, kind: Kind = MPIJOB_KIND) -> None:
         self.c = cluster
+        self.kind = kind
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     def wait_for_job(self, timeout: float = 10.0) -> str:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            names = self.c.job_names()
+            names = self.c.job_names(self.kind.crd)
             if names:
                 return str(names[0])
             time.sleep(0.02)
-        raise AssertionError("the code under test created no MPIJob")
+        raise AssertionError(f"the code under test created no {self.kind.crd.kind}")
 
-    def conditions(self, name: str, *conds: tuple[str, str, str]) -> None:
+    def job(self, name: str) -> dict[str, Any]:
+        job = self.c.job(name, self.kind.crd)
+        assert job is not None, f"no {self.kind.crd.kind} {name}"
+        return job
+
+    def conditions(self, name: str, *conds: Condition) -> None:
         """Set status.conditions to (type, reason, message) entries, all True."""
-        body = {
-            "status": {
-                "conditions": [
-                    {"type": t, "status": "True", "reason": r, "message": m} for t, r, m in conds
-                ]
-            }
-        }
-        self.c.custom.patch_namespaced_custom_object_status(G, V, NS, P, name, body)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        conditions = [
+            {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now}
+            for t, r, m in conds
+        ]
+        crd = self.kind.crd
+        self.c.custom.patch_namespaced_custom_object_status(
+            crd.group, crd.version, NS, crd.plural, name, {"status": {"conditions": conditions}}
+        )
 
     def launcher(self, name: str, reason: str | None = None) -> str:
-        pod_name = f"{name}-launcher-x7k2p"
-        labels = {LABEL_JOB: name, LABEL_ROLE: "launcher"}
-        self.c.logs[pod_name] = ""
-        self.c.core.create_namespaced_pod(NS, pod(pod_name, labels, reason=reason))
-        self.c.core.create_namespaced_pod(
-            NS, pod(f"{name}-worker-0", {LABEL_JOB: name, LABEL_ROLE: "worker"})
-        )
-        return pod_name
+        """Create the job's pods (the launcher's failed for `reason`, if given); return the
+        launcher pod's name."""
+        pods = self.kind.pods(self.c.job, self.job(name))
+        for i, (pod_name, labels, container) in enumerate(pods):
+            if i == 0:
+                self.c.logs[pod_name], self.c.log_containers[pod_name] = "", container
+            body = pod(pod_name, labels, reason=reason if i == 0 else None, container=container)
+            self.c.core.create_namespaced_pod(NS, body)
+        return pods[0][0]
 
     def say(self, pod_name: str, *lines: str) -> None:
         self.c.logs[pod_name] += "".join(line + "\n" for line in lines)
+
+    def start(self, name: str) -> str:
+        """The job starts: its first condition, its pods, its running conditions; returns the
+        launcher pod's name."""
+        if self.kind.running:
+            self.conditions(name, self.kind.running[0])
+        pod_name = self.launcher(name)
+        if self.kind.running:
+            self.conditions(name, *self.kind.running)
+        return pod_name
+
+    def finish(self, name: str, code: int) -> None:
+        """The job ends as its launcher did: exit `code` 0 succeeds, any other fails."""
+        done = self.kind.succeeded if code == 0 else self.kind.failed(code)
+        self.conditions(name, *self.kind.running, done)
+
+    def write_outputs(self, name: str, world_size: int | None = None) -> TrainConfig:
+        """What rank 0 leaves behind on success, where job `name`'s trainer command says."""
+        from components.train.config import from_argv
+
+        _, args, _ = local_equivalent(self.kind.launcher(self.job(name))[0])
+        train = from_argv(args)
+        write_rank0_outputs(train, world_size)
+        return train
+
+    def collect(self, name: str, timeout: float = 10.0) -> bool:
+        """The garbage collector's part: once job `name` is gone, delete its pods. False if it
+        is still there after `timeout` seconds."""
+        end = time.monotonic() + timeout
+        while self.c.job(name, self.kind.crd) is not None:
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.02)
+        self._delete_pods(name)
+        return True
+
+    def _delete_pods(self, name: str) -> None:
+        for pod_name in self.c.pod_names():
+            if pod_name.startswith(f"{name}-"):
+                self.c.core.delete_namespaced_pod(pod_name, NS)
 
     def play(self, script: Callable[[Operator], None]) -> None:
         def run() -> None:
@@ -181,36 +267,17 @@ class Operator:
             raise self.error
 
 
-def launcher_command(job: dict[str, Any]) -> list[str]:
-    """The launcher container's command in a stored MPIJob."""
-    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
-    return list(launcher["containers"][0]["command"])
-
-
-def local_equivalent(command: list[str]) -> tuple[int, list[str], dict[str, str]]:
-    """``[mpiwatch ... --] mpirun -np N ... -x K=V ... python -m components.train ARGS`` as
-    ``(N, ARGS, {K: V})``. The heartbeat period is left out: the heartbeat watch
-    (`components.train.mpiwatch`) is not run here, so nothing would take the beats out."""
-    from components.train.heartbeat import HEARTBEAT_ENV
-
-    command = command[command.index("mpirun") :]
-    exported = [command[i + 1] for i, word in enumerate(command[:-1]) if word == "-x"]
-    module = command.index("components.train")
-    env = dict(item.split("=", 1) for item in exported if "=" in item)
-    env.pop(HEARTBEAT_ENV, None)
-    return int(command[command.index("-np") + 1]), command[module + 1 :], env
-
-
 class TrainerOperator(Operator):
-    """Plays mpi-operator, the kubelet and the garbage collector for one MPIJob at a time, with
-    the real trainer: the launcher is the command line the stored MPIJob holds, run by
+    """Plays the controller, the kubelet and the garbage collector for one job of `kind` at a
+    time, with the real trainer: the launcher is the command line the stored job holds, run by
     horovodrun on this machine (`launch.local_command`, the same ranks and arguments, the
-    ``-x`` environment plus `env`), its output the launcher pod's log. When the MPIJob is
-    deleted while it runs, the ranks are killed and the pods deleted, as Kubernetes would.
+    ``-x`` environment and the launcher's own, plus `env`), its output the launcher pod's log.
+    When the job is deleted while it runs, the ranks are killed and the pods deleted, as
+    Kubernetes would.
     """
 
-    def __init__(self, cluster: Cluster, env: dict[str, str]) -> None:
-        super().__init__(cluster)
+    def __init__(self, cluster: Cluster, env: dict[str, str], kind: Kind = MPIJOB_KIND) -> None:
+        super().__init__(cluster, kind)
         self.env = env
         self.starts = 0  # trainer launches, over every job served
         self.collected: list[int] = []  # pids of the ranks killed when a job was deleted
@@ -218,37 +285,28 @@ class TrainerOperator(Operator):
         self.killed_at: float | None = None  # when the ranks of a deleted job were killed
 
     def serve(self, name: str, poll_s: float = 0.1) -> int | None:
-        """Run MPIJob `name` to its end: the trainer's exit code, or None if it was deleted."""
+        """Run job `name` to its end: the trainer's exit code, or None if it was deleted."""
         from components.train.launch import job_environment, local_command
 
-        job = self.c.job(name)
-        assert job is not None, f"no MPIJob {name}"
-        workers, args, exported = local_equivalent(launcher_command(job))
-        self.conditions(name, ("Created", "MPIJobCreated", "MPIJob created"))
-        pod_name = self.launcher(name)
-        running = ("Running", "MPIJobRunning", "launcher is running")
-        self.conditions(name, ("Created", "MPIJobCreated", ""), running)
+        command, launcher_env = self.kind.launcher(self.job(name))
+        workers, args, exported = local_equivalent(command)
+        pod_name = self.start(name)
         proc = subprocess.Popen(
             local_command(workers, args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, env=job_environment({**self.env, **exported}), start_new_session=True,
+            text=True, env=job_environment({**self.env, **launcher_env, **exported}),
+            start_new_session=True,
         )  # fmt: skip
         self.starts += 1
         reader = threading.Thread(target=self._pump, args=(proc, pod_name), daemon=True)
         reader.start()
         while proc.poll() is None:
-            if self.c.job(name) is None:
+            if self.c.job(name, self.kind.crd) is None:
                 self._collect(name, proc)
                 return None
             time.sleep(poll_s)
         reader.join()
-        code = proc.returncode
-        done = (
-            ("Succeeded", "MPIJobSucceeded", "")
-            if code == 0
-            else ("Failed", "Error", f"exit {code}")
-        )
-        self.conditions(name, ("Created", "MPIJobCreated", ""), running, done)
-        return code
+        self.finish(name, proc.returncode)
+        return proc.returncode
 
     def _pump(self, proc: subprocess.Popen[str], pod_name: str) -> None:
         assert proc.stdout is not None
@@ -266,6 +324,4 @@ class TrainerOperator(Operator):
         psutil.wait_procs(ranks, timeout=30)
         proc.wait()
         self.collected += [r.pid for r in ranks]
-        for pod_name in self.c.pod_names():
-            if pod_name.startswith(f"{name}-"):
-                self.c.core.delete_namespaced_pod(pod_name, NS)
+        self._delete_pods(name)

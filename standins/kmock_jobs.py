@@ -1,0 +1,178 @@
+"""The jobs `standins.kmock_cluster`'s operators play: what a controller makes of each kind of
+job on the API (`Kind`), the launcher's command read back from a stored job, and what rank 0
+of the trainer leaves behind where no real trainer runs.
+
+* `MPIJOB_KIND`, mpi-operator: conditions Created, Running, then Succeeded or Failed; pods
+  ``<name>-launcher-xxxxx`` and ``<name>-worker-<i>`` with the manifest's own labels.
+* `TRAINJOB_KIND`, a stand-in for Kubeflow Trainer v2.3 and the JobSet controller under it
+  (read from kubeflow/trainer at v2.3.0: ``pkg/apis/trainer/v1alpha1/trainjob_types.go``,
+  ``pkg/runtime/framework/plugins/jobset/jobset.go``): Trainer sets no condition while a
+  TrainJob runs (it has no Created or Running) and copies JobSet's terminal condition as
+  ``Complete`` or ``Failed`` (JobSet's reasons); JobSet names the pods of replicated job
+  ``<r>`` ``<name>-<r>-<job index>-<completion index>-xxxxx`` and labels them with the JobSet's
+  and the replicated job's names. The launcher job has one pod; the node job as many as
+  the TrainJob's ``numNodes``, less one when its TrainingRuntime runs the launcher as node 0.
+  That runtime must exist, as Trainer needs it to build the JobSet.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from components.common import storage
+from components.train.cluster.crd import Crd
+from components.train.config import TrainConfig
+from components.train.mpijob.manifest import LABEL_JOB, LABEL_ROLE
+from components.train.mpijob.validate import MPIJOB
+from components.train.trainjob.manifest import (
+    JOBSET_NAME_LABEL,
+    LAUNCHER,
+    NODE,
+    REPLICATED_JOB_LABEL,
+    TRAINING_RUNTIME,
+    TRAINJOB,
+)
+
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+Condition = tuple[str, str, str]  # (type, reason, message) of a condition whose status is True
+PodSpec = tuple[str, dict[str, str], str]  # (name, labels, container)
+Lookup = Callable[[str, Crd], "dict[str, Any] | None"]  # a stored object by name and kind
+
+
+def _suffix() -> str:
+    """The 5 random characters a controller's pod name ends with (Kubernetes' alphabet)."""
+    return "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a job of one kind shows on the API while its controller runs it: its resource, the
+    conditions set as it starts (`running`, in order) and ends, its pods (`pods`: stored
+    objects' lookup and the stored job -> ``[(name, labels, container)]``, the launcher
+    first), and where the stored job keeps the launcher's command and environment."""
+
+    crd: Crd
+    running: tuple[Condition, ...]
+    succeeded: Condition
+    failed: Callable[[int], Condition]
+    pods: Callable[[Lookup, dict[str, Any]], list[PodSpec]]
+    launcher: Callable[[dict[str, Any]], tuple[list[str], dict[str, str]]]
+
+
+def _mpijob_pods(lookup: Lookup, job: dict[str, Any]) -> list[PodSpec]:
+    name = job["metadata"]["name"]
+    workers = int(job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"])
+    launcher = (f"{name}-launcher-{_suffix()}", {LABEL_JOB: name, LABEL_ROLE: "launcher"})
+    worker = {LABEL_JOB: name, LABEL_ROLE: "worker"}
+    return [
+        (*launcher, "launcher"),
+        *((f"{name}-worker-{i}", worker, "worker") for i in range(workers)),
+    ]
+
+
+def launcher_command(job: dict[str, Any]) -> list[str]:
+    """The launcher container's command in a stored MPIJob."""
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    return list(launcher["containers"][0]["command"])
+
+
+def _mpijob_launcher(job: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    container = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    return launcher_command(job), {e["name"]: e["value"] for e in container.get("env", [])}
+
+
+MPIJOB_KIND = Kind(
+    MPIJOB,
+    running=(("Created", "MPIJobCreated", "MPIJob created"),
+             ("Running", "MPIJobRunning", "launcher is running")),
+    succeeded=("Succeeded", "MPIJobSucceeded", "MPIJob successfully completed."),
+    failed=lambda code: ("Failed", "Error", f"exit {code}"),
+    pods=_mpijob_pods,
+    launcher=_mpijob_launcher,
+)  # fmt: skip
+
+
+def _trainjob_pods(lookup: Lookup, job: dict[str, Any]) -> list[PodSpec]:
+    """JobSet's pods of a TrainJob: the launcher job's one pod, then the node job's."""
+    name, trainer = job["metadata"]["name"], job["spec"]["trainer"]
+    ref = job["spec"]["runtimeRef"]["name"]
+    runtime = lookup(ref, TRAINING_RUNTIME)
+    assert runtime is not None, f"TrainJob {name}: its TrainingRuntime {ref} does not exist"
+    as_node = runtime["spec"]["mlPolicy"]["mpi"].get("runLauncherAsNode", False)
+    nodes = int(trainer.get("numNodes", 1)) - (1 if as_node else 0)
+
+    def labels(replicated_job: str, index: int) -> dict[str, str]:
+        return {
+            JOBSET_NAME_LABEL: name, REPLICATED_JOB_LABEL: replicated_job, JOB_INDEX_LABEL: "0",
+            COMPLETION_INDEX_LABEL: str(index),
+        }  # fmt: skip
+
+    return [
+        (f"{name}-{LAUNCHER}-0-0-{_suffix()}", labels(LAUNCHER, 0), NODE),
+        *((f"{name}-{NODE}-0-{i}-{_suffix()}", labels(NODE, i), NODE) for i in range(nodes)),
+    ]
+
+
+def _trainjob_launcher(job: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    trainer = job["spec"]["trainer"]
+    return list(trainer["command"]), {e["name"]: e["value"] for e in trainer.get("env", [])}
+
+
+# JobSet's terminal conditions (sigs.k8s.io/jobset pkg/constants), as Trainer copies them.
+TRAINJOB_KIND = Kind(
+    TRAINJOB,
+    running=(),
+    succeeded=("Complete", "AllJobsCompleted", "jobset completed successfully"),
+    failed=lambda code: ("Failed", "FailedJobs", "jobset failed due to one or more job failures"),
+    pods=_trainjob_pods,
+    launcher=_trainjob_launcher,
+)
+
+
+def local_equivalent(command: list[str]) -> tuple[int, list[str], dict[str, str]]:
+    """``[mpiwatch ... --] mpirun -np N ... -x K=V ... python -m components.train ARGS`` as
+    ``(N, ARGS, {K: V})``. The heartbeat period is left out: the heartbeat watch
+    (`components.train.mpiwatch`) is not run here, so nothing would take the beats out."""
+    from components.train.heartbeat import HEARTBEAT_ENV
+
+    command = command[command.index("mpirun") :]
+    exported = [command[i + 1] for i, word in enumerate(command[:-1]) if word == "-x"]
+    module = command.index("components.train")
+    env = dict(item.split("=", 1) for item in exported if "=" in item)
+    env.pop(HEARTBEAT_ENV, None)
+    return int(command[command.index("-np") + 1]), command[module + 1 :], env
+
+
+def write_rank0_outputs(train: TrainConfig, world_size: int | None = None) -> None:
+    """What rank 0 of the trainer leaves behind on success: a SavedModel file and the run
+    summary (every field the train step reads), at `train`'s URIs."""
+    size = train.world_size if world_size is None else world_size
+    storage.write_bytes(storage.join(train.model_uri, "saved_model.pb"), b"pb")
+    hosts = [f"node-{r // train.slots_per_worker}" for r in range(size)]
+    per_rank = [
+        {"rank": r, "host": hosts[r], "device": "CPU", "threads": 1,
+         "sample_range": [100 * r, 100 * (r + 1)], "samples_per_epoch": 100,
+         "steps_per_epoch": 4, "examples_per_second": 100.0, "weights_sha256": "ab" * 32}
+        for r in range(size)
+    ]  # fmt: skip
+    summary = {
+        "world_size": size, "expected_workers": train.world_size, "controller": "mpi",
+        "hosts": sorted(set(hosts)), "epochs": train.epochs,
+        "resumed_from_epoch": 0, "batch_size_per_worker": train.batch_size_per_worker,
+        "global_batch_size": train.batch_size_per_worker * size,
+        "base_learning_rate": train.learning_rate, "learning_rate": train.learning_rate * size,
+        "lr_scaling": "linear", "warmup_epochs": train.warmup_epochs, "model": train.model,
+        "augment": train.augment, "model_parameters": 1000, "per_rank": per_rank,
+        "coverage": {"samples": 100 * size, "seen_per_epoch": 100 * size, "disjoint": True,
+                     "covers_all": True},
+        "weights_identical_across_ranks": True, "final_metrics": {"accuracy": 0.97},
+        "model_uri": train.model_uri, "saved_model_sha256": "ef" * 32,
+        "tensorboard_uri": train.tensorboard_uri,
+    }  # fmt: skip
+    storage.write_text(train.summary_uri, json.dumps(summary))
