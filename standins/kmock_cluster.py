@@ -170,14 +170,15 @@ class Operator:
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
-    def wait_for_job(self, timeout: float = 10.0) -> str:
+    def wait_for_job(self, timeout: float = 10.0, name: str | None = None) -> str:
+        """The name of the first job of our kind there is, or of job `name` once it is there."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             names = self.c.job_names(self.kind.crd)
-            if names:
-                return str(names[0])
+            if names and (name is None or name in names):
+                return name or str(names[0])
             time.sleep(0.02)
-        raise AssertionError(f"the code under test created no {self.kind.crd.kind}")
+        raise AssertionError(f"the code under test created no {self.kind.crd.kind} {name or ''}")
 
     def job(self, name: str) -> dict[str, Any]:
         job = self.c.job(name, self.kind.crd)
