@@ -1,0 +1,278 @@
+"""The compiled pipeline's train step, run with ``training_backend=trainjob`` as KFP runs it,
+against a Kubernetes API with Kubeflow Trainer: create, log stream, completion, retry, cancel.
+
+Real parts: the compiled pipeline (``pipeline.build.compile_pipeline``), the train executor's
+own container command and arguments from it, run in a subprocess with this environment's
+Python (kfp's ``executor_main`` calling ``components.train.task.run_step``), the real
+``kubernetes`` client reaching kmock's API emulator (`standins.kmock_cluster.Cluster`) through a
+kubeconfig, and the suite's fake-gcs-server for the artifacts (``gs://``).
+
+Stand-ins, said so:
+
+* Kubeflow Trainer, JobSet, the kubelet and the garbage collector: `standins.kmock_cluster`'s
+  `Operator` with the TrainJob kind, which writes what rank 0 would leave instead of training
+  (a real training of a TrainJob's command is in test_trainjob_lifecycle.py);
+* the ``/gcs/`` mount: kfp maps a ``gs://`` artifact to a local path under ``/gcs/``
+  (``kfp.dsl.types.artifact_types._GCS_LOCAL_MOUNT_PREFIX``), which KFP's launcher mounts in
+  the task's pod; here a ``sitecustomize`` on the executor's ``PYTHONPATH`` points that prefix
+  at a temporary folder instead (nothing is written under ``/``);
+* the values KFP's driver resolves: the run's parameters (the compiled defaults, with
+  ``training_backend=trainjob``, the namespace and the registry a user fills in), the check
+  step's chosen image (its own program, ``pipeline.checks.check_step``), the artifacts' URIs
+  and the run id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from components.train.config import PIPELINE_TRAIN_PARAMETERS, from_argv
+from components.train.trainjob.manifest import TRAINJOB
+from pipeline.build import compile_pipeline
+from pipeline.checks import check_step
+from standins.kmock_cluster import NS, TRAINJOB_KIND, Cluster, Operator, local_equivalent, pod
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[1]
+TASK_POD, TASK_POD_UID = "train-task-pod", "uid-train-7"
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The compiled pipeline, as uploaded."""
+    return dict(
+        yaml.safe_load(compile_pipeline(tmp_path_factory.mktemp("p") / "p.yaml").read_text())
+    )
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    with Cluster() as c:
+        c.core.create_namespaced_pod(NS, pod(TASK_POD, {}, uid=TASK_POD_UID))  # the step's pod
+        yield c
+    for step in Step.started:  # a failed test's steps go with it
+        if step.proc.poll() is None:
+            os.killpg(step.proc.pid, signal.SIGKILL)
+    Step.started.clear()
+
+
+def run_values(compiled: dict[str, Any], bucket: str) -> dict[str, Any]:
+    """The run's parameters: the compiled defaults and what a user sets for a TrainJob run."""
+    parameters = compiled["root"]["inputDefinitions"]["parameters"]
+    values = {name: p.get("defaultValue") for name, p in parameters.items()}
+    for name, p in parameters.items():  # the YAML's numbers are doubles; KFP's driver casts
+        if p["parameterType"] == "NUMBER_INTEGER":
+            values[name] = int(values[name])
+    return values | {
+        "training_backend": "trainjob", "namespace": NS, "registry_root": f"{bucket}/models",
+        "epochs": 3,  # and one value of the user's own, to follow into the TrainJob
+    }  # fmt: skip
+
+
+def executor_input(compiled: dict[str, Any], bucket: str, run_id: str, out: Path) -> dict:
+    """The train task's executor input, as KFP's driver resolves it from the compiled task."""
+    values = run_values(compiled, bucket)
+    check = compiled["root"]["dag"]["tasks"]["check-parameters"]["inputs"]["parameters"]
+    checked = check_step(images=check["images"]["runtimeValue"]["constant"], **values)
+    task = compiled["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
+    component = compiled["components"]["comp-train"]
+    parameters: dict[str, Any] = {}
+    for name in component["inputDefinitions"]["parameters"]:
+        source = task[name]
+        if "componentInputParameter" in source:
+            parameters[name] = values[source["componentInputParameter"]]
+        elif source.get("taskOutputParameter", {}).get("outputParameterKey") == "trainer_image":
+            parameters[name] = checked.trainer_image
+        else:
+            assert source["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}", name
+            parameters[name] = run_id
+    root = f"{bucket}/pipeline-root/{run_id}"
+
+    def artifacts(definitions: dict[str, Any], task_name: str) -> dict[str, Any]:
+        """Each artifact where KFP puts a task's: under the run's pipeline root."""
+        return {
+            name: {"artifacts": [{"name": name, "type": d["artifactType"], "metadata": {},
+                                  "uri": f"{root}/{task_name}/{name}"}]}
+            for name, d in definitions["artifacts"].items()
+        }  # fmt: skip
+
+    return {
+        "inputs": {
+            "parameterValues": parameters,
+            "artifacts": artifacts(component["inputDefinitions"], "prepare-data"),
+        },
+        "outputs": {
+            "artifacts": artifacts(component["outputDefinitions"], "train"),
+            "outputFile": str(out / "executor_output.json"),
+        },
+    }
+
+
+class Step:
+    """One attempt of the train task: the compiled executor in a subprocess, its output read
+    line by line."""
+
+    started: list[Step] = []
+
+    def __init__(self, compiled: dict[str, Any], cluster: Cluster, bucket: str, run_id: str,
+                 work: Path) -> None:  # fmt: skip
+        self.work, self.gcs = work, work / "gcs"
+        work.mkdir(parents=True)
+        self.input = executor_input(compiled, bucket, run_id, work / "out")
+        container = compiled["deploymentSpec"]["executors"]["exec-train"]["container"]
+        args = [json.dumps(self.input) if a == "{{$}}" else a for a in container["args"]]
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [*container["command"], *args], cwd=REPO, env=self._env(cluster),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        Step.started.append(self)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _env(self, cluster: Cluster) -> dict[str, str]:
+        shim = self.work / "shim"
+        shim.mkdir()
+        (shim / "sitecustomize.py").write_text(
+            "# stands in for the /gcs/ mount KFP's launcher gives the task's pod\n"
+            "from kfp.dsl.types import artifact_types\n"
+            f"artifact_types._GCS_LOCAL_MOUNT_PREFIX = {str(self.gcs) + '/'!r}\n"
+        )
+        kubeconfig = self.work / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
+            "users": [{"name": "task", "user": {"token": "t"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "task"}}],
+        }))  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        return env | {
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",  # its python3
+            "PYTHONPATH": f"{shim}{os.pathsep}{REPO}", "PYTHONUNBUFFERED": "1",
+            "KUBECONFIG": str(kubeconfig), "HOSTNAME": TASK_POD,  # and gcs_uri's emulator host
+        }  # fmt: skip
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            assert self.proc.poll() is None or self._reader.is_alive(), "\n".join(self.lines)
+            assert time.monotonic() < end, f"no {text!r} in:\n" + "\n".join(self.lines)
+            time.sleep(0.05)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(10)
+        return code
+
+    def executor(self) -> psutil.Process:
+        """The process running kfp's executor (under the compiled command's shell)."""
+        root = psutil.Process(self.proc.pid)
+        for proc in [root, *root.children(recursive=True)]:
+            if "kfp.dsl.executor_main" in proc.cmdline():
+                return proc
+        raise AssertionError("no executor process")
+
+    def output(self, name: str) -> Path:
+        """Where the step wrote output artifact `name` (the stand-in /gcs/ mount)."""
+        uri = self.input["outputs"]["artifacts"][name]["artifacts"][0]["uri"]
+        return self.gcs / uri.removeprefix("gs://")
+
+
+def test_the_train_step_creates_a_trainjob_and_its_retry_reattaches(
+    compiled: dict[str, Any], cluster: Cluster, gcs_uri: str, tmp_path: Path
+) -> None:
+    """The first attempt creates the TrainJob with the run's parameters, then its pod is lost;
+    the job runs on and completes; KFP's retry (same run id) reattaches, shows the launcher's
+    log and writes the step's outputs."""
+    op = Operator(cluster, TRAINJOB_KIND)
+    first = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-1")
+    first.wait_for("created TrainJob")
+    name = op.wait_for_job()
+    os.killpg(first.proc.pid, signal.SIGKILL)  # the task's pod is lost; nothing cleans up
+    assert first.wait(10) == -signal.SIGKILL
+
+    job = cluster.job(name, TRAINJOB)
+    assert job is not None
+    values, parameters = run_values(compiled, gcs_uri), first.input["inputs"]["parameterValues"]
+    trainer = job["spec"]["trainer"]
+    config = from_argv(local_equivalent(trainer["command"])[1])
+    assert {p.name: getattr(config, p.name) for p in PIPELINE_TRAIN_PARAMETERS} == {
+        p.name: values[p.name] for p in PIPELINE_TRAIN_PARAMETERS
+    }
+    assert config.epochs == 3
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (
+        values["workers"], values["slots_per_worker"]
+    )  # fmt: skip
+    assert trainer["image"] == parameters["trainer_image"]
+    assert trainer["resourcesPerNode"]["limits"] == {
+        "cpu": values["cpu_per_worker"], "memory": values["memory_per_worker"],
+    }  # fmt: skip
+    assert job["metadata"]["annotations"]["kfp-horovod/pipeline-run-id"] == "run-7"
+    assert job["metadata"]["ownerReferences"][0]["uid"] == TASK_POD_UID
+    # the job runs on without its task, to the end
+    launcher = op.start(name)
+    op.say(launcher, "[1,0]<stdout>:[rank 0/4] Epoch 1/3 - loss 0.9")
+    op.say(launcher, "[1,0]<stdout>:[rank 0/4] Epoch 3/3 - loss 0.3")
+    op.write_outputs(name)
+    op.finish(name, 0)
+
+    retry = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-2")
+    assert retry.wait() == 0, "\n".join(retry.lines)
+    assert f"reattached to TrainJob {NS}/{name} (Succeeded) from an earlier attempt" in retry.lines
+    assert [line for line in retry.lines if "<stdout>:[rank 0/4]" in line] == [
+        "[1,0]<stdout>:[rank 0/4] Epoch 1/3 - loss 0.9",
+        "[1,0]<stdout>:[rank 0/4] Epoch 3/3 - loss 0.3",
+    ]
+    assert cluster.job_names(TRAINJOB) == [name]
+    assert len(cluster.requests("POST", "/trainjobs")) == 2  # created once, then a 409
+    world = values["workers"] * values["slots_per_worker"]
+    summary = json.loads(retry.output("run_summary").read_text())
+    assert (summary["world_size"], summary["model_uri"]) == (world, config.model_dir)
+    report = retry.output("coordination_report").read_text()
+    assert f"**{world} workers formed ONE Horovod job and trained ONE model**" in report
+    metadata = json.loads((tmp_path / "attempt-2" / "out" / "executor_output.json").read_text())
+    model = metadata["artifacts"]["saved_model"]["artifacts"][0]["metadata"]
+    assert (model["world_size"], model["epochs"]) == (world, 3)
+
+
+def test_sigterm_to_the_train_step_deletes_its_trainjob(
+    compiled: dict[str, Any], cluster: Cluster, gcs_uri: str, tmp_path: Path
+) -> None:
+    """KFP cancels the run: the executor, sent SIGTERM while it streams the launcher's log,
+    deletes the TrainJob, waits for its pods to go, and fails naming the cancellation."""
+    op = Operator(cluster, TRAINJOB_KIND)
+    step = Step(compiled, cluster, gcs_uri, "run-8", tmp_path / "attempt-1")
+    step.wait_for("created TrainJob")
+    name = op.wait_for_job()
+    op.say(op.start(name), "[1,0]<stdout>:[rank 0/2] Epoch 1/3 - loss 0.9")
+    step.wait_for("[1,0]<stdout>:[rank 0/2] Epoch 1/3 - loss 0.9")  # streamed as it runs
+    op.play(lambda op: op.collect(name, timeout=60))  # the garbage collector
+
+    step.executor().send_signal(signal.SIGTERM)
+    code = step.wait()
+    op.join()
+    assert code != 0
+    assert f"cancelled; TrainJob {NS}/{name} deleted" in step.lines[-1], "\n".join(step.lines)
+    assert cluster.job_names(TRAINJOB) == [] and cluster.pod_names() == sorted(
+        ["unrelated", TASK_POD]
+    )
+    assert not step.output("run_summary").exists()
