@@ -206,6 +206,11 @@ class Operator:
                 self.c.logs[pod_name], self.c.log_containers[pod_name] = "", container
             body = pod(pod_name, labels, reason=reason if i == 0 else None, container=container)
             self.c.core.create_namespaced_pod(NS, body)
+        if self.kind.jobs_status is not None:
+            crd, status = self.kind.crd, {"jobsStatus": self.kind.jobs_status(pods)}
+            self.c.custom.patch_namespaced_custom_object_status(
+                crd.group, crd.version, NS, crd.plural, name, {"status": status}
+            )
         return pods[0][0]
 
     def say(self, pod_name: str, *lines: str) -> None:

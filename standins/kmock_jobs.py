@@ -55,7 +55,8 @@ class Kind:
     """How a job of one kind shows on the API while its controller runs it: its resource, the
     conditions set as it starts (`running`, in order) and ends, its pods (`pods`: stored
     objects' lookup and the stored job -> ``[(name, labels, container)]``, the launcher
-    first), and where the stored job keeps the launcher's command and environment."""
+    first), where the stored job keeps the launcher's command and environment, and the
+    ``status.jobsStatus`` its controller reports once the pods run (`jobs_status`, if any)."""
 
     crd: Crd
     running: tuple[Condition, ...]
@@ -63,6 +64,7 @@ class Kind:
     failed: Callable[[int], Condition]
     pods: Callable[[Lookup, dict[str, Any]], list[PodSpec]]
     launcher: Callable[[dict[str, Any]], tuple[list[str], dict[str, str]]]
+    jobs_status: Callable[[list[PodSpec]], list[dict[str, Any]]] | None = None
 
 
 def _mpijob_pods(lookup: Lookup, job: dict[str, Any]) -> list[PodSpec]:
@@ -119,6 +121,18 @@ def _trainjob_pods(lookup: Lookup, job: dict[str, Any]) -> list[PodSpec]:
     ]
 
 
+def _trainjob_jobs_status(pods: list[PodSpec]) -> list[dict[str, Any]]:
+    """Trainer's ``status.jobsStatus`` (the JobSet's replicated jobs' counts) with every pod
+    running and ready."""
+    counts: dict[str, int] = {}
+    for _, labels, _ in pods:
+        counts[labels[REPLICATED_JOB_LABEL]] = counts.get(labels[REPLICATED_JOB_LABEL], 0) + 1
+    return [
+        {"name": name, "ready": n, "active": n, "succeeded": 0, "failed": 0, "suspended": 0}
+        for name, n in counts.items()
+    ]
+
+
 def _trainjob_launcher(job: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     trainer = job["spec"]["trainer"]
     return list(trainer["command"]), {e["name"]: e["value"] for e in trainer.get("env", [])}
@@ -132,6 +146,7 @@ TRAINJOB_KIND = Kind(
     failed=lambda code: ("Failed", "FailedJobs", "jobset failed due to one or more job failures"),
     pods=_trainjob_pods,
     launcher=_trainjob_launcher,
+    jobs_status=_trainjob_jobs_status,
 )
 
 

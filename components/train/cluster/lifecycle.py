@@ -89,7 +89,7 @@ class Backend:
     def state(self, job: Mapping[str, Any]) -> JobState:
         """The job's state from its true ``status.conditions``: a terminal one wins (Failed
         first), else the newest by ``lastTransitionTime`` (the later listed on a tie), else
-        Pending."""
+        what `jobs_state` reads from ``status.jobsStatus``."""
         conditions = [
             c
             for c in (job.get("status") or {}).get("conditions") or []
@@ -102,13 +102,27 @@ class Backend:
                     phase, by_type[kind].get("reason", ""), by_type[kind].get("message", "")
                 )
         if not conditions:
-            return JobState("Pending")
+            return jobs_state(job)
         latest = max(
             enumerate(conditions), key=lambda ic: (ic[1].get("lastTransitionTime") or "", ic[0])
         )[1]
         return JobState(
             latest.get("type", "Unknown"), latest.get("reason", ""), latest.get("message", "")
         )
+
+
+def jobs_state(job: Mapping[str, Any]) -> JobState:
+    """Running while one of the job's child jobs has an active pod, else Pending, from
+    ``status.jobsStatus`` (a TrainJob's: Trainer sets no condition while it runs, only the
+    JobSet's replicated jobs' counts); the message counts each one's ready and active pods."""
+    jobs = (job.get("status") or {}).get("jobsStatus") or []
+    if not any(j.get("active") for j in jobs):
+        return JobState("Pending")
+    counts = ", ".join(
+        f"{j.get('name')}: {j.get('ready') or 0} ready of {j.get('active') or 0} active"
+        for j in jobs
+    )
+    return JobState("Running", "", counts)
 
 
 def default_api_client() -> client.ApiClient:
@@ -310,7 +324,8 @@ def follow(
             )
         state = backend.state(job)
         if state.phase != last_phase:
-            detail = f" ({state.reason}: {state.message})" if state.reason or state.message else ""
+            said = ": ".join(part for part in (state.reason, state.message) if part)
+            detail = f" ({said})" if said else ""
             log(f"{what}: {state.phase}{detail}")
             last_phase = state.phase
         if state.phase == "Succeeded":
