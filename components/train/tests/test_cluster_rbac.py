@@ -3,8 +3,11 @@ namespace."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
@@ -46,3 +49,93 @@ def test_trainer_service_account_uses_workload_identity_not_keys() -> None:
     )
     text = "".join(p.read_text() for p in DEPLOY.glob("*.yaml"))
     assert "private_key" not in text and "GOOGLE_APPLICATION_CREDENTIALS" not in text
+
+
+def _granted() -> set[tuple[str, str, str]]:
+    """``(apiGroup, resource, verb)`` of every right the Role grants."""
+    docs = yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text())
+    role = next(d for d in docs if d["kind"] == "Role")
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+_VERBS = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}
+
+
+def _right(method: str, path: str, params: Any) -> tuple[str, str, str] | None:
+    """The ``(apiGroup, resource, verb)`` a request needs; None for API discovery (granted to
+    every authenticated user by the cluster's system:discovery role)."""
+    parts = path.strip("/").split("/")
+    if parts[0] == "api":
+        group, rest = "", parts[2:]
+    else:
+        group, rest = parts[1], parts[3:]
+    if not rest:
+        return None  # /api, /apis, /apis/<group>, /apis/<group>/<version>
+    assert rest[0] == "namespaces", f"a cluster-wide request: {method} {path}"
+    resource, named = rest[2], len(rest) > 3
+    if len(rest) > 4:
+        resource = f"{resource}/{rest[4]}"
+    verb = _VERBS.get(method) or ("get" if named else "watch" if "watch" in params else "list")
+    return group, resource, verb
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["mpijob", "trainjob"])
+def test_each_backend_sends_only_requests_the_role_grants(backend: str, gcs_uri: str) -> None:
+    """The train step's requests, recorded by kmock for a run that owns its job, replaces a
+    failed earlier attempt (delete, create) and follows the new one to success, read back as
+    the rights they need: every one is in deploy/rbac.yaml (the stand-in's own requests,
+    which the operator makes on a real cluster, are told apart by their user agent)."""
+    from kubernetes import client
+
+    from components.train.mpijob.lifecycle import run_mpijob
+    from components.train.mpijob.manifest import build_manifest
+    from components.train.tests.cluster_jobs import POLL, make_params
+    from components.train.trainjob.lifecycle import run_trainjob
+    from components.train.trainjob.manifest import build_manifests
+    from standins.kmock_cluster import NS, Cluster, Operator, pod
+    from standins.kmock_jobs import MPIJOB_KIND, TRAINJOB_KIND
+
+    kind, run = (MPIJOB_KIND, run_mpijob) if backend == "mpijob" else (TRAINJOB_KIND, run_trainjob)
+    p = make_params(gcs_uri, owner_pod_name="task-pod")
+    earlier = build_manifest(p, NS) if backend == "mpijob" else build_manifests(p, NS)[1]
+    crd, name = kind.crd, earlier["metadata"]["name"]
+    with Cluster() as cluster:
+        cluster.core.create_namespaced_pod(NS, pod("task-pod", {}, uid="uid-1"))
+        cluster.custom.create_namespaced_custom_object(
+            crd.group, crd.version, NS, crd.plural, earlier
+        )
+        Operator(cluster, kind).finish(name, 1)
+
+        def script(op: Operator) -> None:
+            while len(cluster.requests("POST", f"/{crd.plural}")) < 3:  # ours, 409, the new one
+                time.sleep(POLL)
+            pod_name = op.start(name)
+            op.say(pod_name, "[1,0]<stdout>:[rank 0/4] done")
+            op.write_outputs(name)
+            op.finish(name, 0)
+
+        op = Operator(cluster, kind)
+        op.play(script)
+        task = client.ApiClient(cluster.api.configuration)
+        task.user_agent = "kfp-horovod-train-step"
+        run(p, namespace=NS, api_client=task, poll_interval_s=POLL, log=lambda _: None)
+        op.join()
+        sent = {
+            _right(r.method.value, r.url.path, r.params)
+            for r in list(cluster.emu)
+            if dict((k.lower(), v) for k, v in r.headers.items()).get("user-agent")
+            == "kfp-horovod-train-step"
+        } - {None}
+    assert sent <= _granted(), sorted(sent - _granted())
+    group = crd.group
+    assert {(group, crd.plural, "create"), (group, crd.plural, "delete"),
+            ("", "pods", "get"), ("", "pods/log", "get")} <= sent, sorted(sent)  # fmt: skip
+    if backend == "trainjob":
+        assert ("trainer.kubeflow.org", "trainingruntimes", "create") in sent
