@@ -82,11 +82,19 @@ def _check_bound(tf: ModuleType, tf_keras: ModuleType) -> None:
 
 @contextlib.contextmanager
 def _without_import_noise() -> Iterator[None]:
-    """Hold back what native code writes to stderr (fd 2) while TensorFlow is first imported,
-    then pass on every line but the known `IMPORT_NOISE`. Does nothing once TF is imported."""
+    """`stderr_without` the known `IMPORT_NOISE` while TensorFlow is first imported. Does
+    nothing once TF is imported."""
     if "tensorflow" in sys.modules:
         yield
         return
+    with stderr_without(IMPORT_NOISE):
+        yield
+
+
+@contextlib.contextmanager
+def stderr_without(noise: re.Pattern[str]) -> Iterator[None]:
+    """Hold back what native code writes to stderr (fd 2) in the block, then pass on every
+    line but those `noise` matches."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as held:
@@ -98,5 +106,5 @@ def _without_import_noise() -> Iterator[None]:
             os.close(saved)
             held.seek(0)
             lines = held.read().decode(errors="replace").splitlines(keepends=True)
-            sys.stderr.write("".join(line for line in lines if not IMPORT_NOISE.search(line)))
+            sys.stderr.write("".join(line for line in lines if not noise.search(line)))
             sys.stderr.flush()

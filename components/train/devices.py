@@ -12,12 +12,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from components.common.defaults import IMAGE_NAMES
+from components.common.keras_env import stderr_without
 from components.train.cpus import default_threads
+
+# What TensorFlow's CUDA build writes to stderr (absl, at error level) when it looks for GPUs on
+# a host without an NVIDIA driver: once per process, so once per rank of a CPU job.
+NO_DRIVER_NOISE = re.compile(r"failed call to cuInit")
 
 
 @dataclass(frozen=True)
@@ -34,13 +41,18 @@ class Devices:
         return self.device.startswith("GPU")
 
 
-def configure_devices(tf: Any, local_rank: int, local_size: int, threads: int | None) -> Devices:
+def configure_devices(
+    tf: Any, local_rank: int, local_size: int, threads: int | None, quiet: bool = False
+) -> Devices:
     """Pin this process to one GPU by local rank, or run on CPU; set the thread counts.
 
     Intra-op threads: `threads`, or this rank's share of the cores; inter-op threads:
-    ``min(2, intra-op threads)``. Must run before TensorFlow executes any op.
+    ``min(2, intra-op threads)``. Must run before TensorFlow executes any op. `quiet` (every
+    rank but 0): TensorFlow's line about a host without a GPU driver is left to rank 0, one
+    copy rather than one per rank.
     """
-    gpus = tf.config.list_physical_devices("GPU")
+    with stderr_without(NO_DRIVER_NOISE) if quiet else contextlib.nullcontext():
+        gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         gpu = gpus[local_rank % len(gpus)]
         tf.config.experimental.set_memory_growth(gpu, True)

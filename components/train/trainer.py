@@ -65,7 +65,9 @@ def run(config: TrainConfig) -> int:
         sys.stderr.flush()
         return EXIT_PREFLIGHT
 
-    devices = configure_devices(tf, hvd.local_rank(), hvd.local_size(), config.threads_per_worker)
+    devices = configure_devices(
+        tf, hvd.local_rank(), hvd.local_size(), config.threads_per_worker, quiet=rank != 0
+    )
     try:
         with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
             job = Job(config, hvd, tf, log, devices, Path(workdir))

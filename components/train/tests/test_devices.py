@@ -17,6 +17,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from components.train.cpus import cpu_quota, default_threads
 from components.train.devices import Devices, configure_devices, gpu_problem, gpu_usage
 
@@ -105,16 +107,37 @@ def test_default_threads_split_the_cores_among_local_ranks(tmp_path: Path) -> No
     assert default_threads(cores * 4, no_limit) == 1  # never zero
 
 
-def test_cpu_run_uses_the_real_tensorflow_settings() -> None:
-    code = """
+@pytest.mark.parametrize("quiet", [False, True], ids=["rank 0", "another rank"])
+def test_cpu_run_uses_the_real_tensorflow_settings(quiet: bool) -> None:
+    """The real TensorFlow (a CUDA build) on this host without a GPU driver: a CPU rank, its
+    threads set, and TensorFlow's "failed call to cuInit" line from rank 0 only, not once per
+    rank (the ranks of a CPU job all print it)."""
+    code = f"""
 import json, tensorflow as tf
 from components.train.devices import configure_devices
-d = configure_devices(tf, 0, 1, 1)
+d = configure_devices(tf, 0, 1, 1, quiet={quiet})
 print(json.dumps([d.device, d.threads, tf.config.threading.get_intra_op_parallelism_threads()]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["CPU", 1, 1]
+    assert ("failed call to cuInit" in out.stderr) is not quiet, out.stderr
+
+
+def test_a_quiet_rank_passes_on_every_other_line_tensorflow_writes(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    config = _FakeConfig([])
+    listing = config.list_physical_devices
+
+    def noisy(kind: str) -> list[str]:
+        os.write(2, b"E cuda_driver.cc:152] failed call to cuInit: UNKNOWN ERROR (303)\n")
+        os.write(2, b"W something else TensorFlow says\n")
+        return listing(kind)
+
+    config.list_physical_devices = noisy  # type: ignore[method-assign]
+    configure_devices(SimpleNamespace(config=config), 0, 1, 1, quiet=True)
+    assert capfd.readouterr().err == "W something else TensorFlow says\n"
 
 
 def _cgroup(tmp_path: Path, files: dict[str, str]) -> Path:
