@@ -204,12 +204,6 @@ class MPIJobRun(DockerPods):
         self.launcher = launcher
         return launcher
 
-    def run_launcher(self, timeout: float = 600) -> LauncherResult:
-        """Start the launcher once the workers are ready, and wait for the job's result."""
-        self.wait_ready()
-        self.start_launcher()
-        return self.wait_launcher(timeout)
-
     def kill_worker(self, i: int) -> None:
         """SIGKILL worker pod `i`: a node lost, or a pod evicted without grace."""
         self.workers[i].kill()

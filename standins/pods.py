@@ -127,7 +127,8 @@ def forward_emulator(command: list[str]) -> list[str]:
 
 class DockerPods:
     """The Docker side of one job's pods. A harness (a dataclass) provides the attributes
-    below and `containers`; `close` (and leaving the ``with`` block) removes all it made."""
+    below, `containers`, `wait_ready` and `start_launcher`; `close` (and leaving the ``with``
+    block) removes all it made."""
 
     label: ClassVar[str]  # the Docker label naming the job, on every container and network
     name: str
@@ -145,6 +146,21 @@ class DockerPods:
     def containers(self) -> list[Any]:
         """Every pod's container made so far."""
         raise NotImplementedError
+
+    def wait_ready(self, timeout: float = 120) -> float:
+        """Wait until the pods the launcher waits for are ready; the seconds it took."""
+        raise NotImplementedError
+
+    def start_launcher(self) -> Any:
+        """Create and start the launcher's pod (after `wait_ready`); its container."""
+        raise NotImplementedError
+
+    def run_launcher(self, timeout: float = 600) -> LauncherResult:
+        """Start the launcher once the pods it waits for are ready, and wait for the job's
+        result."""
+        self.wait_ready()
+        self.start_launcher()
+        return self.wait_launcher(timeout)
 
     @staticmethod
     def new_suffix() -> str:

@@ -50,7 +50,6 @@ from typing import Any
 from standins.kubelet_volumes import kubelet_volume
 from standins.pods import (
     DockerPods,
-    LauncherResult,
     PodTemplate,
     forward_emulator,
     machine_cpus,
@@ -318,12 +317,6 @@ class TrainJobRun(DockerPods):
         trainer_jobs = [j.name for j in self.jobs.values() if j.ancestor == ANCESTOR_TRAINER]
         self.launcher = self.pods[trainer_jobs[0]][0]
         return self.launcher
-
-    def run_launcher(self, timeout: float = 600) -> LauncherResult:
-        """Start the launcher once the nodes are ready, and wait for the job's result."""
-        self.wait_ready()
-        self.start_launcher()
-        return self.wait_launcher(timeout)
 
     def kill_node(self, i: int) -> None:
         """SIGKILL the node job's pod `i`: a node lost, or a pod evicted without grace."""
