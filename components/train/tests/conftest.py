@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,3 +46,19 @@ def _run_job(
 def run_job() -> JobRunner:
     """A function running a real multi-rank job: ``run_job(workers, trainer_args, ...)``."""
     return _run_job
+
+
+@pytest.fixture
+def cluster() -> Iterator[Any]:
+    """A Kubernetes API serving the MPIJob, TrainJob and TrainingRuntime APIs
+    (`standins.kmock_cluster.Cluster`), for the cluster backends' lifecycle tests."""
+    from standins.kmock_cluster import Cluster
+
+    with Cluster() as c:
+        yield c
+
+
+@pytest.fixture
+def bucket(gcs_uri: str) -> str:
+    """A fresh bucket in the suite's fake-gcs-server (see tests/conftest.py), as ``gs://...``."""
+    return gcs_uri

@@ -15,7 +15,6 @@ import copy
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +33,6 @@ from components.train.tests.cluster_jobs import POLL, make_params, write_outputs
 from standins.kmock_cluster import NS, Cluster, G, Operator, P, V, pod
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    with Cluster() as c:
-        yield c
-
-
-# --- a real GCS emulator for the run's outputs ----------------------------------------------
-
-
-@pytest.fixture
-def bucket(gcs_uri: str) -> str:
-    """A fresh bucket in the suite's fake-gcs-server (see tests/conftest.py), as ``gs://...``."""
-    return gcs_uri
 
 
 def progress(name: str, op: Operator, p: ClusterJobParams) -> str:

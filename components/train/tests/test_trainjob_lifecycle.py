@@ -13,7 +13,7 @@ import copy
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +40,6 @@ pytestmark = pytest.mark.timeout(120)
 
 NAME = job_name("nightly", "run-123")
 WHAT = f"TrainJob {NS}/{NAME}"
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    with Cluster() as c:
-        yield c
-
-
-@pytest.fixture
-def bucket(gcs_uri: str) -> str:
-    """A fresh bucket in the suite's fake-gcs-server (see tests/conftest.py), as ``gs://...``."""
-    return gcs_uri
 
 
 def run(cluster: Cluster, p: ClusterJobParams, log: Callable[[str], None], **kw: Any) -> RunSummary:
