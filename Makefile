@@ -8,22 +8,20 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kfp-horovod-installed
 # Versions and defaults are owned by components/common/defaults.py; read them from there.
 defaults = $(shell $(PYTHON) -c "from components.common import defaults; print(defaults.$(1))")
-HOROVOD_VERSION := $(call defaults,HOROVOD_VERSION)
-# Horovod is built from source against the locked TF, with both controllers: MPI (Debian's Open
-# MPI, which make/ensure-openmpi.sh installs; local static jobs run on it) and Gloo (elastic
-# jobs). Its ops library links against one TF build, so the wheel is keyed on the TF version and
-# the controllers: built once into HOROVOD_WHEELS (never from pip's wheel cache, which cannot
-# tell TF versions apart) and reinstalled whenever the venv's Horovod was built for another TF
-# or without MPI ($(VENV)/.horovod-tf).
+# Horovod is built from source against the locked TF by make/horovod/build.sh: the pinned sdist
+# (sha256-checked), the project's patch series (make/horovod/patches), MPI (Debian's Open MPI,
+# which make/ensure-openmpi.sh installs; local static jobs run on it) and Gloo (elastic jobs).
+# Its ops library links against one TF build, so the script keys the wheel on the TF version,
+# the controllers and the patch series' hash, built once into HOROVOD_CACHE (never pip's wheel
+# cache, which cannot tell TF versions apart), and the venv's Horovod is reinstalled whenever it
+# was built from another wheel ($(VENV)/.horovod-wheel).
 TF_VERSION := $(shell sed -n 's/^tensorflow==//p' requirements/lock.txt)
-HOROVOD_WHEELS ?= $(HOME)/.cache/kfp-horovod/horovod-$(HOROVOD_VERSION)-tf-$(TF_VERSION)-mpi-gloo
-HOROVOD_TF_MARK := $(VENV)/.horovod-tf
+HOROVOD_CACHE ?= $(HOME)/.cache/kfp-horovod
+HOROVOD_MARK := $(VENV)/.horovod-wheel
+HOROVOD_SCRIPTS := make/horovod/build.sh make/horovod/SOURCE $(wildcard make/horovod/patches/*.patch)
 # TensorFlow distributions the lock no longer holds that write the same files as its `tensorflow`
 # (tensorflow-cpu up to 2.15): removed before the lock installs, or their files would mix.
 STALE_TF_DISTS := tensorflow-cpu tensorflow-estimator
-HOROVOD_BUILD_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
-	HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-	CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=-j$$(nproc) PIP_NO_CACHE_DIR=1
 
 WORKERS ?= $(call defaults,WORKERS)
 EPOCHS ?= $(call defaults,EPOCHS)
@@ -54,23 +52,18 @@ help: ## this list (from the '##' comments of the Makefiles)
 install: $(STAMP) ## .venv from requirements/lock.txt, then Horovod built from source for its TF (idempotent)
 
 # The stamp depends on the lock and the project metadata: a second `make install` is a no-op.
-$(STAMP): requirements/lock.txt pyproject.toml
+$(STAMP): requirements/lock.txt pyproject.toml $(HOROVOD_SCRIPTS)
 	@make/ensure-openmpi.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@stale=$$($(PY) -m pip list --disable-pip-version-check --format=freeze 2>/dev/null \
 		| grep -ioE '^($(subst $(eval) ,|,$(STALE_TF_DISTS)))==' | tr -d '='); \
 	if [ -n "$$stale" ]; then $(PY) -m pip uninstall --quiet -y $$stale; fi
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/lock.txt
-	@if [ "$$(cat $(HOROVOD_TF_MARK) 2>/dev/null)" != "$(HOROVOD_VERSION) tf $(TF_VERSION) mpi gloo" ]; then \
-		if ! ls $(HOROVOD_WHEELS)/horovod-$(HOROVOD_VERSION)-*.whl >/dev/null 2>&1; then \
-			echo "building Horovod $(HOROVOD_VERSION) for TF $(TF_VERSION) (5-12 minutes on 2 cores)"; \
-			$(HOROVOD_BUILD_ENV) $(PY) -m pip wheel --quiet --disable-pip-version-check \
-				--no-build-isolation --no-deps --wheel-dir $(HOROVOD_WHEELS) horovod==$(HOROVOD_VERSION) \
-				|| exit 1; \
-		fi; \
-		$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
-			$(HOROVOD_WHEELS)/horovod-$(HOROVOD_VERSION)-*.whl || exit 1; \
-		echo "$(HOROVOD_VERSION) tf $(TF_VERSION) mpi gloo" > $(HOROVOD_TF_MARK); \
+	@wheel=$$(make/horovod/build.sh $(PY) $(HOROVOD_CACHE) | tail -n 1) || exit 1; \
+	if [ "$$(cat $(HOROVOD_MARK) 2>/dev/null)" != "$$wheel" ]; then \
+		$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$$wheel" \
+			|| exit 1; \
+		echo "$$wheel" > $(HOROVOD_MARK); \
 	fi
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(PY) -m pip check --disable-pip-version-check
@@ -80,7 +73,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 
 # Re-resolve the project's declared dependencies (pyproject.toml, all extras) and Horovod's build
 # tools (requirements/horovod-build.in), and write the lock (needs the network).
-LOCK_EXTRAS := pipeline,train,dev
+LOCK_EXTRAS := pipeline,train,serve,dev
 lock: ## re-resolve pyproject.toml's extras into requirements/lock.txt (needs the network)
 	rm -rf build/lock-venv && $(PYTHON) -m venv build/lock-venv
 	build/lock-venv/bin/pip install --quiet ".[$(LOCK_EXTRAS)]" -r requirements/horovod-build.in
