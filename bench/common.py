@@ -261,13 +261,20 @@ BUSY_WAIT: Edit = (YIELD_WHEN_IDLE, ())
 
 
 def horovod_command(
-    workers: int, module: str, args: list[str], controller: str = "mpi", edit: Edit | None = None
+    workers: int,
+    module: str,
+    args: list[str],
+    controller: str = "mpi",
+    edit: Edit | None = None,
+    python: str | None = None,
 ) -> list[str]:
     """``python -m MODULE ARGS`` as one static job of `workers` local ranks, as the launcher
     starts the trainer (`launch.static_command`: ``mpirun`` by default, ``horovodrun --gloo``
     with `controller` ``gloo``). `edit` = (tokens, replacement): the launcher's command line
-    with those consecutive tokens replaced (a benchmark's variant of it)."""
-    command = static_command(workers, [sys.executable, "-m", module, *args], controller)
+    with those consecutive tokens replaced (a benchmark's variant of it). `python`: another
+    environment's interpreter (default this one's), running this checkout's code."""
+    program = [python or sys.executable, "-m", module, *args]
+    command = static_command(workers, program, controller)
     if edit is not None:
         old, new = edit
         at = next(i for i in range(len(command)) if tuple(command[i : i + len(old)]) == old)
@@ -315,12 +322,14 @@ def run_trainer(
     controller: str = "mpi",
     edit: Edit | None = None,
     module: str | None = None,
+    python: str | None = None,
 ) -> tuple[JobResult, dict[str, Any]]:
     """Run the project's trainer (or `module`, a rank program wrapping it: `bench.variants`)
     as one Horovod job (see `horovod_command`). `env` is added to this process's environment.
     Returns the job and its run_summary."""
     job_env = local_job_env(workers, env)
-    command = horovod_command(workers, module or "components.train", args, controller, edit)
+    module = module or "components.train"
+    command = horovod_command(workers, module, args, controller, edit, python)
     result = run_job(command, job_env)
     output = Path(args[args.index("--output") + 1])
     return result, dict(summary.read(str(output / "run_summary.json")))

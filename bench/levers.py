@@ -39,7 +39,6 @@ from bench.common import (
     Edit,
     base_parser,
     bench_dataset,
-    horovod_command,
     interleave,
     job_throughput,
     machine_state,
@@ -50,8 +49,8 @@ from bench.common import (
     trainer_args,
     write_result,
 )
+from bench.scaling import two_copies
 from components.common.defaults import MODEL
-from components.train import summary
 
 NAME = "levers"
 BATCH_SIZE = 64  # per worker: the batch the gap was measured at
@@ -123,25 +122,9 @@ def measure(setup: Setup, name: str, workers: int, threads: int, lever: Lever, r
     }
 
 
-def two_copies(setup: Setup, r: int) -> dict[str, Any]:
-    """Two independent 1-rank jobs at once, 1 thread each: the sum of their throughputs."""
-    from bench.common import local_job_env
-    from standins.jobs import collect, start_job
-
-    jobs = []
-    for copy in (0, 1):
-        output = setup.work / f"two_copies-{copy}-r{r}"
-        args = trainer_args(
-            setup.data, output, 1, setup.epochs, 1, batch_size_per_worker=BATCH_SIZE
-        )
-        jobs.append(
-            (start_job(horovod_command(1, "components.train", args), local_job_env(1)), output)
-        )
-    rates = []
-    for job, output in jobs:
-        collect(job)
-        rates.append(job_throughput(dict(summary.read(str(output / "run_summary.json")))))
-    return {"examples_per_second": sum(rates), "per_copy": rates}
+def copies(setup: Setup, r: int) -> dict[str, Any]:
+    """`two_copies`: two independent 1-rank jobs at once."""
+    return two_copies(setup.data, setup.work, setup.epochs, BATCH_SIZE, f"two_copies-r{r}")
 
 
 def figures(medians: Mapping[str, float], lever: Lever, runs: Mapping[str, list]) -> dict:
@@ -168,7 +151,7 @@ def run(setup: Setup, levers: list[Lever], repeats: int) -> dict[str, Any]:
     variants: dict[str, Callable[[int], dict[str, Any]]] = {}
     for name, (workers, threads) in REFERENCES.items():
         variants[name] = functools.partial(measure, setup, name, workers, threads, BASELINE)
-    variants["two_copies"] = functools.partial(two_copies, setup)
+    variants["two_copies"] = functools.partial(copies, setup)
     chosen = {lever.name: lever for lever in (BASELINE, *levers)}
     for lever in chosen.values():
         variants[lever.name] = functools.partial(

@@ -5,7 +5,10 @@ starts a local job (Open MPI, waiting ranks yielding). The default compares 1x1,
 (same cores as 2x1, one process). Two figures:
 
 - ``efficiency`` = T(2x1) / (2 T(1x1)): what a second rank buys;
-- ``ceiling_ratio`` = T(2x1) / T(1x2): Horovod's ranks against one process on the same cores.
+- ``ceiling_ratio`` = T(2x1) / T(1x2): Horovod's ranks against one process on the same cores;
+- ``efficiency_vs_machine`` = T(2x1) / T(two 1x1 at once): against the machine's own ceiling,
+  two independent 1x1 jobs started at the same moment (``two_1x1_at_once``), which share
+  nothing but the machine's cores, memory bandwidth and caches.
 
 Throughput is the trainer's own figure (``run_summary.json``: examples/s from the median
 epoch time, first epoch excluded), for the whole job. Beside the measured efficiency stands the
@@ -29,8 +32,10 @@ from bench.common import (
     base_parser,
     bench_dataset,
     default_model,
+    horovod_command,
     interleave,
     job_throughput,
+    local_job_env,
     machine_state,
     median,
     model_fields,
@@ -40,15 +45,45 @@ from bench.common import (
     trainer_args,
     write_result,
 )
+from components.train import summary as run_summary
+from standins.jobs import collect, start_job
 
 NAME = "scaling"
 DEFAULT_LAYOUTS = "1x1,2x1,1x2"
+# The machine's own ceiling for two ranks: two independent 1x1 jobs at once (not a layout).
+COPIES = "two_1x1_at_once"
 # The secondary row: the small CNN at the layouts of the two figures.
 SECONDARY_MODEL = "small"
 SECONDARY_LAYOUTS = ("1x1", "2x1", "1x2")
 
 
 Layout = tuple[int, int]
+
+
+def two_copies(
+    data: str,
+    work: Path,
+    epochs: int,
+    batch_size: int,
+    name: str,
+    python: str | None = None,
+    model: str | None = None,
+) -> dict[str, Any]:
+    """Two independent 1-rank jobs started at the same moment, 1 thread each, no allreduce
+    between them: the sum of their throughputs is what two processes get from this machine's
+    cores at all, the ceiling of any 2-rank job's throughput here."""
+    jobs = []
+    for copy in (0, 1):
+        output = work / f"{name}-copy{copy}"
+        fields = {"batch_size_per_worker": batch_size, **model_fields(model)}
+        args = trainer_args(data, output, 1, epochs, 1, **fields)
+        command = horovod_command(1, "components.train", args, python=python)
+        jobs.append((start_job(command, local_job_env(1)), output))
+    rates = []
+    for job, output in jobs:
+        collect(job)
+        rates.append(job_throughput(dict(run_summary.read(str(output / "run_summary.json")))))
+    return {"examples_per_second": sum(rates), "per_copy": rates}
 
 
 def parse_layout(text: str) -> Layout:
@@ -102,8 +137,7 @@ def run(
 ) -> dict[str, Any]:
     """Measure every layout `repeats` times, interleaved (the secondary model's too); medians
     and ratios."""
-    data = bench_dataset(work, train_samples)
-    machine_before = machine_state()
+    data, machine_before = bench_dataset(work, train_samples), machine_state()
     variants = {
         layout_name(*layout): functools.partial(
             measure_layout, data, work, layout, epochs, batch_size, model
@@ -115,13 +149,17 @@ def run(
         variants[f"{secondary_model}/{layout_name(*layout)}"] = functools.partial(
             measure_layout, data, work, layout, epochs, batch_size, secondary_model
         )
+    if (2, 1) in layouts:
+        variants[COPIES] = lambda r: two_copies(
+            data, work, epochs, batch_size, f"{COPIES}-r{r}", model=model
+        )
     runs = interleave(variants, repeats)
     medians = {name: median([r["examples_per_second"] for r in rs]) for name, rs in runs.items()}
-    main = {k: v for k, v in medians.items() if "/" not in k}
+    main = {k: v for k, v in medians.items() if "/" not in k and k != COPIES}
     result: dict[str, Any] = {
         "settings": {
             "model": model or default_model(),
-            "layouts": [k for k in variants if "/" not in k],
+            "layouts": [k for k in variants if "/" not in k and k != COPIES],
             "train_samples": train_samples,
             "epochs": epochs,
             "repeats": repeats,
@@ -133,16 +171,11 @@ def run(
         "median_examples_per_second": main,
         "ratios": derived_ratios(main),
     }
-    estimates = [
-        r["estimated_efficiency"] for r in runs.get("2x1", []) if r["estimated_efficiency"]
-    ]
-    if estimates and "efficiency" in result["ratios"]:
-        estimate = median(estimates)
-        result["estimate"] = {
-            "estimated_efficiency_2x1": round(estimate, 3),
-            "measured_efficiency_2x1": result["ratios"]["efficiency"],
-            "estimate_over_measured": ratio(estimate, result["ratios"]["efficiency"]),
-        }
+    if COPIES in medians:
+        result["machine_ceiling"] = machine_ceiling(main, medians[COPIES])
+    estimate = estimate_beside_measured(runs, result["ratios"])
+    if estimate:
+        result["estimate"] = estimate
     if second:
         prefix = f"{secondary_model}/"
         rows = {k.removeprefix(prefix): v for k, v in medians.items() if k.startswith(prefix)}
@@ -152,6 +185,32 @@ def run(
             "ratios": derived_ratios(rows),
         }
     return result
+
+
+def estimate_beside_measured(
+    runs: dict[str, list[dict[str, Any]]], ratios: dict[str, float]
+) -> dict[str, float] | None:
+    """The 2x1 runs' own estimate of their efficiency (median) beside the measured one."""
+    estimates = [
+        r["estimated_efficiency"] for r in runs.get("2x1", []) if r["estimated_efficiency"]
+    ]
+    if not estimates or "efficiency" not in ratios:
+        return None
+    estimate = median(estimates)
+    return {
+        "estimated_efficiency_2x1": round(estimate, 3),
+        "measured_efficiency_2x1": ratios["efficiency"],
+        "estimate_over_measured": ratio(estimate, ratios["efficiency"]),
+    }
+
+
+def machine_ceiling(main: dict[str, float], copies: float) -> dict[str, Any]:
+    """The 2x1 job against two 1x1 jobs at once, and those against twice one 1x1 alone."""
+    return {
+        "two_1x1_at_once": copies,
+        "over_two_1x1": ratio(copies, 2 * main["1x1"]) if "1x1" in main else None,
+        "efficiency_vs_machine": ratio(main["2x1"], copies),
+    }
 
 
 def derived_ratios(medians: dict[str, float]) -> dict[str, float]:
@@ -202,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         secondary_model(a.secondary_model, a.model, a.quick),
     )  # fmt: skip
     write_result(a.name, result, a.out)
-    print(result["median_examples_per_second"], result["ratios"], result.get("secondary"))
+    print(result["median_examples_per_second"], result["ratios"], result.get("machine_ceiling"))
     return 0
 
 

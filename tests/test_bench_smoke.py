@@ -3,19 +3,29 @@
 The arithmetic (layouts, the levers' figures, time to accuracy's targets, plateau and verdict)
 runs in ``make test``. Everything that starts real Horovod jobs is marked ``horovod`` and
 ``bench``, and runs in ``make test-bench`` (which ``.ci/run`` runs): the module's `results`
-(data prep, one scaling layout, the report) and the benchmarks that need several jobs (MWMS,
-time to accuracy, the whole pipeline, two levers jobs).
+(data prep, scaling's 1x1 and 2x1 with the machine's ceiling, the report) and the benchmarks
+that need several jobs (MWMS, time to accuracy, the whole pipeline, two levers jobs, two stacks).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import data_prep, faults, levers, mwms, pipeline_overhead, scaling, time_to_accuracy
+from bench import (
+    data_prep,
+    faults,
+    levers,
+    mwms,
+    pipeline_overhead,
+    scaling,
+    stack,
+    time_to_accuracy,
+)
 from bench.common import machine_state, write_result
 from bench.report import write_report
 from standins.outputs import half_written, models_exported
@@ -38,7 +48,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out, work = root / "results", root / "work"
     common = ["--quick", "--out", str(out), "--work", str(work)]
     assert data_prep.main(common) == 0
-    assert scaling.main([*common, "--layouts", "1x1"]) == 0
+    assert scaling.main([*common, "--layouts", "1x1,2x1"]) == 0
     return out
 
 
@@ -61,6 +71,15 @@ def test_scaling_reports_job_throughput(results: Path) -> None:
     record = _read(results, "scaling")
     assert record["median_examples_per_second"]["1x1"] > 0
     assert record["runs"]["1x1"][0]["steps_per_epoch"] >= 1
+    # The machine's own ceiling: two 1x1 jobs at once, each its own run summary's throughput.
+    copies = record["runs"][scaling.COPIES][0]
+    assert len(copies["per_copy"]) == 2 and all(rate > 0 for rate in copies["per_copy"])
+    assert copies["examples_per_second"] == pytest.approx(sum(copies["per_copy"]))
+    ceiling = record["machine_ceiling"]
+    assert ceiling["efficiency_vs_machine"] == pytest.approx(
+        record["median_examples_per_second"]["2x1"] / copies["examples_per_second"], abs=1e-3
+    )
+    assert set(record["settings"]["layouts"]) == {"1x1", "2x1"}
 
 
 @pytest.mark.horovod
@@ -183,6 +202,23 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
     summary = (out / "summary.md").read_text()
     assert "Time to" in summary and "| Target | Required | Measured | Verdict |" in summary
     assert (out / "time_to_accuracy.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.horovod
+@pytest.mark.bench
+def test_stack_benchmark_runs_two_environments(tmp_path: Path) -> None:
+    """Two stacks side by side, here this environment twice: every layout of both, interleaved,
+    each stack's versions read from its own interpreter."""
+    out = tmp_path / "results"
+    flags = ["--quick", "--out", str(out), "--work", str(tmp_path / "work")]
+    assert stack.main([*flags, "--other-python", sys.executable, "--other-name", "again"]) == 0
+    record = _read(out, "stack")
+    assert set(record["stacks"]) == {"this", "again"}
+    assert record["stacks"]["this"] == record["stacks"]["again"]
+    assert record["stacks"]["this"]["horovod"] == "0.28.1"
+    assert set(record["runs"]) == {f"{s}/{lay}" for s in ("this", "again") for lay in stack.LAYOUTS}
+    assert all(v > 0 for v in record["this_over_other"].values())
+    assert 0 < record["figures"]["this"]["efficiency_vs_machine"] < 2
 
 
 def test_faults_count_half_written_files_and_models(tmp_path: Path) -> None:

@@ -92,14 +92,17 @@ def test_horovod_imported_before_keras_env_is_refused() -> None:
 
 
 def test_tensorflow_import_noise_is_dropped_and_nothing_else() -> None:
-    """The 2.18 wheel's C++ CUDA-registration lines (once per process: once per rank) are
-    dropped at the first TF import; anything else native code writes then still comes out."""
+    """The wheels' C++ import lines (2.18's CUDA registrations, 2.21's missing-driver stub: once
+    per process, so once per rank) are dropped at the first TF import; anything else native code
+    writes then still comes out."""
     code = (
         "import os\n"
         "from components.common import keras_env\n"
         "with keras_env._without_import_noise():\n"
         "    os.write(2, b'E0000 cuda_dnn.cc] Unable to register cuDNN factory: '\n"
         "                b'Attempting to register factory for plugin cuDNN\\n')\n"
+        "    os.write(2, b'I0000 00:00:1796410369.275781    8731 cudart_stub.cc:31] Could not '\n"
+        "                b'find cuda drivers on your machine, GPU will not be used.\\n')\n"
         "    os.write(2, b'a real error\\n')\n"
         "keras_env.keras()\n"
     )
@@ -111,3 +114,4 @@ def test_tensorflow_import_noise_is_dropped_and_nothing_else() -> None:
     assert "a real error" in out.stderr
     assert "Unable to register" not in out.stderr
     assert "absl::InitializeLog" not in out.stderr
+    assert "Could not find cuda drivers" not in out.stderr

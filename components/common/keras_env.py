@@ -22,12 +22,16 @@ from collections.abc import Iterator
 from types import ModuleType
 
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
-# What the `tensorflow` 2.18 wheel's C++ writes to stderr on import on every machine, GPU or not:
-# its CUDA plugins registering twice, through absl logging (TF_CPP_MIN_LOG_LEVEL does not reach
-# it). Harmless, and printed once per process: once per rank in a Horovod job.
+# What the `tensorflow` wheel's C++ writes to stderr on import, through absl logging
+# (TF_CPP_MIN_LOG_LEVEL does not reach it): 2.18 on every machine, its CUDA plugins registering
+# twice; 2.21 on a machine without a GPU driver, its CUDA runtime stub saying so, twice (the
+# device check's own line says which devices a rank has, and rank 0 alone shows TF's
+# "failed call to cuInit": components/train/devices.py). Harmless, and printed once per process:
+# once per rank in a Horovod job.
 IMPORT_NOISE = re.compile(
     r"Unable to register cu(FFT|DNN|BLAS) factory: Attempting to register factory for plugin"
     r"|All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used"
 )
 
 

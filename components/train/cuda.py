@@ -1,6 +1,6 @@
 """Can TensorFlow load its CUDA libraries here? And the GPU trainer image's build-time check.
 
-The locked ``tensorflow`` 2.18.1 wheel is a CUDA build, but its CUDA, cuDNN and NCCL libraries
+The locked ``tensorflow`` 2.21.0 wheel is a CUDA build, but its CUDA, cuDNN and NCCL libraries
 come separately: as the ``nvidia-*-cu12`` wheels of ``tensorflow[and-cuda]`` (the GPU trainer
 image has them; the CPU trainer image and the dev venv do not). TF dlopens them by soname when
 it sets up a GPU, searching first the directories its own RUNPATH names (``$ORIGIN/../nvidia/
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-# What TF 2.18.1 dlopens, by soname (tsl's dso_loader.cc: "lib<name>.so.<major>", the majors of
+# What TF 2.21.0 dlopens, by soname (tsl's dso_loader.cc: "lib<name>.so.<major>", the majors of
 # its CUDA 12.5 / cuDNN 9 / NCCL 2 build), and the tensorflow[and-cuda] wheel that ships each.
 # TF's GPU set-up (dlopen_checker.cc, TryDlopenCUDALibraries) registers no GPU unless the first
 # seven load; libnccl.so.2 serves TF's NCCL collectives and Horovod's NCCL operations;

@@ -6,7 +6,7 @@
 #   make/horovod/build.sh PYTHON CACHE_DIR
 #
 # The wheel lands in CACHE_DIR/<key>/, the key naming the Horovod version, the TF version, the
-# controllers and the patch series' hash; a wheel already there is reused. The last line printed
+# controllers, the patch series' hash and the Python (cp311); a wheel already there is reused. The last line printed
 # is the wheel's path. `make install` and the trainer image's build stage both build with this
 # script (docs/versions.md). Build tools (setuptools<70, wheel, cmake) must be installed in
 # PYTHON's environment: the build runs with --no-build-isolation against its TensorFlow.
@@ -28,7 +28,13 @@ $supported || fail "the patch series in make/horovod/patches was made for Tensor
 controllers=mpi-gloo
 [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ] && controllers=mpi-gloo-nccl
 series=$(cat "$here"/patches/*.patch | sha256sum | cut -c1-12)
-out="$cache/horovod-$HOROVOD_VERSION-tf-$tf-$controllers-patches-$series"
+cp=$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+out="$cache/horovod-$HOROVOD_VERSION-tf-$tf-$controllers-patches-$series-$cp"
+# One build of a key at a time: a second install of the same key (another checkout) waits for
+# the first and takes its wheel.
+mkdir -p "$cache"
+exec 9>"$out.lock"
+flock 9
 wheel=$(ls "$out"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n 1 || true)
 if [ -n "$wheel" ]; then echo "$wheel"; exit 0; fi
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from components.common import defaults
 from components.train import cuda
 from tests.containers.support import require_images
 
@@ -50,7 +51,7 @@ def test_gpu_trainer_image_loads_every_cuda_library_from_its_wheels(docker_clien
         folder = wheel.removeprefix("nvidia-").removesuffix("-cu12").replace("-", "_")
         line = next((ln for ln in out.splitlines() if ln.startswith(f"cuda: {soname}: ")), "")
         assert line.endswith(f"/site-packages/nvidia/{folder}/lib/{soname}"), line or out
-    assert "cuda: TensorFlow 2.18.1: CUDA 12.5" in out
+    assert f"cuda: TensorFlow {defaults.TENSORFLOW_VERSION}: CUDA 12.5" in out
     assert f"cuda: Horovod gradient allreduce: {allreduce}; all checks pass" in out
     # The label is what Horovod was built with: the other value fails the check.
     other = next(v for v in cuda.GRADIENT_ALLREDUCE if v != allreduce)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from components.common import defaults
 from components.train import cuda
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -137,7 +138,7 @@ def test_the_check_fails_here_naming_each_missing_library() -> None:
     for soname in cuda.TF_CUDA_LIBRARIES:
         assert f"cuda: {soname}: MISSING" in out.stdout
         assert f"cuda check: cannot load {soname}: " in out.stderr
-    assert "cuda: TensorFlow 2.18.1: CUDA 12" in out.stdout
+    assert f"cuda: TensorFlow {defaults.TENSORFLOW_VERSION}: CUDA 12" in out.stdout
     assert "all checks pass" not in out.stdout
 
 

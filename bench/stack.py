@@ -1,0 +1,136 @@
+"""Two stacks side by side: this environment's TensorFlow and Horovod against another's.
+
+The same trainer code (this checkout) runs under two Python environments: this one and
+``--other-python`` (for example a venv of the lock before the move to TF 2.21, with Horovod
+built for its TF). Per stack, interleaved round by round: 1x1, 2x1 and two 1x1 jobs at once
+(the machine's own ceiling, as in ``bench.scaling``). Figures:
+
+- ``this_over_other``: this stack's throughput over the other's, per layout (below 1: this
+  stack is slower on this model);
+- per stack, ``efficiency`` T(2x1) / (2 T(1x1)) and ``efficiency_vs_machine``
+  T(2x1) / T(two 1x1 at once).
+
+    python -m bench.stack --other-python /path/to/venv-tf218/bin/python --other-name tf-2.18
+
+The other environment needs the lock's runtime packages and a Horovod built for its TF, but
+not this project installed: its ranks run ``python -m components.train`` from this checkout.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    base_parser,
+    bench_dataset,
+    interleave,
+    job_throughput,
+    machine_state,
+    median,
+    ratio,
+    run_trainer,
+    scratch,
+    trainer_args,
+    write_result,
+)
+from bench.scaling import two_copies
+
+NAME = "stack"
+COPIES = "two_1x1_at_once"
+LAYOUTS = ("1x1", "2x1", COPIES)
+
+
+def versions(python: str) -> dict[str, str]:
+    """The TensorFlow, tf-keras, Horovod and Python versions of `python`'s environment."""
+    code = (
+        "import importlib.metadata as m, json, platform; print(json.dumps({'python': "
+        "platform.python_version(), **{n: m.version(n) for n in ('tensorflow', 'tf-keras', "
+        "'horovod')}}))"
+    )
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout))
+
+
+def measure(
+    data: str, work: Path, epochs: int, batch: int, stack: str, python: str, layout: str, r: int
+) -> dict[str, Any]:
+    """One run of `layout` under `stack`'s `python`: the job's throughput."""
+    name = f"{stack}-{layout}-r{r}"
+    if layout == COPIES:
+        return two_copies(data, work, epochs, batch, name, python=python)
+    workers = int(layout[0])
+    args = trainer_args(data, work / name, workers, epochs, 1, batch_size_per_worker=batch)
+    _, summary = run_trainer(workers, args, python=python)
+    return {"examples_per_second": job_throughput(summary)}
+
+
+def figures(medians: dict[str, float]) -> dict[str, float]:
+    """One stack's efficiency and efficiency against the machine's ceiling."""
+    return {
+        "efficiency": ratio(medians["2x1"], 2 * medians["1x1"]),
+        "efficiency_vs_machine": ratio(medians["2x1"], medians[COPIES]),
+        "two_1x1_at_once_over_two_1x1": ratio(medians[COPIES], 2 * medians["1x1"]),
+    }
+
+
+def run(
+    stacks: dict[str, str], train_samples: int, epochs: int, repeats: int, work: Path, batch: int
+) -> dict[str, Any]:
+    """Every layout of every stack, `repeats` interleaved rounds; medians and ratios."""
+    data = bench_dataset(work, train_samples)
+    one = functools.partial(measure, data, work, epochs, batch)
+    variants: dict[str, Callable[[int], dict[str, Any]]] = {
+        f"{stack}/{layout}": functools.partial(one, stack, py, layout)
+        for stack, py in stacks.items()
+        for layout in LAYOUTS
+    }
+    machine_before = machine_state()
+    runs = interleave(variants, repeats)
+    medians = {k: median([r["examples_per_second"] for r in v]) for k, v in runs.items()}
+    this, other = list(stacks)
+    by = {s: {lay: medians[f"{s}/{lay}"] for lay in LAYOUTS} for s in stacks}
+    return {
+        "settings": {
+            "train_samples": train_samples,
+            "epochs": epochs,
+            "repeats": repeats,
+            "batch_size_per_worker": batch,
+            "threads_per_worker": 1,
+        },  # fmt: skip
+        "stacks": {s: versions(py) for s, py in stacks.items()},
+        "machine_before": machine_before,
+        "runs": runs,
+        "median_examples_per_second": by,
+        "this_over_other": {lay: ratio(by[this][lay], by[other][lay]) for lay in LAYOUTS},
+        "figures": {s: figures(by[s]) for s in stacks},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m bench.stack --other-python PY [--other-name NAME]``."""
+    p = base_parser(__doc__ or NAME)
+    p.add_argument("--other-python", required=True, help="the other environment's python")
+    p.add_argument("--other-name", default="other", help="its name in the results")
+    p.add_argument("--name", default="this", help="this environment's name in the results")
+    p.add_argument("--train-samples", type=int, default=8000)
+    p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
+    p.add_argument("--batch-size", type=int, default=64, help="per worker")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.train_samples, a.epochs, a.repeats = 600, 2, 1
+    stacks = {a.name: sys.executable, a.other_name: a.other_python}
+    work = scratch(a.work, NAME)
+    result = run(stacks, a.train_samples, a.epochs, a.repeats, work, a.batch_size)
+    write_result(NAME, result, a.out)
+    print(result["this_over_other"], result["figures"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
