@@ -42,7 +42,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 sdist="horovod-$HOROVOD_VERSION.tar.gz"
 "$py" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
-  --dest "$work" "horovod==$HOROVOD_VERSION" >/dev/null || fail "could not download $sdist from PyPI"
+  --dest "$work" "horovod==$HOROVOD_VERSION" >/dev/null || fail "pip could not download and read $sdist (above)"
 got=$(sha256sum "$work/$sdist" | cut -d' ' -f1)
 [ "$got" = "$HOROVOD_SHA256" ] || fail "$sdist has sha256 $got, expected $HOROVOD_SHA256 (make/horovod/SOURCE)"
 tar -xzf "$work/$sdist" -C "$work"
