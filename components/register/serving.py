@@ -53,18 +53,20 @@ LEASE_SECONDS = 120.0
 
 
 class ServingFolder:
-    """The serving folder of `alias` in `store`; `lease_s`, `clock` and `sleep` for tests."""
+    """The serving folder of `alias` in `store`; `lease_s` (default `LEASE_SECONDS`), `clock`
+    and `sleep` for tests."""
 
     def __init__(
         self,
         store: ModelStore,
         alias: str = PRODUCTION_ALIAS,
-        lease_s: float = LEASE_SECONDS,
+        lease_s: float | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store, self.alias = store, check_name("alias", alias)
-        self.lease_s, self.clock, self.sleep = lease_s, clock, sleep
+        self.lease_s = LEASE_SECONDS if lease_s is None else lease_s
+        self.clock, self.sleep = clock, sleep
 
     @property
     def uri(self) -> str:

@@ -38,7 +38,7 @@ class Crd:
     kind: str
     plural: str
     relative_path: Path
-    packaged_schema: Path
+    packaged_schema: Path | None = None  # None: used only in a checkout (or with a CRD path)
 
     @property
     def api_version(self) -> str:
@@ -102,6 +102,8 @@ def load_schema(crd: Crd, crd_path: str | None = None) -> dict[str, Any]:
         try:
             schema = crd_schema(crd, find_crd(crd))
         except FileNotFoundError:
+            if crd.packaged_schema is None:
+                raise
             schema = json.loads(crd.packaged_schema.read_text())
     # The CRD leaves `metadata` open (the API server validates ObjectMeta itself).
     return dict(_close_objects(copy.deepcopy(schema)))
@@ -110,6 +112,8 @@ def load_schema(crd: Crd, crd_path: str | None = None) -> dict[str, Any]:
 def write_packaged_schema(crd: Crd) -> None:
     """Refresh `crd`'s packaged schema from its vendored file (``make crd``)."""
     schema = crd_schema(crd, find_crd(crd))
+    if crd.packaged_schema is None:
+        raise ValueError(f"{crd.kind} has no packaged schema")
     crd.packaged_schema.write_text(json.dumps(schema, sort_keys=True, separators=(",", ":")))
 
 
