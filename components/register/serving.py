@@ -40,7 +40,7 @@ import random
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -192,5 +192,5 @@ class ServingFolder:
         return storage.write_if_unchanged(self.lease_uri, _json(record), token)
 
 
-def _json(record: dict[str, object]) -> bytes:
+def _json(record: Mapping[str, object]) -> bytes:
     return (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
