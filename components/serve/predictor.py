@@ -19,10 +19,9 @@ import kserve
 import numpy as np
 from kserve.errors import InvalidInput
 
-from components.common.defaults import IMAGE_SHAPE
+from components.common.defaults import IMAGE_SHAPE, SERVE_MAX_BATCH
 
 SIGNATURE = "serving_default"
-MAX_BATCH = 256
 
 
 def expected_shape(max_batch: int) -> str:
@@ -38,7 +37,11 @@ def to_batch(payload: Any, max_batch: int) -> np.ndarray:
     """The request's instances as a float32 ``(n, 28, 28)`` array; InvalidInput (HTTP 400)
     naming the expected shape if they are not that."""
     want = expected_shape(max_batch)
-    instances = payload.get("instances") if isinstance(payload, dict) else None
+    if not isinstance(payload, dict):
+        raise InvalidInput(
+            f"the body is not a JSON object (send it with Content-Type: application/json): {want}"
+        )
+    instances = payload.get("instances")
     if not isinstance(instances, list):
         raise InvalidInput(f'no "instances" list in the request: {want}')
     try:
@@ -57,7 +60,7 @@ def to_batch(payload: Any, max_batch: int) -> np.ndarray:
 class DigitPredictor(kserve.Model):  # type: ignore[misc]
     """The SavedModel at `model_dir` served as `name` (the URL's ``/v1/models/<name>``)."""
 
-    def __init__(self, name: str, model_dir: str, max_batch: int = MAX_BATCH) -> None:
+    def __init__(self, name: str, model_dir: str, max_batch: int = SERVE_MAX_BATCH) -> None:
         super().__init__(name)
         self.model_dir, self.max_batch = model_dir, max_batch
         self._signature: Any = None

@@ -13,7 +13,7 @@ import argparse
 import socket
 import sys
 
-from components.common.defaults import MODEL_NAME, PRODUCTION_ALIAS
+from components.common.defaults import MODEL_NAME, PRODUCTION_ALIAS, SERVE_MAX_BATCH
 from components.register.registry import ModelStore, RegistryError
 from components.register.serving import ServingFolder
 
@@ -58,6 +58,18 @@ def serve(name: str, model_dir: str, host: str, port: int, banner: str) -> None:
     rest.run(sockets=[sock])
 
 
+def example(count: int) -> str:
+    """A request body of the first `count` held-out digits of the bundled dataset (its test
+    split), raw pixels; their labels go to stderr."""
+    import json
+
+    from components.data_prep.sources import load_bundled
+
+    images, labels = load_bundled().splits["test"]
+    print(f"labels: {' '.join(str(label) for label in labels[:count])}", file=sys.stderr)
+    return json.dumps({"instances": images[:count].tolist()})
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI; returns the exit code (2: nothing to serve, or a bad option)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -66,7 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alias", default=PRODUCTION_ALIAS)
     parser.add_argument("--host", default=DEFAULT_HOST, help="the address to listen on")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument(
+        "--example", type=int, metavar="N",
+        help="print a request of N held-out digits (for curl -d @-) and exit",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.example is not None:
+        if not 1 <= args.example <= SERVE_MAX_BATCH:
+            parser.error(f"--example must be 1..{SERVE_MAX_BATCH}, got {args.example}")
+        print(example(args.example))
+        return 0
     try:
         version, model_dir = champion(args.registry_root, args.model_name, args.alias)
     except (ValueError, RegistryError) as exc:

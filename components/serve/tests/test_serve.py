@@ -165,9 +165,33 @@ def test_no_production_version_says_so_and_points_at_make_run(tmp_path: Path, ca
     )
 
 
-@pytest.mark.parametrize("text", ["[1, 2]", "null"])
-def test_a_body_without_instances_is_refused(text: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ([1, 2], "the body is not a JSON object (send it with Content-Type: application/json)"),
+        (b"instances=1", "the body is not a JSON object"),
+        ({"instances": {"a": 1}}, 'no "instances" list'),
+        ({"instances": [[[1] * 28] * 28, [[1] * 28] * 27]}, "instances are ragged"),
+        ({"instances": [[[True] * 28] * 28]}, "instances hold bool values, not numbers"),
+        ({"instances": [[[float("nan")] * 28] * 28]}, "pixel values span nan..nan"),
+    ],
+)
+def test_what_a_predictor_refuses(body: Any, reason: str) -> None:
     from components.serve.predictor import to_batch
 
-    with pytest.raises(ValueError, match='no "instances" list'):
-        to_batch(json.loads(text), 256)
+    with pytest.raises(ValueError) as info:
+        to_batch(body, 256)
+    assert str(info.value).startswith(reason) and "of shape (n, 28, 28)" in str(info.value)
+
+
+def test_example_prints_a_request_of_held_out_digits(capsys) -> None:
+    from components.data_prep.sources import load_bundled
+
+    assert server.main(["--example", "2"]) == 0
+    out, err = capsys.readouterr()
+    images, labels = load_bundled().splits["test"]
+    assert json.loads(out) == {"instances": images[:2].tolist()}
+    assert err == f"labels: {labels[0]} {labels[1]}\n"
+    with pytest.raises(SystemExit):
+        server.main(["--example", "257"])
+    assert "--example must be 1..256, got 257" in capsys.readouterr().err
