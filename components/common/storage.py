@@ -205,9 +205,8 @@ def list_files(uri: str) -> list[str]:
 
 
 def checksums(uri: str) -> dict[str, str]:
-    """Every file below a directory or prefix: its path relative to `uri` -> a content checksum
-    (GCS: the object's crc32c from the listing, nothing downloaded; locally: the sha256 of its
-    bytes). Two trees on the same side hold the same files iff their checksums are equal."""
+    """Every file below `uri`: its relative path -> a checksum of its content (GCS: the crc32c
+    of the listing, nothing downloaded; locally: the sha256 of its bytes)."""
     prefix = uri.rstrip("/") + "/"
     if is_gcs(uri):
         bucket, key = split_gcs(uri)
