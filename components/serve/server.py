@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+import warnings
 
 from components.common.defaults import MODEL_NAME, PRODUCTION_ALIAS, SERVE_MAX_BATCH
 from components.register.registry import ModelStore, RegistryError
@@ -43,6 +44,9 @@ def serve(name: str, model_dir: str, host: str, port: int, banner: str) -> None:
 
     from components.serve.predictor import DigitPredictor
 
+    # KServe 0.21's V1 endpoints answer with FastAPI's ORJSONResponse, which FastAPI now flags
+    # as deprecated on every request; the warning is KServe's to act on, not a user's.
+    warnings.filterwarnings("ignore", message="ORJSONResponse is deprecated")
     predictor = DigitPredictor(name, model_dir)
     predictor.load()
     server = ModelServer(http_port=port, enable_grpc=False, workers=1)
