@@ -40,7 +40,7 @@ OFFLINE_BASE_IMAGE ?= $(call defaults,OFFLINE_BASE_IMAGE)
 # images/<dir>=<image name> for images and images-local, from IMAGE_NAMES in defaults.py.
 IMAGE_SPECS = $(shell $(PYTHON) -c "from components.common.defaults import IMAGE_NAMES as n; print(' '.join(f'{k}={v}' for k, v in n.items()))")
 
-.PHONY: help install lock lock-cuda run tensorboard test test-bench test-fast test-containers lint typecheck compile images \
+.PHONY: help install lock lock-cuda run tensorboard serve test test-bench test-fast test-containers lint typecheck compile images \
 	images-local base-image docker-ready gcs-emulator-image crd bench clean
 
 # upload / submit / schedule against a KFP cluster (see docs/operating.md)
@@ -107,6 +107,12 @@ tensorboard: install ## TensorBoard on the last local run's log dir (rank 0's ep
 	if [ -z "$$dir" ]; then echo "tensorboard: no local run under runs/ yet: make run first" >&2; exit 2; fi; \
 	echo "tensorboard: $$dir at http://localhost:$(TENSORBOARD_PORT)"; \
 	exec $(VENV)/bin/tensorboard --logdir "$$dir" --port $(TENSORBOARD_PORT)
+
+# The local registry's production model (make run registers into runs/registry) over HTTP on
+# KServe's model server, at 127.0.0.1:$(SERVE_PORT) (components/serve/README.md).
+SERVE_PORT ?= 8080
+serve: install ## the local registry's production model over HTTP (KServe's model server; make run first)
+	$(PY) -m components.serve --registry-root runs/registry --port $(SERVE_PORT)
 
 test: install ## the test suite, without the benchmarks' and the container tests (installs first)
 	$(PY) -m pytest -m "not containers and not bench"

@@ -7,6 +7,7 @@ import click
 from pipeline.build_cli import COMMANDS as BUILD_COMMANDS
 from pipeline.ops_cli import COMMANDS as OPS_COMMANDS
 from pipeline.render_cli import render_mpijob, render_trainjob
+from pipeline.serve_cli import COMMANDS as SERVE_COMMANDS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,6 +20,8 @@ for _command in BUILD_COMMANDS:  # compile, run-local
 cli.add_command(render_mpijob)
 cli.add_command(render_trainjob)
 for _command in OPS_COMMANDS:  # upload, submit, schedule, version-name
+    cli.add_command(_command)
+for _command in SERVE_COMMANDS:  # render-inferenceservice, sync-serving
     cli.add_command(_command)
 
 

@@ -118,6 +118,8 @@ HEARTBEAT_SECONDS = 5
 MODEL_NAME = "mnist-cnn"
 MIN_ACCURACY = 0.9
 PRODUCTION_ALIAS = "production"
+# `make serve` (components/serve): the most images one predict request may carry.
+SERVE_MAX_BATCH = 256
 
 # The cluster backends (mpi-operator's MPIJob, Kubeflow Trainer's TrainJob). Pod and SSH layout
 # the trainer image must match: a non-root user whose sshd listens on an unprivileged port (see

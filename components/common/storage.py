@@ -204,6 +204,35 @@ def list_files(uri: str) -> list[str]:
     return sorted(str(p) for p in root.rglob("*") if p.is_file())
 
 
+def checksums(uri: str) -> dict[str, str]:
+    """Every file below `uri`: its relative path -> a checksum of its content (GCS: the crc32c
+    of the listing, nothing downloaded; locally: the sha256 of its bytes)."""
+    prefix = uri.rstrip("/") + "/"
+    if is_gcs(uri):
+        bucket, key = split_gcs(uri)
+        blobs = _client().list_blobs(
+            bucket, prefix=key.rstrip("/") + "/", retry=_retry("list", uri)
+        )
+        return {f"{GCS_SCHEME}{bucket}/{b.name}"[len(prefix) :]: str(b.crc32c) for b in blobs}
+    return {p[len(prefix) :]: _sha256(Path(p).read_bytes()) for p in list_files(uri)}
+
+
+def copy_file(src: str, dest: str) -> None:
+    """Copy one file: a server-side copy on GCS (both sides ``gs://``), else a local copy that
+    appears whole (temporary name + rename)."""
+    if is_gcs(src) and is_gcs(dest):
+        source, target = _blob(src), _blob(dest)
+        retry = _retry("copy", dest)
+        token, _, _ = target.rewrite(source, retry=retry)
+        while token is not None:  # large objects take several rewrite calls
+            token, _, _ = target.rewrite(source, token=token, retry=retry)
+        return
+    if is_gcs(src) or is_gcs(dest):
+        raise ValueError(f"copy_file copies within one side: {src} -> {dest}")
+    tmp = _write_beside(Path(dest), Path(src).read_bytes())
+    os.replace(tmp, dest)
+
+
 def _walk_local(local_dir: Path) -> Iterator[tuple[Path, str]]:
     for path in sorted(local_dir.rglob("*")):
         if path.is_file():
@@ -253,11 +282,7 @@ def _move_objects(src: str, dest: str, rels: list[str]) -> None:
     from google.api_core import exceptions as gexc
 
     for rel in rels:
-        source, target = _blob(join(src, rel)), _blob(join(dest, rel))
-        retry = _retry("copy", join(dest, rel))
-        token, _, _ = target.rewrite(source, retry=retry)
-        while token is not None:  # large objects take several rewrite calls
-            token, _, _ = target.rewrite(source, token=token, retry=retry)
+        copy_file(join(src, rel), join(dest, rel))
     for rel in rels:
         with contextlib.suppress(gexc.NotFound):  # a retried delete whose first try went through
             _blob(join(src, rel)).delete(retry=_retry("delete", join(src, rel)))
@@ -285,15 +310,16 @@ def local_copy(uri: str, workdir: str | Path) -> Path:
     return download_dir(uri, Path(workdir))
 
 
-def remove_tree(uri: str, last: str | None = None) -> None:
+def remove_tree(uri: str, last: str | None = None, first: str | None = None) -> None:
     """Delete a directory tree or prefix; missing is fine. On GCS the file named `last` (as in
     `upload_dir`) goes after every other, so a delete cut short never leaves files without the
-    file that marks them for their readers."""
+    file that marks them for their readers; the file named `first` goes before every other (a
+    reader keyed on it stops seeing the tree at once)."""
     if is_gcs(uri):
         from google.api_core import exceptions as gexc
 
-        marker = join(uri, last) if last else None
-        for file_uri in sorted(list_files(uri), key=lambda f: f == marker):
+        marker, head = join(uri, last) if last else None, join(uri, first) if first else None
+        for file_uri in sorted(list_files(uri), key=lambda f: (f != head, f == marker)):
             with contextlib.suppress(gexc.NotFound):  # a retried delete that went through
                 _blob(file_uri).delete(retry=_retry("delete", file_uri))
         return

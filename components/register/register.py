@@ -31,6 +31,7 @@ from components.common.model_files import (
 )
 from components.register.decision import Candidate, Decision, challenger_wins, check_inputs
 from components.register.registry import REGISTRY_FORMAT, ModelStore, RegistryError
+from components.register.serving import ServingFolder
 from components.train import summary as run_summary
 from components.train.summary import RunSummary
 
@@ -170,6 +171,9 @@ def promote(
         "promoted_at": promoted_at,
     }
     promoted, reason, champion = store.move_alias_if(candidate.alias, record, challenger_wins)
+    # The serving folder follows the alias: published into when it moved, only read when it
+    # already matches (and repaired if an earlier registration died before this point).
+    ServingFolder(store, candidate.alias).sync()
     verdict = "promoted to" if promoted else "not promoted to"
     text = f"registered as version {version}; {verdict} {candidate.alias}: {reason}"
     run_record = {"pipeline_run_id": candidate.run_id, "version": version}

@@ -51,7 +51,14 @@ def test_first_registration_has_the_serving_layout_and_metadata(
     )
     base = tmp_path / "registry" / "mnist-cnn"
     assert decision.version_uri == str(base / "1")
-    assert sorted(p.name for p in base.iterdir()) == ["1", "_aliases", "_claims", "_runs"]
+    assert sorted(p.name for p in base.iterdir()) == [
+        "1", "_aliases", "_claims", "_runs", "_serving",
+    ]  # fmt: skip
+    serving = base / "_serving" / "production"  # the alias's serving folder: version 1 alone
+    assert [p.name for p in serving.iterdir()] == ["1"]
+    assert (serving / "1" / "saved_model.pb").read_bytes() == (
+        base / "1" / "saved_model.pb"
+    ).read_bytes()
     assert (base / "1" / "saved_model.pb").is_file() and (base / "1" / "variables").is_dir()
 
     meta = json.loads((base / "1" / METADATA_FILE).read_text())

@@ -1,0 +1,196 @@
+"""The serving folder of an alias: ``<root>/<model>/_serving/<alias>/<N>/`` holds exactly the
+version the alias names, so a server pointed at it (TF Serving, KServe) serves the champion,
+not merely the newest registered version (TF Serving's default policy serves the highest number
+it finds, and every version that passes the gate gets a number, promoted or not).
+
+`ServingFolder.sync` makes the folder match the alias. It runs after every registration's
+compare-and-swap (`register.promote`), and as ``python -m pipeline sync-serving``:
+
+* **Nothing to do, nothing written.** A folder that already holds exactly the alias's version,
+  every file equal to the version's own (crc32c on GCS, sha256 locally), is only read: a
+  registration that does not promote leaves it untouched.
+* **Publish, then remove.** Otherwise, under the folder's lease (below), the alias is read
+  again, its version copied in (server-side on GCS), checked file by file against the version,
+  and only then every other version is removed. A server never sees an empty folder, and sees a
+  version the alias no longer names only for the length of the move.
+* **Safe to repeat.** A crash anywhere (between the swap and the sync, half way through a copy
+  or a removal) leaves a folder the next sync repairs: the next registration, or the command.
+* **One sync at a time.** Syncs of one folder hold a lease, ``_serving/<alias>.lease.json``,
+  taken by compare-and-swap (generation match on GCS, flock locally) and given back after; a
+  lease whose holder died is taken over once it expires (`LEASE_SECONDS`; hosts' clocks must
+  agree to within a few seconds). The sync reads the alias inside the lease, so concurrent
+  promotions end with the folder holding the alias's final version.
+
+What a server sees while a version is copied in. Locally the version is copied under a
+dot-name in the folder and renamed into ``<N>``: it appears complete or not at all. GCS cannot
+rename a prefix, and a non-numeric staging name does not help (moving it into ``<N>`` is the
+same copy again), so ``<N>/`` is written by server-side copies of the already published
+``<model>/<N>/`` with ``saved_model.pb`` last: it exists incomplete only for those few copy
+requests, never during an upload. A reader keyed on ``saved_model.pb`` never sees it partial;
+TF Serving, which lists numeric folders, can catch the window and fail one load of the new
+version, which it retries (a minute later by default) while it keeps serving the old one (its
+default policy unloads the old version only once the new one has loaded). A removal deletes
+``saved_model.pb`` first (locally: renames the folder away first).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from components.common import storage
+from components.common.defaults import PRODUCTION_ALIAS
+from components.register.registry import SAVED_MODEL_PB, ModelStore, RegistryError, check_name
+
+SERVING = "_serving"
+LEASE_SECONDS = 120.0
+
+
+class ServingFolder:
+    """The serving folder of `alias` in `store`; `lease_s` (default `LEASE_SECONDS`), `clock`
+    and `sleep` for tests."""
+
+    def __init__(
+        self,
+        store: ModelStore,
+        alias: str = PRODUCTION_ALIAS,
+        lease_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.store, self.alias = store, check_name("alias", alias)
+        self.lease_s = LEASE_SECONDS if lease_s is None else lease_s
+        self.clock, self.sleep = clock, sleep
+
+    @property
+    def uri(self) -> str:
+        """``<root>/<model>/_serving/<alias>``: where TF Serving / KServe is pointed."""
+        return storage.join(self.store.base, SERVING, self.alias)
+
+    @property
+    def lease_uri(self) -> str:
+        """The lease that one sync at a time holds (beside the folder, not in it)."""
+        return storage.join(self.store.base, SERVING, f"{self.alias}.lease.json")
+
+    def version_uri(self, version: int) -> str:
+        """``<folder>/<version>``."""
+        return storage.join(self.uri, str(version))
+
+    def versions(self) -> list[int]:
+        """The numeric folders present (complete or not), sorted: what TF Serving would list."""
+        if storage.is_gcs(self.uri):
+            rels = (uri[len(self.uri) + 1 :] for uri in storage.list_files(self.uri))
+            names = {rel.split("/", 1)[0] for rel in rels}
+        else:
+            folder = Path(self.uri)
+            names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+        return sorted(int(name) for name in names if name.isdigit())
+
+    def holds(self, version: int) -> bool:
+        """True if ``<folder>/<version>`` has every file of the registered version, unchanged."""
+        want = storage.checksums(self.store.version_uri(version))
+        have = storage.checksums(self.version_uri(version))
+        return bool(want) and all(have.get(rel) == digest for rel, digest in want.items())
+
+    def matches(self, version: int) -> bool:
+        """True if the folder holds `version`, whole, and no other."""
+        return self.versions() == [version] and self.holds(version)
+
+    def alias_version(self) -> int | None:
+        """The version the alias names now (None: the alias is not set)."""
+        record, _ = self.store.read_alias(self.alias)
+        return None if record is None else int(record["version"])
+
+    def sync(self) -> int | None:
+        """Make the folder hold exactly the alias's version and return it; None (nothing
+        touched) if the alias is not set. Only reads when the folder already matches."""
+        version = self.alias_version()
+        if version is None or self.matches(version):
+            return version
+        with self._lease():
+            version = self.alias_version()  # the alias as it is now, inside the lease
+            if version is None:
+                return None
+            if not self.holds(version):
+                self._publish(version)
+            for other in self.versions():
+                if other != version:
+                    self._remove(other)
+            self._clean_leftovers()
+        return version
+
+    def _publish(self, version: int) -> None:
+        """Copy the registered `version` into the folder (see the module docstring), then check
+        every file against the version's own."""
+        source, dest = self.store.version_uri(version), self.version_uri(version)
+        if not self.store.is_published(version):
+            raise RegistryError(
+                f"{self.alias!r} names version {version}, but {source} holds no complete "
+                "SavedModel: nothing to serve"
+            )
+        if storage.is_gcs(dest):
+            want, have = storage.checksums(source), storage.checksums(dest)
+            for rel in sorted(want, key=lambda r: r == SAVED_MODEL_PB):
+                if have.get(rel) != want[rel]:
+                    storage.copy_file(storage.join(source, rel), storage.join(dest, rel))
+        else:
+            self._remove(version)  # a local copy that does not hold the version: changed by hand
+            storage.upload_dir(source, dest)  # staged under a dot-name, renamed into place
+        if not self.holds(version):
+            raise RegistryError(f"{dest}: does not hold version {version} after copying it")
+
+    def _remove(self, version: int) -> None:
+        """Remove ``<folder>/<version>``: its ``saved_model.pb`` first on GCS; locally renamed
+        away first (it disappears at once), then deleted."""
+        uri = self.version_uri(version)
+        if storage.is_gcs(uri):
+            storage.remove_tree(uri, first=SAVED_MODEL_PB)
+            return
+        path = Path(uri)
+        if path.exists():
+            doomed = path.with_name(f".{version}.removed.{uuid.uuid4().hex}")
+            path.rename(doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+
+    def _clean_leftovers(self) -> None:
+        """Locally, the dot-folders a sync that died left behind (staged copies, removals)."""
+        folder = Path(self.uri)
+        if not storage.is_gcs(self.uri) and folder.is_dir():
+            for path in folder.iterdir():
+                if path.name.startswith(".") and path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+
+    @contextmanager
+    def _lease(self) -> Iterator[None]:
+        """Hold the folder's lease while the body runs; waits while another sync holds it (at
+        most until that lease expires, then takes it over)."""
+        holder = uuid.uuid4().hex
+        deadline = self.clock() + self.lease_s + 30.0
+        while not self._take(holder):
+            if self.clock() > deadline:
+                raise RegistryError(f"{self.lease_uri}: still held after {self.lease_s:.0f} s")
+            self.sleep(0.05 + random.random() * 0.2)
+        try:
+            yield
+        finally:
+            data, token = storage.read_versioned(self.lease_uri)
+            if data is not None and json.loads(data).get("holder") == holder:
+                released = {"holder": None, "expires": 0}
+                storage.write_if_unchanged(self.lease_uri, _json(released), token)
+
+    def _take(self, holder: str) -> bool:
+        data, token = storage.read_versioned(self.lease_uri)
+        if data is not None and float(json.loads(data).get("expires", 0)) > self.clock():
+            return False
+        record = {"holder": holder, "expires": self.clock() + self.lease_s}
+        return storage.write_if_unchanged(self.lease_uri, _json(record), token)
+
+
+def _json(record: Mapping[str, object]) -> bytes:
+    return (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")

@@ -1,0 +1,241 @@
+"""The serving folder follows the alias (`components.register.serving`): through promotions,
+registrations that do not promote, crashes (a real process killed in the middle) and concurrent
+promotions, on local disk and on gs:// (fake-gcs-server, see tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from components.common import storage
+from components.register import register as rg
+from components.register.registry import SAVED_MODEL_PB, ModelStore
+from components.register.serving import ServingFolder
+
+FIXED_TIME = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+
+@pytest.fixture(params=["local", "gcs"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "registry")
+    return f"gs://{request.getfixturevalue('gcs_bucket')}/registry"
+
+
+def _register(trained_model: Any, summary: str, root: str, run_id: str, accuracy: float) -> Any:
+    return rg.register(
+        trained_model.path, summary, trained_model.dataset, accuracy, 0.3,
+        registry_root=root, pipeline_run_id=run_id, min_accuracy=0.5, now=lambda: FIXED_TIME,
+    )  # fmt: skip
+
+
+def _folder(root: str) -> ServingFolder:
+    return ServingFolder(ModelStore(root, "mnist-cnn"))
+
+
+def _snapshot(root: str) -> dict[str, Any]:
+    """Every object below ``_serving`` (the lease too) with its generation (GCS) or its inode
+    and modification time (local): equal snapshots mean nothing was written."""
+    base = storage.join(root, "mnist-cnn", "_serving")
+    if storage.is_gcs(base):
+        bucket, key = storage.split_gcs(base)
+        client = storage._client()
+        return {b.name: b.generation for b in client.list_blobs(bucket, prefix=key)}
+    return {str(p): (p.stat().st_ino, p.stat().st_mtime_ns) for p in Path(base).rglob("*")}
+
+
+def test_the_folder_follows_the_alias(trained_model, summary, root: str) -> None:
+    """Promoted: the folder holds the new version alone. Not promoted: not one write there."""
+    folder = _folder(root)
+    assert _register(trained_model, summary, root, "run-a", 0.93).promoted
+    assert folder.versions() == [1] and folder.holds(1)
+    assert storage.exists(storage.join(folder.version_uri(1), "kfp_horovod_metadata.json"))
+    before = _snapshot(root)
+    assert not _register(trained_model, summary, root, "run-b", 0.90).promoted  # version 2
+    assert _snapshot(root) == before  # untouched, the lease included
+    assert _register(trained_model, summary, root, "run-c", 0.97).version == 3
+    assert folder.versions() == [3] and folder.matches(3) and folder.alias_version() == 3
+    assert folder.store.published_versions() == [1, 2, 3]  # the registry keeps every version
+
+
+def test_a_move_on_gcs_never_empties_the_folder_nor_shows_a_partial_version(
+    trained_model, summary, gcs_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inspected after every object copy and delete of a promotion: a version is there whole at
+    every step; the new one's saved_model.pb appears only once the rest of it has; the old one
+    loses a file only once the new one is whole."""
+    from google.cloud.storage.blob import Blob
+
+    root = f"{gcs_uri}/registry"
+    folder = _folder(root)
+    _register(trained_model, summary, root, "run-a", 0.93)
+    states: list[tuple[int, ...]] = []
+
+    def inspect() -> None:
+        files = {uri[len(folder.uri) + 1 :] for uri in storage.list_files(folder.uri)}
+        whole = tuple(v for v in (1, 2) if folder.holds(v))
+        assert whole, files  # never without a whole version
+        if f"2/{SAVED_MODEL_PB}" in files:
+            assert 2 in whole, files  # a reader keyed on saved_model.pb never sees it partial
+        if 1 not in whole:
+            assert 2 in whole, files  # the old one goes only once the new one is whole
+        states.append(whole)
+
+    for method in ("rewrite", "delete"):
+        real = getattr(Blob, method)
+
+        def spy(self, *args, _real=real, **kwargs):
+            out = _real(self, *args, **kwargs)
+            if "/_serving/production/" in self.name:
+                inspect()
+            return out
+
+        monkeypatch.setattr(Blob, method, spy)
+    assert _register(trained_model, summary, root, "run-b", 0.97).promoted
+    assert states[0] == (1,) and (1, 2) in states and states[-1] == (2,)
+    assert folder.versions() == [2]
+
+
+class Crash(BaseException):
+    """The process stops here (nothing after it runs, no except clause catches it)."""
+
+
+@pytest.mark.parametrize("repair", ["next registration", "rerun", "sync-serving"])
+def test_a_crash_between_the_swap_and_the_sync_is_repaired(
+    trained_model, summary, root: str, repair: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _folder(root)
+    _register(trained_model, summary, root, "run-a", 0.93)
+
+    def crash(self: ServingFolder) -> int | None:
+        raise Crash
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ServingFolder, "sync", crash)
+        with pytest.raises(Crash):
+            _register(trained_model, summary, root, "run-b", 0.97)
+    assert folder.alias_version() == 2 and folder.versions() == [1]  # swapped, not synced
+    if repair == "next registration":
+        assert not _register(trained_model, summary, root, "run-c", 0.90).promoted
+    elif repair == "rerun":
+        assert _register(trained_model, summary, root, "run-b", 0.97).version == 2
+    else:
+        from pipeline.cli import cli
+
+        result = CliRunner().invoke(cli, ["sync-serving", "--registry-root", root])
+        assert result.exit_code == 0, result.output
+        assert result.output == f"{folder.uri} holds version 2, the one 'production' names\n"
+    assert folder.versions() == [2] and folder.matches(2)
+
+
+CRASHING_SYNC = """
+import os, sys
+from components.common import storage
+from components.register import serving
+from components.register.registry import ModelStore
+serving.LEASE_SECONDS = 2.0
+copies = []
+real_copy, real_replace = storage.copy_file, os.replace
+def copy_then_die(src, dest):  # GCS: dies after two of the version's files are copied in
+    real_copy(src, dest)
+    copies.append(dest)
+    if len(copies) == 2:
+        os._exit(3)
+def die_before_the_rename(src, dest):  # local: dies with the copy staged under its dot-name
+    if os.path.basename(src).startswith(".2."):
+        os._exit(3)
+    real_replace(src, dest)
+storage.copy_file, os.replace = copy_then_die, die_before_the_rename
+serving.ServingFolder(ModelStore(sys.argv[1], "mnist-cnn")).sync()
+"""
+
+
+def test_a_process_killed_in_the_middle_of_a_copy_is_repaired(
+    trained_model, summary, root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync killed half way (lease held, version 2 partly copied): no server sees version 2
+    partial (locally not at all; on GCS without saved_model.pb), version 1 stays whole, and the
+    next sync takes the lease over once it expires and finishes the move."""
+    folder = _folder(root)
+    _register(trained_model, summary, root, "run-a", 0.93)
+    with monkeypatch.context() as patch:
+        patch.setattr(ServingFolder, "sync", lambda self: None)  # the alias moves, nothing more
+        _register(trained_model, summary, root, "run-b", 0.97)
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASHING_SYNC, root], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert folder.holds(1) and not folder.holds(2)
+    if storage.is_gcs(root):
+        assert folder.versions() == [1, 2]  # partial: two files, no saved_model.pb
+        assert not storage.exists(storage.join(folder.version_uri(2), SAVED_MODEL_PB))
+    else:
+        assert folder.versions() == [1]  # the staged copy has a dot-name
+        assert [p.name[:3] for p in Path(folder.uri).iterdir() if p.name != "1"] == [".2."]
+    assert _folder(root).sync() == 2  # waits out the dead holder's 2 s lease
+    assert folder.versions() == [2] and folder.matches(2)
+    if not storage.is_gcs(root):
+        assert os.listdir(folder.uri) == ["2"]  # the leftovers are gone
+
+
+def test_concurrent_promotions_end_with_the_alias_version(
+    trained_model, summary, root: str
+) -> None:
+    """6 registrations at once; a watcher lists the folder all along: once a version is there,
+    the folder is never empty, and at the end it holds the alias's version alone."""
+    folder, done, seen = _folder(root), threading.Event(), []
+    accuracies = [0.91, 0.97, 0.93, 0.99, 0.92, 0.95]
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(folder.versions())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    barrier, errors = threading.Barrier(len(accuracies)), []
+
+    def work(i: int) -> None:
+        barrier.wait()
+        try:
+            _register(trained_model, summary, root, f"run-{i}", accuracies[i])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(accuracies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    done.set()
+    watcher.join(timeout=60)
+    assert not errors, errors
+    best = folder.store.find_run(f"run-{accuracies.index(max(accuracies))}")
+    assert best is not None and folder.alias_version() == best["version"]
+    assert folder.versions() == [best["version"]] and folder.matches(best["version"])
+    first = next(i for i, versions in enumerate(seen) if versions)
+    assert all(seen[first:]), "the folder was empty after a version had been published"
+
+
+def test_one_sync_at_a_time_holds_the_lease(root: str) -> None:
+    """While a sync holds the folder's lease no other can take it; once given back, or once a
+    dead holder's lease has expired, the next one can."""
+    now = [1000.0]
+    first, second = (
+        ServingFolder(ModelStore(root, "m"), lease_s=10, clock=lambda: now[0]) for _ in range(2)
+    )
+    with first._lease():
+        assert not second._take("second")
+        now[0] += 9.0
+        assert not second._take("second")  # 1 s left
+    assert second._take("second")  # given back
+    now[0] += 10.5  # "second" died holding it: its lease runs out
+    assert first._take("first")
+    assert storage.read_versioned(first.lease_uri)[0] is not None

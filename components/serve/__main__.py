@@ -1,0 +1,7 @@
+"""``python -m components.serve``: see `components.serve.server`."""
+
+import sys
+
+from components.serve.server import main
+
+sys.exit(main())

@@ -1,0 +1,131 @@
+"""The KServe InferenceService (``serving.kserve.io/v1beta1``) that serves an alias's serving
+folder on a cluster, validated against KServe's CRD (``deploy/crd/kserve/``, SOURCE.md there).
+
+The predictor runs KServe's TensorFlow runtime (TF Serving) on model format ``tensorflow``, with
+``storageUri`` = the serving folder, ``<root>/<model>/_serving/<alias>``, which holds exactly
+the alias's version (`components.register.serving`). Its pods run as the Workload Identity
+service account the project already has (``kfp-horovod-trainer``), which may read the bucket.
+
+KServe's storage initializer copies ``storageUri`` into the pod once, when the pod starts; TF
+Serving then serves that copy. So that a promotion rolls the service forward without a restart,
+the predictor also passes TF Serving ``--model_base_path=<the serving folder>`` and
+``--file_system_poll_wait_seconds=<poll_seconds>``: KServe appends the InferenceService's args
+to the runtime's (whose ``--model_base_path=/mnt/models`` the later flag overrides), and TF
+Serving then watches the folder on GCS itself, loads the version that appears and unloads the
+one that goes. ``poll_seconds=0`` leaves TF Serving on the pod's copy (a promotion then needs a
+restart: ``kubectl rollout restart``). Not tested here: no KServe or TF Serving runs in the
+tests, only the manifest against the CRD.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from components.common import storage
+from components.common.defaults import TRAINER_SERVICE_ACCOUNT
+from components.train.cluster.crd import Crd, manifest_problems, raise_problems
+
+INFERENCESERVICE = Crd(
+    "serving.kserve.io", "v1beta1", "InferenceService", "inferenceservices",
+    relative_path=Path("deploy") / "crd" / "kserve" / "serving.kserve.io_inferenceservices.yaml",
+)  # fmt: skip
+GPU_RESOURCE = "nvidia.com/gpu"
+POLL_SECONDS = 30
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+
+
+def parse_node_selector(text: str | None) -> dict[str, str]:
+    """``--node-selector``: a JSON object of label -> value (strings); ValueError naming it."""
+    value = _json(text, "--node-selector", "{}")
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError(f"--node-selector must be a JSON object of strings, got {text!r}")
+    return value
+
+
+def parse_tolerations(text: str | None) -> list[dict[str, Any]]:
+    """``--tolerations``: a JSON list of Kubernetes tolerations (objects with only the fields
+    key, operator, value, effect, tolerationSeconds); ValueError naming it."""
+    value = _json(text, "--tolerations", "[]")
+    if not isinstance(value, list) or not all(
+        isinstance(t, dict) and t and set(t) <= TOLERATION_KEYS for t in value
+    ):
+        raise ValueError(
+            f"--tolerations must be a JSON list of objects with the fields "
+            f"{', '.join(sorted(TOLERATION_KEYS))}, got {text!r}"
+        )
+    return value
+
+
+def _json(text: str | None, option: str, empty: str) -> Any:
+    try:
+        return json.loads(text or empty)
+    except ValueError as exc:
+        raise ValueError(f"{option} is not valid JSON ({exc}): {text!r}") from exc
+
+
+def build_inferenceservice(
+    name: str,
+    storage_uri: str,
+    *,
+    namespace: str | None = None,
+    service_account: str = TRAINER_SERVICE_ACCOUNT,
+    gpus: int = 0,
+    cpu: str = "1",
+    memory: str = "2Gi",
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+    poll_seconds: int = POLL_SECONDS,
+    runtime_version: str | None = None,
+) -> dict[str, Any]:
+    """The InferenceService `name` serving the folder at `storage_uri` (a ``gs://`` URI)."""
+    if not DNS_1035.match(name):
+        raise ValueError(
+            f"name {name!r} is not a valid InferenceService name: lower-case letters, digits "
+            "and '-', starting with a letter, at most 63"
+        )
+    if not storage.is_gcs(storage_uri):
+        raise ValueError(f"the serving folder must be a gs:// URI on a cluster, got {storage_uri}")
+    if gpus < 0 or poll_seconds < 0:
+        raise ValueError(f"--gpus and --poll-seconds must be >= 0, got {gpus}, {poll_seconds}")
+    limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if gpus:
+        limits[GPU_RESOURCE] = gpus
+    model: dict[str, Any] = {
+        "modelFormat": {"name": "tensorflow"},
+        "storageUri": storage_uri,
+        "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": limits},
+    }
+    if runtime_version:
+        model["runtimeVersion"] = runtime_version
+    if poll_seconds:
+        model["args"] = [
+            f"--model_base_path={storage_uri}",
+            f"--file_system_poll_wait_seconds={poll_seconds}",
+        ]
+    predictor: dict[str, Any] = {"serviceAccountName": service_account, "model": model}
+    if node_selector:
+        predictor["nodeSelector"] = node_selector
+    if tolerations:
+        predictor["tolerations"] = tolerations
+    metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/name": "kfp-horovod"}}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {
+        "apiVersion": INFERENCESERVICE.api_version,
+        "kind": INFERENCESERVICE.kind,
+        "metadata": metadata,
+        "spec": {"predictor": predictor},
+    }
+
+
+def validate_inferenceservice(manifest: dict[str, Any], crd_path: str | None = None) -> None:
+    """Raise `ManifestError` listing every way `manifest` does not match KServe's CRD."""
+    raise_problems(
+        manifest, INFERENCESERVICE, manifest_problems(manifest, INFERENCESERVICE, crd_path)
+    )

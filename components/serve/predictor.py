@@ -1,0 +1,86 @@
+"""The predictor KServe's model server runs: one registered SavedModel's ``serving_default``
+signature, behind the V1 protocol TF Serving speaks (``{"instances": [...]}`` in,
+``{"predictions": [...]}`` out, one row of 10 class probabilities per image).
+
+The signature takes raw digits: float32 ``(n, 28, 28)`` pixel values 0..255, the scaling to
+[0, 1] being inside the model (`components.train.model`). A request that is not that (another
+shape, values that are not numbers in 0..255, an empty batch or one over `max_batch`) gets
+HTTP 400 naming the expected shape; the server goes on serving.
+
+Imports KServe at import time (a `kserve.Model` subclass); only `components.serve.server`
+imports this module. TensorFlow is imported when the model loads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kserve
+import numpy as np
+from kserve.errors import InvalidInput
+
+from components.common.defaults import IMAGE_SHAPE, SERVE_MAX_BATCH
+
+SIGNATURE = "serving_default"
+
+
+def expected_shape(max_batch: int) -> str:
+    """The request a predictor takes, in words (every 400 says it)."""
+    rows, cols = IMAGE_SHAPE
+    return (
+        f'expected {{"instances": [...]}} of shape (n, {rows}, {cols}), 1 <= n <= {max_batch}: '
+        f"n raw {rows}x{cols} digits, pixel values 0..255"
+    )
+
+
+def to_batch(payload: Any, max_batch: int) -> np.ndarray:
+    """The request's instances as a float32 ``(n, 28, 28)`` array; InvalidInput (HTTP 400)
+    naming the expected shape if they are not that."""
+    want = expected_shape(max_batch)
+    if not isinstance(payload, dict):
+        raise InvalidInput(
+            f"the body is not a JSON object (send it with Content-Type: application/json): {want}"
+        )
+    instances = payload.get("instances")
+    if not isinstance(instances, list):
+        raise InvalidInput(f'no "instances" list in the request: {want}')
+    try:
+        batch = np.asarray(instances)
+    except ValueError:  # ragged nesting
+        raise InvalidInput(f"instances are ragged (rows of different lengths): {want}") from None
+    if batch.ndim != 3 or batch.shape[1:] != IMAGE_SHAPE or not 1 <= len(batch) <= max_batch:
+        raise InvalidInput(f"instances have shape {batch.shape}: {want}")
+    if batch.dtype.kind not in "iuf":
+        raise InvalidInput(f"instances hold {batch.dtype} values, not numbers: {want}")
+    if not np.isfinite(batch).all() or batch.min() < 0 or batch.max() > 255:
+        raise InvalidInput(f"pixel values span {batch.min()}..{batch.max()}: {want}")
+    return batch.astype(np.float32)
+
+
+class DigitPredictor(kserve.Model):  # type: ignore[misc]
+    """The SavedModel at `model_dir` served as `name` (the URL's ``/v1/models/<name>``)."""
+
+    def __init__(self, name: str, model_dir: str, max_batch: int = SERVE_MAX_BATCH) -> None:
+        super().__init__(name)
+        self.model_dir, self.max_batch = model_dir, max_batch
+        self._signature: Any = None
+        self._input = ""
+
+    def load(self) -> bool:
+        """Load the SavedModel's ``serving_default`` signature (its one input: the images)."""
+        import tensorflow as tf
+
+        signature = tf.saved_model.load(self.model_dir).signatures[SIGNATURE]
+        _, inputs = signature.structured_input_signature
+        (self._input,) = inputs  # the models of components.train.model have one: "image"
+        self._signature = signature
+        self.ready = True
+        return self.ready
+
+    def predict(self, payload: Any, headers: Any = None) -> dict[str, Any]:  # type: ignore[override]
+        """V1 ``predict``: one row of class probabilities per instance."""
+        import tensorflow as tf
+
+        batch = to_batch(payload, self.max_batch)
+        (output,) = self._signature(**{self._input: tf.constant(batch)}).values()
+        return {"predictions": output.numpy().tolist()}

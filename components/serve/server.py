@@ -1,0 +1,107 @@
+"""``make serve``: the registry's production model over HTTP, on KServe's own model server.
+
+``python -m components.serve [--registry-root runs/registry] [--host 127.0.0.1] [--port 8080]``
+makes the alias's serving folder match the alias first (`ServingFolder.sync`: a no-op when it
+already does; a registry written before serving folders existed gets one), then serves the
+version in it at ``POST http://<host>:<port>/v1/models/<model>:predict`` (`predictor`). The
+server binds `host` only: loopback by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import warnings
+
+from components.common.defaults import MODEL_NAME, PRODUCTION_ALIAS, SERVE_MAX_BATCH
+from components.register.registry import ModelStore, RegistryError
+from components.register.serving import ServingFolder
+
+DEFAULT_REGISTRY = "runs/registry"  # where `make run` registers (python -m pipeline run-local)
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+def champion(registry_root: str, model_name: str, alias: str) -> tuple[int, str]:
+    """The alias's version and its folder in the serving folder (synced first); ValueError in
+    one line if there is none to serve."""
+    folder = ServingFolder(ModelStore(registry_root, model_name), alias)
+    version = folder.sync()
+    if version is None:
+        raise ValueError(
+            f"no {alias} version of {model_name} in {registry_root}: train and register one "
+            "with `make run` first"
+        )
+    return version, folder.version_uri(version)
+
+
+def serve(name: str, model_dir: str, host: str, port: int, banner: str) -> None:
+    """Serve the SavedModel at `model_dir` as `name` on `host`:`port` until interrupted."""
+    from kserve import ModelServer
+    from kserve.model_server import FASTAPI_APP_IMPORT_STRING
+    from kserve.protocol.rest.server import RESTServer
+
+    from components.serve.predictor import DigitPredictor
+
+    # KServe 0.21's V1 endpoints answer with FastAPI's ORJSONResponse, which FastAPI now flags
+    # as deprecated on every request; the warning is KServe's to act on, not a user's.
+    warnings.filterwarnings("ignore", message="ORJSONResponse is deprecated")
+    predictor = DigitPredictor(name, model_dir)
+    predictor.load()
+    server = ModelServer(http_port=port, enable_grpc=False, workers=1)
+    server.register_model(predictor)
+    rest = RESTServer(
+        FASTAPI_APP_IMPORT_STRING, server.dataplane, server.model_repository_extension, port
+    )
+    # KServe's REST server listens on every interface; it is given a socket bound to `host`.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    print(banner, flush=True)
+    rest.run(sockets=[sock])
+
+
+def example(count: int) -> str:
+    """A request body of the first `count` held-out digits of the bundled dataset (its test
+    split), raw pixels; their labels go to stderr."""
+    import json
+
+    from components.data_prep.sources import load_bundled
+
+    images, labels = load_bundled().splits["test"]
+    print(f"labels: {' '.join(str(label) for label in labels[:count])}", file=sys.stderr)
+    return json.dumps({"instances": images[:count].tolist()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI; returns the exit code (2: nothing to serve, or a bad option)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--registry-root", default=DEFAULT_REGISTRY, help="local dir or gs://")
+    parser.add_argument("--model-name", default=MODEL_NAME)
+    parser.add_argument("--alias", default=PRODUCTION_ALIAS)
+    parser.add_argument("--host", default=DEFAULT_HOST, help="the address to listen on")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument(
+        "--example", type=int, metavar="N",
+        help="print a request of N held-out digits (for curl -d @-) and exit",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.example is not None:
+        if not 1 <= args.example <= SERVE_MAX_BATCH:
+            parser.error(f"--example must be 1..{SERVE_MAX_BATCH}, got {args.example}")
+        print(example(args.example))
+        return 0
+    try:
+        version, model_dir = champion(args.registry_root, args.model_name, args.alias)
+    except (ValueError, RegistryError) as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
+    url = f"http://{args.host}:{args.port}/v1/models/{args.model_name}:predict"
+    banner = f"serving {args.model_name} version {version} ({args.alias}) from {model_dir} at {url}"
+    try:
+        serve(args.model_name, model_dir, args.host, args.port, banner)
+    except OSError as exc:  # the port is taken, the host is not ours
+        print(f"serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,134 @@
+"""``python -m pipeline render-inferenceservice``: the InferenceService of a registry's alias
+(read from gs:// on fake-gcs-server), valid against KServe's vendored CRD; bad input refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from components.register.decision import challenger_wins
+from components.register.registry import ModelStore
+from components.serve.inferenceservice import (
+    INFERENCESERVICE,
+    build_inferenceservice,
+    validate_inferenceservice,
+)
+from components.train.cluster.crd import ManifestError, find_crd, manifest_problems
+from pipeline.cli import cli
+
+
+@pytest.fixture
+def registry(gcs_uri: str) -> str:
+    """A gs:// registry whose production alias names version 4 (the folder not synced)."""
+    root = f"{gcs_uri}/models"
+    record = {"version": 4, "metrics": {"accuracy": 0.98, "loss": 0.1}}
+    assert ModelStore(root, "mnist-cnn").move_alias_if("production", record, challenger_wins)[0]
+    return root
+
+
+def render(*args: str) -> Any:
+    return CliRunner().invoke(cli, ["render-inferenceservice", *args])
+
+
+def test_renders_a_crd_valid_inferenceservice_of_the_serving_folder(registry: str) -> None:
+    tolerations = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    result = render(
+        "--registry-root", registry, "--namespace", "kubeflow", "--gpus", "1",
+        "--cpu", "2", "--memory", "4Gi", "--node-selector", '{"pool": "serving"}',
+        "--tolerations", json.dumps(tolerations), "--runtime-version", "2.19.1-gpu",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    folder = f"{registry}/mnist-cnn/_serving/production"
+    assert result.stderr.startswith(f"note: {folder} does not hold version 4 alone yet")
+    manifest = yaml.safe_load(result.stdout)
+    assert manifest == {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {
+            "name": "mnist-cnn", "labels": {"app.kubernetes.io/name": "kfp-horovod"},
+            "namespace": "kubeflow",
+        },
+        "spec": {"predictor": {
+            "serviceAccountName": "kfp-horovod-trainer",
+            "model": {
+                "modelFormat": {"name": "tensorflow"},
+                "storageUri": folder,
+                "resources": {
+                    "requests": {"cpu": "2", "memory": "4Gi"},
+                    "limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": 1},
+                },
+                "runtimeVersion": "2.19.1-gpu",
+                "args": [f"--model_base_path={folder}", "--file_system_poll_wait_seconds=30"],
+            },
+            "nodeSelector": {"pool": "serving"},
+            "tolerations": tolerations,
+        }},
+    }  # fmt: skip
+    assert manifest_problems(manifest, INFERENCESERVICE) == []
+
+
+def test_defaults_and_no_polling(registry: str) -> None:
+    result = render("--registry-root", registry, "--poll-seconds", "0", "--name", "digits")
+    assert result.exit_code == 0, result.output
+    manifest = yaml.safe_load(result.stdout)
+    predictor = manifest["spec"]["predictor"]
+    assert manifest["metadata"]["name"] == "digits" and "namespace" not in manifest["metadata"]
+    assert "args" not in predictor["model"] and "nodeSelector" not in predictor
+    assert predictor["model"]["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
+
+
+def test_the_crd_check_is_strict() -> None:
+    """The vendored CRD is KServe's, and a field it does not declare is an error."""
+    assert find_crd(INFERENCESERVICE).name == "serving.kserve.io_inferenceservices.yaml"
+    manifest = build_inferenceservice("mnist-cnn", "gs://b/m/_serving/production")
+    validate_inferenceservice(manifest)
+    manifest["spec"]["predictor"]["model"]["storageURI"] = "gs://typo"
+    manifest["spec"]["predictor"]["minReplicas"] = "one"
+    with pytest.raises(ManifestError) as info:
+        validate_inferenceservice(manifest)
+    assert "spec.predictor.minReplicas: 'one' is not of type 'integer'" in str(info.value)
+    assert "'storageURI' was unexpected" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--alias", "staging"], "alias 'staging' does not exist for model 'mnist-cnn' in "),
+        (["--model-name", "other"], "alias 'production' does not exist for model 'other'"),
+        (["--node-selector", "[1]"], "--node-selector must be a JSON object of strings"),
+        (["--node-selector", "{x"], "--node-selector is not valid JSON"),
+        (["--tolerations", '{"key": "a"}'], "--tolerations must be a JSON list of objects"),
+        (["--tolerations", '[{"keys": "a"}]'], "--tolerations must be a JSON list of objects"),
+        (["--gpus", "-1"], "--gpus and --poll-seconds must be >= 0"),
+        (["--name", "Bad_Name"], "name 'Bad_Name' is not a valid InferenceService name"),
+        (["--alias", "prod/x"], "alias 'prod/x' is not allowed"),
+    ],
+)
+def test_bad_input_is_refused_in_one_line(registry: str, args: list[str], message: str) -> None:
+    result = render("--registry-root", registry, *args)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert message in result.stderr, result.stderr
+
+
+def test_a_local_registry_is_refused(tmp_path) -> None:
+    result = render("--registry-root", str(tmp_path))
+    assert result.exit_code == 2
+    assert "the serving folder must be a gs:// URI on a cluster" in result.stderr
+
+
+def test_the_command_line_imports_neither_kserve_nor_tensorflow() -> None:
+    """``python -m pipeline`` (its serve commands included) stays light: KServe and TensorFlow
+    load only in ``python -m components.serve``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pipeline.cli, components.serve.inferenceservice, components.serve.server; "
+        "heavy = [m for m in ('kserve', 'tensorflow') if m in sys.modules]; assert not heavy, heavy"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,197 @@
+"""`make serve`'s server, for real: ``python -m components.serve`` (KServe's model server with
+the `DigitPredictor`) started on loopback on a free port, answering held-out digits of the
+bundled dataset over the V1 protocol, checked against the evaluate step on the same digits."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from components.common.dataset import load_split
+from components.common.defaults import EVAL_BATCH_SIZE
+from components.serve import server
+
+MODEL = "mnist-cnn"
+
+
+def register_model(model: Any, root: str, run_id: str, accuracy: float, tmp_path: Path) -> Any:
+    """Register `model` (a `TrainedModel`) under `root` as the register step does; the decision."""
+    from components.register import register as rg
+
+    summary = tmp_path / f"{run_id}-summary.json"
+    record = {"world_size": 2, "workers": 2, "epochs": 1, "model": "small", "augment": False}
+    summary.write_text(json.dumps({**record, "saved_model_sha256": model.saved_model_sha256}))
+    return rg.register(
+        model.path, str(summary), model.dataset, accuracy, 0.3, registry_root=root,
+        pipeline_run_id=run_id, min_accuracy=0.5,
+        now=lambda: datetime(2026, 1, 2, tzinfo=timezone.utc),
+    )  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def running(root: str) -> Iterator[tuple[str, str]]:
+    """``python -m components.serve`` on a free loopback port: yields (its banner, its URL)."""
+    port = _free_port()
+    command = [sys.executable, "-m", "components.serve", "--registry-root", root]
+    proc = subprocess.Popen(
+        [*command, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        lines = []
+        for line in proc.stdout or []:
+            lines.append(line)
+            if line.startswith("serving "):
+                break
+        assert proc.poll() is None, "".join(lines)
+        url = f"http://127.0.0.1:{port}/v1/models/{MODEL}:predict"
+        deadline = time.monotonic() + 60
+        while not _answers(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        yield lines[-1].strip(), url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/{MODEL}", timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
+    """POST `body` as JSON; (status, JSON answer), errors included."""
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def served(url: str, images: np.ndarray) -> np.ndarray:
+    """The served probabilities of `images`, posted as raw pixel lists, 200 at a time."""
+    rows = []
+    for start in range(0, len(images), 200):
+        status, answer = post(url, {"instances": images[start : start + 200].tolist()})
+        assert status == 200, answer
+        rows += answer["predictions"]
+    return np.asarray(rows)
+
+
+def evaluate_step_predictions(model_dir: str, images: np.ndarray) -> np.ndarray:
+    """What the evaluate step computes for `images`: its own loader, its batch size."""
+    from components.evaluate.evaluate import load_model
+
+    return np.asarray(load_model(Path(model_dir), model_dir).predict(images, EVAL_BATCH_SIZE))
+
+
+def test_serves_the_champion_with_the_evaluate_steps_predictions(
+    trained_model, challenger_model, tmp_path: Path
+) -> None:
+    """Champion (version 1) and a newer version that was not promoted: the champion is served,
+    its predictions and accuracy those of the evaluate step. Bad requests get 400 naming the
+    shape and the server goes on. A promoted version is served after a restart."""
+    from components.evaluate.evaluate import evaluate, score
+
+    root = str(tmp_path / "registry")
+    assert register_model(trained_model, root, "run-a", 0.90, tmp_path).promoted
+    assert not register_model(challenger_model, root, "run-b", 0.80, tmp_path).promoted  # v2
+    images, labels = load_split(trained_model.dataset, "test")
+    champion = evaluate_step_predictions(trained_model.path, images)
+    challenger = evaluate_step_predictions(challenger_model.path, images)
+    assert (champion.argmax(1) != challenger.argmax(1)).any()  # the two models can be told apart
+    with running(root) as (banner, url):
+        assert banner.startswith(f"serving {MODEL} version 1 (production) from ")
+        got = served(url, images)
+        np.testing.assert_allclose(got, champion, atol=1e-5)
+        assert (got.argmax(1) == champion.argmax(1)).all()
+        expected = evaluate(trained_model.path, trained_model.dataset)
+        assert score(got, labels)["accuracy"] == expected.accuracy
+        _bad_requests_get_400(url, images)
+        assert post(url, {"instances": images[:3].tolist()})[0] == 200  # still serving
+    assert register_model(challenger_model, root, "run-c", 0.95, tmp_path).version == 3
+    with running(root) as (banner, url):
+        assert banner.startswith(f"serving {MODEL} version 3 (production) from ")
+        np.testing.assert_allclose(served(url, images[:50]), challenger[:50], atol=1e-5)
+
+
+def _bad_requests_get_400(url: str, images: np.ndarray) -> None:
+    shape = "of shape (n, 28, 28), 1 <= n <= 256"
+    digit = images[0].tolist()
+    cases = [
+        ({"instances": [row[:27] for row in digit]}, "instances have shape (28, 27)"),
+        ({"instances": [digit[:27]]}, "instances have shape (1, 27, 28)"),
+        ({"instances": [[["a"] * 28] * 28]}, "values, not numbers"),
+        ({"instances": [digit] * 257}, "instances have shape (257, 28, 28)"),
+        ({"instances": []}, "instances have shape (0,)"),
+        ({"instances": [[[300] * 28] * 28]}, "pixel values span 300..300"),
+        ({"inputs": [digit]}, 'no "instances" list'),
+    ]
+    for body, reason in cases:
+        status, answer = post(url, body)
+        assert status == 400, (reason, answer)
+        assert reason in answer["error"] and shape in answer["error"], answer
+
+
+def test_no_production_version_says_so_and_points_at_make_run(tmp_path: Path, capsys) -> None:
+    assert server.main(["--registry-root", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"serve: no production version of {MODEL} in {tmp_path / 'empty'}: train and register "
+        "one with `make run` first"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ([1, 2], "the body is not a JSON object (send it with Content-Type: application/json)"),
+        (b"instances=1", "the body is not a JSON object"),
+        ({"instances": {"a": 1}}, 'no "instances" list'),
+        ({"instances": [[[1] * 28] * 28, [[1] * 28] * 27]}, "instances are ragged"),
+        ({"instances": [[[True] * 28] * 28]}, "instances hold bool values, not numbers"),
+        ({"instances": [[[float("nan")] * 28] * 28]}, "pixel values span nan..nan"),
+    ],
+)
+def test_what_a_predictor_refuses(body: Any, reason: str) -> None:
+    from components.serve.predictor import to_batch
+
+    with pytest.raises(ValueError) as info:
+        to_batch(body, 256)
+    assert str(info.value).startswith(reason) and "of shape (n, 28, 28)" in str(info.value)
+
+
+def test_example_prints_a_request_of_held_out_digits(capsys) -> None:
+    from components.data_prep.sources import load_bundled
+
+    assert server.main(["--example", "2"]) == 0
+    out, err = capsys.readouterr()
+    images, labels = load_bundled().splits["test"]
+    assert json.loads(out) == {"instances": images[:2].tolist()}
+    assert err == f"labels: {labels[0]} {labels[1]}\n"
+    with pytest.raises(SystemExit):
+        server.main(["--example", "257"])
+    assert "--example must be 1..256, got 257" in capsys.readouterr().err
