@@ -20,7 +20,7 @@ EXPECTED_PARAMETERS = {
     "shard_size", "min_workers",
     "min_accuracy", "model_name", "registry_root", "training_backend", "trainer_image",
     "slots_per_worker", "cpu_per_worker", "memory_per_worker", "gpus_per_worker", "namespace",
-    "trainer_service_account",
+    "trainer_service_account", "node_selector", "tolerations",
 }  # fmt: skip
 
 
@@ -94,12 +94,14 @@ def test_one_image_per_component_tagged_with_the_version(tmp_path: Path) -> None
 
 
 def test_the_uploaded_pipeline_is_the_cluster_pipeline(tmp_path: Path) -> None:
-    """Uploaded and run from the UI as compiled, the pipeline trains as an MPIJob, in the image
-    the job's GPUs call for; the registry is the one thing a user must fill in."""
+    """Uploaded and run from the UI as compiled, the pipeline trains on the job operator the
+    cluster serves (``auto``), in the image the job's GPUs call for, anywhere the cluster
+    places it; the registry is the one thing a user must fill in."""
     spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     defaults_back = {name: parameters[name].get("defaultValue") for name in parameters}
-    assert defaults_back["training_backend"] == "mpijob"
+    assert defaults_back["training_backend"] == "auto"
+    assert (defaults_back["node_selector"], defaults_back["tolerations"]) == ("{}", "[]")
     assert defaults_back["trainer_image"] == ""  # chosen by gpus_per_worker
     assert defaults_back["gpus_per_worker"] == 0
     assert defaults_back["registry_root"] == ""

@@ -18,6 +18,7 @@ def coordination_report(summary: RunSummary) -> str:
         f"(formed by the {summary['controller']} controller; expected workers: "
         f"{summary['expected_workers']}; hosts: {', '.join(summary['hosts'])}).",
         "",
+        *_backend_lines(summary),
         *_device_lines(summary),
         f"- Global batch: **{summary['global_batch_size']}** = {size} workers x "
         f"{summary['batch_size_per_worker']} per worker",
@@ -66,6 +67,14 @@ def coordination_report(summary: RunSummary) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _backend_lines(summary: RunSummary) -> list[str]:
+    """Where the job ran (``training_backend``) and why, as the train step recorded it."""
+    if not summary.get("training_backend"):
+        return []
+    reason = summary.get("training_backend_reason", "")
+    return [f"- Backend: **{summary['training_backend']}**" + (f" ({reason})" if reason else "")]
 
 
 def _lr_text(summary: RunSummary) -> str:
