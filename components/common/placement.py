@@ -62,7 +62,7 @@ def _json(name: str, text: str, kind: type) -> tuple[Any, str | None]:
     except json.JSONDecodeError as exc:
         return None, f"{name} is not JSON ({exc.msg} at char {exc.pos}): {text!r}"
     if not isinstance(value, kind):
-        what = "an object of label -> value" if kind is dict else "a list of tolerations"
+        what = "object of label -> value" if kind is dict else "list of tolerations"
         return None, f"{name} must be a JSON {what}, got {text!r}"
     return value, None
 
