@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from components.train.cluster.params import ClusterJobParams
 
 Log = Callable[[str], None]
+# The task config's fields that KFP passes to the step without applying them to its own pod
+# (`components.train.component.PASSTHROUGHS`).
+PLACEMENT_ONLY = ("node_selector", "tolerations", "affinity", "volumes")
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -178,6 +181,12 @@ def run_train_task(
     if step.training_backend != "local":
         record, backend = train_on_cluster(config, step, pipeline_run_id, log, task_config)
     else:
+        if any(getattr(task_config, name, None) for name in PLACEMENT_ONLY):
+            log(
+                "WARNING: training_backend=local trains in this pod, which the train task's "
+                "node selector, tolerations, affinity and volumes do not reach (KFP passes them "
+                "to a cluster job's pods only)"
+            )
         record = train_locally(config, dataset_path, model_path, log)
         backend = Backend("local", "training_backend forces it")
         # the artifacts' URIs, as the pipeline sees them (the ranks wrote to their local paths)

@@ -128,10 +128,7 @@ def test_the_operators_pods_carry_the_placement(kind: Any) -> None:
     p = params()
     with Cluster() as cluster:
         crd = kind.crd
-        if kind is MPIJOB_KIND:
-            manifests = [build_manifest(p, NS)]
-        else:
-            manifests = list(build_manifests(p, NS))
+        manifests = [build_manifest(p, NS)] if kind is MPIJOB_KIND else list(build_manifests(p, NS))
         for manifest in manifests:
             group, version = manifest["apiVersion"].split("/")
             plural = "trainingruntimes" if manifest["kind"] == "TrainingRuntime" else crd.plural
@@ -146,3 +143,30 @@ def test_the_operators_pods_carry_the_placement(kind: Any) -> None:
         assert pod.spec.node_selector == SELECTOR, pod.metadata.name
         tolerations = [t.to_dict() for t in pod.spec.tolerations]
         assert [{k: v for k, v in t.items() if v is not None} for t in tolerations] == [TEAM, GPU]
+
+
+DEFAULTS = {"cpu_per_worker": "2", "memory_per_worker": "4Gi"}
+
+
+def test_the_task_configs_resources_size_the_workers_unless_a_parameter_says_otherwise() -> None:
+    from components.train.cluster.podconfig import worker_resources
+
+    step = {**DEFAULTS, "gpus_per_worker": 1}
+    limits = {"limits": {"cpu": "8", "memory": "30Gi", "nvidia.com/gpu": "1"}}
+    assert worker_resources(limits, step, DEFAULTS) == (
+        {"cpu_per_worker": "8", "memory_per_worker": "30Gi"}, [],
+    )  # fmt: skip  # parameters left at their defaults give way
+    assert worker_resources({"requests": {"cpu": "500m"}}, step, DEFAULTS)[0] == {
+        "cpu_per_worker": "500m"
+    }
+    assert (
+        worker_resources({"limits": {"cpu": "8"}}, {**step, "cpu_per_worker": "8"}, DEFAULTS)[1]
+        == []
+    )  # they agree
+    assert worker_resources({"limits": {"nvidia.com/gpu": "0"}}, step, DEFAULTS) == ({}, [])
+    _, problems = worker_resources(limits, {**step, "cpu_per_worker": "4", "gpus_per_worker": 2},
+                                   DEFAULTS)  # fmt: skip
+    assert problems == [
+        "cpu: the cpu_per_worker parameter says '4', the train task's config says '8'",
+        "nvidia.com/gpu: the gpus_per_worker parameter says 2, the train task's config says '1'",
+    ]
