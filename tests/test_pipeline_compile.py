@@ -176,3 +176,20 @@ def test_the_parameters_page_is_the_declarations() -> None:
 
     page = Path(__file__).resolve().parents[1] / "docs" / "parameters.md"
     assert page.read_text() == parameters_markdown(), "run: python -m pipeline parameters"
+
+
+def test_the_train_component_declares_the_task_config_passthroughs(tmp_path: Path) -> None:
+    """A pipeline author's resources, env, node selector, tolerations, affinity and volumes on
+    the train task reach its ``task_config`` (kfp >= 2.15); resources and env apply to the
+    task's own pod too (the local backend trains there), placement and volumes do not."""
+    spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
+    train = spec["components"]["comp-train"]
+    assert train["inputDefinitions"]["parameters"]["task_config"] == {
+        "isOptional": True, "parameterType": "TASK_CONFIG",
+    }  # fmt: skip
+    assert {p["field"]: p.get("applyToTask", False) for p in train["taskConfigPassthroughs"]} == {
+        "RESOURCES": True, "ENV": True, "KUBERNETES_NODE_SELECTOR": False,
+        "KUBERNETES_TOLERATIONS": False, "KUBERNETES_AFFINITY": False,
+        "KUBERNETES_VOLUMES": False,
+    }  # fmt: skip
+    assert "task_config" not in spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
