@@ -13,7 +13,9 @@ cannot emulate is played here, and said so:
   condition while the job runs (Trainer has no Created or Running), then JobSet's terminal
   condition copied as ``Complete`` or ``Failed``; JobSet's pods ``<name>-launcher-0-0-xxxxx``
   and ``<name>-node-0-<i>-xxxxx`` with JobSet's labels, as many nodes as the TrainJob's
-  TrainingRuntime makes (which must exist, as Trainer needs it);
+  TrainingRuntime makes (which must exist, as Trainer needs it). Each pod is made from its pod
+  template's spec (the MPIJob's replica spec, the runtime's replicated job), as the
+  controllers do, so it carries the template's placement;
 * pod logs: kmock has no kubelet, so a reaction serves ``pods/<name>/log`` from a dict the
   operator thread appends to, for the pod's launcher container only;
 * garbage collection: kmock does not cascade deletes, so `Operator.collect` deletes the job's
@@ -145,13 +147,15 @@ class Cluster:
 
 def pod(
     name: str, labels: dict[str, str], uid: str = "", reason: str | None = None,
-    container: str = "launcher",
+    container: str = "launcher", template: dict[str, Any] | None = None,
 ) -> dict:  # fmt: skip
+    """A pod `name`; made from a pod `template` spec if given, else of one `container`."""
+    spec = dict(template) if template else {"containers": [{"name": container, "image": "x"}]}
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "labels": labels},
-        "spec": {"containers": [{"name": container, "image": "x"}]},
+        "spec": spec,
     }
     if uid:
         body["metadata"]["uid"] = uid
@@ -201,10 +205,13 @@ class Operator:
         """Create the job's pods (the launcher's failed for `reason`, if given); return the
         launcher pod's name."""
         pods = self.kind.pods(self.c.job, self.job(name))
-        for i, (pod_name, labels, container) in enumerate(pods):
+        for i, (pod_name, labels, container, template) in enumerate(pods):
             if i == 0:
                 self.c.logs[pod_name], self.c.log_containers[pod_name] = "", container
-            body = pod(pod_name, labels, reason=reason if i == 0 else None, container=container)
+            body = pod(
+                pod_name, labels, reason=reason if i == 0 else None, container=container,
+                template=template,
+            )  # fmt: skip
             self.c.core.create_namespaced_pod(NS, body)
         if self.kind.jobs_status is not None:
             crd, status = self.kind.crd, {"jobsStatus": self.kind.jobs_status(pods)}

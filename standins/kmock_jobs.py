@@ -41,7 +41,8 @@ JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 Condition = tuple[str, str, str]  # (type, reason, message) of a condition whose status is True
-PodSpec = tuple[str, dict[str, str], str]  # (name, labels, container)
+# (name, labels, container, the pod template's spec the controller makes the pod from)
+PodSpec = tuple[str, dict[str, str], str, dict[str, Any]]
 Lookup = Callable[[str, Crd], "dict[str, Any] | None"]  # a stored object by name and kind
 
 
@@ -54,8 +55,8 @@ def _suffix() -> str:
 class Kind:
     """How a job of one kind shows on the API while its controller runs it: its resource, the
     conditions set as it starts (`running`, in order) and ends, its pods (`pods`: stored
-    objects' lookup and the stored job -> ``[(name, labels, container)]``, the launcher
-    first), where the stored job keeps the launcher's command and environment, and the
+    objects' lookup and the stored job -> ``[(name, labels, container, template spec)]``, the
+    launcher first), where the stored job keeps the launcher's command and environment, and the
     ``status.jobsStatus`` its controller reports once the pods run (`jobs_status`, if any)."""
 
     crd: Crd
@@ -68,13 +69,14 @@ class Kind:
 
 
 def _mpijob_pods(lookup: Lookup, job: dict[str, Any]) -> list[PodSpec]:
-    name = job["metadata"]["name"]
-    workers = int(job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"])
+    name, replicas = job["metadata"]["name"], job["spec"]["mpiReplicaSpecs"]
+    workers = int(replicas["Worker"]["replicas"])
     launcher = (f"{name}-launcher-{_suffix()}", {LABEL_JOB: name, LABEL_ROLE: "launcher"})
     worker = {LABEL_JOB: name, LABEL_ROLE: "worker"}
+    worker_spec = replicas["Worker"]["template"]["spec"]
     return [
-        (*launcher, "launcher"),
-        *((f"{name}-worker-{i}", worker, "worker") for i in range(workers)),
+        (*launcher, "launcher", replicas["Launcher"]["template"]["spec"]),
+        *((f"{name}-worker-{i}", worker, "worker", worker_spec) for i in range(workers)),
     ]
 
 
@@ -108,6 +110,10 @@ def _trainjob_pods(lookup: Lookup, job: dict[str, Any]) -> list[PodSpec]:
     assert runtime is not None, f"TrainJob {name}: its TrainingRuntime {ref} does not exist"
     as_node = runtime["spec"]["mlPolicy"]["mpi"].get("runLauncherAsNode", False)
     nodes = int(trainer.get("numNodes", 1)) - (1 if as_node else 0)
+    specs = {
+        r["name"]: r["template"]["spec"]["template"]["spec"]
+        for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    }
 
     def labels(replicated_job: str, index: int) -> dict[str, str]:
         return {
@@ -116,8 +122,11 @@ def _trainjob_pods(lookup: Lookup, job: dict[str, Any]) -> list[PodSpec]:
         }  # fmt: skip
 
     return [
-        (f"{name}-{LAUNCHER}-0-0-{_suffix()}", labels(LAUNCHER, 0), NODE),
-        *((f"{name}-{NODE}-0-{i}-{_suffix()}", labels(NODE, i), NODE) for i in range(nodes)),
+        (f"{name}-{LAUNCHER}-0-0-{_suffix()}", labels(LAUNCHER, 0), NODE, specs[LAUNCHER]),
+        *(
+            (f"{name}-{NODE}-0-{i}-{_suffix()}", labels(NODE, i), NODE, specs[NODE])
+            for i in range(nodes)
+        ),
     ]
 
 
@@ -125,7 +134,7 @@ def _trainjob_jobs_status(pods: list[PodSpec]) -> list[dict[str, Any]]:
     """Trainer's ``status.jobsStatus`` (the JobSet's replicated jobs' counts) with every pod
     running and ready."""
     counts: dict[str, int] = {}
-    for _, labels, _ in pods:
+    for _, labels, _, _ in pods:
         counts[labels[REPLICATED_JOB_LABEL]] = counts.get(labels[REPLICATED_JOB_LABEL], 0) + 1
     return [
         {"name": name, "ready": n, "active": n, "succeeded": 0, "failed": 0, "suspended": 0}

@@ -29,6 +29,7 @@ def test_make_run_equivalent_end_to_end(local_pipeline_run: LocalRun) -> None:
     summary = json.loads(summary_path.read_text())
     assert summary["world_size"] == 2 and summary["weights_identical_across_ranks"] is True
     assert (summary["model"], summary["augment"]) == ("small", False)
+    assert summary["training_backend"] == "local"  # make run trains here, as run-local's default
     model = Path(first["model"])
     assert (model / "saved_model.pb").exists()
     assert len(list(root.rglob("pipeline-root/**/saved_model.pb"))) == 1  # ONE model

@@ -20,7 +20,7 @@ EXPECTED_PARAMETERS = {
     "shard_size", "min_workers",
     "min_accuracy", "model_name", "registry_root", "training_backend", "trainer_image",
     "slots_per_worker", "cpu_per_worker", "memory_per_worker", "gpus_per_worker", "namespace",
-    "trainer_service_account",
+    "trainer_service_account", "node_selector", "tolerations",
 }  # fmt: skip
 
 
@@ -94,12 +94,14 @@ def test_one_image_per_component_tagged_with_the_version(tmp_path: Path) -> None
 
 
 def test_the_uploaded_pipeline_is_the_cluster_pipeline(tmp_path: Path) -> None:
-    """Uploaded and run from the UI as compiled, the pipeline trains as an MPIJob, in the image
-    the job's GPUs call for; the registry is the one thing a user must fill in."""
+    """Uploaded and run from the UI as compiled, the pipeline trains on the job operator the
+    cluster serves (``auto``), in the image the job's GPUs call for, anywhere the cluster
+    places it; the registry is the one thing a user must fill in."""
     spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     defaults_back = {name: parameters[name].get("defaultValue") for name in parameters}
-    assert defaults_back["training_backend"] == "mpijob"
+    assert defaults_back["training_backend"] == "auto"
+    assert (defaults_back["node_selector"], defaults_back["tolerations"]) == ("{}", "[]")
     assert defaults_back["trainer_image"] == ""  # chosen by gpus_per_worker
     assert defaults_back["gpus_per_worker"] == 0
     assert defaults_back["registry_root"] == ""
@@ -174,3 +176,20 @@ def test_the_parameters_page_is_the_declarations() -> None:
 
     page = Path(__file__).resolve().parents[1] / "docs" / "parameters.md"
     assert page.read_text() == parameters_markdown(), "run: python -m pipeline parameters"
+
+
+def test_the_train_component_declares_the_task_config_passthroughs(tmp_path: Path) -> None:
+    """A pipeline author's resources, env, node selector, tolerations, affinity and volumes on
+    the train task reach its ``task_config`` (kfp >= 2.15); resources and env apply to the
+    task's own pod too (the local backend trains there), placement and volumes do not."""
+    spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
+    train = spec["components"]["comp-train"]
+    assert train["inputDefinitions"]["parameters"]["task_config"] == {
+        "isOptional": True, "parameterType": "TASK_CONFIG",
+    }  # fmt: skip
+    assert {p["field"]: p.get("applyToTask", False) for p in train["taskConfigPassthroughs"]} == {
+        "RESOURCES": True, "ENV": True, "KUBERNETES_NODE_SELECTOR": False,
+        "KUBERNETES_TOLERATIONS": False, "KUBERNETES_AFFINITY": False,
+        "KUBERNETES_VOLUMES": False,
+    }  # fmt: skip
+    assert "task_config" not in spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]

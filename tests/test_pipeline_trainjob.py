@@ -1,5 +1,6 @@
-"""The compiled pipeline's train step, run with ``training_backend=trainjob`` as KFP runs it,
-against a Kubernetes API with Kubeflow Trainer: create, log stream, completion, retry, cancel.
+"""The compiled pipeline's train step, run with ``training_backend=trainjob`` (or ``auto``) as
+KFP runs it, against a Kubernetes API with Kubeflow Trainer: create, log stream, completion,
+retry, cancel, and the task config a pipeline author sets on the train task.
 
 Real parts: the compiled pipeline (``pipeline.build.compile_pipeline``), the train executor's
 own container command and arguments from it, run in a subprocess with this environment's
@@ -16,10 +17,15 @@ Stand-ins, said so:
   (``kfp.dsl.types.artifact_types._GCS_LOCAL_MOUNT_PREFIX``), which KFP's launcher mounts in
   the task's pod; here a ``sitecustomize`` on the executor's ``PYTHONPATH`` points that prefix
   at a temporary folder instead (nothing is written under ``/``);
-* the values KFP's driver resolves: the run's parameters (the compiled defaults, with
-  ``training_backend=trainjob``, the namespace and the registry a user fills in), the check
-  step's chosen image (its own program, ``pipeline.checks.check_step``), the artifacts' URIs
-  and the run id.
+* KFP's driver: the values it resolves (the run's parameters: the compiled defaults, with
+  ``training_backend=trainjob``, the namespace and the registry a user fills in; the check
+  step's chosen image, from its own program ``pipeline.checks.check_step``; the artifacts'
+  URIs and the run id), and the task config it injects: for each input of type
+  ``TASK_CONFIG`` (the compiled ``task_config``), the JSON of the driver's ``TaskConfig``
+  (``affinity``, ``tolerations``, ``nodeSelector``, ``env``, ``volumes``, ``volumeMounts``,
+  ``resources``) of the passthroughs the component declares, as a struct in
+  ``inputs.parameterValues`` (kubeflow/pipelines ``backend/src/v2/driver``, read for
+  pipelines#12185; kfp's executor reads it back into ``dsl.TaskConfig``).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import pytest
 import yaml
 
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, from_argv
-from components.train.trainjob.manifest import TRAINJOB
+from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
 from pipeline.build import compile_pipeline
 from pipeline.checks import check_step
 from standins.kmock_cluster import NS, TRAINJOB_KIND, Cluster, Operator, local_equivalent, pod
@@ -64,13 +70,10 @@ def cluster() -> Iterator[Cluster]:
     with Cluster() as c:
         c.core.create_namespaced_pod(NS, pod(TASK_POD, {}, uid=TASK_POD_UID))  # the step's pod
         yield c
-    for step in Step.started:  # a failed test's steps go with it
-        if step.proc.poll() is None:
-            os.killpg(step.proc.pid, signal.SIGKILL)
-    Step.started.clear()
+    Step.stop_all()
 
 
-def run_values(compiled: dict[str, Any], bucket: str) -> dict[str, Any]:
+def run_values(compiled: dict[str, Any], bucket: str, **overrides: Any) -> dict[str, Any]:
     """The run's parameters: the compiled defaults and what a user sets for a TrainJob run."""
     parameters = compiled["root"]["inputDefinitions"]["parameters"]
     values = {name: p.get("defaultValue") for name, p in parameters.items()}
@@ -80,18 +83,25 @@ def run_values(compiled: dict[str, Any], bucket: str) -> dict[str, Any]:
     return values | {
         "training_backend": "trainjob", "namespace": NS, "registry_root": f"{bucket}/models",
         "epochs": 3,  # and one value of the user's own, to follow into the TrainJob
-    }  # fmt: skip
+    } | overrides  # fmt: skip
 
 
-def executor_input(compiled: dict[str, Any], bucket: str, run_id: str, out: Path) -> dict:
-    """The train task's executor input, as KFP's driver resolves it from the compiled task."""
-    values = run_values(compiled, bucket)
+def executor_input(
+    compiled: dict[str, Any], bucket: str, run_id: str, out: Path,
+    task_config: dict[str, Any] | None = None, **overrides: Any,
+) -> dict:  # fmt: skip
+    """The train task's executor input, as KFP's driver resolves it from the compiled task
+    (`task_config`: the driver's TaskConfig JSON, empty when the author set nothing)."""
+    values = run_values(compiled, bucket, **overrides)
     check = compiled["root"]["dag"]["tasks"]["check-parameters"]["inputs"]["parameters"]
     checked = check_step(images=check["images"]["runtimeValue"]["constant"], **values)
     task = compiled["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
     component = compiled["components"]["comp-train"]
     parameters: dict[str, Any] = {}
-    for name in component["inputDefinitions"]["parameters"]:
+    for name, definition in component["inputDefinitions"]["parameters"].items():
+        if definition["parameterType"] == "TASK_CONFIG":  # the driver's, not the task's
+            parameters[name] = task_config or {}
+            continue
         source = task[name]
         if "componentInputParameter" in source:
             parameters[name] = values[source["componentInputParameter"]]
@@ -129,10 +139,10 @@ class Step:
     started: list[Step] = []
 
     def __init__(self, compiled: dict[str, Any], cluster: Cluster, bucket: str, run_id: str,
-                 work: Path) -> None:  # fmt: skip
+                 work: Path, **driver: Any) -> None:  # fmt: skip
         self.work, self.gcs = work, work / "gcs"
         work.mkdir(parents=True)
-        self.input = executor_input(compiled, bucket, run_id, work / "out")
+        self.input = executor_input(compiled, bucket, run_id, work / "out", **driver)
         container = compiled["deploymentSpec"]["executors"]["exec-train"]["container"]
         args = [json.dumps(self.input) if a == "{{$}}" else a for a in container["args"]]
         self.lines: list[str] = []
@@ -143,6 +153,14 @@ class Step:
         Step.started.append(self)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+
+    @classmethod
+    def stop_all(cls) -> None:
+        """A failed test's steps go with it."""
+        for step in cls.started:
+            if step.proc.poll() is None:
+                os.killpg(step.proc.pid, signal.SIGKILL)
+        cls.started.clear()
 
     def _env(self, cluster: Cluster) -> dict[str, str]:
         shim = self.work / "shim"
@@ -276,3 +294,92 @@ def test_sigterm_to_the_train_step_deletes_its_trainjob(
         ["unrelated", TASK_POD]
     )
     assert not step.output("run_summary").exists()
+
+
+SPOT = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+        "effect": "NoSchedule"}  # fmt: skip
+TEAM = {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+TASK_CONFIG = {  # what kfp-kubernetes' add_node_selector, add_toleration, ... set on the task
+    "nodeSelector": {"cloud.google.com/gke-spot": "true"}, "tolerations": [SPOT],
+    "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [
+            {"key": "zone", "operator": "In", "values": ["a"]}]}}]}},
+    "env": [{"name": "MY_FLAG", "value": "1"}],
+    "volumes": [{"name": "scratch", "emptyDir": {}}],
+    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+    "resources": {"limits": {"cpu": "3", "memory": "6Gi"},
+                  "requests": {"cpu": "3", "memory": "6Gi"}},
+}  # fmt: skip
+PLACED = {"training_backend": "auto", "node_selector": '{"pool": "training"}',
+          "tolerations": json.dumps([TEAM])}  # fmt: skip
+
+
+@pytest.fixture
+def trainer_cluster() -> Iterator[Cluster]:
+    """A stock Kubeflow platform: Kubeflow Trainer, no mpi-operator."""
+    with Cluster((TRAINJOB, TRAINING_RUNTIME)) as c:
+        c.core.create_namespaced_pod(NS, pod(TASK_POD, {}, uid=TASK_POD_UID))  # the step's pod
+        yield c
+    Step.stop_all()
+
+
+def test_auto_picks_the_trainjob_and_the_task_config_reaches_every_rank_pod(
+    compiled: dict[str, Any], trainer_cluster: Cluster, gcs_uri: str, tmp_path: Path
+) -> None:
+    """``auto`` on a Trainer-only cluster says so first; the author's task config and the
+    placement parameters land on the TrainJob's pods, merged; the backend is recorded."""
+    cluster, op = trainer_cluster, Operator(trainer_cluster, TRAINJOB_KIND)
+    step = Step(compiled, cluster, gcs_uri, "run-9", tmp_path / "a", task_config=TASK_CONFIG,
+                **PLACED)  # fmt: skip
+    step.wait_for("created TrainJob")
+    name = op.wait_for_job()
+    op.start(name)
+    op.write_outputs(name)
+    op.finish(name, 0)
+    assert step.wait() == 0, "\n".join(step.lines)
+    echoed = step.lines.index("}", next(i for i, x in enumerate(step.lines) if "Got executor" in x))
+    own = step.lines[echoed + 1 :]  # after kfp's executor's own lines and its input's echo
+    assert own[0].startswith(
+        "training_backend=auto chose trainjob: this cluster serves TrainJob "
+        "trainer.kubeflow.org/v1alpha1 and not MPIJob"
+    ), "\n".join(step.lines)  # the step's first line (kfp's executor logs its own before)
+    job = cluster.job(name, TRAINJOB)
+    assert job is not None
+    trainer = job["spec"]["trainer"]
+    assert trainer["resourcesPerNode"]["limits"] == {"cpu": "3", "memory": "6Gi"}
+    assert "MY_FLAG" in trainer["command"]  # forwarded to the ranks by mpirun -x
+    runtime = cluster.job(job["spec"]["runtimeRef"]["name"], TRAINING_RUNTIME)
+    assert runtime is not None
+    for replicated in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        spec = replicated["template"]["spec"]["template"]["spec"]
+        assert spec["nodeSelector"] == {"pool": "training", "cloud.google.com/gke-spot": "true"}
+        assert spec["tolerations"] == [TEAM, SPOT] and spec["affinity"] == TASK_CONFIG["affinity"]
+        assert spec["volumes"] == TASK_CONFIG["volumes"]
+        assert spec["containers"][0]["volumeMounts"] == TASK_CONFIG["volumeMounts"]
+        assert {"name": "MY_FLAG", "value": "1"} in spec["containers"][0]["env"]
+    pods = [
+        p for p in cluster.core.list_namespaced_pod(NS).items
+        if p.metadata.name not in ("unrelated", TASK_POD)
+    ]  # fmt: skip
+    assert len(pods) == 2 and all(p.spec.node_selector["pool"] == "training" for p in pods)
+    summary = json.loads(step.output("run_summary").read_text())
+    assert summary["training_backend"] == "trainjob"
+    assert "- Backend: **trainjob**" in step.output("coordination_report").read_text()
+    metadata = json.loads((tmp_path / "a" / "out" / "executor_output.json").read_text())
+    run = metadata["artifacts"]["run_summary"]["artifacts"][0]["metadata"]
+    assert run["training_backend"] == "trainjob"
+
+
+def test_a_label_the_parameter_and_the_task_config_set_differently_is_refused(
+    compiled: dict[str, Any], trainer_cluster: Cluster, gcs_uri: str, tmp_path: Path
+) -> None:
+    clash = {**TASK_CONFIG, "nodeSelector": {"pool": "other"}}
+    step = Step(compiled, trainer_cluster, gcs_uri, "run-10", tmp_path / "a", task_config=clash,
+                **PLACED)  # fmt: skip
+    assert step.wait() != 0
+    assert any(
+        "node selector label 'pool': the node_selector parameter says 'training', the train "
+        "task's config says 'other'" in line
+        for line in step.lines
+    ), "\n".join(step.lines)
+    assert trainer_cluster.requests("POST", "/apis/") == []  # nothing was created

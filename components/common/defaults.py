@@ -144,6 +144,9 @@ TRAINER_WORKDIR = "/app"
 # The Kubeflow Trainer release the TrainJob backend is built and tested against (its CRDs are
 # vendored in deploy/crd/trainer, SOURCE.md there), and the TrainingRuntime's name prefix.
 TRAINER_VERSION = "v2.3.0"
+# The mpi-operator release the MPIJob backend is built and tested against (its CRD is vendored in
+# deploy/crd); `training_backend=auto` names it, with Trainer, when a cluster serves neither.
+MPI_OPERATOR_VERSION = "v0.8.2"
 TRAINING_RUNTIME_PREFIX = "kfp-horovod"
 
 # Evaluation defaults.

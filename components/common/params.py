@@ -17,7 +17,7 @@ from typing import Any
 from components.common.declare import Declared, declared, field_problems
 from components.common.defaults import BUNDLED_SOURCE, MODELS
 
-TRAINING_BACKENDS = ("local", "mpijob", "trainjob")
+TRAINING_BACKENDS = ("auto", "local", "mpijob", "trainjob")
 SOURCE_SCHEMES = ("http", "https", "gs")
 LR_SCALINGS = ("linear", "sqrt", "none")  # components/train/optimizer.py
 # Malladi's square-root rule sets beta_1 = 1 - k (1 - 0.9): above 9 ranks it is not an Adam.

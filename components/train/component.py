@@ -4,6 +4,14 @@ parameters in between, each under its own name (``components.train.task.run_step
 
 The output artifact is ``saved_model`` because the parameter ``model`` (which model to train)
 holds that name.
+
+The component declares KFP's task-config passthroughs (kfp >= 2.15, `PASSTHROUGHS`): what a
+pipeline author sets on the train task with kfp-kubernetes (resources, environment, node
+selector, tolerations, affinity, volumes) reaches ``task_config`` (``dsl.TaskConfig``), and
+the step forwards it to the job's pods (`components.train.cluster.podconfig`). The environment
+and the resources apply to the train task's own pod too: the ``local`` backend trains there
+(its GPUs are the task's), and an environment is safe on both. Placement and volumes go to the
+job's pods only: the task that launches a cluster job needs no GPU node.
 """
 
 from kfp import dsl
@@ -16,9 +24,20 @@ SIGNATURE = [
     ("dataset", "Input[Dataset]"),
     *((p.name, p.type.__name__) for p in (*PIPELINE_TRAIN_PARAMETERS, *TRAIN_STEP_PARAMETERS)),
     ("pipeline_run_id", "str"),
+    ("task_config", "TaskConfig"),
     ("saved_model", "Output[Model]"),
     ("run_summary", "Output[Artifact]"),
     ("coordination_report", "Output[Markdown]"),
+]
+
+
+PASSTHROUGHS = [
+    dsl.TaskConfigPassthrough(field=dsl.TaskConfigField.RESOURCES, apply_to_task=True),
+    dsl.TaskConfigPassthrough(field=dsl.TaskConfigField.ENV, apply_to_task=True),
+    dsl.TaskConfigField.KUBERNETES_NODE_SELECTOR,
+    dsl.TaskConfigField.KUBERNETES_TOLERATIONS,
+    dsl.TaskConfigField.KUBERNETES_AFFINITY,
+    dsl.TaskConfigField.KUBERNETES_VOLUMES,
 ]
 
 
@@ -27,6 +46,9 @@ def make_component(image: str) -> dsl.base_component.BaseComponent:
     func = kfp_function(
         "train", SIGNATURE, "None",
         "components.train.task:run_step",
-        "Train ONE model with a Horovod job of `workers` processes (local or an MPIJob).",
+        "Train ONE model with a Horovod job of `workers` processes (local, an MPIJob or a "
+        "TrainJob).",
     )  # fmt: skip
-    return dsl.component(base_image=image, install_kfp_package=False)(func)
+    return dsl.component(
+        base_image=image, install_kfp_package=False, task_config_passthroughs=PASSTHROUGHS
+    )(func)

@@ -9,7 +9,6 @@ def coordination_report(summary: RunSummary) -> str:
     """Render a run summary as the Markdown shown in the KFP UI next to the model."""
     size = summary["world_size"]
     fingerprints = sorted({r["weights_sha256"] for r in summary["per_rank"]})
-    identical = len(fingerprints) == 1
     cov = summary["coverage"]
     lines = [
         "# Coordination report",
@@ -18,6 +17,7 @@ def coordination_report(summary: RunSummary) -> str:
         f"(formed by the {summary['controller']} controller; expected workers: "
         f"{summary['expected_workers']}; hosts: {', '.join(summary['hosts'])}).",
         "",
+        *_backend_lines(summary),
         *_device_lines(summary),
         f"- Global batch: **{summary['global_batch_size']}** = {size} workers x "
         f"{summary['batch_size_per_worker']} per worker",
@@ -45,9 +45,15 @@ def coordination_report(summary: RunSummary) -> str:
             f"{r['samples_per_epoch']} | {r['steps_per_epoch']} | {r['examples_per_second']} | "
             f"`{r['weights_sha256'][:16]}` |"
         )
-    metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(summary["final_metrics"].items()))
     lines += ["", *_elastic_lines(summary), *resource_lines(summary)]
-    lines += [
+    return "\n".join([*lines, *_result_lines(summary, fingerprints)])
+
+
+def _result_lines(summary: RunSummary, fingerprints: list[str]) -> list[str]:
+    """The report's last section: one set of weights, one model, where it is."""
+    size, identical = summary["world_size"], len(fingerprints) == 1
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(summary["final_metrics"].items()))
+    return [
         "## Result",
         "",
         (
@@ -65,7 +71,14 @@ def coordination_report(summary: RunSummary) -> str:
         ),
         "",
     ]
-    return "\n".join(lines)
+
+
+def _backend_lines(summary: RunSummary) -> list[str]:
+    """Where the job ran (``training_backend``) and why, as the train step recorded it."""
+    if not summary.get("training_backend"):
+        return []
+    reason = summary.get("training_backend_reason", "")
+    return [f"- Backend: **{summary['training_backend']}**" + (f" ({reason})" if reason else "")]
 
 
 def _lr_text(summary: RunSummary) -> str:

@@ -8,6 +8,12 @@ from dataclasses import dataclass
 from components.common import defaults
 from components.common.declare import Declared, declared, param
 from components.common.params import TRAINING_BACKENDS, Validated
+from components.common.placement import (
+    NODE_SELECTOR_HELP,
+    TOLERATIONS_HELP,
+    node_selector_problem,
+    tolerations_problem,
+)
 
 
 @dataclass(frozen=True)
@@ -15,8 +21,10 @@ class TrainStep(Validated):
     """How the train step runs the job: its backend, image, pods and identity."""
 
     training_backend: str = param(
-        "mpijob", "mpijob: a Kubeflow MPIJob across pods (mpi-operator); trainjob: a Kubeflow "
-        "Trainer v2 TrainJob across pods; local: mpirun inside the train step's own pod",
+        "auto", "auto: the job operator the cluster serves (an MPIJob where mpi-operator is "
+        "installed, else a TrainJob on Kubeflow Trainer v2); mpijob: a Kubeflow MPIJob across "
+        "pods (mpi-operator); trainjob: a Kubeflow Trainer v2 TrainJob across pods; local: "
+        "mpirun inside the train step's own pod",
         choices=TRAINING_BACKENDS,
     )  # fmt: skip
     trainer_image: str = param(
@@ -32,6 +40,8 @@ class TrainStep(Validated):
         defaults.TRAINER_SERVICE_ACCOUNT, "the service account of the job's pods (Workload "
         "Identity)",
     )  # fmt: skip
+    node_selector: str = param("{}", NODE_SELECTOR_HELP, check=node_selector_problem)
+    tolerations: str = param("[]", TOLERATIONS_HELP, check=tolerations_problem)
 
 
 TRAIN_STEP_PARAMETERS: list[Declared] = declared(TrainStep)

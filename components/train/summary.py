@@ -122,6 +122,9 @@ class RunSummary(TypedDict, total=False):
     exported_by_rank: int
     resource_use: ResourceUse | None
     elastic: ElasticRecord
+    # the train step's: the backend it ran on and why (``training_backend``)
+    training_backend: str
+    training_backend_reason: str
 
 
 def to_json(summary: RunSummary) -> str:

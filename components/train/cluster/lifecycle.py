@@ -1,7 +1,8 @@
 """Run one cluster job through the official ``kubernetes`` client: create or reattach, follow,
 cancel, check. The same steps for an MPIJob and a TrainJob; a `Backend` says what differs.
 
-1. check that the cluster serves the job's API (else say which operator to install);
+1. check that the cluster serves the job's API (else say which operator to install:
+   `components.train.cluster.discovery`);
 2. create the job, or reattach to the one an earlier attempt of the same task created
    (a job that already *failed* is replaced, so a KFP retry really retries);
 3. poll the job's conditions and copy the launcher pod's new log lines into the component's log;
@@ -134,22 +135,6 @@ def default_api_client() -> client.ApiClient:
     except config.ConfigException:
         config.load_kube_config()
     return client.ApiClient()
-
-
-def check_api(api: client.CustomObjectsApi, crd: Crd, install: str) -> None:
-    """Raise `JobError` unless the cluster serves `crd`'s resource (API discovery, which every
-    authenticated user may read), naming what to install."""
-    try:
-        found = api.get_api_resources(crd.group, crd.version)
-        served = {r.name for r in found.resources or []}
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        served = set()
-    if crd.plural not in served:
-        raise JobError(
-            f"this cluster does not serve {crd.kind} ({crd.plural}.{crd.api_version}): {install}"
-        )
 
 
 def get_job(

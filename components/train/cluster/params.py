@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from components.common import defaults, storage
 from components.common.declare import Declared, declared, field_problems, param
+from components.common.placement import (
+    NODE_SELECTOR_HELP,
+    TOLERATIONS_HELP,
+    node_selector_problem,
+    parse_node_selector,
+    tolerations_problem,
+)
+from components.train.cluster.podconfig import PodConfig, env_conflicts, node_selector_conflicts
 from components.train.config import TrainConfig
 
 # Labels. KFP v2 itself labels task pods with ``pipeline/runid``; we reuse the key.
@@ -45,7 +53,8 @@ class ClusterJobParams:
     job's pods are not the component's pod and cannot see its disk, so the trainer reads the
     dataset and writes the model to GCS itself. The job has `train.workers` worker pods (the
     TrainJob's nodes) of `train.slots_per_worker` ranks each. The fields are declared
-    (`param`): the render commands' options come from them.
+    (`param`): the render commands' options come from them. `task_config` is what the train
+    task's KFP task config passes through to the pods (`components.train.cluster.podconfig`).
     """
 
     train: TrainConfig
@@ -82,12 +91,16 @@ class ClusterJobParams:
     priority_class: str | None = param(None, "priority class of the pods", check=dns_name_problem)
     min_available: int | None = param(None, "gang size (MPIJob only; default: all pods)", minimum=1)
     scheduler_name: str | None = param(None, "e.g. volcano", check=dns_name_problem)
+    # placement of every pod that runs a rank (and of the MPIJob's launcher)
+    node_selector: str = param("{}", NODE_SELECTOR_HELP, check=node_selector_problem)
+    tolerations: str = param("[]", TOLERATIONS_HELP, check=tolerations_problem)
     # identity and ownership
     service_account: str | None = param(
         None, "service account of the pods (Workload Identity)", check=dns_name_problem
     )
     owner_pod_name: str | None = param(None, "the pod that owns the job", check=dns_name_problem)
     owner_pod_uid: str | None = param(None, "its uid")
+    task_config: PodConfig = field(default_factory=PodConfig)
 
     def __post_init__(self) -> None:
         problems = param_problems(self)
@@ -126,6 +139,10 @@ def param_problems(p: ClusterJobParams) -> list[str]:
         )
     if p.owner_pod_uid and not p.owner_pod_name:
         problems.append("owner_pod_uid is set but owner_pod_name is not")
+    if not node_selector_problem(p.node_selector):
+        selector = parse_node_selector(p.node_selector)
+        problems += node_selector_conflicts(selector, p.task_config.node_selector)
+    problems += env_conflicts(p.task_config.env)
     return problems
 
 

@@ -3,8 +3,12 @@
 The launcher's command is built here once: ``mpiwatch -- mpirun ... python -m
 components.train ...`` for a static job (the MPIJob's launcher and the TrainJob's node 0 run
 the same line), elastic ``horovodrun`` for an elastic MPIJob. The pods' pieces (resources,
-security context, the workers' sshd) are the same on an MPIJob and a TrainingRuntime.
-Nothing here talks to a cluster or reads the environment.
+security context, the workers' sshd, placement) are the same on an MPIJob and a
+TrainingRuntime. Placement (`placement`: the ``node_selector`` and ``tolerations`` parameters
+and the task config's) goes on every pod of the job: each runs a rank, except the MPIJob's
+launcher, which is placed in the same pool on purpose (a team's tainted pool or an Autopilot
+class may be the only place the job may run; it asks for no GPU). Nothing here talks to a
+cluster or reads the environment.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import shlex
 from typing import Any
 
 from components.common import defaults
+from components.common.placement import merge_tolerations, parse_node_selector, parse_tolerations
 from components.train import mpirun
 from components.train.cluster.params import ClusterJobParams
+from components.train.cluster.podconfig import GPU_RESOURCE
 from components.train.config import to_argv
 from components.train.heartbeat import HEARTBEAT_ENV, period_for
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 # Where mpi-operator v2beta1 keeps the launcher's host discovery script: it lists the worker
 # pods that are running now (``echo <pod>.<job>-worker.<namespace>.svc`` per pod, no slots).
 # Kubeflow Trainer v2 has none, so elastic jobs are MPIJob-only.
@@ -92,6 +98,7 @@ def mpirun_command(p: ClusterJobParams) -> list[str]:
         "PYTHONUNBUFFERED=1",
         f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={p.stall_shutdown_seconds}",
         f"{HEARTBEAT_ENV}={period_for(p.stall_shutdown_seconds):g}",
+        *(str(e["name"]) for e in p.task_config.env),  # the task config's, set on the launcher
     ]
     return mpirun.mpirun_command(
         p.train.world_size, trainer_command(p), forward=forward, workdir=defaults.TRAINER_WORKDIR
@@ -127,11 +134,39 @@ def security_context() -> dict[str, Any]:
     }
 
 
+def placement(p: ClusterJobParams, gpus: bool) -> dict[str, Any]:
+    """The pod spec's placement: the node selector of the parameter and the task config, the
+    tolerations of both (and, for a pod that asks for GPUs, the usual GPU taint's), each once,
+    and the task config's affinity."""
+    spec: dict[str, Any] = {}
+    selector = {**parse_node_selector(p.node_selector), **p.task_config.node_selector}
+    if selector:
+        spec["nodeSelector"] = selector
+    own, gpu = parse_tolerations(p.tolerations), [GPU_TOLERATION] if gpus else []
+    tolerations = merge_tolerations(own, p.task_config.tolerations, gpu)
+    if tolerations:
+        spec["tolerations"] = tolerations
+    if p.task_config.affinity:
+        spec["affinity"] = dict(p.task_config.affinity)
+    return spec
+
+
+def _with_task_config(p: ClusterJobParams, container: dict[str, Any]) -> dict[str, Any]:
+    """`container` with the task config's environment and volume mounts added."""
+    out = dict(container)
+    if p.task_config.env:
+        out["env"] = [*container.get("env", []), *p.task_config.env]
+    if p.task_config.volume_mounts:
+        out["volumeMounts"] = [*container.get("volumeMounts", []), *p.task_config.volume_mounts]
+    return out
+
+
 def pod_spec(p: ClusterJobParams, container: dict[str, Any], gpus: bool) -> dict[str, Any]:
-    """A pod spec of one container with the job's fsGroup, identity and scheduling; `gpus`:
-    the pod asks for GPUs, so it tolerates the usual GPU taint."""
+    """A pod spec of one container with the job's fsGroup, identity, scheduling and placement
+    (`placement`; `gpus`: the pod asks for GPUs, so it tolerates the usual GPU taint), and the
+    task config's environment and volumes."""
     spec: dict[str, Any] = {
-        "containers": [container],
+        "containers": [_with_task_config(p, container)],
         "securityContext": {"fsGroup": defaults.MPI_USER_UID},
     }
     if p.service_account:
@@ -140,8 +175,9 @@ def pod_spec(p: ClusterJobParams, container: dict[str, Any], gpus: bool) -> dict
         spec["priorityClassName"] = p.priority_class
     if p.scheduler_name:
         spec["schedulerName"] = p.scheduler_name
-    if gpus:
-        spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    spec.update(placement(p, gpus))
+    if p.task_config.volumes:
+        spec["volumes"] = list(p.task_config.volumes)
     return spec
 
 

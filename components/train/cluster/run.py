@@ -14,13 +14,13 @@ from kubernetes.client.exceptions import ApiException
 
 from components.common import storage
 from components.train import summary
+from components.train.cluster.discovery import check_api
 from components.train.cluster.lifecycle import (
     DEADLINE_GRACE_S,
     Backend,
     JobCancelled,
     Log,
     RunCheckError,
-    check_api,
     create_or_reattach,
     default_api_client,
     delete_job,

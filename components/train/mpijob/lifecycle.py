@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
+from components.common import defaults
 from components.train.cluster.lifecycle import (
     DEADLINE_GRACE_S,
     Backend,
@@ -35,7 +36,7 @@ MPIJOB_BACKEND = Backend(
     ],
     launcher_container="launcher",
     pod_labels=lambda name: {LABEL_JOB: name},
-    install="install mpi-operator v0.6 or later (docs/cluster.md), or choose "
+    install=f"install mpi-operator {defaults.MPI_OPERATOR_VERSION} (docs/cluster.md), or choose "
     "training_backend=trainjob on a cluster with Kubeflow Trainer v2",
 )
 

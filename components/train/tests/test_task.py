@@ -48,7 +48,7 @@ def _summary(world_size: int = 3, same: bool = True) -> dict[str, Any]:
 
 def test_unknown_backend_is_refused_by_name() -> None:
     with pytest.raises(
-        ValueError, match="training_backend must be one of local, mpijob, trainjob, got 'k8s'"
+        ValueError, match="training_backend must be one of auto, local, mpijob, trainjob, got 'k8s'"
     ):
         TrainStep(training_backend="k8s")
 
@@ -59,7 +59,7 @@ def test_mpijob_backend_refuses_local_artifacts(tmp_path: Path) -> None:
     ):
         run_train_task(
             _config(data=str(tmp_path / "d"), model_dir="gs://b/m"),
-            TrainStep(trainer_image="r/t:1", namespace="kubeflow"),
+            TrainStep(trainer_image="r/t:1", namespace="kubeflow", training_backend="mpijob"),
             dataset_path=str(tmp_path / "d"),
             model_path="/gcs/b/m",
             outputs=(str(tmp_path / "s"), str(tmp_path / "r")),
@@ -77,7 +77,7 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
     seen: dict[str, Any] = {}
 
-    def fake_run_mpijob(params: Any, *, namespace: str, log: Any) -> dict[str, Any]:
+    def fake_run_mpijob(params: Any, *, namespace: str, log: Any, **_: Any) -> dict[str, Any]:
         seen["params"], seen["namespace"] = params, namespace
         seen["manifest"] = build_manifest(params, namespace)
         return _summary(world_size=6)
@@ -85,7 +85,7 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(lifecycle, "run_mpijob", fake_run_mpijob)
     summary = run_train_task(
         _config(slots_per_worker=2),
-        TrainStep(trainer_image="reg/trainer:9", namespace="team-a"),
+        TrainStep(trainer_image="reg/trainer:9", namespace="team-a", training_backend="mpijob"),
         dataset_path="/gcs/b/data",
         model_path="/gcs/b/run/train/model",
         outputs=(str(tmp_path / "summary"), str(tmp_path / "report")),
@@ -108,7 +108,12 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     )
     assert "--workers 3 --slots-per-worker 2" in command
     assert json.loads((tmp_path / "summary").read_text()) == summary
-    assert "6 workers formed ONE Horovod job" in (tmp_path / "report").read_text()
+    assert (summary["training_backend"], summary["training_backend_reason"]) == (
+        "mpijob", "training_backend forces it",
+    )  # fmt: skip
+    report = (tmp_path / "report").read_text()
+    assert "6 workers formed ONE Horovod job" in report
+    assert "- Backend: **mpijob** (training_backend forces it)" in report
 
 
 def test_report_answers_one_model_or_n() -> None:
@@ -159,21 +164,25 @@ def test_mpijob_launcher_checks_the_model_before_creating_the_job(
     with pytest.raises(PreflightError, match="returns outputs of shape"):
         run_train_task(
             _config(model=BAD_ENTRY_POINT), TrainStep(trainer_image="reg/trainer:9",
-            namespace="team-a"), dataset_path="/gcs/b/data",
+            namespace="team-a", training_backend="mpijob"), dataset_path="/gcs/b/data",
             model_path="/gcs/b/run/train/model",
             outputs=(str(tmp_path / "summary"), str(tmp_path / "report")),
         )  # fmt: skip
 
 
 def test_artifact_metadata_says_which_model_was_trained() -> None:
-    model, run = task.artifact_metadata({**_summary(), "weights_identical_across_ranks": True})
+    model, run = task.artifact_metadata(
+        {**_summary(), "weights_identical_across_ranks": True, "training_backend": "trainjob"}
+    )
     assert model == {
         "framework": "tensorflow-savedmodel", "model": "mnist_advanced", "augment": True,
         "world_size": 3, "epochs": 2, "saved_model_sha256": "ef" * 32,
         "final_metrics": {"accuracy": 0.9, "loss": 0.3},
         "tensorboard_uri": "gs://b/run/train/train-work/tensorboard",
     }  # fmt: skip  # evaluation writes its test metrics into that TensorBoard at epoch 2
-    assert run == {"world_size": 3, "weights_identical_across_ranks": True}
+    assert run == {
+        "world_size": 3, "weights_identical_across_ranks": True, "training_backend": "trainjob",
+    }  # fmt: skip
 
 
 def test_report_flags_diverged_ranks() -> None:

@@ -15,12 +15,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from components.common import defaults
+from components.train.cluster.discovery import check_api
 from components.train.cluster.lifecycle import (
     DEADLINE_GRACE_S,
     Backend,
     JobError,
     Log,
-    check_api,
     get_job,
 )
 from components.train.cluster.params import ClusterJobParams

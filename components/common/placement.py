@@ -1,0 +1,147 @@
+"""Where a cluster job's pods run: the ``node_selector`` and ``tolerations`` parameters.
+
+Both are JSON text (a pipeline parameter is a string): ``node_selector`` an object of label ->
+value, ``tolerations`` a list of Kubernetes tolerations. `node_selector_problem` and
+`tolerations_problem` are their declared rules (`components.common.declare.param`), so the
+check step, the CLIs and the train step refuse the same values with the same line, naming the
+offending key or field. `merge_tolerations` adds tolerations without repeating one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+# Kubernetes' qualified name (k8s.io/apimachinery validation): [prefix/]name.
+_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+TOLERATION_FIELDS = ("key", "operator", "value", "effect", "tolerationSeconds")
+OPERATORS = ("Exists", "Equal")
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute", "")
+NODE_SELECTOR_HELP = (
+    "a JSON object of node label -> value every pod that runs a rank must match, e.g. "
+    '{"cloud.google.com/gke-accelerator": "nvidia-l4"}; {}: none'
+)
+TOLERATIONS_HELP = (
+    'a JSON list of Kubernetes tolerations for every pod that runs a rank, e.g. [{"key": '
+    '"team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]; GPU pods also get '
+    "the nvidia.com/gpu toleration"
+)
+
+
+def label_key_problem(key: object) -> str | None:
+    """Why `key` is not a Kubernetes label key (``[prefix/]name``), or None."""
+    if not isinstance(key, str):
+        return f"label key {key!r} is not a string"
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and not (prefix and len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
+        return f"label key {key!r}: its prefix must be a lower-case DNS subdomain of <= 253 chars"
+    if not (len(name) <= 63 and _NAME.match(name)):
+        return (
+            f"label key {key!r}: its name must be <= 63 letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    return None
+
+
+def label_value_problem(key: str, value: object) -> str | None:
+    """Why `value` is not a valid value of label `key`, or None."""
+    if not isinstance(value, str) or len(value) > 63 or (value and not _NAME.match(value)):
+        return (
+            f"label {key!r}: value {value!r} is not a label value (<= 63 letters, digits, "
+            "'-', '_' or '.', starting and ending with a letter or digit)"
+        )
+    return None
+
+
+def _json(name: str, text: str, kind: type) -> tuple[Any, str | None]:
+    try:
+        value = json.loads(text) if text.strip() else kind()
+    except json.JSONDecodeError as exc:
+        return None, f"{name} is not JSON ({exc.msg} at char {exc.pos}): {text!r}"
+    if not isinstance(value, kind):
+        what = "object of label -> value" if kind is dict else "list of tolerations"
+        return None, f"{name} must be a JSON {what}, got {text!r}"
+    return value, None
+
+
+def node_selector_problem(text: str) -> str | None:
+    """Why `text` is not a node selector (a JSON object of label -> value), or None."""
+    selector, problem = _json("node_selector", text, dict)
+    if problem:
+        return problem
+    for key, value in selector.items():
+        found = label_key_problem(key) or label_value_problem(key, value)
+        if found:
+            return f"node_selector: {found}"
+    return None
+
+
+def toleration_problem(toleration: object) -> str | None:
+    """Why `toleration` is not a Kubernetes toleration, or None (names the field)."""
+    if not isinstance(toleration, dict):
+        return f"{toleration!r} is not an object"
+    unknown = sorted(set(toleration) - set(TOLERATION_FIELDS))
+    if unknown:
+        return f"unknown field {unknown[0]!r} (known: {', '.join(TOLERATION_FIELDS)})"
+    operator, key = toleration.get("operator", "Equal"), toleration.get("key", "")
+    if operator not in OPERATORS:
+        return f"operator {operator!r} is not one of {', '.join(OPERATORS)}"
+    if toleration.get("effect", "") not in EFFECTS:
+        effects = ", ".join(repr(e) for e in EFFECTS)
+        return f"effect {toleration['effect']!r} is not one of {effects}"
+    if key and (problem := label_key_problem(key)):
+        return f"key: {problem}"
+    if not key and operator != "Exists":
+        return "an empty key needs operator 'Exists'"
+    value = toleration.get("value", "")
+    if operator == "Exists" and value:
+        return f"operator 'Exists' takes no value, got {value!r}"
+    if value and (problem := label_value_problem(str(key), value)):
+        return f"value: {problem}"
+    seconds = toleration.get("tolerationSeconds")
+    if seconds is not None and (not isinstance(seconds, int) or isinstance(seconds, bool)):
+        return f"tolerationSeconds must be an integer, got {seconds!r}"
+    return None
+
+
+def tolerations_problem(text: str) -> str | None:
+    """Why `text` is not a JSON list of Kubernetes tolerations, or None."""
+    tolerations, problem = _json("tolerations", text, list)
+    if problem:
+        return problem
+    for i, toleration in enumerate(tolerations):
+        if found := toleration_problem(toleration):
+            return f"tolerations[{i}]: {found}"
+    return None
+
+
+def parse_node_selector(text: str) -> dict[str, str]:
+    """The node selector of checked JSON `text` ({} when empty)."""
+    return dict(json.loads(text)) if text.strip() else {}
+
+
+def parse_tolerations(text: str) -> list[dict[str, Any]]:
+    """The tolerations of checked JSON `text` ([] when empty)."""
+    return list(json.loads(text)) if text.strip() else []
+
+
+def _canonical(toleration: dict[str, Any]) -> str:
+    """One text per toleration as Kubernetes reads it (operator Equal when unset, empty
+    fields dropped)."""
+    full = {"operator": "Equal", **{k: v for k, v in toleration.items() if v not in ("", None)}}
+    return json.dumps(full, sort_keys=True)
+
+
+def merge_tolerations(*groups: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tolerations of `groups`, in order, each once."""
+    seen: set[str] = set()
+    out = []
+    for group in groups:
+        for toleration in group:
+            if (text := _canonical(toleration)) not in seen:
+                seen.add(text)
+                out.append(dict(toleration))
+    return out

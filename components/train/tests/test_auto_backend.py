@@ -1,0 +1,139 @@
+"""``training_backend=auto``: the train step asks the cluster's API discovery which job operator
+it serves, says its choice first, runs the job there and records the backend.
+
+Real parts: the train step's program (`components.train.task.run_train_task`), the real
+``kubernetes`` client, reaching kmock's API emulator through a kubeconfig as the step does,
+with the APIs a cluster serves chosen per test (`standins.kmock_cluster.Cluster`'s kinds), and
+the suite's fake-gcs-server for the outputs. Stood in: mpi-operator and Kubeflow Trainer
+(`standins.kmock_cluster.Operator`), which write what rank 0 would leave instead of training.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.config import kube_config
+
+from components.train.cluster.crd import Crd
+from components.train.cluster.lifecycle import JobError
+from components.train.config import TrainConfig
+from components.train.mpijob.validate import MPIJOB
+from components.train.step import TrainStep
+from components.train.task import run_train_task
+from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
+from standins.kmock_cluster import MPIJOB_KIND, NS, TRAINJOB_KIND, Cluster, Kind, Operator
+
+pytestmark = pytest.mark.timeout(120)
+BOTH = (MPIJOB, TRAINJOB, TRAINING_RUNTIME)
+TRAINER_ONLY = (TRAINJOB, TRAINING_RUNTIME)
+
+
+@pytest.fixture
+def served(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+           ) -> Iterator[Cluster]:  # fmt: skip
+    """A cluster serving the APIs the test is parametrized with, which the step reaches through
+    its kubeconfig (as outside a pod: no in-cluster service account here)."""
+    with Cluster(request.param) as cluster:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
+            "users": [{"name": "step", "user": {"token": "t"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "step"}}],
+        }))  # fmt: skip
+        # what the client reads from $KUBECONFIG when it is imported, as in the step's process
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        monkeypatch.delenv("HOSTNAME", raising=False)
+        yield cluster
+
+
+def run_auto(bucket: str, tmp_path: Path, lines: list[str], **train: Any) -> dict[str, Any]:
+    config = TrainConfig(
+        data=f"{bucket}/data", output=f"{bucket}/run/train/train-work",
+        model_dir=f"{bucket}/run/train/model", workers=2, **train,
+    )  # fmt: skip
+    record = run_train_task(
+        config, TrainStep(namespace=NS), "", "", (str(tmp_path / "s"), str(tmp_path / "r")),
+        "run-1", log=lines.append,
+    )  # fmt: skip
+    return dict(record)
+
+
+def operate(cluster: Cluster, kind: Kind) -> Operator:
+    """The operator of `kind` runs the one job the step creates to success."""
+    op = Operator(cluster, kind)
+
+    def script(op: Operator) -> None:
+        name = op.wait_for_job(timeout=60)
+        op.start(name)
+        op.write_outputs(name)
+        op.finish(name, 0)
+
+    op.play(script)
+    return op
+
+
+def created(cluster: Cluster, *crds: Crd) -> list[str]:
+    return [f"{crd.kind} {n}" for crd in crds for n in cluster.job_names(crd)]
+
+
+@pytest.mark.parametrize(
+    ("served", "kind", "reason"),
+    [
+        (BOTH, MPIJOB_KIND, "training_backend=auto chose mpijob: this cluster serves both "
+         "MPIJob kubeflow.org/v2beta1 (mpi-operator) and TrainJob trainer.kubeflow.org/v1alpha1 "
+         "(Kubeflow Trainer); the MPIJob is the stable API and runs elastic jobs"),
+        (TRAINER_ONLY, TRAINJOB_KIND, "training_backend=auto chose trainjob: this cluster serves "
+         "TrainJob trainer.kubeflow.org/v1alpha1 and not MPIJob kubeflow.org/v2beta1"),
+    ],
+    indirect=["served"], ids=["both-served", "only-trainer"],
+)  # fmt: skip
+def test_auto_runs_on_the_operator_the_cluster_serves_and_says_why_first(
+    served: Cluster, kind: Kind, reason: str, gcs_uri: str, tmp_path: Path
+) -> None:
+    op = operate(served, kind)
+    lines: list[str] = []
+    record = run_auto(gcs_uri, tmp_path, lines)
+    op.join()
+    assert lines[0] == reason
+    assert created(served, *(c for c in (MPIJOB, TRAINJOB) if c in served.kinds)) == [
+        f"{kind.crd.kind} {op.wait_for_job()}"
+    ]  # one job, of the chosen kind
+    backend = "mpijob" if kind is MPIJOB_KIND else "trainjob"
+    assert record["training_backend"] == backend
+    summary = json.loads((tmp_path / "s").read_text())
+    assert (summary["training_backend"], summary["training_backend_reason"]) == (
+        backend, reason.split(": ", 1)[1],
+    )  # fmt: skip
+    assert f"- Backend: **{backend}** ({reason.split(': ', 1)[1]})" in (tmp_path / "r").read_text()
+
+
+@pytest.mark.parametrize(
+    ("served", "train", "message"),
+    [
+        ((), {}, "training_backend=auto: this cluster serves neither MPIJob kubeflow.org/v2beta1 "
+         "nor TrainJob trainer.kubeflow.org/v1alpha1: install mpi-operator v0.8.2 (it also runs "
+         "elastic jobs) or Kubeflow Trainer v2.3 (docs/cluster.md); nothing was created"),
+        (TRAINER_ONLY, {"min_workers": 1}, "min_workers=1: training_backend=auto found only "
+         "TrainJob trainer.kubeflow.org/v1alpha1 (Kubeflow Trainer) on this cluster, and elastic "
+         "training needs mpi-operator's discover_hosts.sh, which Trainer does not provide: "
+         "install mpi-operator v0.8.2, or set min_workers 0; nothing was created"),
+    ],
+    indirect=["served"], ids=["neither-served", "elastic-on-trainer-only"],
+)  # fmt: skip
+def test_auto_refuses_before_creating_anything(
+    served: Cluster, train: dict[str, Any], message: str, gcs_uri: str, tmp_path: Path
+) -> None:
+    lines: list[str] = []
+    with pytest.raises(JobError) as info:
+        run_auto(gcs_uri, tmp_path, lines, **train)
+    assert str(info.value) == message
+    assert served.requests("POST", "/apis/") == []  # no job, no runtime: nothing created
+    assert served.requests("GET", "/apis/kubeflow.org/v2beta1")  # it asked discovery
+    assert not (tmp_path / "s").exists() and lines == []

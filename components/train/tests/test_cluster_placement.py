@@ -1,0 +1,172 @@
+"""Placement on both backends: the ``node_selector`` and ``tolerations`` parameters (and what the
+train task's KFP task config passes through) on every pod that runs a rank, and on the MPIJob's
+launcher; CRD-valid; in the pods the operators make.
+
+The operators are `standins.kmock_cluster`'s stand-ins (mpi-operator; Kubeflow Trainer with
+JobSet), which make each pod from its pod template as the real controllers do; the manifests
+are created through the real ``kubernetes`` client on kmock's API.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from components.train.cluster.params import ClusterJobParams
+from components.train.cluster.podconfig import PodConfig
+from components.train.config import TrainConfig
+from components.train.mpijob.manifest import build_manifest
+from components.train.mpijob.validate import validate_manifest
+from components.train.trainjob.manifest import build_manifests, validate_manifests
+from pipeline.cli import cli
+from standins.kmock_cluster import MPIJOB_KIND, NS, TRAINJOB_KIND, Cluster, Operator
+
+SELECTOR = {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true"}
+TEAM = {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def params(gpus: int = 1, **overrides: Any) -> ClusterJobParams:
+    train = TrainConfig(data="gs://b/data", output="gs://b/out", workers=3, gpus_per_worker=gpus)
+    placed = {"node_selector": json.dumps(SELECTOR), "tolerations": json.dumps([TEAM, GPU])}
+    return ClusterJobParams(train=train, run_name="placed", **(placed | overrides))
+
+
+def mpijob_pods(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    replicas = manifest["spec"]["mpiReplicaSpecs"]
+    return {role: replicas[role]["template"]["spec"] for role in ("Launcher", "Worker")}
+
+
+def trainjob_pods(runtime: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    return {j["name"]: j["template"]["spec"]["template"]["spec"] for j in jobs}
+
+
+def test_the_mpijob_places_workers_and_launcher_and_tolerates_the_gpu_taint_once() -> None:
+    manifest = build_manifest(params(), NS)
+    validate_manifest(manifest)  # the vendored CRD
+    pods = mpijob_pods(manifest)
+    assert pods["Worker"]["nodeSelector"] == SELECTOR
+    assert pods["Worker"]["tolerations"] == [TEAM, GPU]  # the user's GPU toleration, once
+    # the launcher runs no rank but goes to the same pool; it asks for no GPU
+    assert pods["Launcher"]["nodeSelector"] == SELECTOR
+    assert pods["Launcher"]["tolerations"] == [TEAM, GPU]
+    plain = mpijob_pods(build_manifest(params(gpus=0, tolerations="[]", node_selector="{}")))
+    assert "nodeSelector" not in plain["Worker"] and "tolerations" not in plain["Worker"]
+
+
+def test_the_trainjob_places_its_nodes_and_node_0_the_launcher() -> None:
+    runtime, trainjob = build_manifests(params(), NS)
+    validate_manifests(runtime, trainjob)  # the vendored CRDs
+    for name, spec in trainjob_pods(runtime).items():
+        assert spec["nodeSelector"] == SELECTOR, name
+        assert spec["tolerations"] == [TEAM, GPU], name
+    other, _ = build_manifests(params(node_selector="{}"), NS)
+    assert other["metadata"]["name"] != runtime["metadata"]["name"]  # its own runtime
+
+
+def test_the_task_config_reaches_every_rank_pod_of_both_backends() -> None:
+    spot = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+            "effect": "NoSchedule"}  # fmt: skip
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "zone", "operator": "In", "values": ["a", "b"]}]}]}}}  # fmt: skip
+    passed = PodConfig(
+        node_selector={"pool": "gpu"}, tolerations=[spot, TEAM], affinity=affinity,
+        env=[{"name": "MY_FLAG", "value": "1"}], volumes=[{"name": "scratch", "emptyDir": {}}],
+        volume_mounts=[{"name": "scratch", "mountPath": "/scratch"}],
+    )  # fmt: skip
+    p = params(task_config=passed)
+    runtime, trainjob = build_manifests(p, NS)
+    validate_manifests(runtime, trainjob)
+    mpijob = build_manifest(p, NS)
+    validate_manifest(mpijob)
+    for spec in [*trainjob_pods(runtime).values(), *mpijob_pods(mpijob).values()]:
+        assert spec["nodeSelector"] == {**SELECTOR, "pool": "gpu"}
+        assert spec["tolerations"] == [TEAM, GPU, spot]
+        assert spec["affinity"] == affinity and spec["volumes"] == passed.volumes
+        container = spec["containers"][0]
+        assert {"name": "MY_FLAG", "value": "1"} in container["env"]
+        assert container["volumeMounts"] == passed.volume_mounts
+    command = trainjob["spec"]["trainer"]["command"]
+    assert command[command.index("MY_FLAG") - 1] == "-x"  # the ranks on other nodes get it
+
+
+def test_a_label_both_set_differently_is_refused_naming_both() -> None:
+    with pytest.raises(ValueError) as info:
+        params(task_config=PodConfig(node_selector={"cloud.google.com/gke-spot": "false"}))
+    assert str(info.value) == (
+        "invalid cluster job parameters: node selector label 'cloud.google.com/gke-spot': the "
+        "node_selector parameter says 'true', the train task's config says 'false'"
+    )
+    params(task_config=PodConfig(node_selector={"cloud.google.com/gke-spot": "true"}))  # agree
+    with pytest.raises(ValueError, match="env 'PYTHONUNBUFFERED' from the train task's config"):
+        params(task_config=PodConfig(env=[{"name": "PYTHONUNBUFFERED", "value": "0"}]))
+
+
+@pytest.mark.parametrize("command", ["render-mpijob", "render-trainjob"])
+def test_the_render_commands_place_the_pods_and_refuse_a_bad_key_by_name(command: str) -> None:
+    selector, tolerations = json.dumps(SELECTOR), json.dumps([TEAM])
+    result = CliRunner().invoke(
+        cli, [command, "--node-selector", selector, "--tolerations", tolerations]
+    )
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(result.output))
+    pods = mpijob_pods(docs[0]) if command == "render-mpijob" else trainjob_pods(docs[0])
+    assert all(s["nodeSelector"] == SELECTOR and s["tolerations"] == [TEAM] for s in pods.values())
+    bad = CliRunner().invoke(cli, [command, "--node-selector", '{"bad key": "x"}'])
+    assert bad.exit_code == 2
+    assert "node_selector: label key 'bad key'" in bad.output
+
+
+@pytest.mark.parametrize("kind", [MPIJOB_KIND, TRAINJOB_KIND], ids=["MPIJob", "TrainJob"])
+def test_the_operators_pods_carry_the_placement(kind: Any) -> None:
+    p = params()
+    with Cluster() as cluster:
+        crd = kind.crd
+        manifests = [build_manifest(p, NS)] if kind is MPIJOB_KIND else list(build_manifests(p, NS))
+        for manifest in manifests:
+            group, version = manifest["apiVersion"].split("/")
+            plural = "trainingruntimes" if manifest["kind"] == "TrainingRuntime" else crd.plural
+            cluster.custom.create_namespaced_custom_object(group, version, NS, plural, manifest)
+        op = Operator(cluster, kind)
+        op.launcher(op.wait_for_job())
+        pods = [p for p in cluster.core.list_namespaced_pod(NS).items
+                if p.metadata.name != "unrelated"]  # fmt: skip
+    # an MPIJob: a launcher and 3 workers; a TrainJob: the launcher (node 0) and 2 nodes
+    assert len(pods) == (4 if kind is MPIJOB_KIND else 3)
+    for pod in pods:
+        assert pod.spec.node_selector == SELECTOR, pod.metadata.name
+        tolerations = [t.to_dict() for t in pod.spec.tolerations]
+        assert [{k: v for k, v in t.items() if v is not None} for t in tolerations] == [TEAM, GPU]
+
+
+DEFAULTS = {"cpu_per_worker": "2", "memory_per_worker": "4Gi"}
+
+
+def test_the_task_configs_resources_size_the_workers_unless_a_parameter_says_otherwise() -> None:
+    from components.train.cluster.podconfig import worker_resources
+
+    step = {**DEFAULTS, "gpus_per_worker": 1}
+    limits = {"limits": {"cpu": "8", "memory": "30Gi", "nvidia.com/gpu": "1"}}
+    assert worker_resources(limits, step, DEFAULTS) == (
+        {"cpu_per_worker": "8", "memory_per_worker": "30Gi"}, [],
+    )  # fmt: skip  # parameters left at their defaults give way
+    assert worker_resources({"requests": {"cpu": "500m"}}, step, DEFAULTS)[0] == {
+        "cpu_per_worker": "500m"
+    }
+    assert (
+        worker_resources({"limits": {"cpu": "8"}}, {**step, "cpu_per_worker": "8"}, DEFAULTS)[1]
+        == []
+    )  # they agree
+    assert worker_resources({"limits": {"nvidia.com/gpu": "0"}}, step, DEFAULTS) == ({}, [])
+    _, problems = worker_resources(limits, {**step, "cpu_per_worker": "4", "gpus_per_worker": 2},
+                                   DEFAULTS)  # fmt: skip
+    assert problems == [
+        "cpu: the cpu_per_worker parameter says '4', the train task's config says '8'",
+        "nvidia.com/gpu: the gpus_per_worker parameter says 2, the train task's config says '1'",
+    ]
