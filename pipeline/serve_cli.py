@@ -44,7 +44,7 @@ def _folder(registry_root: str, model_name: str, alias: str) -> Any:
 @click.option("--gpus", type=int, default=0, show_default=True, help="nvidia.com/gpu per pod.")
 @click.option("--cpu", default="1", show_default=True, help="CPU per pod (requests = limits).")
 @click.option("--memory", default="2Gi", show_default=True, help="Memory per pod.")
-@click.option("--node-selector", default=None, help='JSON object, e.g. {"pool": "serving"}.')
+@click.option("--node-selector", default=None, help="JSON object of node label -> value.")
 @click.option("--tolerations", default=None, help="JSON list of Kubernetes tolerations.")
 @click.option("--poll-seconds", type=int, default=30, show_default=True,
               help="TF Serving re-reads the folder this often (0: at pod start only).")  # fmt: skip
@@ -66,9 +66,8 @@ def render_inferenceservice(
     try:
         folder = _folder(registry_root, model_name, alias)
         manifest = isvc.build_inferenceservice(
-            name or model_name, folder.uri, node_selector=isvc.parse_node_selector(node_selector),
-            tolerations=isvc.parse_tolerations(tolerations), **options,
-        )  # fmt: skip
+            name or model_name, folder.uri, **isvc.placement(node_selector, tolerations), **options
+        )
         version = folder.alias_version()
         if version is None:
             raise ValueError(

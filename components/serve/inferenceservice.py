@@ -19,13 +19,18 @@ tests, only the manifest against the CRD.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from components.common import storage
 from components.common.defaults import TRAINER_SERVICE_ACCOUNT
+from components.common.placement import (
+    node_selector_problem,
+    parse_node_selector,
+    parse_tolerations,
+    tolerations_problem,
+)
 from components.train.cluster.crd import Crd, manifest_problems, raise_problems
 
 INFERENCESERVICE = Crd(
@@ -35,38 +40,19 @@ INFERENCESERVICE = Crd(
 GPU_RESOURCE = "nvidia.com/gpu"
 POLL_SECONDS = 30
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 
 
-def parse_node_selector(text: str | None) -> dict[str, str]:
-    """``--node-selector``: a JSON object of label -> value (strings); ValueError naming it."""
-    value = _json(text, "--node-selector", "{}")
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise ValueError(f"--node-selector must be a JSON object of strings, got {text!r}")
-    return value
-
-
-def parse_tolerations(text: str | None) -> list[dict[str, Any]]:
-    """``--tolerations``: a JSON list of Kubernetes tolerations (objects with only the fields
-    key, operator, value, effect, tolerationSeconds); ValueError naming it."""
-    value = _json(text, "--tolerations", "[]")
-    if not isinstance(value, list) or not all(
-        isinstance(t, dict) and t and set(t) <= TOLERATION_KEYS for t in value
-    ):
-        raise ValueError(
-            f"--tolerations must be a JSON list of objects with the fields "
-            f"{', '.join(sorted(TOLERATION_KEYS))}, got {text!r}"
-        )
-    return value
-
-
-def _json(text: str | None, option: str, empty: str) -> Any:
-    try:
-        return json.loads(text or empty)
-    except ValueError as exc:
-        raise ValueError(f"{option} is not valid JSON ({exc}): {text!r}") from exc
+def placement(node_selector: str | None, tolerations: str | None) -> dict[str, Any]:
+    """``--node-selector`` and ``--tolerations`` (JSON text), checked by the same rules as the
+    training job's (`components.common.placement`); ValueError naming the offending key or field.
+    """
+    problem = node_selector_problem(node_selector or "") or tolerations_problem(tolerations or "")
+    if problem:
+        raise ValueError(problem)
+    return {
+        "node_selector": parse_node_selector(node_selector or ""),
+        "tolerations": parse_tolerations(tolerations or ""),
+    }
 
 
 def build_inferenceservice(

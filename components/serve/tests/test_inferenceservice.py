@@ -99,10 +99,12 @@ def test_the_crd_check_is_strict() -> None:
     [
         (["--alias", "staging"], "alias 'staging' does not exist for model 'mnist-cnn' in "),
         (["--model-name", "other"], "alias 'production' does not exist for model 'other'"),
-        (["--node-selector", "[1]"], "--node-selector must be a JSON object of strings"),
-        (["--node-selector", "{x"], "--node-selector is not valid JSON"),
-        (["--tolerations", '{"key": "a"}'], "--tolerations must be a JSON list of objects"),
-        (["--tolerations", '[{"keys": "a"}]'], "--tolerations must be a JSON list of objects"),
+        # the training job's placement rules (components.common.placement), the same lines
+        (["--node-selector", "[1]"], "node_selector must be a JSON object of label -> value"),
+        (["--node-selector", "{x"], "node_selector is not JSON"),
+        (["--node-selector", '{"Bad Key": "x"}'], "node_selector: label key 'Bad Key'"),
+        (["--tolerations", '{"key": "a"}'], "tolerations must be a JSON list of tolerations"),
+        (["--tolerations", '[{"keys": "a"}]'], "tolerations[0]: unknown field 'keys'"),
         (["--gpus", "-1"], "--gpus and --poll-seconds must be >= 0"),
         (["--name", "Bad_Name"], "name 'Bad_Name' is not a valid InferenceService name"),
         (["--alias", "prod/x"], "alias 'prod/x' is not allowed"),
