@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.horovod import keras_checks
-from tests.horovod.conftest import CONTROLLERS, WORLD, Launch
+from tests.horovod.jobs import CONTROLLERS, WORLD, Launch
 from tests.horovod.worker import CHECKS
 
 pytestmark = [pytest.mark.conformance, pytest.mark.parametrize("controller", CONTROLLERS)]

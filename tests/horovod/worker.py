@@ -1,6 +1,6 @@
 """One rank of the conformance job: ``python -m tests.horovod.worker OUT CONTROLLER``.
 
-Every rank of one launch (`tests.horovod.conftest.launch`) starts as the trainer starts
+Every rank of one launch (`tests.horovod.jobs.launch`) starts as the trainer starts
 (`components.train.trainer.run`: Keras 2 selected by `keras_env.keras` before Horovod is
 imported, then ``hvd.init()``), runs every check of `CHECKS` in order, and writes what each
 returned to ``OUT/<check>.rank<r>.json`` (``{"values": ...}`` or ``{"error": traceback}``, and
