@@ -40,7 +40,7 @@ OFFLINE_BASE_IMAGE ?= $(call defaults,OFFLINE_BASE_IMAGE)
 # images/<dir>=<image name> for images and images-local, from IMAGE_NAMES in defaults.py.
 IMAGE_SPECS = $(shell $(PYTHON) -c "from components.common.defaults import IMAGE_NAMES as n; print(' '.join(f'{k}={v}' for k, v in n.items()))")
 
-.PHONY: help install lock lock-cuda run tensorboard serve test test-bench test-fast test-containers lint typecheck compile images \
+.PHONY: help install lock lock-cuda run tensorboard serve test test-bench test-horovod test-fast test-containers lint typecheck compile images \
 	images-local base-image docker-ready gcs-emulator-image crd bench clean
 
 # upload / submit / schedule against a KFP cluster (see docs/operating.md)
@@ -114,13 +114,19 @@ SERVE_PORT ?= 8080
 serve: install ## the local registry's production model over HTTP (KServe's model server; make run first)
 	$(PY) -m components.serve --registry-root runs/registry --port $(SERVE_PORT)
 
-test: install ## the test suite, without the benchmarks' and the container tests (installs first)
-	$(PY) -m pytest -m "not containers and not bench"
+test: install ## the test suite, without the benchmarks', the Horovod conformance and the container tests (installs first)
+	$(PY) -m pytest -m "not containers and not bench and not conformance"
 
 # The benchmarks (bench/) run end to end at tiny sizes: their real jobs and the JSON they write.
 # Kept out of `make test` for its 8 minutes; .ci/run runs it.
 test-bench: install ## the benchmarks' real jobs at tiny sizes (writes no results)
 	$(PY) -m pytest -m bench tests/test_bench_smoke.py
+
+# The conformance suite of the Horovod the project builds (tests/horovod/README.md): every
+# collective and Keras piece the trainer and the elastic path use, checked on values under
+# mpirun, horovodrun --gloo and elastic horovodrun, 2 ranks each.
+test-horovod: install ## the conformance suite of the project's Horovod build (mpirun, Gloo, elastic)
+	$(PY) -m pytest -m conformance tests/horovod
 
 # Docker-based tests (tests/containers): every image built, each pipeline step in its image, the
 # MPIJob's launcher and workers run as mpi-operator runs them. Installs and starts Docker first.
@@ -131,7 +137,7 @@ test-containers: install images-local ## images, containers, the MPIJob as mpi-o
 	KFP_HOROVOD_TEST_IMAGE_TAG=$(LOCAL_TAG) $(PY) -m pytest -m containers tests/containers
 
 test-fast: install ## the tests without multi-rank and end-to-end jobs
-	$(PY) -m pytest -m "not horovod and not e2e and not containers"
+	$(PY) -m pytest -m "not horovod and not e2e and not containers and not conformance"
 
 lint: install ## ruff check and format check
 	$(PY) -m ruff check .

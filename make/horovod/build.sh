@@ -10,6 +10,8 @@
 # is the wheel's path. `make install` and the trainer image's build stage both build with this
 # script (docs/versions.md). Build tools (setuptools<70, wheel, cmake) must be installed in
 # PYTHON's environment: the build runs with --no-build-isolation against its TensorFlow.
+# HOROVOD_SDIST=PATH takes the sdist from PATH instead of downloading it from PyPI (offline
+# builds, and the tests of this script's errors); it is sha256-checked all the same.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 [ $# -eq 2 ] || { echo "usage: $0 PYTHON CACHE_DIR" >&2; exit 2; }
@@ -41,17 +43,37 @@ if [ -n "$wheel" ]; then echo "$wheel"; exit 0; fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 sdist="horovod-$HOROVOD_VERSION.tar.gz"
-"$py" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
-  --dest "$work" "horovod==$HOROVOD_VERSION" >/dev/null || fail "pip could not download and read $sdist (above)"
+if [ -n "${HOROVOD_SDIST:-}" ]; then
+  cp "$HOROVOD_SDIST" "$work/$sdist" 2>/dev/null || fail "HOROVOD_SDIST=$HOROVOD_SDIST: no such file"
+else
+  "$py" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+    --dest "$work" "horovod==$HOROVOD_VERSION" >/dev/null || fail "pip could not download and read $sdist (above)"
+fi
 got=$(sha256sum "$work/$sdist" | cut -d' ' -f1)
 [ "$got" = "$HOROVOD_SHA256" ] || fail "$sdist has sha256 $got, expected $HOROVOD_SHA256 (make/horovod/SOURCE)"
 tar -xzf "$work/$sdist" -C "$work"
 src="$work/horovod-$HOROVOD_VERSION"
 
+# Where patch $1 does not apply to $src: each file it changes that the sdist lacks, and each
+# file with a hunk that fails (or is applied already), with patch's own words.
+misfits() {
+  local f
+  for f in $(sed -n 's|^+++ b/\([^[:space:]]*\).*|\1|p' "$1"); do
+    [ -e "$src/$f" ] || printf '%s (not in the sdist); ' "$f"
+  done
+  patch --batch --forward --dry-run -p1 -d "$src" <"$1" 2>&1 | awk '
+    /^checking file / { file = $3 }
+    /^Hunk #[0-9]+ FAILED/ { why[file] = why[file] (why[file] ? ", " : "") $1 " " $2 " " $3 " " $4 " " $5 }
+    /previously applied/ { why[file] = "applied already" }
+    END { for (f in why) printf "%s (%s); ", f, why[f] }'
+}
+
 for p in "$here"/patches/*.patch; do
-  files=$(sed -n 's|^+++ b/\([^[:space:]]*\).*|\1|p' "$p" | tr '\n' ' ')
-  patch --quiet --batch --forward --dry-run -p1 -d "$src" <"$p" >/dev/null 2>&1 \
-    || fail "patch $(basename "$p") does not apply to $files in $sdist"
+  if ! patch --quiet --batch --forward --dry-run -p1 -d "$src" <"$p" >/dev/null 2>&1; then
+    where=$(misfits "$p" || true)
+    [ -n "$where" ] || where="$(sed -n 's|^+++ b/\([^[:space:]]*\).*|\1|p' "$p" | tr '\n' ' ')"
+    fail "patch $(basename "$p") does not apply to $sdist: ${where%; }"
+  fi
   patch --quiet --batch --forward -p1 -d "$src" <"$p" >/dev/null
 done
 

@@ -1,0 +1,85 @@
+"""What the conformance checks share: the rank they run on, a small Keras model, each rank's own
+data, and weights as one flat list (what the tests compare)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+FEATURES, CLASSES, BATCH = 8, 4, 16
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process in the job: Horovod's Keras API (as the trainer imports it), TF, tf-keras,
+    and the launcher that started it (``mpi``, ``gloo`` or ``elastic``)."""
+
+    hvd: Any
+    tf: Any
+    keras: Any
+    controller: str
+
+    @property
+    def rank(self) -> int:
+        return int(self.hvd.rank())
+
+    @property
+    def size(self) -> int:
+        return int(self.hvd.size())
+
+
+def small_model(keras: Any, seed: int) -> Any:
+    """Dense 16 relu, Dense 4 softmax over 8 features: its weights are `seed`'s."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.layers.Input(shape=(FEATURES,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(CLASSES, activation="softmax"),
+        ]
+    )
+
+
+def batch(step: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank `rank`'s batch of step `step`: different on every rank and every step."""
+    rng = np.random.default_rng(1000 * step + rank)
+    x = rng.normal(size=(BATCH, FEATURES)).astype(np.float32)
+    y = rng.integers(0, CLASSES, size=BATCH).astype(np.int64)
+    return x, y
+
+
+def dataset(me: Rank, steps: int) -> Any:
+    """This rank's `steps` batches, in order, as the trainer feeds ``fit`` (a tf.data batch
+    stream, repeated for any number of epochs)."""
+    xs, ys = zip(*(batch(s, me.rank) for s in range(steps)), strict=True)
+    data = me.tf.data.Dataset.from_tensor_slices((np.concatenate(xs), np.concatenate(ys)))
+    return data.batch(BATCH).repeat()
+
+
+def compile_distributed(me: Rank, model: Any, learning_rate: float, **options: Any) -> Any:
+    """Compile `model` as the trainer does (`components.train.fit.build_or_resume`): tf-keras'
+    legacy Adam in Horovod's DistributedOptimizer, its allreduce timed by the trainer's
+    AllreduceClock. Returns the optimizer."""
+    from components.train.resources import AllreduceClock
+
+    adam = me.keras.optimizers.legacy.Adam(learning_rate=learning_rate)
+    optimizer = AllreduceClock(me.tf).wrap(me.hvd.DistributedOptimizer(adam, **options))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return optimizer
+
+
+def flat(arrays: Any) -> list[float]:
+    """Weights (or tensors) as one flat list of floats, in order."""
+    return [float(v) for a in arrays for v in np.asarray(a).ravel()]
+
+
+def recorder(keras: Any, into: list[dict[str, float]]) -> Any:
+    """A callback that appends a copy of each epoch's logs to `into`."""
+
+    class Recorder(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            into.append({k: float(v) for k, v in (logs or {}).items()})
+
+    return Recorder()

@@ -1,0 +1,129 @@
+"""Horovod's elastic state as components/train/elastic.py uses it: ``hvd.elastic.KerasState``
+over the model, its DistributedOptimizer (slots created first) and the job's own records;
+``hvd.elastic.run``, whose sync broadcasts rank 0's state; ``CommitStateCallback`` committing
+at epoch ends only; and restore, which gives back what the last commit saved.
+
+(A reset after a lost worker, which restores through ``hvd.elastic.run`` and re-forms the
+world, is tested with real lost ranks by components/train/tests/test_trainer_elastic.py.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.train.elastic import COMMIT_AT_EPOCH_ENDS_ONLY
+from tests.horovod.common import Rank, compile_distributed, dataset, flat, small_model
+
+LEARNING_RATE = 0.01
+
+
+def _trainee(me: Rank, seed: int) -> tuple[Any, Any]:
+    """A compiled model with its optimizer's slots created, as train_elastic does before it
+    builds the state (every rank then holds the same variables for the sync)."""
+    model = small_model(me.keras, seed)
+    optimizer = compile_distributed(me, model, LEARNING_RATE)
+    optimizer._create_all_weights(model.trainable_variables)
+    return model, optimizer
+
+
+def _shift(model: Any, by: float) -> None:
+    """Change every weight (an uncommitted step)."""
+    model.set_weights([w + by for w in model.get_weights()])
+
+
+def _snapshot(model: Any, optimizer: Any, state: Any) -> dict[str, Any]:
+    return {
+        "weights": flat(model.get_weights()),
+        "optimizer_state": flat(v.numpy() for v in optimizer.variables()),
+        "epoch": state.epoch,
+        "metrics": state.metrics,
+        "epochs": state.epochs,
+    }
+
+
+def state_commit_restore(me: Rank) -> dict[str, Any]:
+    """Commit, change, restore: the restore gives back the committed weights, optimizer state
+    and records (records assigned, never mutated, as elastic.py's RecordEpoch does)."""
+    model, optimizer = _trainee(me, seed=7)
+    state = me.hvd.elastic.KerasState(model, optimizer, epoch=0, metrics={}, epochs=[])
+    _shift(model, 1.0)
+    optimizer.iterations.assign(5)
+    state.epoch, state.metrics = 1, {"loss": 0.5}
+    state.epochs = [*state.epochs, {"epoch": 1, "world_size": me.size}]
+    state.commit()
+    committed = _snapshot(model, optimizer, state)
+    _shift(model, 2.0)
+    optimizer.iterations.assign(9)
+    state.epoch, state.metrics = 2, {"loss": 0.25}
+    state.epochs = [*state.epochs, {"epoch": 2, "world_size": me.size}]
+    changed = _snapshot(model, optimizer, state)
+    state.restore()
+    return {
+        "committed": committed,
+        "changed": changed,
+        "restored": _snapshot(model, optimizer, state),
+    }
+
+
+def state_sync(me: Rank) -> dict[str, Any]:
+    """``hvd.elastic.run``'s sync before the first attempt: ranks that hold different weights,
+    optimizer state and records all hold rank 0's in the attempt."""
+    model, optimizer = _trainee(me, seed=100 + me.rank)  # different on every rank
+    optimizer.iterations.assign(10 + me.rank)
+    state = me.hvd.elastic.KerasState(
+        model, optimizer, epoch=3 + me.rank, metrics={"loss": float(me.rank)},
+        epochs=[{"epoch": 1, "rank": me.rank}],
+    )  # fmt: skip
+    before = _snapshot(model, optimizer, state)
+
+    @me.hvd.elastic.run  # type: ignore[misc]
+    def attempt(state: Any) -> dict[str, Any]:
+        return _snapshot(model, optimizer, state)
+
+    return {"before": before, "in_attempt": attempt(state)}
+
+
+def commit_callback(me: Rank) -> dict[str, Any]:
+    """``CommitStateCallback(state, COMMIT_AT_EPOCH_ENDS_ONLY)`` after a record-the-epoch
+    callback (elastic._state_callbacks), in ``fit`` inside ``hvd.elastic.run``: it commits once
+    per epoch, after the record; a restore then gives back the trained weights and records."""
+    hvd, keras = me.hvd, me.keras
+    model, optimizer = _trainee(me, seed=7)
+    state = hvd.elastic.KerasState(model, optimizer, epoch=0, metrics={}, epochs=[])
+    commits: list[int] = []
+    commit = state.commit
+
+    def counted() -> None:
+        commits.append(state.epoch)
+        commit()
+
+    state.commit = counted
+
+    class RecordEpoch(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            state.epochs = [*state.epochs, {"epoch": epoch + 1, "world_size": me.size}]
+            state.metrics = {k: float(v) for k, v in (logs or {}).items()}
+            state.epoch = epoch + 1
+
+    @hvd.elastic.run  # type: ignore[misc]
+    def attempt(state: Any) -> dict[str, Any]:
+        callbacks = [
+            hvd.callbacks.MetricAverageCallback(),
+            RecordEpoch(),
+            hvd.elastic.CommitStateCallback(state, COMMIT_AT_EPOCH_ENDS_ONLY),
+        ]
+        model.fit(dataset(me, 3), epochs=2, steps_per_epoch=3, callbacks=callbacks, verbose=0)
+        return _snapshot(model, optimizer, state)
+
+    trained = attempt(state)
+    _shift(model, 1.0)
+    state.epoch, state.epochs = 99, []
+    state.restore()
+    return {"commits": commits, "trained": trained, "restored": _snapshot(model, optimizer, state)}
+
+
+CHECKS = {
+    "elastic_state_commit_restore": state_commit_restore,
+    "elastic_state_sync": state_sync,
+    "elastic_commit_callback": commit_callback,
+}
