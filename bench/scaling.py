@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,7 @@ def run(
     """Measure every layout `repeats` times, interleaved (the secondary model's too); medians
     and ratios."""
     data, machine_before = bench_dataset(work, train_samples), machine_state()
-    variants = {
+    variants: dict[str, Callable[[int], dict[str, Any]]] = {
         layout_name(*layout): functools.partial(
             measure_layout, data, work, layout, epochs, batch_size, model
         )
