@@ -156,6 +156,7 @@ MPI_TAG = re.compile(r"\[\d+,\d+\]<std(out|err)>:")
 HARMLESS_WARNINGS = ("You may be attemping to run a task that uses custom",)
 # kfp.local's line starting a task (its name in colour), and the colour codes.
 TASK_STARTS = re.compile(r"Executing task '([^']+)'")
+TASK_SUCCEEDED = re.compile(r"Task '[^']+' finished with status SUCCESS")
 COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 TRACEBACK = "Traceback (most recent call last):"
 
@@ -198,6 +199,8 @@ class _Tee(io.TextIOBase):
         text, indent = line.lstrip(), len(line) - len(line.lstrip())
         if started := TASK_STARTS.search(line):
             self.task, self.failed, self.exception = started.group(1), "", ""
+        elif TASK_SUCCEEDED.search(line):  # what fails later is not this task's doing
+            self.task = ""
         elif text.startswith(failure.FAILED):
             self.failed = text[len(failure.FAILED) :]
         elif text == TRACEBACK:

@@ -67,12 +67,14 @@ def test_a_failed_step_ends_the_console_with_one_failed_line_and_the_log(
     assert all(line in log.read_text() for line in step_output)
 
 
-def test_an_error_before_any_step_is_named_by_its_type_and_its_traceback_logged(
+def test_an_error_outside_any_step_is_named_by_its_type_and_its_traceback_logged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = tmp_path / "run.log"
     with pytest.raises(local_run.RunFailed), quiet_console(log):
+        print(f"19:12:15.559 - INFO - Executing task {STEP}")
+        print(f"19:12:16.855 - INFO - Task {STEP} finished with status \x1b[92mSUCCESS\x1b[0m")
         raise OSError("docker daemon not running")
     console = capsys.readouterr().out.splitlines()
-    assert console == ["FAILED: OSError: docker daemon not running", f"log: {log}"]
+    assert console[-2:] == ["FAILED: OSError: docker daemon not running", f"log: {log}"]
     assert "Traceback (most recent call last):" in log.read_text()
