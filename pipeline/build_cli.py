@@ -53,7 +53,7 @@ def run_local_command(
     **params: object,
 ) -> None:
     """Run the whole pipeline on this machine (kfp.local, horovodrun, local disk)."""
-    from pipeline.local_run import run_pipeline_locally
+    from pipeline.local_run import RunFailed, run_pipeline_locally
 
     if not params["registry_root"]:  # run_pipeline_locally's default: under ROOT
         del params["registry_root"]
@@ -62,6 +62,8 @@ def run_local_command(
         run = run_pipeline_locally(root, docker_images=images, **params)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    except RunFailed as exc:  # the console ends with its FAILED line and the log's path
+        raise SystemExit(1) from exc
     click.echo("=" * 80)
     click.echo(f"kfp-horovod local run finished in {run.wall_seconds:.0f} s")
     for line in run.report_lines():

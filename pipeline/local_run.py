@@ -12,13 +12,14 @@ import json
 import re
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from components.common import defaults
+from components.common import defaults, failure
 from components.common import params as rules
 from components.common.defaults import MODEL, PIPELINE_NAME
 from components.train.preflight import check_model_before_launch
@@ -153,22 +154,68 @@ MPI_TAG = re.compile(r"\[\d+,\d+\]<std(out|err)>:")
 # kfp.local's warning about running components outside their images: that is the point of a
 # local run (SubprocessRunner), so it is not shown.
 HARMLESS_WARNINGS = ("You may be attemping to run a task that uses custom",)
+# kfp.local's line starting a task (its name in colour), and the colour codes.
+TASK_STARTS = re.compile(r"Executing task '([^']+)'")
+TASK_SUCCEEDED = re.compile(r"Task '[^']+' finished with status SUCCESS")
+COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+TRACEBACK = "Traceback (most recent call last):"
+
+
+class RunFailed(RuntimeError):
+    """A local run stopped: `step` (or '' before any step) failed with `reason`; `log` holds
+    everything it printed. The console's last lines said so already."""
+
+    def __init__(self, step: str, reason: str, log: Path) -> None:
+        self.step, self.reason, self.log = step, reason, log
+        super().__init__(failed_line(step, reason))
+
+
+def failed_line(step: str, reason: str) -> str:
+    """A failed run's last line but one: ``FAILED: step '<name>': <reason>``."""
+    return f"FAILED: step {step!r}: {reason}" if step else f"FAILED: {reason}"
 
 
 class _Tee(io.TextIOBase):
-    """Every line to `log`; the lines `SHOWN` matches also to `console`."""
+    """Every line to `log`; the lines `SHOWN` matches also to `console`. Keeps which task runs
+    and how it said it failed: its ``FAILED:`` line (`components.common.failure`), else the
+    last line of its traceback."""
 
     def __init__(self, log: TextIO, console: TextIO) -> None:
         self.log, self.console, self.pending = log, console, ""
+        self.task, self.failed, self.exception = "", "", ""
+        self.traceback_indent: int | None = None  # inside a traceback: its first line's indent
 
     def write(self, text: str) -> int:
         self.log.write(text)
         self.pending += text
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
+            self._read(COLOUR.sub("", line))
             if SHOWN.search(line):
                 self.console.write(MPI_TAG.sub("", line, count=1) + "\n")
         return len(text)
+
+    def _read(self, line: str) -> None:
+        text, indent = line.lstrip(), len(line) - len(line.lstrip())
+        if started := TASK_STARTS.search(line):
+            self.task, self.failed, self.exception = started.group(1), "", ""
+        elif TASK_SUCCEEDED.search(line):  # what fails later is not this task's doing
+            self.task = ""
+        elif text.startswith(failure.FAILED):
+            self.failed = text[len(failure.FAILED) :]
+        elif text == TRACEBACK:
+            self.traceback_indent = indent
+        elif self.traceback_indent == indent and text:  # a traceback's last line: the error
+            self.exception, self.traceback_indent = text, None
+
+    def reason(self, exc: BaseException) -> str:
+        """Why the run stopped: the task's ``FAILED:`` line, else its last exception line,
+        else `exc` (an error of the run itself)."""
+        if self.task and self.failed:
+            return self.failed
+        if self.task and self.exception:
+            return f"{self.exception} (an unexpected error: its traceback is in the log)"
+        return f"{type(exc).__name__}: {failure.reason(exc)}"
 
     def flush(self) -> None:
         self.log.flush()
@@ -178,7 +225,8 @@ class _Tee(io.TextIOBase):
 @contextlib.contextmanager
 def quiet_console(log_path: Path) -> Iterator[None]:
     """Send what kfp.local and the steps print to `log_path`, and only the lines that matter to
-    the console (`SHOWN`); on failure, the log's last lines too."""
+    the console (`SHOWN`). On failure the console ends with ``FAILED: step '<name>':
+    <reason>`` and the log's path, and `RunFailed` is raised (the traceback goes to the log)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     console = sys.stdout
     with log_path.open("w") as log, warnings.catch_warnings():
@@ -188,10 +236,15 @@ def quiet_console(log_path: Path) -> Iterator[None]:
         try:
             with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):
                 yield
+        except Exception as exc:
+            if not (tee.task and tee.failed):  # not a step's expected error: how it came about
+                traceback.print_exc(file=log)
+            log.flush()
+            reason = tee.reason(exc)
+            console.write(f"{failed_line(tee.task, reason)}\nlog: {log_path}\n")
+            raise RunFailed(tee.task, reason, log_path) from exc
         except BaseException:
             log.flush()
-            tail = log_path.read_text().splitlines()[-40:]
-            console.write("\n".join(["--- the run's log, last lines ---", *tail, ""]))
             console.write(f"log: {log_path}\n")
             raise
 

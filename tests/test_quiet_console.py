@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import local_run
 from pipeline.local_run import quiet_console
 
 LINES = [
@@ -30,13 +31,50 @@ def test_the_console_shows_the_steps_lines_and_the_log_keeps_everything(
     assert log.read_text().splitlines() == LINES
 
 
-def test_a_failed_run_shows_the_logs_last_lines_and_its_path(
+STEP = "\x1b[96m'prepare-data'\x1b[0m"  # kfp.local colours the task's name
+KFP_FAILED = (
+    f"Pipeline 'kfp-horovod-mnist' finished with status FAILURE. Inner task failed: {STEP}."
+)
+
+
+@pytest.mark.parametrize(
+    ("step_output", "reason"),
+    [
+        (["FAILED: /nonexistent/mnist.npz: not found"], "/nonexistent/mnist.npz: not found"),
+        (
+            ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+             "KeyError: 'splits'"],
+            "KeyError: 'splits' (an unexpected error: its traceback is in the log)",
+        ),
+    ],
+    ids=["expected", "unexpected"],
+)  # fmt: skip
+def test_a_failed_step_ends_the_console_with_one_failed_line_and_the_log(
+    step_output: list[str], reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What kfp.local prints of a failed step, then its exception: the console's last two lines
+    are ``FAILED: step '<name>': <reason>`` and the log's path; the log keeps everything."""
+    log = tmp_path / "run.log"
+    with pytest.raises(local_run.RunFailed) as info, quiet_console(log):
+        print(f"19:12:15.559 - INFO - Executing task {STEP}")
+        print("\n".join("    " + line for line in step_output))
+        print(f"19:12:16.855 - ERROR - Task {STEP} finished with status FAILURE")
+        raise RuntimeError(KFP_FAILED)
+    console = capsys.readouterr().out.splitlines()
+    assert console[-2:] == [f"FAILED: step 'prepare-data': {reason}", f"log: {log}"]
+    assert "Traceback" not in "\n".join(console)
+    assert (info.value.step, info.value.reason) == ("prepare-data", reason)
+    assert all(line in log.read_text() for line in step_output)
+
+
+def test_an_error_outside_any_step_is_named_by_its_type_and_its_traceback_logged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = tmp_path / "run.log"
-    with pytest.raises(RuntimeError, match="task train failed"), quiet_console(log):
-        print("Traceback (most recent call last): ... ValueError: bad shard")
-        raise RuntimeError("task train failed")
-    console = capsys.readouterr().out
-    assert "--- the run's log, last lines ---" in console
-    assert "ValueError: bad shard" in console and console.rstrip().endswith(f"log: {log}")
+    with pytest.raises(local_run.RunFailed), quiet_console(log):
+        print(f"19:12:15.559 - INFO - Executing task {STEP}")
+        print(f"19:12:16.855 - INFO - Task {STEP} finished with status \x1b[92mSUCCESS\x1b[0m")
+        raise OSError("docker daemon not running")
+    console = capsys.readouterr().out.splitlines()
+    assert console[-2:] == ["FAILED: OSError: docker daemon not running", f"log: {log}"]
+    assert "Traceback (most recent call last):" in log.read_text()

@@ -4,8 +4,9 @@ KFP's lightweight components ship their function's source into the container and
 with the task's inputs, so the function's parameters must be written out in its source. A
 component whose parameters come from declarations (`components.common.declare`) gets its
 source from here: ``def NAME(PARAMETERS) -> RETURNS:`` and a body that hands its arguments to
-the step's program, by name. The source is registered with `linecache`, where
-``inspect.getsource`` (which KFP calls) finds it.
+the step's program, by name, inside `components.common.failure.one_line_failures` (an expected
+error ends the step with one ``FAILED:`` line, no traceback). The source is registered with
+`linecache`, where ``inspect.getsource`` (which KFP calls) finds it.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ def kfp_function(
     """
     module, function = program.split(":")
     body = (
-        "arguments = dict(locals())\n"  # before the import, which binds a local too
-        f"from {module} import {function}\n"
-        f"return {function}(**arguments)"
+        "arguments = dict(locals())\n"  # before the imports, which bind locals too
+        "from components.common.failure import one_line_failures\n"
+        "with one_line_failures():\n"
+        f"    from {module} import {function}\n"
+        f"    return {function}(**arguments)"
     )
     signature = ",\n".join(f"    {p}: {annotation}" for p, annotation in parameters)
     source = (

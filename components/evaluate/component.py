@@ -17,27 +17,30 @@ def evaluate(
 
     The model must hash to the ``saved_model_sha256`` the trainer put in its metadata (if any).
     """
-    from collections import namedtuple
+    from components.common.failure import one_line_failures
 
-    from components.evaluate.evaluate import evaluate as run_evaluation
+    with one_line_failures():  # bad input: one FAILED line, no traceback
+        from collections import namedtuple
 
-    result = run_evaluation(
-        model.path, dataset.path, saved_model_sha256=model.metadata.get("saved_model_sha256")
-    )
-    board = model.metadata.get("tensorboard_uri", "")
-    if board:  # the trainer's TensorBoard gets the test metrics too
-        from components.evaluate.evaluate import write_tensorboard
+        from components.evaluate.evaluate import evaluate as run_evaluation
 
-        write_tensorboard(result, board, int(model.metadata.get("epochs", 0)))
-    metrics.log_metric("accuracy", result.accuracy)
-    metrics.log_metric("loss", result.loss)
-    metrics.log_metric("samples", result.samples)
-    confusion_matrix.log_confusion_matrix(result.categories, result.confusion_matrix)
-    with open(report.path, "w", encoding="utf-8") as fh:
-        fh.write(result.to_markdown(model.uri, dataset.uri, board))
-    report.metadata["saved_model_sha256"] = result.saved_model_sha256
-    EvalOutputs = namedtuple("EvalOutputs", ["accuracy", "loss"])
-    return EvalOutputs(result.accuracy, result.loss)
+        result = run_evaluation(
+            model.path, dataset.path, saved_model_sha256=model.metadata.get("saved_model_sha256")
+        )
+        board = model.metadata.get("tensorboard_uri", "")
+        if board:  # the trainer's TensorBoard gets the test metrics too
+            from components.evaluate.evaluate import write_tensorboard
+
+            write_tensorboard(result, board, int(model.metadata.get("epochs", 0)))
+        metrics.log_metric("accuracy", result.accuracy)
+        metrics.log_metric("loss", result.loss)
+        metrics.log_metric("samples", result.samples)
+        confusion_matrix.log_confusion_matrix(result.categories, result.confusion_matrix)
+        with open(report.path, "w", encoding="utf-8") as fh:
+            fh.write(result.to_markdown(model.uri, dataset.uri, board))
+        report.metadata["saved_model_sha256"] = result.saved_model_sha256
+        EvalOutputs = namedtuple("EvalOutputs", ["accuracy", "loss"])
+        return EvalOutputs(result.accuracy, result.loss)
 
 
 def make_component(image: str) -> dsl.base_component.BaseComponent:

@@ -144,9 +144,9 @@ def agree_on_inputs(job: Job) -> Shard:
             error = str(exc)
     errors = agree(error)
     if any(errors):
-        if error:
-            job.log.error("cannot train: %s", error)
         first = next(e for e in errors if e)
+        if error and error != first:  # rank 0 reports `first` once, for every rank that shares it
+            job.log.error("cannot train: %s", error)
         raise JobError(f"{sum(1 for e in errors if e)} of {size} ranks cannot train: {first}")
     assert shard is not None
     return shard

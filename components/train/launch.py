@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from components.train.config import TrainConfig, to_argv
 from components.train.hvdrun import require_mpi_build
 from components.train.mpirun import local_mpirun_env, mpirun_command, require_mpirun
 from components.train.preflight import check_model_before_launch
+from components.train.ranklines import RankLines
 from components.train.rankwatch import RankWatch
 
 # How a static local job's ranks form one job: Open MPI (the default), or Gloo (horovodrun
@@ -202,6 +204,37 @@ def run_local(
     job_env = job_environment(env, 0 if config.elastic else config.world_size)
     with local_hosts(config, hosts) as found:
         return _stream(job_command(config, found), timeout_s, log, job_env)
+
+
+# Rank 0's line saying why the job stopped before training (`components.train.trainer`), as
+# it reaches the launcher: with mpirun's tag (``[1,0]<stdout>:``) or without.
+RANK0_FAILED = re.compile(r"\[rank 0/\d+\] training failed: (.+)$")
+
+
+def run_local_job(config: TrainConfig, log: Callable[[str], None] = print) -> None:
+    """`run_local`, raising when the job fails: ValueError with rank 0's reason when the ranks
+    stopped on one (bad input, a refused GPU request: the step's one ``FAILED:`` line, so the
+    rank's own line is held back), RuntimeError for any other failure (a crash: the ranks'
+    tracebacks are in the log above)."""
+    held: list[str] = []
+    once = RankLines(log)  # a line every rank prints alike: once
+
+    def keep(line: str) -> None:
+        if RANK0_FAILED.search(line):
+            held.append(line)
+        else:
+            once(line)
+
+    code = run_local(config, log=keep)
+    if code != 0 and held:
+        raise ValueError(RANK0_FAILED.search(held[-1]).group(1))  # type: ignore[union-attr]
+    for line in held:  # a job that succeeded after all: nothing is hidden
+        once(line)
+    if code != 0:
+        raise RuntimeError(
+            f"the Horovod job failed (exit code {code}); the rank-tagged log above says why. "
+            "No model was exported."
+        )
 
 
 def kill_job(pid: int) -> None:

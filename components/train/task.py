@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from components.common import defaults, storage
 from components.train import summary
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
-from components.train.launch import run_local
+from components.train.launch import run_local_job
 from components.train.preflight import check_model_before_launch
 from components.train.report import coordination_report
 from components.train.step import TrainStep
@@ -65,12 +65,7 @@ def train_locally(config: TrainConfig, dataset_path: str, model_path: str, log: 
         model_dir=model_path,
         slots_per_worker=1,
     )
-    code = run_local(config, log=log)
-    if code != 0:
-        raise RuntimeError(
-            f"the Horovod job failed (horovodrun exit code {code}); the rank-tagged log above "
-            "says why. No model was exported."
-        )
+    run_local_job(config, log=log)  # raises, naming why, if the job fails
     return summary.read(config.summary_uri)
 
 

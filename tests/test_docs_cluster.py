@@ -1,0 +1,273 @@
+"""Every command and manifest of docs/cluster.md, checked against the repository.
+
+- each ``python -m pipeline render-*`` command is run (the real CLI) and what it prints is
+  validated against the vendored CRDs (deploy/crd/), its ``--node-selector`` and
+  ``--tolerations`` found on every pod it describes;
+- each ``submit --param`` is a pipeline parameter with a value its rule accepts;
+- each fenced YAML manifest is of a kind this checks (a vendored CRD's, or deploy/rbac.yaml's
+  as the doc's ``sed`` command rewrites it, run with the real sed);
+- each ``kubectl`` command that follows a run asks for what deploy/rbac.yaml grants, in its
+  namespace; each file a command or the text names exists in the repository;
+- the versions it names are the project's (the lock's kfp, the vendored Trainer CRDs').
+
+The kubectl commands that install operators or talk to a live cluster cannot run here; only
+their repository files and rights are checked.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from components.common import defaults
+from components.common.declare import field_problems
+from components.train.mpijob.validate import MPIJOB, mpijob_problems
+from pipeline.checks import PIPELINE_PARAMETERS
+from pipeline.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "cluster.md"
+TEXT = DOC.read_text()
+# The shell variables the doc's commands use, as a reader would set them (its section 3).
+SHELL = {"BUCKET": "my-kfp-horovod", "PROJECT_ID": "my-project"}
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def fenced(language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(TEXT) if lang == language]
+
+
+def shell_commands() -> list[str]:
+    """Every command of the doc's ``sh`` blocks, continuation lines joined, ``$VAR``s set."""
+    commands = []
+    for block in fenced("sh"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\$(\w+)", lambda m: SHELL.get(m[1], m[0]), line).strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+def pipeline_commands(name: str) -> list[list[str]]:
+    """The arguments after ``python -m pipeline`` of each `name` command, up to a pipe."""
+    found = []
+    for command in shell_commands():
+        words = shlex.split(command.split(" | ")[0], comments=True)
+        if words[:4] == ["python", "-m", "pipeline", name]:
+            found.append(words[3:])
+    return found
+
+
+RENDERS = pipeline_commands("render-mpijob") + pipeline_commands("render-trainjob")
+
+
+def _flag(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def pod_specs(doc: Any) -> list[dict[str, Any]]:
+    """Every pod spec (a mapping with ``containers``) inside `doc`."""
+    if isinstance(doc, dict):
+        own = [doc] if "containers" in doc else []
+        return own + [spec for value in doc.values() for spec in pod_specs(value)]
+    if isinstance(doc, list):
+        return [spec for item in doc for spec in pod_specs(item)]
+    return []
+
+
+def crd_problems(doc: dict[str, Any]) -> list[str]:
+    """`doc` checked against its kind's vendored CRD (strictly: unknown fields too)."""
+    from components.train.cluster.crd import manifest_problems
+    from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
+
+    if doc.get("kind") == MPIJOB.kind:
+        return mpijob_problems(doc, str(ROOT / MPIJOB.relative_path))
+    for crd in (TRAINING_RUNTIME, TRAINJOB):
+        if doc.get("kind") == crd.kind:
+            return manifest_problems(doc, crd, str(ROOT / crd.relative_path))
+    return [f"kind {doc.get('kind')!r} has no vendored CRD"]
+
+
+def test_the_doc_has_render_commands_of_both_backends_and_the_gke_placements() -> None:
+    names = [args[0] for args in RENDERS]
+    assert {"render-mpijob", "render-trainjob"} <= set(names)
+    selectors = " ".join(_flag(args, "--node-selector") or "" for args in RENDERS)
+    for label in ("cloud.google.com/gke-accelerator", "cloud.google.com/gke-spot", "team"):
+        assert f'"{label}"' in selectors, label
+
+
+@pytest.mark.parametrize("args", RENDERS, ids=[f"{a[0]}:{_flag(a, '--run-name')}" for a in RENDERS])
+def test_each_render_command_prints_manifests_valid_against_the_vendored_crds(
+    args: list[str],
+) -> None:
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(result.output))
+    expected_kinds = {
+        "render-mpijob": ["MPIJob"],
+        "render-trainjob": ["TrainingRuntime", "TrainJob"],
+    }
+    assert [d["kind"] for d in docs] == expected_kinds[args[0]]
+    for doc in docs:
+        assert crd_problems(doc) == [], doc["kind"]
+    import json
+
+    selector = json.loads(_flag(args, "--node-selector") or "{}")
+    tolerations = json.loads(_flag(args, "--tolerations") or "[]")
+    specs = [spec for doc in docs for spec in pod_specs(doc)]
+    assert specs
+    for spec in specs:  # every pod of the job: the launcher, the workers, every node
+        assert selector.items() <= spec.get("nodeSelector", {}).items(), spec
+        for toleration in tolerations:
+            assert spec.get("tolerations", []).count(toleration) == 1, spec
+
+
+def test_each_submit_parameter_is_a_pipeline_parameter_its_rule_accepts() -> None:
+    declared = {p.name: p for p in PIPELINE_PARAMETERS}
+    submits = pipeline_commands("submit")
+    assert submits
+    for args in submits:
+        values = dict(
+            v.split("=", 1) for k, v in zip(args, args[1:], strict=False) if k == "--param"
+        )
+        assert values and set(values) <= set(declared), set(values) - set(declared)
+        typed = {k: declared[k].type(v) for k, v in values.items()}
+        assert field_problems(PIPELINE_PARAMETERS, typed) == []
+
+
+def _sed_rbac() -> list[dict[str, Any]]:
+    """deploy/rbac.yaml as the doc's ``sed … deploy/rbac.yaml | kubectl apply`` rewrites it."""
+    (command,) = [c for c in shell_commands() if c.startswith("sed ") and "deploy/rbac.yaml" in c]
+    words = shlex.split(command.split(" | ")[0])
+    out = subprocess.run(words, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return list(yaml.safe_load_all(out))
+
+
+def test_the_multi_user_rbac_is_deploy_rbac_in_the_profiles_namespace_for_default_editor() -> None:
+    role, binding = sorted(_sed_rbac(), key=lambda d: d["kind"])  # Role, RoleBinding
+    (original,) = [d for d in yaml.safe_load_all((ROOT / "deploy/rbac.yaml").read_text())
+                   if d["kind"] == "Role"]  # fmt: skip
+    assert role["rules"] == original["rules"]
+    (subject,) = binding["subjects"]
+    assert subject["name"] == "default-editor"
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == subject["namespace"]
+    assert role["metadata"]["namespace"] != "kubeflow"
+
+
+def test_each_yaml_manifest_is_checked_against_a_vendored_crd_or_deploy_rbac() -> None:
+    manifests = [doc for block in fenced("yaml") for doc in yaml.safe_load_all(block)]
+    assert manifests
+    rbac = {(d["kind"], d["metadata"]["name"]): d for d in _sed_rbac()}
+    for doc in manifests:
+        if doc["apiVersion"].startswith("rbac.authorization.k8s.io/"):
+            assert doc == rbac[(doc["kind"], doc["metadata"]["name"])]
+        else:
+            assert crd_problems(doc) == []
+
+
+def _kubectl_commands() -> list[list[str]]:
+    inline = re.findall(r"`(kubectl [^`]+)`", TEXT)
+    every = [c for c in shell_commands() if c.startswith("kubectl ")] + inline
+    return [shlex.split(c.split(" | ")[0], comments=True) for c in every]
+
+
+def _granted() -> tuple[str, set[tuple[str, str]]]:
+    """deploy/rbac.yaml's namespace and its (resource, verb) rights."""
+    role = next(d for d in yaml.safe_load_all((ROOT / "deploy/rbac.yaml").read_text())
+                if d["kind"] == "Role")  # fmt: skip
+    rights = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    return role["metadata"]["namespace"], rights
+
+
+def test_kubectl_commands_that_follow_a_run_ask_for_what_deploy_rbac_grants() -> None:
+    namespace, rights = _granted()
+    checked = 0
+    for words in _kubectl_commands():
+        for flag in ("-f", "-k"):  # a file of this repository must exist
+            target = _flag(words, flag)
+            if target and target != "-" and "://" not in target and "github.com" not in target:
+                assert (ROOT / target).exists(), words
+        ns = _flag(words, "-n")
+        if ns != namespace or len(words) < 4:
+            continue
+        verb, what = words[3], words[4] if len(words) > 4 else ""
+        if verb == "get" and what in {r for r, _ in rights}:
+            assert {(what, "get"), (what, "list")} <= rights, words
+            checked += 1
+        elif verb == "logs":
+            assert ("pods/log", "get") in rights and ("pods", "list") in rights, words
+            checked += 1
+    assert checked >= 3  # mpijobs, trainjobs, the launcher's log
+
+
+def test_the_doc_is_final_and_names_only_paths_of_this_repository() -> None:
+    assert "(draft)" not in TEXT and "shared/" not in TEXT
+    top = r"(?<![\w/.-])((?:deploy|components|docs|requirements|pipeline)/"
+    paths = re.findall(top + r"[\w./-]*(?:\.(?:yaml|md|txt|py|json)|/))", TEXT)
+    links = re.findall(r"\]\((?:\.\./)?([^)#:]+?)(?:#[^)]*)?\)", TEXT)
+    assert paths and links
+    for path in paths:
+        assert (ROOT / path).exists(), path
+    for link in links:
+        assert (DOC.parent / link).exists() or (ROOT / link).exists(), link
+
+
+def test_the_versions_it_names_are_the_projects() -> None:
+    lock = (ROOT / "requirements/lock.txt").read_text()
+    (kfp,) = re.findall(r"^kfp==(\S+)$", lock, re.M)
+    assert f"KFP SDK {kfp}" in TEXT
+    assert f"export TRAINER_VERSION={defaults.TRAINER_VERSION}" in TEXT
+    assert "export MPI_OPERATOR_VERSION=v0.8.2" in TEXT
+    assert "export PIPELINE_VERSION=2.16.0" in TEXT and "--branch 26.03" in TEXT
+
+
+def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes() -> None:
+    """The Python example's kfp-kubernetes calls, applied to the real train task, compile into
+    its platform config (the task config the train step forwards)."""
+    from kfp import compiler, dsl
+
+    from components.train.component import make_component
+    from components.train.config import PIPELINE_TRAIN_PARAMETERS
+    from components.train.step import TRAIN_STEP_PARAMETERS
+
+    (example,) = fenced("python")
+    calls = "\n".join(
+        line for line in example.splitlines() if line.startswith(("kubernetes.", "train."))
+    )
+    train_op = make_component("trainer:test")
+    step_defaults = {
+        p.name: p.default for p in (*PIPELINE_TRAIN_PARAMETERS, *TRAIN_STEP_PARAMETERS)
+    }
+
+    def placed(dataset_uri: str = "gs://b/d") -> None:
+        data = dsl.importer(artifact_uri=dataset_uri, artifact_class=dsl.Dataset)
+        train = train_op(dataset=data.output, pipeline_run_id="x", **step_defaults)
+        from kfp import kubernetes
+
+        exec(calls, {"kubernetes": kubernetes, "train": train})
+
+    placed.__annotations__ = {"dataset_uri": str, "return": None}  # not strings (PEP 563)
+    spec = _compiled(compiler, dsl.pipeline(name="placed")(placed))
+    executors = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    (config,) = executors.values()
+    assert config["nodeSelector"]["labels"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    assert config["tolerations"] == [
+        {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    ]
+
+
+def _compiled(compiler: Any, pipeline: Any) -> dict[str, Any]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.yaml"
+        compiler.Compiler().compile(pipeline, str(path))
+        docs = list(yaml.safe_load_all(path.read_text()))
+    return {"platforms": docs[1]["platforms"]}
