@@ -2,7 +2,8 @@
 
 - each ``python -m pipeline render-*`` command is run (the real CLI) and what it prints is
   validated against the vendored CRDs (deploy/crd/), its ``--node-selector`` and
-  ``--tolerations`` found on every pod it describes;
+  ``--tolerations`` found on every pod it describes; ``render-inferenceservice`` against a
+  registry on fake-gcs-server whose production alias exists;
 - each ``submit --param`` is a pipeline parameter with a value its rule accepts;
 - each fenced YAML manifest is of a kind this checks (a vendored CRD's, or deploy/rbac.yaml's
   as the doc's ``sed`` command rewrites it, run with the real sed);
@@ -271,3 +272,27 @@ def _compiled(compiler: Any, pipeline: Any) -> dict[str, Any]:
         compiler.Compiler().compile(pipeline, str(path))
         docs = list(yaml.safe_load_all(path.read_text()))
     return {"platforms": docs[1]["platforms"]}
+
+
+def test_the_inferenceservice_command_serves_the_aliass_serving_folder(gcs_uri: str) -> None:
+    """Section 7's render-inferenceservice, run against a registry (on fake-gcs-server) whose
+    production alias exists: a CRD-valid InferenceService of the alias's serving folder."""
+    from components.register.decision import challenger_wins
+    from components.register.registry import ModelStore
+    from components.serve.inferenceservice import INFERENCESERVICE
+    from components.train.cluster.crd import manifest_problems
+
+    (args,) = pipeline_commands("render-inferenceservice")
+    root = f"{gcs_uri}/models"
+    args[args.index("--registry-root") + 1] = root
+    record = {"version": 1, "metrics": {"accuracy": 0.98, "loss": 0.1}}
+    assert ModelStore(root, "mnist-cnn").move_alias_if("production", record, challenger_wins)[0]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    (doc,) = yaml.safe_load_all(result.stdout)
+    assert (
+        manifest_problems(doc, INFERENCESERVICE, str(ROOT / INFERENCESERVICE.relative_path)) == []
+    )
+    predictor = doc["spec"]["predictor"]
+    assert predictor["model"]["storageUri"] == f"{root}/mnist-cnn/_serving/production"
+    assert doc["metadata"]["namespace"] == "kubeflow"
