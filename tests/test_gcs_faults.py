@@ -188,6 +188,11 @@ def test_register_retries_and_publishes_one_version(
     assert decision.registered and decision.version == 1 and decision.promoted
     registry = f"{faulty.root}/models/mnist-cnn"
     files = storage.list_files(registry)
-    assert sum(f.endswith("saved_model.pb") for f in files) == 1
+    serving = f"{registry}/_serving/production/"
+    versions = [f for f in files if not f.startswith(serving)]
+    assert sum(f.endswith("saved_model.pb") for f in versions) == 1
     assert not [f for f in files if "/_staging/" in f]
+    # The alias's serving folder holds that one version, whole, through the faults too.
+    published = sorted(f.removeprefix(serving) for f in files if f.startswith(serving))
+    assert published == sorted(f.removeprefix(f"{registry}/") for f in versions if "/1/" in f)
     assert_each_fault_retried_once(faulty.proxy, caplog)

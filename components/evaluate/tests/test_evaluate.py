@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from components.common import dataset, storage
+from components.common.failure import EXIT_EXPECTED
 from components.common.model_files import ModelError
 from components.evaluate import evaluate as ev
 
@@ -172,7 +173,7 @@ def test_cli_reports_bad_input(trained_model, tmp_path: Path, capsys) -> None:
     assert "manifest.json: missing" in capsys.readouterr().err
 
 
-def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path) -> None:
+def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path, capsys) -> None:
     from kfp import dsl
 
     from components.evaluate.component import evaluate
@@ -194,8 +195,10 @@ def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path) -> N
     assert sum(sum(row["row"]) for row in cm["rows"]) == 400
     assert "| class | support | precision | recall |" in Path(report.path).read_text()
     assert report.metadata["saved_model_sha256"] == trained_model.saved_model_sha256
-    # The digest the train component put in the Model artifact's metadata is verified.
-    with pytest.raises(ModelError, match="this is not the model that was trained"):
+    # The digest the train component put in the Model artifact's metadata is verified: the
+    # step ends on it in one FAILED line (components.common.failure), no traceback.
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
         evaluate(
             dataset=dsl.Dataset(uri=trained_model.dataset),
             model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": "1" * 64}),
@@ -203,6 +206,11 @@ def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path) -> N
             confusion_matrix=dsl.ClassificationMetrics(uri=str(tmp_path / "cm-2")),
             report=dsl.Markdown(uri=str(tmp_path / "report-2.md")),
         )
+    assert stopped.value.code == EXIT_EXPECTED
+    out = capsys.readouterr()
+    (line,) = [ln for ln in out.out.splitlines() if ln.startswith("FAILED: ")]
+    assert "this is not the model that was trained" in line
+    assert "Traceback" not in out.out + out.err
 
 
 def test_component_compiles() -> None:
