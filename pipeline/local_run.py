@@ -92,8 +92,8 @@ def run_pipeline_locally(
     """Run the pipeline with kfp.local under `root` and return where everything went.
 
     `params` are pipeline parameters; ``registry_root`` defaults to ``<root>/registry`` and
-    ``training_backend`` to ``local`` (the compiled pipeline's default, ``mpijob``, needs a
-    cluster).
+    ``training_backend`` to ``local`` (the compiled pipeline's default, ``auto``, picks the job
+    operator of a cluster).
     Parameters are checked before anything runs, and a ``model`` entry point is built once
     here when the steps run in this environment (with `docker_images`, the train step checks
     it in the trainer image before starting horovodrun). With `docker_images` = ``(registry,
@@ -110,8 +110,8 @@ def run_pipeline_locally(
     if params["training_backend"] != "local":
         raise ValueError(
             f"training_backend must be 'local' for a local run (no cluster here), got "
-            f"{params['training_backend']!r}: 'mpijob' and 'trainjob' run on a Kubeflow cluster "
-            "(docs/operating.md)"
+            f"{params['training_backend']!r}: 'auto', 'mpijob' and 'trainjob' run on a Kubeflow "
+            "cluster (docs/operating.md)"
         )
     if not docker_images:
         check_model_before_launch(params.get("model", MODEL))
