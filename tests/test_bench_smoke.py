@@ -194,7 +194,14 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
     assert 0 < pipe["not_training_share"] < 1
     lv = _read(out, "levers")
     assert set(lv["median_examples_per_second"]) == {"1x1", "1x2", "two_copies", "baseline", "gloo"}
-    assert 0 < lv["two_copies_over_two_1x1"] <= 1.2
+    # The machine's ceiling is the sum of the two copies' own throughputs, and the ratio is
+    # computed from the medians (no bound on its value: a quick run's one timed epoch of a few
+    # steps is noise, and the guide times nothing in tests).
+    (copies,) = lv["runs"]["two_copies"]
+    assert copies["examples_per_second"] == pytest.approx(sum(copies["per_copy"]))
+    medians = lv["median_examples_per_second"]
+    expected = round(medians["two_copies"] / (2 * medians["1x1"]), 3)
+    assert lv["two_copies_over_two_1x1"] == expected > 0
     assert lv["runs"]["gloo"][0]["controller"] == "gloo"
     assert lv["runs"]["baseline"][0]["controller"] == "mpi"
     assert 0 < lv["levers"]["baseline"]["estimated_efficiency"] <= 1
