@@ -170,7 +170,7 @@ def stack_section(res: dict[str, dict[str, Any]]) -> list[str]:
     st = res.get("stack")
     if not st:
         return []
-    names = list(st["stacks"])
+    names = st["this_and_other"]
     vers = "; ".join(f"{n}: TF {v['tensorflow']}, Horovod {v['horovod']}, Python {v['python']}"
                      for n, v in st["stacks"].items())  # fmt: skip
     rows = [[lay, *(st["median_examples_per_second"][n][lay] for n in names),

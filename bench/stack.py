@@ -104,6 +104,7 @@ def run(
             "threads_per_worker": 1,
         },  # fmt: skip
         "stacks": {s: versions(py) for s, py in stacks.items()},
+        "this_and_other": [this, other],
         "machine_before": machine_before,
         "runs": runs,
         "median_examples_per_second": by,
