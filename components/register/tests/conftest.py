@@ -18,3 +18,11 @@ def summary(trained_model, tmp_path: Path) -> str:
     }  # fmt: skip
     path.write_text(json.dumps({**record, "saved_model_sha256": trained_model.saved_model_sha256}))
     return str(path)
+
+
+@pytest.fixture(params=["local", "gcs"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A registry root, once on local disk and once on fake-gcs-server."""
+    if request.param == "local":
+        return str(tmp_path / "registry")
+    return f"gs://{request.getfixturevalue('gcs_bucket')}/registry"

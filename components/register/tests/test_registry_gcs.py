@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,26 +20,11 @@ import pytest
 
 from components.common import storage
 from components.evaluate.saved_model import check_saved_model
-from components.register import register as rg
 from components.register.decision import challenger_wins
 from components.register.registry import METADATA_FILE, SAVED_MODEL_PB, STAGING, ModelStore
+from components.register.tests.registering import register_run as _register
 
-FIXED_TIME = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 ACCURACIES = [0.91, 0.97, 0.93, 0.99, 0.92, 0.95, 0.94, 0.96]  # 8 concurrent writers
-
-
-@pytest.fixture(params=["local", "gcs"])
-def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "local":
-        return str(tmp_path / "registry")
-    return f"gs://{request.getfixturevalue('gcs_bucket')}/registry"
-
-
-def _register(trained_model: Any, summary: str, root: str, run_id: str, accuracy: float) -> Any:
-    return rg.register(
-        trained_model.path, summary, trained_model.dataset, accuracy, 0.3,
-        registry_root=root, pipeline_run_id=run_id, min_accuracy=0.5, now=lambda: FIXED_TIME,
-    )  # fmt: skip
 
 
 def _in_threads(jobs: list[tuple[Any, ...]], work: Callable[..., Any]) -> list[Any]:

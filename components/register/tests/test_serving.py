@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from components.common import storage
-from components.register import register as rg
 from components.register.registry import SAVED_MODEL_PB, ModelStore
 from components.register.serving import ServingFolder
-
-FIXED_TIME = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-
-
-@pytest.fixture(params=["local", "gcs"])
-def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "local":
-        return str(tmp_path / "registry")
-    return f"gs://{request.getfixturevalue('gcs_bucket')}/registry"
-
-
-def _register(trained_model: Any, summary: str, root: str, run_id: str, accuracy: float) -> Any:
-    return rg.register(
-        trained_model.path, summary, trained_model.dataset, accuracy, 0.3,
-        registry_root=root, pipeline_run_id=run_id, min_accuracy=0.5, now=lambda: FIXED_TIME,
-    )  # fmt: skip
+from components.register.tests.registering import register_run as _register
 
 
 def _folder(root: str) -> ServingFolder:
