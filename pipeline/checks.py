@@ -9,6 +9,7 @@ chooses the trainer's image.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from components.common import defaults, params
@@ -63,3 +64,29 @@ def parameters_markdown() -> str:
             default = "" if p.required else f"`{p.default!r}`"
             lines.append(f"| `{p.name}` | {p.type.__name__} | {default} | {p.help} |")
     return "\n".join(lines) + "\n"
+
+
+def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
+    """Pipeline arguments from ``NAME=VALUE`` strings, each converted to its declared type and
+    checked by the check step's rules (the declared defaults standing in for the rest); raise
+    ValueError naming what is wrong."""
+    import click  # the CLI's converters (not loaded by the check step)
+
+    declared = {p.name: p for p in PIPELINE_PARAMETERS}
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"bad parameter {pair!r}: expected NAME=VALUE")
+        if name in values:
+            raise ValueError(f"parameter {name!r} is given more than once")
+        if name not in declared:
+            known = ", ".join(declared)
+            raise ValueError(f"unknown pipeline parameter {name!r}; the pipeline declares: {known}")
+        try:
+            values[name] = click.types.convert_type(declared[name].type).convert(raw, None, None)
+        except click.BadParameter as exc:
+            raise ValueError(f"parameter {name!r}: {exc.message}") from exc
+    declared_defaults = {name: p.default for name, p in declared.items()}
+    params.check(PIPELINE_PARAMETERS, declared_defaults | values, "pipeline parameters")
+    return values

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from pipeline.build_cli import COMMANDS as BUILD_COMMANDS
-from pipeline.ops_cli import COMMANDS as OPS_COMMANDS
+from pipeline.ops import COMMANDS as OPS_COMMANDS
 from pipeline.render_cli import render_mpijob, render_trainjob
 from pipeline.serve_cli import COMMANDS as SERVE_COMMANDS
 
