@@ -1,7 +1,5 @@
 """``python -m pipeline <command>``."""
 
-import sys
+from pipeline.cli import cli
 
-from pipeline.cli import main
-
-sys.exit(main())
+cli(prog_name="python -m pipeline")

@@ -14,31 +14,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def option(p: Declared, default: Any = None) -> Callable[[F], F]:
-    """The click option of `p` (`default` overrides the declared one)."""
-    value = p.default if default is None else default
-    kwargs: dict[str, Any] = {"help": p.help, "show_default": True}
-    if p.type is bool:
-        return click.option(f"{p.flag}/--no-{p.flag[2:]}", p.name, default=value, **kwargs)
-    if p.rule.choices:
-        kwargs["type"] = click.Choice(list(p.rule.choices))
-    else:
-        kwargs["type"] = p.type
+    """The click option of `p` (`default` overrides the declared one); a switch for a bool."""
+    flag = f"{p.flag}/--no-{p.flag[2:]}" if p.type is bool else p.flag
+    kind = click.Choice(list(p.rule.choices)) if p.rule.choices else p.type
     if p.required and default is None:
-        return click.option(p.flag, p.name, required=True, **kwargs)
-    return click.option(p.flag, p.name, default=value, **kwargs)
-
-
-def declared_options(
-    params: Sequence[Declared], defaults: dict[str, Any] | None = None
-) -> Callable[[F], F]:
-    """One decorator adding an option per parameter, in the order declared."""
-
-    def apply(func: F) -> F:
-        for p in reversed(params):
-            func = option(p, (defaults or {}).get(p.name))(func)
-        return func
-
-    return apply
+        return click.option(flag, p.name, type=kind, required=True, help=p.help)
+    value = p.default if default is None else default
+    return click.option(flag, p.name, type=kind, default=value, help=p.help, show_default=True)
 
 
 def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
@@ -50,3 +32,11 @@ def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
         return func
 
     return apply
+
+
+def declared_options(
+    params: Sequence[Declared], defaults: dict[str, Any] | None = None
+) -> Callable[[F], F]:
+    """One decorator adding an option per parameter, in the order declared (`defaults`
+    overriding the declared ones by name)."""
+    return options(*(option(p, (defaults or {}).get(p.name)) for p in params))

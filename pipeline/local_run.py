@@ -46,16 +46,10 @@ class LocalRun:
         """The value of output parameter `name` of `task`."""
         return self.outputs[task]["parameterValues"][name]
 
-    @property
-    def run_summary_path(self) -> str:
-        """The train step's ``run_summary`` artifact (the trainer's ``run_summary.json``)."""
-        return self.artifact("train", "run_summary")
-
     def report_lines(self) -> list[str]:
         """The end-of-run summary. Scripts rely on the ``run_summary: <path>`` line."""
-        accuracy = self.parameter("evaluate", "accuracy")
-        loss = self.parameter("evaluate", "loss")
-        summary_path = self.run_summary_path
+        accuracy, loss = self.parameter("evaluate", "accuracy"), self.parameter("evaluate", "loss")
+        summary_path = self.artifact("train", "run_summary")  # the trainer's run_summary.json
         summary = read_summary(summary_path)
         return [
             f"run: {self.run_dir}",
@@ -76,14 +70,6 @@ class LocalRun:
             *([history] if (history := world_history(summary)) else []),
             *([paid] if (paid := paid_line(summary)) else []),
         ]
-
-
-def read_run(run_dir: Path) -> LocalRun:
-    """Collect the executor outputs of every task of a finished local run."""
-    run = LocalRun(run_dir=run_dir)
-    for output_file in sorted(run_dir.glob("*/executor_output.json")):
-        run.outputs[output_file.parent.name] = json.loads(output_file.read_text())
-    return run
 
 
 def run_pipeline_locally(
@@ -119,31 +105,26 @@ def run_pipeline_locally(
     if docker_images:
         _share_with_image_user(pipeline_root, Path(params["registry_root"]))
     before = set(pipeline_root.iterdir())
-    kfp.local.init(
-        runner=kfp.local.DockerRunner()
-        if docker_images
-        else kfp.local.SubprocessRunner(use_venv=False),
-        pipeline_root=str(pipeline_root),
-        raise_on_error=True,
+    runner = (
+        kfp.local.DockerRunner() if docker_images else kfp.local.SubprocessRunner(use_venv=False)
     )
-    images = defaults.image_refs(*docker_images) if docker_images else defaults.image_refs()
+    kfp.local.init(runner=runner, pipeline_root=str(pipeline_root), raise_on_error=True)
+    images = defaults.image_refs(*(docker_images or ()))
     # kfp.local runs each task in its compiled image: choose the trainer's now, as the check
     # step would (build_pipeline's image_at_run_time).
-    images["trainer"] = defaults.trainer_image(
-        params.get("gpus_per_worker", 0), images, params.get("trainer_image", "")
-    )
+    gpus, image = params.get("gpus_per_worker", 0), params.get("trainer_image", "")
+    images["trainer"] = defaults.trainer_image(gpus, images, image)
     pipeline_func = build_pipeline(images, image_at_run_time=False)
     started = time.monotonic()
     log = root / "logs" / time.strftime("run-local-%Y%m%d-%H%M%S.log")
     with quiet_console(log):
         pipeline_func(**params)
-    new = sorted(set(pipeline_root.iterdir()) - before)
-    runs = [p for p in new if p.name.startswith(PIPELINE_NAME)]
+    runs = [p for p in set(pipeline_root.iterdir()) - before if p.name.startswith(PIPELINE_NAME)]
     if len(runs) != 1:
         raise RuntimeError(f"expected one new run under {pipeline_root}, found {len(runs)}")
-    run = read_run(runs[0])
-    run.wall_seconds, run.log = time.monotonic() - started, log
-    return run
+    outputs = {f.parent.name: json.loads(f.read_text())
+               for f in runs[0].glob("*/executor_output.json")}  # fmt: skip
+    return LocalRun(runs[0], outputs, time.monotonic() - started, log)
 
 
 # What a run prints to the console: kfp.local's task lines, and what the trainer's ranks and
@@ -153,7 +134,7 @@ SHOWN = re.compile(r"Executing task|finished with status|\[rank \d+/\d+\]|launch
 MPI_TAG = re.compile(r"\[\d+,\d+\]<std(out|err)>:")
 # kfp.local's warning about running components outside their images: that is the point of a
 # local run (SubprocessRunner), so it is not shown.
-HARMLESS_WARNINGS = ("You may be attemping to run a task that uses custom",)
+HARMLESS_WARNING = "You may be attemping to run a task that uses custom"
 # kfp.local's line starting a task (its name in colour), and the colour codes.
 TASK_STARTS = re.compile(r"Executing task '([^']+)'")
 TASK_SUCCEEDED = re.compile(r"Task '[^']+' finished with status SUCCESS")
@@ -163,16 +144,12 @@ TRACEBACK = "Traceback (most recent call last):"
 
 class RunFailed(RuntimeError):
     """A local run stopped: `step` (or '' before any step) failed with `reason`; `log` holds
-    everything it printed. The console's last lines said so already."""
+    everything it printed. Its message is the console's last line but one, ``FAILED: step
+    '<name>': <reason>``."""
 
     def __init__(self, step: str, reason: str, log: Path) -> None:
         self.step, self.reason, self.log = step, reason, log
-        super().__init__(failed_line(step, reason))
-
-
-def failed_line(step: str, reason: str) -> str:
-    """A failed run's last line but one: ``FAILED: step '<name>': <reason>``."""
-    return f"FAILED: step {step!r}: {reason}" if step else f"FAILED: {reason}"
+        super().__init__(f"FAILED: step {step!r}: {reason}" if step else f"FAILED: {reason}")
 
 
 class _Tee(io.TextIOBase):
@@ -230,8 +207,7 @@ def quiet_console(log_path: Path) -> Iterator[None]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     console = sys.stdout
     with log_path.open("w") as log, warnings.catch_warnings():
-        for message in HARMLESS_WARNINGS:
-            warnings.filterwarnings("ignore", message=message)
+        warnings.filterwarnings("ignore", message=HARMLESS_WARNING)
         tee = _Tee(log, console)
         try:
             with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):
@@ -240,9 +216,9 @@ def quiet_console(log_path: Path) -> Iterator[None]:
             if not (tee.task and tee.failed):  # not a step's expected error: how it came about
                 traceback.print_exc(file=log)
             log.flush()
-            reason = tee.reason(exc)
-            console.write(f"{failed_line(tee.task, reason)}\nlog: {log_path}\n")
-            raise RunFailed(tee.task, reason, log_path) from exc
+            failed = RunFailed(tee.task, tee.reason(exc), log_path)
+            console.write(f"{failed}\nlog: {log_path}\n")
+            raise failed from exc
         except BaseException:
             log.flush()
             console.write(f"log: {log_path}\n")

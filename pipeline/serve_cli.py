@@ -13,19 +13,14 @@ from typing import Any
 import click
 
 from components.common.defaults import MODEL_NAME, PRODUCTION_ALIAS, TRAINER_SERVICE_ACCOUNT
+from pipeline.cli_options import options
 
-
-def _registry_options(func: Any) -> Any:
-    for option in reversed([
-        click.option(
-            "--registry-root", required=True,
-            help="The pipeline's registry_root (gs://; local too for sync-serving).",
-        ),
-        click.option("--model-name", default=MODEL_NAME, show_default=True),
-        click.option("--alias", default=PRODUCTION_ALIAS, show_default=True),
-    ]):  # fmt: skip
-        func = option(func)
-    return func
+REGISTRY_HELP = "The pipeline's registry_root (gs://; local too for sync-serving)."
+_registry_options = options(
+    click.option("--registry-root", required=True, help=REGISTRY_HELP),
+    click.option("--model-name", default=MODEL_NAME, show_default=True),
+    click.option("--alias", default=PRODUCTION_ALIAS, show_default=True),
+)
 
 
 def _folder(registry_root: str, model_name: str, alias: str) -> Any:

@@ -54,7 +54,7 @@ def python_c(code: str) -> subprocess.CompletedProcess[str]:
 def test_cli_modules_of_this_project_import_neither() -> None:
     """Everything ``python -m pipeline`` loads at start-up except pipeline/ops*.py."""
     proc = python_c(
-        "import sys, pipeline.build_cli, pipeline.render_cli, pipeline.serve_cli, "
+        "import sys, pipeline.cli, "
         "components.train.mpijob, "
         "components.train.mpijob.manifest, components.train.config; "
         "heavy = [m for m in ('kubernetes', 'jsonschema') if m in sys.modules]; "
