@@ -1,5 +1,5 @@
-"""Borders: ``python -m pipeline`` loads the Kubernetes client and the schema checker only for
-the command that needs them (render-mpijob validates against the CRD; nothing else does)."""
+"""Borders: ``python -m pipeline`` loads kfp, the Kubernetes client and the schema checker only
+for the command that needs them (render-mpijob validates against the CRD; help needs none)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("kfp", "kubernetes", "jsonschema")
 PROBE = """
 import runpy, sys
 sys.argv = ["pipeline", *{args!r}]
@@ -17,62 +18,35 @@ try:
     runpy.run_module("pipeline", run_name="__main__")
 except SystemExit as exc:
     code = exc.code
-heavy = sorted(m for m in ("kubernetes", "jsonschema") if m in sys.modules)
-print("HEAVY=" + ",".join(heavy), "EXIT=" + str(code), file=sys.stderr)
+print("HEAVY=" + ",".join(m for m in {heavy!r} if m in sys.modules), "EXIT=" + str(code))
 """
 
 
-def loaded(*args: str) -> tuple[str, str]:
-    """The heavy modules ``python -m pipeline ARGS`` imported, and its exit code."""
-    proc = python_c(PROBE.format(args=list(args)))
-    last = proc.stderr.strip().splitlines()[-1]
-    heavy, code = (part.split("=", 1)[1] for part in last.split())
-    return heavy, code
-
-
-@pytest.mark.parametrize("args", [["--help"], ["compile", "--help"], ["render-mpijob", "--help"]])
-def test_help_does_not_import_jsonschema(args: list[str]) -> None:
-    heavy, code = loaded(*args)
-    assert code == "0"
-    assert "jsonschema" not in heavy.split(",")
-
-
-def test_help_does_not_import_kubernetes() -> None:
-    heavy, code = loaded("--help")
-    assert code == "0"
-    assert "kubernetes" not in heavy.split(",")
-
-
-def python_c(code: str) -> subprocess.CompletedProcess[str]:
-    """Run `code` in a fresh interpreter at the project root."""
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+@pytest.mark.parametrize(
+    ("args", "present", "absent"),
+    [
+        (["--help"], [], HEAVY),
+        (["compile", "--help"], [], HEAVY),
+        (["render-mpijob", "--help"], [], HEAVY),
+        (["submit", "--help"], [], HEAVY),  # the operations import kfp when they run
+        (["render-mpijob", "--workers", "2"], ["jsonschema"], ["kfp"]),  # the probe sees them
+    ],
+)
+def test_a_command_loads_only_what_it_needs(args: list[str], present: list, absent: list) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE.format(args=args, heavy=HEAVY)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-
-
-def test_cli_modules_of_this_project_import_neither() -> None:
-    """Everything ``python -m pipeline`` loads at start-up except pipeline/ops*.py."""
-    proc = python_c(
-        "import sys, pipeline.cli, "
-        "components.train.mpijob, "
-        "components.train.mpijob.manifest, components.train.config; "
-        "heavy = [m for m in ('kubernetes', 'jsonschema') if m in sys.modules]; "
-        "assert not heavy, heavy"
-    )
-    assert proc.returncode == 0, proc.stderr
-
-
-def test_the_probe_sees_them_when_a_manifest_is_validated() -> None:
-    heavy, code = loaded("render-mpijob", "--workers", "2")
-    assert code == "0"
-    assert "jsonschema" in heavy.split(",")
+    heavy, code = (part.split("=", 1)[1] for part in proc.stdout.splitlines()[-1].split())
+    assert code == "0", proc.stderr
+    assert set(present) <= set(heavy.split(",")) and not set(absent) & set(heavy.split(","))
 
 
 def test_mpijob_package_exports_nothing_eagerly() -> None:
-    proc = python_c(
-        "import sys, components.train.mpijob as m; "
-        "assert not [n for n in vars(m) if not n.startswith('__')], vars(m); "
-        "assert 'kubernetes' not in sys.modules and 'jsonschema' not in sys.modules"
-    )
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, components.train.mpijob as m; "
+         "assert not [n for n in vars(m) if not n.startswith('__')], vars(m); "
+         "assert 'kubernetes' not in sys.modules and 'jsonschema' not in sys.modules"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

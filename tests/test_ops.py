@@ -168,10 +168,25 @@ def test_upload_creates_the_pipeline_then_the_version_named_from_git(
     assert standin.requests[-4].headers["authorization"] == "Bearer s3cret"
 
 
-def test_upload_of_a_missing_package_is_refused_before_connecting(standin: KfpStandin) -> None:
-    result = invoke(standin, "upload", "--package", "no/such.yaml", "--version-name", "v")
-    assert result.exit_code == 2
-    assert "'no/such.yaml' does not exist" in result.output
+SCHEDULE = ["schedule", "--name", "n", "--version-name", "v", "--param", REGISTRY]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["upload", "--package", "no/such.yaml"], 2, "'no/such.yaml' does not exist"),
+        (["submit", "--param", REGISTRY, "--param", "workers=0"], 1,
+         "Error: invalid pipeline parameters: workers must be >= 1, got 0\n"),
+        ([*SCHEDULE, "--cron", "0 2 * * *"], 1, "did you mean '0 0 2 * * *'?\n"),
+        ([*SCHEDULE, "--cron", "0 0 2 * * *", "--max-concurrency", "11"], 2,
+         "11 is not in the range 1<=x<=10"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_refused_in_one_line_before_connecting(
+    standin: KfpStandin, args: list[str], code: int, message: str
+) -> None:
+    result = invoke(standin, *args)
+    assert result.exit_code == code and message in result.output
     assert standin.requests == []
 
 
@@ -206,13 +221,6 @@ def test_submit_sends_the_package_and_the_typed_arguments(
     (experiment,) = standin.experiments
     assert experiment["display_name"] == "ci"
     assert {r["experiment_id"] for r in standin.runs} == {experiment["experiment_id"]}
-
-
-def test_submit_refuses_a_bad_argument_before_connecting(standin: KfpStandin) -> None:
-    result = invoke(standin, "submit", "--param", REGISTRY, "--param", "workers=0")
-    assert result.exit_code == 1
-    assert result.output == "Error: invalid pipeline parameters: workers must be >= 1, got 0\n"
-    assert standin.requests == []
 
 
 @pytest.mark.parametrize(
@@ -279,15 +287,6 @@ def test_submit_and_schedule_an_uploaded_version_by_name(
     missing = invoke(standin, "submit", "--version-name", "0.0.0-gnone", "--param", REGISTRY)
     assert missing.exit_code == 1
     assert f"'{NAME}' has no version named '0.0.0-gnone'; upload it first" in missing.output
-
-
-def test_schedule_refuses_bad_input_before_connecting(standin: KfpStandin) -> None:
-    base = ["schedule", "--name", "n", "--version-name", "v", "--param", REGISTRY]
-    result = invoke(standin, *base, "--cron", "0 2 * * *")
-    assert result.exit_code == 1 and "did you mean '0 0 2 * * *'?" in result.output
-    result = invoke(standin, *base, "--cron", "0 0 2 * * *", "--max-concurrency", "11")
-    assert result.exit_code == 2 and "11 is not in the range 1<=x<=10" in result.output
-    assert standin.requests == []
 
 
 def test_the_entry_point_reads_the_environment_and_exits_3(

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 from kfp import components
 
 from components.common import defaults
 from pipeline.build import compile_pipeline
+from pipeline.checks import PIPELINE_PARAMETERS, check_step, parameters_markdown
 
 EXPECTED_PARAMETERS = {
     "workers", "epochs", "batch_size_per_worker", "learning_rate", "warmup_epochs", "lr_scaling",
@@ -24,18 +28,22 @@ EXPECTED_PARAMETERS = {
 }  # fmt: skip
 
 
-def _images(spec: dict) -> set[str]:
-    """The images of the compiled executors."""
-    return {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pipeline compiled with the default images, alone in its folder."""
+    return compile_pipeline(tmp_path_factory.mktemp("compiled") / "pipeline.yaml")
 
 
-def test_compiles_to_one_yaml_that_kfp_loads_back(tmp_path: Path) -> None:
-    path = compile_pipeline(tmp_path / "pipeline.yaml")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline.yaml"]  # no temp file left
-    loaded = components.load_component_from_file(str(path))
+@pytest.fixture(scope="module")
+def spec(compiled: Path) -> dict:
+    return dict(yaml.safe_load(compiled.read_text()))
+
+
+def test_compiles_to_one_yaml_that_kfp_loads_back(compiled: Path, spec: dict) -> None:
+    assert [p.name for p in compiled.parent.iterdir()] == ["pipeline.yaml"]  # no temp file left
+    loaded = components.load_component_from_file(str(compiled))
     assert loaded.name == "kfp-horovod-mnist"
     assert set(loaded.component_spec.inputs) == EXPECTED_PARAMETERS
-    spec = yaml.safe_load(path.read_text())
     tasks = spec["root"]["dag"]["tasks"]
     assert set(tasks) == {"check-parameters", "prepare-data", "train", "evaluate", "register-model"}
     assert sorted(tasks["train"]["dependentTasks"]) == ["check-parameters", "prepare-data"]
@@ -44,10 +52,9 @@ def test_compiles_to_one_yaml_that_kfp_loads_back(tmp_path: Path) -> None:
     }  # fmt: skip
 
 
-def test_model_and_augment_reach_the_check_and_the_train_step(tmp_path: Path) -> None:
+def test_model_and_augment_reach_the_check_and_the_train_step(spec: dict) -> None:
     """The compiled defaults are mnist_advanced, no augmentation; the check step sees both
     parameters and the train step gets them under the same names."""
-    spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     assert parameters["model"] == {
         "defaultValue": "mnist_advanced", "isOptional": True, "parameterType": "STRING",
@@ -55,13 +62,11 @@ def test_model_and_augment_reach_the_check_and_the_train_step(tmp_path: Path) ->
     assert parameters["augment"] == {
         "defaultValue": False, "isOptional": True, "parameterType": "BOOLEAN",
     }  # fmt: skip
-    tasks = spec["root"]["dag"]["tasks"]
-    train = tasks["train"]["inputs"]["parameters"]
-    assert train["model"] == {"componentInputParameter": "model"}
-    assert train["augment"] == {"componentInputParameter": "augment"}
-    check = tasks["check-parameters"]["inputs"]["parameters"]
-    assert check["model"] == {"componentInputParameter": "model"}
-    assert check["augment"] == {"componentInputParameter": "augment"}
+    for task in ("train", "check-parameters"):
+        inputs = spec["root"]["dag"]["tasks"][task]["inputs"]["parameters"]
+        assert [inputs[n] for n in ("model", "augment")] == [
+            {"componentInputParameter": "model"}, {"componentInputParameter": "augment"},
+        ]  # fmt: skip
 
 
 def _check_step_images(spec: dict) -> dict[str, str]:
@@ -70,16 +75,16 @@ def _check_step_images(spec: dict) -> dict[str, str]:
     return dict(json.loads(images["runtimeValue"]["constant"]))
 
 
-def test_one_image_per_component_tagged_with_the_version(tmp_path: Path) -> None:
+def test_one_image_per_component_tagged_with_the_version(spec: dict) -> None:
     """Every step runs in its own image of this version; the train step in the trainer image the
     check step chooses at run time (the CPU or the GPU one, both compiled in)."""
-    spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
     expected = {defaults.image_ref(name) for name in defaults.IMAGE_NAMES}
     assert all(image.endswith(f":{defaults.PACKAGE_VERSION}") for image in expected)
     assert _check_step_images(spec) == defaults.image_refs()
     chosen = "{{$.inputs.parameters['pipelinechannel--check-parameters-trainer_image']}}"
     steps = {defaults.image_ref(n) for n in ("data_prep", "evaluate", "register")}
-    assert _images(spec) == steps | {chosen}
+    executors = spec["deploymentSpec"]["executors"].values()
+    assert {e["container"]["image"] for e in executors} == steps | {chosen}
     train = spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
     assert train["trainer_image"] == {
         "taskOutputParameter": {"outputParameterKey": "trainer_image",
@@ -93,11 +98,10 @@ def test_one_image_per_component_tagged_with_the_version(tmp_path: Path) -> None
     }  # fmt: skip
 
 
-def test_the_uploaded_pipeline_is_the_cluster_pipeline(tmp_path: Path) -> None:
+def test_the_uploaded_pipeline_is_the_cluster_pipeline(spec: dict) -> None:
     """Uploaded and run from the UI as compiled, the pipeline trains on the job operator the
     cluster serves (``auto``), in the image the job's GPUs call for, anywhere the cluster
     places it; the registry is the one thing a user must fill in."""
-    spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     defaults_back = {name: parameters[name].get("defaultValue") for name in parameters}
     assert defaults_back["training_backend"] == "auto"
@@ -118,71 +122,67 @@ def test_images_are_overridable_at_compile_time(tmp_path: Path) -> None:
     }
 
 
-def test_output_does_not_depend_on_who_compiles_it(tmp_path: Path) -> None:
-    here = compile_pipeline(tmp_path / "a.yaml").read_bytes()
+def test_output_does_not_depend_on_who_compiles_it(compiled: Path, tmp_path: Path) -> None:
     env = {**os.environ, "USER": "someone-else", "HOME": str(tmp_path), "TZ": "Asia/Tokyo"}
     subprocess.run(
         [sys.executable, "-m", "pipeline", "compile", "--output", str(tmp_path / "b.yaml")],
         check=True, env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True,
     )  # fmt: skip
-    assert (tmp_path / "b.yaml").read_bytes() == here
+    assert (tmp_path / "b.yaml").read_bytes() == compiled.read_bytes()
 
 
-def _check(**overrides: object) -> object:
+def _check(**overrides: object) -> Any:
     """The check step's program, called as the step calls it, with the compiled defaults."""
-    from pipeline.checks import PIPELINE_PARAMETERS, check_step
-
-    values = {p.name: p.default for p in PIPELINE_PARAMETERS}
+    values: dict[str, Any] = {p.name: p.default for p in PIPELINE_PARAMETERS}
     values.update({"registry_root": "gs://b/models", **overrides})
     return check_step(images=json.dumps(defaults.image_refs("r.example/p", "7")), **values)
 
 
-def test_a_ui_run_with_an_empty_registry_fails_in_the_check_step_saying_what_to_fill_in() -> None:
-    import pytest
-
-    with pytest.raises(ValueError) as info:
-        _check(registry_root="")
-    assert "registry_root is empty: set it to the model store" in str(info.value)
-    assert "such as gs://my-bucket/kfp-horovod/models" in str(info.value)
-
-
-def test_the_check_step_chooses_the_trainer_image_from_the_jobs_gpus() -> None:
-    cpu = _check()
-    assert (cpu.trainer_image, cpu.train_step_gpus) == ("r.example/p/kfp-horovod-trainer:7", 0)
-    gpu = _check(gpus_per_worker=2, slots_per_worker=2)
-    assert gpu.trainer_image == "r.example/p/kfp-horovod-trainer-gpu:7"
-    assert gpu.train_step_gpus == 0  # the MPIJob's workers get the GPUs, not the launching pod
-    local = _check(gpus_per_worker=1, training_backend="local", workers=3)
-    assert (local.trainer_image, local.train_step_gpus) == (
-        "r.example/p/kfp-horovod-trainer-gpu:7", 3,
-    )  # fmt: skip  # the local backend trains in the step's own pod: one GPU per worker
-    mine = _check(gpus_per_worker=1, trainer_image="me/my-trainer:1")
-    assert mine.trainer_image == "me/my-trainer:1"  # a user-given image wins
-    trainjob = _check(gpus_per_worker=2, slots_per_worker=2, training_backend="trainjob")
-    assert (trainjob.trainer_image, trainjob.train_step_gpus) == (
-        "r.example/p/kfp-horovod-trainer-gpu:7", 0,
-    )  # fmt: skip  # the TrainJob's nodes get the GPUs, not the launching pod
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [  # a UI run with an empty registry learns what to fill in; an elastic TrainJob, why not
+        ({"registry_root": ""}, "registry_root is empty: set it to the model store the run "
+         "registers its model in, a gs:// folder such as gs://my-bucket/kfp-horovod/models"),
+        ({"training_backend": "trainjob", "workers": 2, "min_workers": 1},
+         "min_workers=1: elastic training needs mpi-operator's"),
+    ],
+)  # fmt: skip
+def test_the_check_step_refuses_naming_the_parameter(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _check(**overrides)
 
 
-def test_the_check_step_refuses_an_elastic_trainjob_by_name() -> None:
-    import pytest
+GPU_IMAGE = "r.example/p/kfp-horovod-trainer-gpu:7"
 
-    with pytest.raises(ValueError, match="min_workers=1: elastic training needs mpi-operator's"):
-        _check(training_backend="trainjob", workers=2, min_workers=1)
+
+@pytest.mark.parametrize(
+    ("overrides", "image", "step_gpus"),
+    [
+        ({}, "r.example/p/kfp-horovod-trainer:7", 0),
+        # the MPIJob's workers (the TrainJob's nodes) get the GPUs, not the launching pod
+        ({"gpus_per_worker": 2, "slots_per_worker": 2}, GPU_IMAGE, 0),
+        ({"gpus_per_worker": 2, "slots_per_worker": 2, "training_backend": "trainjob"},
+         GPU_IMAGE, 0),
+        # the local backend trains in the step's own pod: one GPU per worker
+        ({"gpus_per_worker": 1, "training_backend": "local", "workers": 3}, GPU_IMAGE, 3),
+        ({"gpus_per_worker": 1, "trainer_image": "me/my-trainer:1"}, "me/my-trainer:1", 0),
+    ],
+)  # fmt: skip
+def test_the_check_step_chooses_the_trainer_image_from_the_jobs_gpus(
+    overrides: dict, image: str, step_gpus: int
+) -> None:
+    assert tuple(_check(**overrides)) == (image, step_gpus)
 
 
 def test_the_parameters_page_is_the_declarations() -> None:
-    from pipeline.checks import parameters_markdown
-
     page = Path(__file__).resolve().parents[1] / "docs" / "parameters.md"
     assert page.read_text() == parameters_markdown(), "run: python -m pipeline parameters"
 
 
-def test_the_train_component_declares_the_task_config_passthroughs(tmp_path: Path) -> None:
+def test_the_train_component_declares_the_task_config_passthroughs(spec: dict) -> None:
     """A pipeline author's resources, env, node selector, tolerations, affinity and volumes on
     the train task reach its ``task_config`` (kfp >= 2.15); resources and env apply to the
     task's own pod too (the local backend trains there), placement and volumes do not."""
-    spec = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
     train = spec["components"]["comp-train"]
     assert train["inputDefinitions"]["parameters"]["task_config"] == {
         "isOptional": True, "parameterType": "TASK_CONFIG",

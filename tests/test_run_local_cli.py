@@ -53,29 +53,25 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return seen
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--model", "small", "--augment", "--min-workers", "1"], ("small", True, 1)),
+        ([], ("mnist_advanced", False, 0)),
+    ],
+)
 def test_run_local_passes_model_augment_and_min_workers_as_pipeline_parameters(
-    captured: dict[str, Any],
+    captured: dict[str, Any], args: list[str], expected: tuple
 ) -> None:
-    CliRunner().invoke(cli, ["run-local", "--model", "small", "--augment", "--min-workers", "1"])
-    assert captured["min_workers"] == 1
-    assert (captured["model"], captured["augment"]) == ("small", True)
-    captured.clear()
-    CliRunner().invoke(cli, ["run-local"])
-    assert (captured["model"], captured["augment"], captured["min_workers"]) == (
-        "mnist_advanced",
-        False,
-        0,
-    )
+    CliRunner().invoke(cli, ["run-local", *args])
+    assert (captured["model"], captured["augment"], captured["min_workers"]) == expected
 
 
 def test_run_local_help_lists_the_models() -> None:
     result = CliRunner().invoke(cli, ["run-local", "--help"])
     assert result.exit_code == 0
     text = " ".join(result.output.split())
-    assert (
-        "--model TEXT mnist_advanced or small, or a Python entry point package.module:function"
-        in text
-    )
+    assert "--model TEXT mnist_advanced or small, or a Python entry point package.module" in text
     assert "--augment / --no-augment" in text
 
 
@@ -100,10 +96,7 @@ def test_a_bad_model_stops_run_local_before_any_step(
 @pytest.mark.parametrize("backend", ["mpijob", "trainjob"])
 def test_a_cluster_backend_stops_a_local_run_before_any_step(backend: str, tmp_path: Path) -> None:
     """Both cluster backends need a Kubeflow cluster; a local run says so, naming the value."""
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match=f"training_backend must be 'local' for a local run "
+                       rf"\(no cluster here\), got '{backend}'"):  # fmt: skip
         local_run.run_pipeline_locally(root=tmp_path, training_backend=backend)
-    assert (
-        f"training_backend must be 'local' for a local run (no cluster here), got {backend!r}"
-        in (str(info.value))
-    )
     assert not (tmp_path / "pipeline-root").exists()
