@@ -59,7 +59,6 @@ class KfpStandin:
             ("POST", "/pipelines", lambda r: self._add(self.pipelines, "pipeline", r.json())),
             ("POST", "/pipelines/upload_version", self._upload_version),
             ("GET", "/pipelines/([^/]+)/versions", self._list_versions),
-            ("GET", "/pipelines/([^/]+)/versions/([^/]+)", self._get_version),
             ("GET", "/experiments", lambda r: self._list(self.experiments, r, "experiments")),
             ("POST", "/experiments", lambda r: self._add(self.experiments, "experiment", r.json())),
             ("POST", "/runs", lambda r: self._add(self.runs, "run", r.json(), state="PENDING")),
@@ -107,12 +106,11 @@ class KfpStandin:
         """The `method` requests whose path fully matches `path`."""
         return [r for r in self.requests if r.method == method and re.fullmatch(path, r.path)]
 
-    def seed(self, pipeline: str, versions: dict[str, Any]) -> str:
-        """Add `pipeline` with `versions` (name -> pipeline spec); return its id."""
+    def seed(self, pipeline: str, *versions: str) -> str:
+        """Add `pipeline` with `versions` (their names); return its id."""
         pid = self._add(self.pipelines, "pipeline", {"display_name": pipeline})["pipeline_id"]
-        for name, spec in versions.items():
-            self._add(self.versions, "pipeline_version", {"display_name": name,
-                      "pipeline_id": pid, "pipeline_spec": spec})  # fmt: skip
+        for name in versions:
+            self._add(self.versions, "pipeline_version", {"display_name": name, "pipeline_id": pid})
         return str(pid)
 
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
@@ -163,9 +161,6 @@ class KfpStandin:
     def _list_versions(self, request: Request, pid: str) -> dict[str, Any]:
         mine = [v for v in self.versions if v["pipeline_id"] == pid]
         return self._list(mine, request, "pipeline_versions")
-
-    def _get_version(self, request: Request, pid: str, vid: str) -> dict[str, Any] | None:
-        return next((v for v in self.versions if v["pipeline_version_id"] == vid), None)
 
     def _get_run(self, request: Request, run_id: str) -> dict[str, Any] | None:
         run = next((r for r in self.runs if r["run_id"] == run_id), None)

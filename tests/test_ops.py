@@ -195,7 +195,7 @@ def test_bad_input_is_refused_in_one_line_before_connecting(
 def test_an_api_error_is_one_line_naming_the_operation(
     standin: KfpStandin, package: Path, status: int
 ) -> None:
-    standin.seed(NAME, {})
+    standin.seed(NAME)
     standin.fail("POST", "/pipelines/upload_version", status, "minio unavailable")
     result = invoke(standin, "upload", "--package", str(package), "--version-name", "v1")
     assert result.exit_code == 1
@@ -263,7 +263,7 @@ def test_wait_retries_transient_errors_but_not_forever(standin: KfpStandin) -> N
 def test_submit_and_schedule_an_uploaded_version_by_name(
     standin: KfpStandin, package: Path
 ) -> None:
-    pid = standin.seed(NAME, {"0.1.0-gabc": {"root": {}}})
+    pid = standin.seed(NAME, "0.1.0-gabc")
     vid = standin.versions[0]["pipeline_version_id"]
     result = invoke(standin, "submit", "--version-name", "0.1.0-gabc", "--param", REGISTRY)
     assert result.exit_code == 0, result.output
