@@ -47,6 +47,7 @@ def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call one kfp.Client function; an HTTP or network error becomes one line naming `what`."""
     import kfp_server_api
     import urllib3
+    from google.protobuf.json_format import ParseError
 
     try:
         return fn(*args, **kwargs)
@@ -56,12 +57,10 @@ def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             detail = json.loads(detail or "{}").get("message") or detail
         message = f"{what} failed: HTTP {exc.status} {exc.reason or ''}".rstrip()
         raise OpsError(f"{message}: {detail or '(no details)'}", exc.status >= 500) from exc
-    except FileNotFoundError as exc:  # kfp.Client reads the package
-        raise OpsError(f"{what} failed: {exc.filename} does not exist; compile it first") from exc
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+    except (urllib3.exceptions.HTTPError, ConnectionError) as exc:
         raise OpsError(f"{what} failed: no answer from KFP ({exc})", transient=True) from exc
-    except ValueError as exc:  # kfp.Client's answer to a name several pipelines have
-        raise OpsError(f"{what} failed: {exc}") from exc
+    except (OSError, ValueError, ParseError) as exc:  # a package missing or not a pipeline, or
+        raise OpsError(f"{what} failed: {exc}") from exc  # a name several pipelines have
 
 
 # KFP's cron (robfig/cron v1) has seconds first and reads a crontab line as "second 0, minute 2,

@@ -59,10 +59,11 @@ def invoke(standin: KfpStandin, *args: str, **env: str) -> Any:
 
 
 def test_arguments_are_typed_by_their_declarations() -> None:
-    pairs = ["workers=3", "learning_rate=1e-3", "augment=yes", "model=small", "node_selector={}"]
+    pairs = ["workers=3", "learning_rate=1e-3", "augment=yes", "model=small", "node_selector={}",
+             "data_source=https://h/m.npz?a=b"]  # fmt: skip
     assert parse_arguments([REGISTRY, *pairs]) == {
         "registry_root": "gs://b/models", "workers": 3, "learning_rate": 0.001, "augment": True,
-        "model": "small", "node_selector": "{}",
+        "model": "small", "node_selector": "{}", "data_source": "https://h/m.npz?a=b",
     }  # fmt: skip
 
 
@@ -165,8 +166,10 @@ def test_upload_creates_the_pipeline_then_the_version_named_from_git(
     assert f"already has a version named {name!r}" in again.output
     kept = invoke(standin, "upload", "--package", str(package), "--reuse-existing")
     assert kept.exit_code == 0 and f"kept existing version {name} " in kept.output
-    assert len(standin.versions) == 1 and len(standin.pipelines) == 1
     assert standin.requests[-4].headers["authorization"] == "Bearer s3cret"
+    added = invoke(standin, "upload", "--package", str(package), "--version-name", "v2")
+    assert added.exit_code == 0 and len(standin.calls("POST", "/pipelines")) == 1
+    assert [v["display_name"] for v in standin.versions] == [name, "v2"]
 
 
 SCHEDULE = ["schedule", "--name", "n", "--version-name", "v", "--param", REGISTRY]
@@ -287,6 +290,21 @@ def test_submit_and_schedule_an_uploaded_version_by_name(
     missing = invoke(standin, "submit", "--version-name", "0.0.0-gnone", "--param", REGISTRY)
     assert missing.exit_code == 1
     assert f"'{NAME}' has no version named '0.0.0-gnone'; upload it first" in missing.output
+    standin.seed(NAME)  # in another namespace: a name is not enough
+    twice = invoke(standin, "submit", "--version-name", "0.1.0-gabc", "--param", REGISTRY)
+    assert f"look up pipeline '{NAME}' failed: Multiple pipelines with the name" in twice.output
+
+
+def test_a_package_that_is_no_pipeline_is_one_error(standin: KfpStandin, tmp_path: Path) -> None:
+    (tmp_path / "other.yaml").write_text("kind: ConfigMap\n")
+    result = invoke(
+        standin, "submit", "--package", str(tmp_path / "other.yaml"), "--param", REGISTRY
+    )
+    assert result.exit_code == 1 and not standin.runs
+    assert (
+        'failed: Message type "ml_pipelines.PipelineSpec" has no field named "kind"'
+        in result.output
+    )
 
 
 def test_the_make_targets_wrap_the_commands(
