@@ -3,7 +3,8 @@
 `PIPELINE_PARAMETERS` is the pipeline's signature: the trainer's (`TrainConfig`), the train
 step's (`TrainStep`), data prep's and register's declared parameters, in that order. The check
 step (`check_step`, first in every run) refuses bad values before any work, naming each, and
-chooses the trainer's image.
+chooses the trainer's image; `parse_arguments` types and checks the same way the ``NAME=VALUE``
+arguments ``python -m pipeline submit | schedule`` send.
 """
 
 from __future__ import annotations
