@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.common import base_parser, interleave, job_throughput, median, ratio, write_result
 from components.common import defaults
-from components.train.mpirun import YIELD_WHEN_IDLE
+from components.train.launch import YIELD_WHEN_IDLE
 
 NAME = "mpijob_yield"
 

@@ -163,7 +163,7 @@ def local_equivalent(command: list[str]) -> tuple[int, list[str], dict[str, str]
     """``[mpiwatch ... --] mpirun -np N ... -x K=V ... python -m components.train ARGS`` as
     ``(N, ARGS, {K: V})``. The heartbeat period is left out: the heartbeat watch
     (`components.train.mpiwatch`) is not run here, so nothing would take the beats out."""
-    from components.train.heartbeat import HEARTBEAT_ENV
+    from components.train.mpiwatch import HEARTBEAT_ENV
 
     command = command[command.index("mpirun") :]
     exported = [command[i + 1] for i, word in enumerate(command[:-1]) if word == "-x"]

@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from components.train.cluster.crd import Crd
 from components.train.cluster.params import ANNOTATION_RUN_ID, ANNOTATION_RUN_NAME
-from components.train.ranklines import RankLines
+from components.train.mpiwatch import RankLines
 
 Log = Callable[[str], None]
 LOG_TAIL_LINES = 50
@@ -247,7 +247,7 @@ class LauncherLog:
         self, core: client.CoreV1Api, backend: Backend, namespace: str, name: str, log: Log
     ) -> None:
         self.core, self.backend, self.namespace, self.name = core, backend, namespace, name
-        self.log = RankLines(log)  # each line once: components.train.ranklines
+        self.log = RankLines(log)  # each line once: components.train.mpiwatch
         self.pod_name: str | None = None
         self.emitted = 0
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.train.heartbeat import HEARTBEAT_ENV
+from components.train.mpiwatch import HEARTBEAT_ENV
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # What the job sets in its ranks' environment itself (Open MPI's OMPI_* too).

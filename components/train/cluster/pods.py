@@ -18,11 +18,11 @@ from typing import Any
 
 from components.common import defaults
 from components.common.placement import merge_tolerations, parse_node_selector, parse_tolerations
-from components.train import mpirun
+from components.train import launch
 from components.train.cluster.params import ClusterJobParams
 from components.train.cluster.podconfig import GPU_RESOURCE
 from components.train.config import to_argv
-from components.train.heartbeat import HEARTBEAT_ENV, period_for
+from components.train.mpiwatch import HEARTBEAT_ENV, period_for
 
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 # Where mpi-operator v2beta1 keeps the launcher's host discovery script: it lists the worker
@@ -52,7 +52,7 @@ def watched_command(p: ClusterJobParams) -> list[str]:
 
 
 def elastic_command(p: ClusterJobParams) -> list[str]:
-    """Elastic ``horovodrun`` (run by `components.train.hvdrun`) over ssh to the workers.
+    """Elastic ``horovodrun`` (run by `components.train.launch`) over ssh to the workers.
 
     It starts once ``--min-np`` slots are up, finds the workers with the operator's
     `DISCOVER_HOSTS` (``--slots``: the script gives no slot counts), keeps going while at
@@ -62,7 +62,7 @@ def elastic_command(p: ClusterJobParams) -> list[str]:
     """
     t = p.train
     return [
-        "python", "-m", "components.train.hvdrun",
+        "python", "-m", "components.train.launch",
         "-np", str(t.world_size), "--min-np", str(t.min_world_size),
         "--max-np", str(t.world_size), "--slots", str(t.slots_per_worker),
         "--host-discovery-script", DISCOVER_HOSTS, "--gloo",
@@ -82,12 +82,12 @@ def launcher_env(p: ClusterJobParams) -> list[dict[str, str]]:
 
 
 def mpirun_command(p: ClusterJobParams) -> list[str]:
-    """The static job's ``mpirun`` (`components.train.mpirun`: the local launcher's command
+    """The static job's ``mpirun`` (`components.train.launch`: the local launcher's command
     line, waiting ranks yielding their core) over the hostfile the operator gives the launcher.
 
     The environment of the launcher's processes is forwarded with ``-x`` (ssh sessions on the
     workers do not inherit the worker container's environment), with the heartbeat period
-    that `watched_command`'s watch needs (`components.train.heartbeat`). No ``btl`` selection: the
+    that `watched_command`'s watch needs (`components.train.mpiwatch`). No ``btl`` selection: the
     image's Open MPI (Debian 4.1.4) already sets ``btl = ^uct,openib,ofi`` in
     ``/etc/openmpi/openmpi-mca-params.conf``, and a command-line list would replace that one
     (``-mca btl ^openib``, used before, re-enabled uct and ofi; a first run in containers
@@ -100,7 +100,7 @@ def mpirun_command(p: ClusterJobParams) -> list[str]:
         f"{HEARTBEAT_ENV}={period_for(p.stall_shutdown_seconds):g}",
         *(str(e["name"]) for e in p.task_config.env),  # the task config's, set on the launcher
     ]
-    return mpirun.mpirun_command(
+    return launch.mpirun_command(
         p.train.world_size, trainer_command(p), forward=forward, workdir=defaults.TRAINER_WORKDIR
     )
 

@@ -343,7 +343,7 @@ def test_elastic_job_runs_elastic_horovodrun_on_the_operators_discovery_script()
     validate_manifest(m)
     launcher = containers(m, "Launcher")
     cmd = launcher["command"]
-    assert cmd[:3] == ["python", "-m", "components.train.hvdrun"]  # horovodrun's command line
+    assert cmd[:3] == ["python", "-m", "components.train.launch"]  # horovodrun's command line
 
     def flag(name: str) -> str:
         return cmd[cmd.index(name) + 1]
