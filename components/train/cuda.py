@@ -19,7 +19,6 @@ import ctypes
 import importlib.util
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 # What TF dlopens, by soname (the majors of its CUDA 12.5 / cuDNN 9 / NCCL 2 build), and the
 # wheel that ships each. TF registers no GPU unless the first seven load; libnccl serves NCCL
@@ -40,14 +39,6 @@ GRADIENT_ALLREDUCE = ("host", "nccl")
 GRADIENT_ALLREDUCE_LABEL = "io.kfp-horovod.gradient-allreduce"
 
 
-class Loaded(NamedTuple):
-    """One library's outcome: the `path` it loaded from (None: the system loader's), `error`."""
-
-    soname: str
-    path: Path | None
-    error: str | None
-
-
 def wheel_folder(soname: str) -> Path | None:
     """The folder of `soname`'s wheel, where TF looks first (None: TF is not installed)."""
     spec = importlib.util.find_spec("tensorflow")
@@ -58,33 +49,25 @@ def wheel_folder(soname: str) -> Path | None:
     return site / "nvidia" / name.replace("-", "_") / "lib"
 
 
-def load_library(soname: str, folder: Path | None) -> Loaded:
+def load_library(soname: str, folder: Path | None) -> tuple[bool, str]:
     """dlopen `soname` as TF would: from `folder` if it has the file (a file there that does not
-    load is an error), else by the system loader. It stays loaded."""
+    load is an error), else by the system loader; it stays loaded. (True, where from) or (False,
+    why not)."""
     path = folder / soname if folder and (folder / soname).is_file() else None
     try:
         ctypes.CDLL(str(path or soname))
     except OSError as exc:
-        why = (
-            f"{path} does not load" if path else f"not in {folder}, nor found by the system loader"
-        )
-        return Loaded(soname, path, f"{why}: {exc}")
-    return Loaded(soname, path, None)
-
-
-def load_cuda_libraries(folder: Path | None = None) -> list[Loaded]:
-    """Load each of `TF_CUDA_LIBRARIES`, from `folder` (default: each one's `wheel_folder`)."""
-    return [load_library(soname, folder or wheel_folder(soname)) for soname in TF_CUDA_LIBRARIES]
+        why = f"{path} does not load" if path else f"not in {folder}, nor by the system loader"
+        return False, f"{why}: {exc} (wheel {TF_CUDA_LIBRARIES[soname]})"
+    return True, str(path or "the system loader")
 
 
 def missing_cuda_libraries(folder: Path | None = None) -> dict[str, str]:
-    """soname -> why it does not load, for each CUDA library TF needs (empty: all load). Imports
-    no TensorFlow: milliseconds where they are absent."""
-    return {lib.soname: _why(lib) for lib in load_cuda_libraries(folder) if lib.error}
-
-
-def _why(lib: Loaded) -> str:
-    return f"{lib.error} (wheel {TF_CUDA_LIBRARIES[lib.soname]})"
+    """soname -> why it does not load, for each CUDA library TF needs (empty: all load), from
+    `folder` (default: each one's `wheel_folder`). Imports no TensorFlow: milliseconds where
+    they are absent."""
+    loaded = {s: load_library(s, folder or wheel_folder(s)) for s in TF_CUDA_LIBRARIES}
+    return {soname: why for soname, (ok, why) in loaded.items() if not ok}
 
 
 def horovod_problems(gradient_allreduce: str) -> list[str]:
@@ -109,10 +92,10 @@ def check_image(gradient_allreduce: str, cuda: bool = True) -> int:
     """Print what the image has; 0 if every check passes, else 1 (the problems on stderr)."""
     problems: list[str] = []
     if cuda:
-        for lib in load_cuda_libraries():
-            where = lib.path or "the system loader"
-            print(f"cuda: {lib.soname}: {'MISSING' if lib.error else f'loads from {where}'}")
-            problems += [f"cannot load {lib.soname}: {_why(lib)}"] if lib.error else []
+        for soname in TF_CUDA_LIBRARIES:
+            ok, what = load_library(soname, wheel_folder(soname))
+            print(f"cuda: {soname}: {f'loads from {what}' if ok else 'MISSING'}")
+            problems += [] if ok else [f"cannot load {soname}: {what}"]
         from components.common.keras_env import tensorflow
 
         tf = tensorflow()

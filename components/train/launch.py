@@ -1,18 +1,13 @@
 """Start the trainer as ONE Horovod job: mpirun for a static job, horovodrun for an elastic one.
 
-A static job runs ``mpirun_command``, the one command line of this machine's job and of a
-cluster job's launcher (over the operator's hostfile there), under the heartbeat watch
-(`components.train.mpiwatch`). Horovod's MPI controller measured faster than Gloo's TCP over
-loopback (bench/README.md), once a waiting rank yields its core instead of busy-polling it
-(`YIELD_WHEN_IDLE`: without it the 2x1 job ran below Gloo's speed). The rest is what
-``horovodrun --mpi`` passes: output tagged with each line's rank, no binding (the ranks size
-their own thread pools), slots filled in order, the ob1 point-to-point layer.
-
-An elastic job (``min_workers`` > 0) runs elastic ``horovodrun --gloo`` (Horovod's elastic mode
-has no MPI) as ``python -m components.train.launch ARGS``: horovodrun's own command line, with
-its "was Horovod built with Gloo?" check answered from the installed library instead of by a
-process importing all of TensorFlow (seconds of a core on every launch). Locally, its host
-discovery script lists one name of this machine per slot (`LocalHosts`).
+A static job runs `mpirun_command` under the heartbeat watch (`components.train.mpiwatch`): the
+one command line of a local job and of a cluster job's launcher (over its hostfile). Horovod's
+MPI controller measured faster than Gloo's TCP over loopback (bench/README.md) once a waiting
+rank yields its core instead of busy-polling it (`YIELD_WHEN_IDLE`); the rest is what
+``horovodrun --mpi`` passes. An elastic job (``min_workers`` > 0) runs ``horovodrun --gloo``
+(elastic Horovod has no MPI) as ``python -m components.train.launch ARGS``: horovodrun's own
+command line, its Gloo check answered from the installed library instead of by a process
+importing all of TensorFlow (seconds of a core per launch).
 """
 
 from __future__ import annotations
@@ -65,7 +60,7 @@ def mpirun_command(
 
 
 def horovodrun_command(args: Sequence[str], program: Sequence[str]) -> list[str]:
-    """``horovodrun ARGS PROGRAM``, run as ``python -m components.train.launch``."""
+    """``horovodrun ARGS PROGRAM``, run as ``python -m components.train.launch`` (`main`)."""
     return [sys.executable, "-m", "components.train.launch", *args, *program]
 
 

@@ -1,19 +1,17 @@
 """The one watch of a static Horovod job: mpirun run under its ranks' heartbeats.
 
 ``python -m components.train.mpiwatch --ranks N --silence-seconds S -- mpirun ...`` on a cluster
-job's launcher, `watch` in process for a local job (`components.train.launch.run_local`): the
-same mpirun either way (an elastic job's horovodrun runs under it with no rank watched).
+job's launcher, `watch` in process for a local job (`components.train.launch.run_local`).
 
 Horovod's stall check cannot end a job whose rank is frozen (SIGSTOP, a hung node, a cut
 network): its negotiation is itself a collective that waits on that rank, and the transports'
-timeouts name no rank (bench/faults/). So every rank beats from its own thread, waiting in an
-allreduce or not (`start_from_env`); mpirun's ``--tag-output`` forwards each beat as
-``[job,rank]<stdout>:kfp-horovod-heartbeat ...``. The watch passes on the rest of mpirun's
-output and, when a rank has been silent for over S seconds (one never heard from: since the
-launch; one that said ``done``: no longer watched), says so in one line naming the rank and its
-host, ends mpirun (SIGTERM; after a grace, SIGKILL to every process below it) and exits
-`EXIT_SILENT_RANK`; else it exits with mpirun's code (128 + N for a signal N). As a launcher
-container's PID 1 it forwards SIGTERM and SIGINT to mpirun.
+timeouts name no rank (bench/faults/). So every rank beats from its own thread, in an allreduce
+or not (`start_from_env`), and mpirun's ``--tag-output`` forwards each beat as
+``[job,rank]<stdout>:kfp-horovod-heartbeat ...``. The watch passes the rest of mpirun's output
+on. A rank silent for over S seconds (never heard from: since the launch; ``done``: no longer
+watched) is named with its host in one line, mpirun is ended (SIGTERM; after a grace, SIGKILL
+to everything below it) and the exit code is `EXIT_SILENT_RANK`; otherwise it is mpirun's (128
++ N for a signal N). SIGTERM or SIGINT ends the job, as the launcher container's PID 1 too.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from components.common.defaults import HEARTBEAT_SECONDS
@@ -240,7 +237,6 @@ def watch(
         list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=None if env is None else dict(env), start_new_session=True,
     )  # fmt: skip
-    restore = _forward_signals(proc)
     reader = threading.Thread(target=_pump, args=(proc, silence, lock, log), daemon=True)
     reader.start()
     try:
@@ -252,31 +248,12 @@ def watch(
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(grace_s)
     finally:
-        restore()
-        if proc.poll() is None:  # after a timeout, an error, or the grace
+        if proc.poll() is None:  # after a timeout, an interrupt, an error, or the grace
             kill_job(proc.pid)
             proc.wait()
         reader.join(grace_s)  # ssh children may hold the pipe open after mpirun is gone
     code = int(proc.returncode)
     return EXIT_SILENT_RANK if verdict else (128 - code if code < 0 else code)
-
-
-def _forward_signals(proc: subprocess.Popen[bytes]) -> Callable[[], None]:
-    """Pass SIGTERM and SIGINT on to mpirun; returns what restores the handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    before = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore() -> None:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
-
-    return restore
 
 
 def _pump(
@@ -339,7 +316,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     hostfile = Path(os.environ.get(HOSTFILE_ENV) or "/nonexistent")
     expected = expected_hosts(hostfile.read_text()) if hostfile.is_file() else []
-    return watch(args.command, args.ranks, args.silence_seconds, _print, expected=expected)
+    # As a launcher container's PID 1 it has no default action on SIGTERM: end the job as on
+    # Ctrl-C (the watch kills mpirun and every process below it).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return watch(args.command, args.ranks, args.silence_seconds, _print, expected=expected)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGTERM
 
 
 def _print(text: str) -> None:

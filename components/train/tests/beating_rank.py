@@ -4,8 +4,6 @@ does what argv says (the rank is ``OMPI_COMM_WORLD_RANK``):
 
 - ``sleep S CODE``: sleep S seconds, beating, and exit CODE.
 - ``freeze R``: rank R stops itself (SIGSTOP) after its first beat; the others sleep 120 s.
-- ``allreduce-wait S``: Horovod over MPI; rank 1 sleeps S seconds before the allreduce that
-  rank 0 already waits in; both exit 0 after it.
 
 Test helper only.
 """
@@ -38,18 +36,5 @@ elif action == "freeze":
         time.sleep(0.3)  # at least one beat out first
         os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(120)
-elif action == "allreduce-wait":
-    from components.common import keras_env
-
-    keras_env.keras()
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    hvd.init()
-    say(f"rank {rank} joined a Horovod job of {hvd.size()}")
-    if rank == 1:
-        time.sleep(arg)
-    total = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
-    say(f"rank {rank} allreduce done: {float(total[0]):g}")
 else:
     sys.exit(f"beating_rank.py: unknown action {action!r}")

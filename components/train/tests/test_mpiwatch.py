@@ -1,10 +1,6 @@
-"""The watch of a static job (mpiwatch) and the ranks' heartbeat.
-
-The process tests run the real ``mpirun`` (Open MPI, which `make install` installs) with 2 ranks
-of `beating_rank.py`, which beats as the trainer's ranks do; the Horovod ones run real Horovod
-over MPI, and the real trainer through the local launcher. `Silence` is also tested on its own
-with lines as mpirun's ``--tag-output`` writes them (seen in the real runs below).
-"""
+"""The watch of a static job (mpiwatch) and the ranks' heartbeat: `Silence` on lines as mpirun's
+``--tag-output`` writes them (seen in the real runs below); real ``mpirun`` with 2 ranks of
+`beating_rank.py`, which beats as the trainer's ranks do; the real trainer, launched locally."""
 
 from __future__ import annotations
 
@@ -19,7 +15,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -64,6 +59,7 @@ def test_a_silent_rank_is_named_with_its_host_or_expected_host_and_done_is_not_w
     assert silence.silent(19.5) == [0, 1]  # rank 2 said done: no longer watched
     assert silence.describe(1, 11.5) == "rank 1 on pod-1 sent no heartbeat for 10 s"
     never = Silence(2, bound_s=5, now=100.0, expected=expected_hosts("w0 slots=1\nw1 slots=1"))
+    assert never.silent(105.0) == [] and never.silent(106.0) == [0, 1]  # counted from launch
     assert never.describe(1, 106.0) == (
         "rank 1 (expected on w1 (hostfile)) sent no heartbeat in the 6 s since launch"
     )
@@ -125,21 +121,18 @@ def test_the_command_line_refuses_a_missing_command_and_bad_bounds() -> None:
 # --- under real mpirun -----------------------------------------------------------------------
 
 
-def mpirun(*action: str, period: float | None = 0.25, hostfile: Path | None = None) -> list[str]:
+def mpirun(*action: str) -> list[str]:
     """``mpirun -np 2 --tag-output ... python beating_rank.py ACTION`` on this machine, the
     heartbeat period forwarded with ``-x`` as on a cluster."""
-    exported = ["-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED=1", "-x", "TF_CPP_MIN_LOG_LEVEL=3"]
-    exported += ["-x", f"{HEARTBEAT_ENV}={period:g}"] if period else []
-    hosts = ["--hostfile", str(hostfile)] if hostfile else ["--oversubscribe"]
-    return ["mpirun", "-np", "2", "--tag-output", *hosts, "-bind-to", "none", *exported,
-            sys.executable, str(RANK_PROGRAM), *action]  # fmt: skip
+    exported = ["-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED=1", "-x", f"{HEARTBEAT_ENV}=0.25"]
+    return ["mpirun", "-np", "2", "--tag-output", "--oversubscribe", "-bind-to", "none",
+            *exported, sys.executable, str(RANK_PROGRAM), *action]  # fmt: skip
 
 
-def run_watch(command: list[str], bound_s: float, **kw: Any) -> tuple[int, str]:
+def run_watch(command: list[str], bound_s: float) -> tuple[int, str]:
     lines: list[str] = []
     env = job_environment({**os.environ, "PYTHONPATH": str(ROOT)})
-    code = mpiwatch.watch(command, 2, bound_s, lines.append, env=env, **kw)
-    return code, "\n".join(lines)
+    return mpiwatch.watch(command, 2, bound_s, lines.append, env=env), "\n".join(lines)
 
 
 def rank_pids(output: str) -> dict[int, int]:
@@ -168,40 +161,26 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_frozen_rank_ends_the_job_in_one_line_naming_it() -> None:
-    code, out = run_watch(mpirun("freeze", "1"), bound_s=2)
-    assert code == EXIT_SILENT_RANK, out
+@pytest.mark.parametrize(("action", "code"), [("freeze 1", EXIT_SILENT_RANK), ("sleep 10 3", 3)])
+def test_a_frozen_rank_ends_the_job_in_one_line_else_mpiruns_code_passes(
+    action: str, code: int
+) -> None:
+    """Rank 1 stops itself after its first beat: named alone, the job ended, no rank left. Both
+    ranks beat for 2 bounds, then exit 3: nothing said, mpirun's code. No beat is shown. (The
+    bound leaves time for a loaded machine to start the ranks.)"""
+    got, out = run_watch(mpirun(*action.split()), bound_s=5)
+    assert got == code and sorted(rank_pids(out)) == [0, 1], out
+    assert "kfp-horovod-heartbeat" not in out
     said = [line for line in out.splitlines() if line.startswith("mpiwatch: ")]
     assert said[0] == "mpiwatch: watching 2 rank(s): one silent (no heartbeat) for more than " \
-        "2 s ends the job"  # fmt: skip
-    assert len(said) == 2 and said[1].startswith(f"mpiwatch: the job failed: rank 1 on {HOST} "
-                                                 "sent no heartbeat for "), out  # fmt: skip
-    assert said[1].endswith("(bound 2 s): frozen, or its node or network is down; ending it")
-    assert "kfp-horovod-heartbeat" not in out
-    pids = rank_pids(out)
-    assert sorted(pids) == [0, 1], out
-    assert_gone(list(pids.values()))
-
-
-def test_a_normal_end_passes_mpirun_s_exit_code_through_without_heartbeats() -> None:
-    """Both ranks beat for 3 bounds, then exit 3: no rank is named, the code is mpirun's."""
-    code, out = run_watch(mpirun("sleep", "3", "3"), bound_s=1)
-    assert code == 3, out
-    assert sorted(rank_pids(out)) == [0, 1] and "kfp-horovod-heartbeat" not in out
-    assert "the job failed" not in out
-
-
-def test_ranks_that_never_beat_are_named_by_their_hostfile_hosts(tmp_path: Path) -> None:
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("localhost slots=2\n")
-    command = mpirun("sleep", "60", "0", period=None, hostfile=hostfile)
-    code, out = run_watch(command, 2, expected=expected_hosts(hostfile.read_text()))
-    assert code == EXIT_SILENT_RANK, out
-    assert (
-        "mpiwatch: the job failed: rank 0 (expected on localhost (hostfile)) sent no heartbeat in "
-        "the 2 s since launch; rank 1 (expected on localhost (hostfile)) sent no heartbeat in the"
-    ) in out
-    assert_gone(list(rank_pids(out).values()))
+        "5 s ends the job"  # fmt: skip
+    if code == EXIT_SILENT_RANK:
+        assert len(said) == 2 and said[1].startswith(f"mpiwatch: the job failed: rank 1 on {HOST} "
+                                                     "sent no heartbeat for "), out  # fmt: skip
+        assert said[1].endswith("(bound 5 s): frozen, or its node or network is down; ending it")
+        assert_gone(list(rank_pids(out).values()))
+    else:
+        assert said == said[:1]
 
 
 def test_sigterm_to_the_watch_reaches_mpirun_and_the_ranks() -> None:
@@ -226,21 +205,13 @@ def test_sigterm_to_the_watch_reaches_mpirun_and_the_ranks() -> None:
 
 
 @pytest.mark.horovod
-def test_a_rank_waiting_in_an_allreduce_keeps_beating() -> None:
-    """Rank 0 waits in Horovod's allreduce for over a bound while rank 1 sleeps: not ended. (The
-    bound is generous: importing TensorFlow holds the GIL, so beats pause for seconds.)"""
-    code, out = run_watch(mpirun("allreduce-wait", "20"), bound_s=12)
-    assert code == 0, out
-    assert "rank 0 allreduce done: 2" in out and "the job failed" not in out
-
-
-@pytest.mark.horovod
 def test_a_frozen_rank_of_a_real_job_is_named_and_ends_the_job(
     mnist_1000: str, tmp_path: Path
 ) -> None:
-    """The local launcher runs the trainer under the same watch: rank 1 stopped while rank 0
-    waits in Horovod's collectives (whose stall check cannot fire) ends the job in one line,
-    its last checkpoint kept and no model exported."""
+    """The local launcher runs the trainer under the same watch: rank 1 stopped ends the job in
+    one line naming it alone (rank 0, waiting in Horovod's collectives, whose stall check
+    cannot fire, keeps beating), its last checkpoint kept and no model exported. The bound is
+    generous: importing TensorFlow holds the GIL, so beats pause for seconds."""
     config = TrainConfig(
         data=mnist_1000, output=str(tmp_path / "out"), workers=2, epochs=20,
         batch_size_per_worker=16, threads_per_worker=1, model="small",
