@@ -8,10 +8,11 @@ network): its negotiation is itself a collective that waits on that rank, and th
 timeouts name no rank (bench/faults/). So every rank beats from its own thread, in an allreduce
 or not (`start_from_env`), and mpirun's ``--tag-output`` forwards each beat as
 ``[job,rank]<stdout>:kfp-horovod-heartbeat ...``. The watch passes the rest of mpirun's output
-on. A rank silent for over S seconds (never heard from: since the launch; ``done``: no longer
-watched) is named with its host in one line, mpirun is ended (SIGTERM; after a grace, SIGKILL
-to everything below it) and the exit code is `EXIT_SILENT_RANK`; otherwise it is mpirun's (128
-+ N for a signal N). SIGTERM or SIGINT ends the job, as the launcher container's PID 1 too.
+on. When a rank has been silent for over S seconds (never heard from: since the launch;
+``done``: no longer watched), mpirun is ended (SIGTERM; after a grace, SIGKILL to everything
+below it), one last line names the rank and its host, and the exit code is `EXIT_SILENT_RANK`;
+otherwise it is mpirun's (128 + N for a signal N). SIGTERM or SIGINT ends the job (mpirun and
+everything below it killed), as the launcher container's PID 1 too.
 """
 
 from __future__ import annotations
@@ -242,8 +243,7 @@ def watch(
     try:
         verdict = _wait(proc, silence, lock, timeout_s)
         if verdict is not None:
-            with lock:
-                log(f"{PREFIX} the job failed: {verdict}; ending it")
+            ending = time.monotonic()
             proc.terminate()  # mpirun tears the job down, on other hosts too
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(grace_s)
@@ -252,8 +252,13 @@ def watch(
             kill_job(proc.pid)
             proc.wait()
         reader.join(grace_s)  # ssh children may hold the pipe open after mpirun is gone
-    code = int(proc.returncode)
-    return EXIT_SILENT_RANK if verdict else (128 - code if code < 0 else code)
+    code = 128 - proc.returncode if proc.returncode < 0 else proc.returncode
+    if verdict is None:
+        return code
+    with lock:  # the last line: a failed job's log ends naming the rank
+        ended = f"mpirun ended {time.monotonic() - ending:.1f} s later, exit {code}"
+        log(f"{PREFIX} the job failed: {verdict} ({ended})")
+    return EXIT_SILENT_RANK
 
 
 def _pump(
