@@ -16,12 +16,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from components.train.cluster.params import ClusterJobParams
+from components.train.cluster.job import ClusterJobParams, backend, check_manifests
+from components.train.cluster.mpijob import build_manifest
 from components.train.cluster.podconfig import PodConfig
-from components.train.config import TrainConfig
-from components.train.mpijob.manifest import build_manifest
-from components.train.mpijob.validate import validate_manifest
-from components.train.trainjob.manifest import build_manifests, validate_manifests
+from components.train.cluster.trainjob import build_manifests
+from components.train.step import TrainStep
+from components.train.tests.cluster_jobs import make_params
 from pipeline.cli import cli
 from standins.kmock_cluster import MPIJOB_KIND, NS, TRAINJOB_KIND, Cluster, Operator
 
@@ -31,9 +31,19 @@ GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def params(gpus: int = 1, **overrides: Any) -> ClusterJobParams:
-    train = TrainConfig(data="gs://b/data", output="gs://b/out", workers=3, gpus_per_worker=gpus)
     placed = {"node_selector": json.dumps(SELECTOR), "tolerations": json.dumps([TEAM, GPU])}
-    return ClusterJobParams(train=train, run_name="placed", **(placed | overrides))
+    return make_params(
+        "gs://b", workers=3, slots_per_worker=1, gpus_per_worker=gpus, run_name="placed",
+        **(placed | overrides),
+    )  # fmt: skip
+
+
+def validate_manifest(manifest: dict[str, Any]) -> None:
+    check_manifests(backend("mpijob"), [manifest])
+
+
+def validate_manifests(*manifests: dict[str, Any]) -> None:
+    check_manifests(backend("trainjob"), list(manifests))
 
 
 def mpijob_pods(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -145,28 +155,21 @@ def test_the_operators_pods_carry_the_placement(kind: Any) -> None:
         assert [{k: v for k, v in t.items() if v is not None} for t in tolerations] == [TEAM, GPU]
 
 
-DEFAULTS = {"cpu_per_worker": "2", "memory_per_worker": "4Gi"}
-
-
 def test_the_task_configs_resources_size_the_workers_unless_a_parameter_says_otherwise() -> None:
     from components.train.cluster.podconfig import worker_resources
 
-    step = {**DEFAULTS, "gpus_per_worker": 1}
+    step = TrainStep()
     limits = {"limits": {"cpu": "8", "memory": "30Gi", "nvidia.com/gpu": "1"}}
-    assert worker_resources(limits, step, DEFAULTS) == (
-        {"cpu_per_worker": "8", "memory_per_worker": "30Gi"}, [],
-    )  # fmt: skip  # parameters left at their defaults give way
-    assert worker_resources({"requests": {"cpu": "500m"}}, step, DEFAULTS)[0] == {
-        "cpu_per_worker": "500m"
-    }
-    assert (
-        worker_resources({"limits": {"cpu": "8"}}, {**step, "cpu_per_worker": "8"}, DEFAULTS)[1]
-        == []
-    )  # they agree
-    assert worker_resources({"limits": {"nvidia.com/gpu": "0"}}, step, DEFAULTS) == ({}, [])
-    _, problems = worker_resources(limits, {**step, "cpu_per_worker": "4", "gpus_per_worker": 2},
-                                   DEFAULTS)  # fmt: skip
-    assert problems == [
-        "cpu: the cpu_per_worker parameter says '4', the train task's config says '8'",
-        "nvidia.com/gpu: the gpus_per_worker parameter says 2, the train task's config says '1'",
-    ]
+    sized = worker_resources(limits, step, 1)  # parameters left at their defaults give way
+    assert (sized.cpu_per_worker, sized.memory_per_worker) == ("8", "30Gi")
+    assert worker_resources({"requests": {"cpu": "500m"}}, step, 1).cpu_per_worker == "500m"
+    eight = TrainStep(cpu_per_worker="8")
+    assert worker_resources({"limits": {"cpu": "8"}}, eight, 1) == eight  # they agree
+    assert worker_resources({"limits": {"nvidia.com/gpu": "0"}}, step, 1) == step
+    with pytest.raises(ValueError) as info:
+        worker_resources(limits, TrainStep(cpu_per_worker="4"), 2)
+    assert str(info.value) == (
+        "the train task's config and the pipeline's parameters disagree: cpu: the "
+        "cpu_per_worker parameter says '4', the train task's config says '8'; nvidia.com/gpu: "
+        "the gpus_per_worker parameter says 2, the train task's config says '1'"
+    )
