@@ -1,6 +1,6 @@
 """The faults through GCS and the cluster: transient GCS errors through the whole chain (the
 real client on fake-gcs-server behind `standins.fake_gcs.FaultProxy`), and the MPIJob backend
-(`run_mpijob`, the real kubernetes client against `standins.kmock_cluster`) losing its pod to
+(`run_job`, the real kubernetes client against `standins.kmock_cluster`) losing its pod to
 a KFP retry or cancelled by SIGTERM."""
 
 from __future__ import annotations

@@ -17,12 +17,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from components.common import storage
 from components.train import summary
+from components.train.cluster.job import Choice, choose_backend
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
 from components.train.launch import run_local_job
 from components.train.preflight import check_model_before_launch
@@ -34,6 +34,7 @@ Log = Callable[[str], None]
 # The task config's fields that KFP passes to the step without applying them to its own pod
 # (`components.train.component.PASSTHROUGHS`).
 PLACEMENT_ONLY = ("node_selector", "tolerations", "affinity", "volumes")
+FORCED = "training_backend forces it"
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -66,31 +67,20 @@ def train_locally(config: TrainConfig, dataset_path: str, model_path: str, log: 
     return summary.read(config.summary_uri)
 
 
-@dataclass(frozen=True)
-class Backend:
-    """The backend a run used (``training_backend``'s choice) and why: recorded in the run
-    summary and the coordination report under the same names."""
-
-    training_backend: str
-    reason: str
-
-
-def choose(step: TrainStep, api_client: Any, log: Log) -> Backend:
+def choose(step: TrainStep, api_client: Any, log: Log) -> Choice:
     """`step.training_backend`, or for ``auto`` what the cluster serves (said first)."""
     if step.training_backend != "auto":
-        return Backend(step.training_backend, "training_backend forces it")
+        return Choice(step.training_backend, FORCED)
     from kubernetes import client
-
-    from components.train.cluster.job import choose_backend
 
     choice = choose_backend(client.CustomObjectsApi(api_client))
     log(choice.line)
-    return Backend(choice.backend, choice.reason)
+    return choice
 
 
 def train_on_cluster(
     config: TrainConfig, step: TrainStep, pipeline_run_id: str, log: Log, task_config: Any = None
-) -> tuple[RunSummary, Backend]:
+) -> tuple[RunSummary, Choice]:
     """Run the trainer as an MPIJob or a TrainJob (`step.training_backend`, ``auto``: the one
     the cluster serves, `choose`); return its checked run summary and the backend. What the
     train task's KFP task config passes through goes to the job's pods
@@ -119,7 +109,7 @@ def train_on_cluster(
         owner_pod_name=os.environ.get("HOSTNAME") or None,
         task_config=podconfig.from_task_config(task_config),
     )
-    backend = job.backend(chosen.training_backend)
+    backend = job.backend(chosen.backend)
     record = run_job(backend, params, namespace=namespace, api_client=api_client, log=log)
     return record, chosen
 
@@ -151,11 +141,11 @@ def run_train_task(
                 "to a cluster job's pods only)"
             )
         record = train_locally(config, dataset_path, model_path, log)
-        backend = Backend("local", "training_backend forces it")
+        backend = Choice("local", FORCED)
         # the artifacts' URIs, as the pipeline sees them (the ranks wrote to their local paths)
         record["model_uri"] = config.model_uri
         record["tensorboard_uri"] = config.tensorboard_uri
-    record["training_backend"] = backend.training_backend
+    record["training_backend"] = backend.backend
     record["training_backend_reason"] = backend.reason
     summary_path, report_path = outputs
     _write(summary_path, summary.to_json(record))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.common import defaults, storage
-from components.common.declare import Declared, declared, field_problems, param
+from components.common.declare import Declared, declared, param
 from components.common.placement import node_selector_problem, parse_node_selector
 from components.train.cluster.podconfig import PodConfig, env_conflicts, node_selector_conflicts
 from components.train.config import TrainConfig
@@ -103,7 +103,6 @@ def param_problems(p: ClusterJobParams) -> list[str]:
     (`p.train` and `p.step` checked their own fields when they were made)."""
     problems = [] if p.run_name.strip() else ["run_name is empty"]
     problems += uri_problems(p.train.data, p.train.output, p.train.model_dir)
-    problems += field_problems(CLUSTER_JOB_PARAMETERS, {"pipeline_run_id": p.pipeline_run_id})
     step = p.step
     if step.min_available is not None and step.min_available > p.train.workers + 1:
         problems.append(
@@ -334,7 +333,8 @@ def serves(api: CustomObjectsApi, crd: Crd) -> bool:
 
 @dataclass(frozen=True)
 class Choice:
-    """The backend ``training_backend=auto`` chose (``mpijob`` or ``trainjob``) and why."""
+    """The backend a run used (``training_backend``'s choice, or what ``auto`` chose) and why:
+    recorded in the run summary and the coordination report."""
 
     backend: str
     reason: str
