@@ -13,17 +13,14 @@ import json
 from typing import Any
 
 import pytest
-import yaml
-from click.testing import CliRunner
 
 from components.train.cluster.job import ClusterJobParams, backend, check_manifests
 from components.train.cluster.mpijob import build_manifest
 from components.train.cluster.podconfig import PodConfig
 from components.train.cluster.trainjob import build_manifests
 from components.train.step import TrainStep
-from components.train.tests.cluster_jobs import make_params
-from pipeline.cli import cli
-from standins.kmock_cluster import MPIJOB_KIND, NS, TRAINJOB_KIND, Cluster, Operator
+from components.train.tests.cluster_jobs import make_params, pair
+from standins.kmock_cluster import NS, Cluster, Operator
 
 SELECTOR = {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true"}
 TEAM = {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
@@ -118,37 +115,20 @@ def test_a_label_both_set_differently_is_refused_naming_both() -> None:
         params(task_config=PodConfig(env=[{"name": "PYTHONUNBUFFERED", "value": "0"}]))
 
 
-@pytest.mark.parametrize("command", ["render-mpijob", "render-trainjob"])
-def test_the_render_commands_place_the_pods_and_refuse_a_bad_key_by_name(command: str) -> None:
-    selector, tolerations = json.dumps(SELECTOR), json.dumps([TEAM])
-    result = CliRunner().invoke(
-        cli, [command, "--node-selector", selector, "--tolerations", tolerations]
-    )
-    assert result.exit_code == 0, result.output
-    docs = list(yaml.safe_load_all(result.output))
-    pods = mpijob_pods(docs[0]) if command == "render-mpijob" else trainjob_pods(docs[0])
-    assert all(s["nodeSelector"] == SELECTOR and s["tolerations"] == [TEAM] for s in pods.values())
-    bad = CliRunner().invoke(cli, [command, "--node-selector", '{"bad key": "x"}'])
-    assert bad.exit_code == 2
-    assert "node_selector: label key 'bad key'" in bad.output
-
-
-@pytest.mark.parametrize("kind", [MPIJOB_KIND, TRAINJOB_KIND], ids=["MPIJob", "TrainJob"])
-def test_the_operators_pods_carry_the_placement(kind: Any) -> None:
-    p = params()
+@pytest.mark.parametrize(("name", "count"), [("mpijob", 4), ("trainjob", 3)])
+def test_the_operators_pods_carry_the_placement(name: str, count: int) -> None:
+    b, kind = pair(name)
     with Cluster() as cluster:
-        crd = kind.crd
-        manifests = [build_manifest(p, NS)] if kind is MPIJOB_KIND else list(build_manifests(p, NS))
-        for manifest in manifests:
-            group, version = manifest["apiVersion"].split("/")
-            plural = "trainingruntimes" if manifest["kind"] == "TrainingRuntime" else crd.plural
-            cluster.custom.create_namespaced_custom_object(group, version, NS, plural, manifest)
+        for crd, manifest in zip((*b.shared, b.crd), b.build(params(), NS), strict=True):
+            cluster.custom.create_namespaced_custom_object(
+                crd.group, crd.version, NS, crd.plural, manifest
+            )
         op = Operator(cluster, kind)
         op.launcher(op.wait_for_job())
         pods = [p for p in cluster.core.list_namespaced_pod(NS).items
                 if p.metadata.name != "unrelated"]  # fmt: skip
     # an MPIJob: a launcher and 3 workers; a TrainJob: the launcher (node 0) and 2 nodes
-    assert len(pods) == (4 if kind is MPIJOB_KIND else 3)
+    assert len(pods) == count
     for pod in pods:
         assert pod.spec.node_selector == SELECTOR, pod.metadata.name
         tolerations = [t.to_dict() for t in pod.spec.tolerations]
