@@ -5,8 +5,9 @@ labels, and what a backend is.
 the train step's `TrainStep` (pods, placement, identity, run policy), the run's identity and
 what the train task's KFP task config passes through. A `Backend` (`cluster/mpijob.py`,
 `cluster/trainjob.py`) is its manifests, its CRDs and what its operator's API looks like; one
-run function runs them all (`components.train.cluster.run`). Nothing here talks to a cluster or
-reads the environment.
+run function runs them all (`components.train.cluster.run`). Nothing here reads the environment
+or imports ``kubernetes`` when it is imported; only `serves` and `choose_backend` (which backend
+``training_backend=auto`` takes) ask a cluster, through the client they are given.
 """
 
 from __future__ import annotations
@@ -350,11 +351,9 @@ def choose_backend(api: CustomObjectsApi) -> Choice:
     stable API, and the one that runs elastic jobs), else the TrainJob (a stock Kubeflow
     platform has Kubeflow Trainer); `JobError` naming both installs when it serves neither.
     What the chosen one cannot do is refused by the backend itself (an elastic TrainJob)."""
-    from components.train.cluster.mpijob import MPIJOB
-    from components.train.cluster.trainjob import TRAINJOB
-
-    mpijob, trainjob = (f"{c.kind} {c.api_version}" for c in (MPIJOB, TRAINJOB))
-    served = serves(api, MPIJOB), serves(api, TRAINJOB)
+    crds = backend("mpijob").crd, backend("trainjob").crd
+    mpijob, trainjob = (f"{c.kind} {c.api_version}" for c in crds)
+    served = serves(api, crds[0]), serves(api, crds[1])
     if served == (True, True):
         return Choice(
             "mpijob", f"this cluster serves both {mpijob} (mpi-operator) and {trainjob} "
