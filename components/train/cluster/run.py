@@ -2,7 +2,7 @@
 backend (`cluster.job.Backend`): `run_job`.
 
 1. check that the cluster serves the backend's APIs (else say which operator to install);
-   ``training_backend=auto`` picks the backend from the same discovery (`choose_backend`);
+   ``training_backend=auto`` picks the backend from the same discovery (`job.choose_backend`);
 2. make the objects the job shares with other runs unless they are there (the TrainingRuntime);
 3. create the job, or reattach to the one an earlier attempt of the same task created
    (a job that already *failed* is replaced, so a KFP retry really retries);
