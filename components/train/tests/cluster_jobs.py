@@ -1,21 +1,28 @@
 """What the cluster backends' tests share: a run's parameters (by field name, whichever part
-declares it), both backends to parametrize over, and the outputs rank 0 would leave behind
-(`standins.kmock_jobs.write_rank0_outputs`)."""
+declares it), both backends to parametrize over, the run against kmock's API, and the outputs
+rank 0 would leave behind (`standins.kmock_jobs.write_rank0_outputs`)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from components.train.cluster.job import Backend, ClusterJobParams, backend
+from components.train.cluster.crd import Crd
+from components.train.cluster.job import Backend, ClusterJobParams, backend, job_name
+from components.train.cluster.run import run_job
 from components.train.config import TrainConfig
 from components.train.step import TrainStep
+from components.train.summary import RunSummary
+from standins.kmock_cluster import NS, Cluster, Operator
 from standins.kmock_jobs import MPIJOB_KIND, TRAINJOB_KIND, Kind, write_rank0_outputs
 
 POLL = 0.05  # seconds between the run's polls
 KINDS = {"mpijob": MPIJOB_KIND, "trainjob": TRAINJOB_KIND}
 BOTH = pytest.mark.parametrize("name", list(KINDS))
+NAME = job_name("nightly", "run-123")  # make_params' job
 
 
 def make_params(bucket: str = "gs://bkt", **overrides: Any) -> ClusterJobParams:
@@ -42,3 +49,20 @@ def pair(name: str) -> tuple[Backend, Kind]:
 def write_outputs(p: ClusterJobParams, world_size: int | None = None) -> None:
     """What rank 0 of the trainer leaves behind on success (of `world_size` ranks)."""
     write_rank0_outputs(p.train, world_size)
+
+
+def run(cluster: Cluster, b: Backend, p: Any, log: Callable[[str], None], **kw: Any) -> RunSummary:
+    """`run_job` of `p` on backend `b` against `cluster`, polling fast."""
+    return run_job(b, p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=log, **kw)
+
+
+def posts(cluster: Cluster, crd: Crd) -> int:
+    return len(cluster.requests("POST", f"/{crd.plural}"))
+
+
+def complete(op: Operator, name: str, pod_name: str, *lines: str) -> None:
+    """The launcher prints `lines`, rank 0 writes its outputs, the job succeeds."""
+    op.say(pod_name, *lines)
+    time.sleep(0.2)
+    op.write_outputs(name)
+    op.finish(name, 0)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +30,23 @@ from components.train.cluster.job import (
     JobError,
     JobFailed,
     RunCheckError,
-    job_name,
 )
 from components.train.cluster.mpijob import MPIJOB
-from components.train.cluster.run import check_run, run_job
+from components.train.cluster.run import check_run
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
-from components.train.summary import RunSummary
-from components.train.tests.cluster_jobs import BOTH, POLL, make_params, pair, write_outputs
+from components.train.tests.cluster_jobs import (
+    BOTH,
+    NAME,
+    complete,
+    make_params,
+    pair,
+    posts,
+    run,
+    write_outputs,
+)
 from standins.kmock_cluster import NS, Cluster, Operator, pod
 
 pytestmark = pytest.mark.timeout(120)
-NAME = job_name("nightly", "run-123")
 # What each backend's job says while it runs: an MPIJob its condition, a TrainJob (Trainer sets
 # no condition while it runs) its child jobs' counts.
 RUNNING = {
@@ -50,19 +55,10 @@ RUNNING = {
 }
 
 
-def run(cluster: Cluster, b: Backend, p: Any, log: Callable[[str], None], **kw: Any) -> RunSummary:
-    """`run_job` of `p` on backend `b` against `cluster`, polling fast."""
-    return run_job(b, p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=log, **kw)
-
-
 def store(cluster: Cluster, b: Backend, manifests: list[dict[str, Any]]) -> None:
     """Store `manifests` (`b`'s shared objects, then its job) as an earlier attempt left them."""
     for crd, m in zip((*b.shared, b.crd), manifests, strict=True):
         cluster.custom.create_namespaced_custom_object(crd.group, crd.version, NS, crd.plural, m)
-
-
-def posts(cluster: Cluster, crd: Crd) -> int:
-    return len(cluster.requests("POST", f"/{crd.plural}"))
 
 
 def wait_for(lines: list[str], text: str, timeout: float = 10.0) -> None:
@@ -70,14 +66,6 @@ def wait_for(lines: list[str], text: str, timeout: float = 10.0) -> None:
     while not any(text in line for line in lines):
         assert time.monotonic() < end, f"no {text!r} in the log"
         time.sleep(0.02)
-
-
-def complete(op: Operator, name: str, pod_name: str, *lines: str) -> None:
-    """The launcher prints `lines`, rank 0 writes its outputs, the job succeeds."""
-    op.say(pod_name, *lines)
-    time.sleep(0.2)
-    op.write_outputs(name)
-    op.finish(name, 0)
 
 
 @BOTH

@@ -17,8 +17,7 @@ import pytest
 from components.common.failure import EXIT_EXPECTED, one_line_failures
 from components.train.cluster.job import SPEC_ANNOTATION, JobError, job_name
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
-from components.train.tests.cluster_jobs import KINDS, make_params, pair
-from components.train.tests.test_cluster_lifecycle import NAME, complete, posts, run
+from components.train.tests.cluster_jobs import KINDS, NAME, complete, make_params, pair, posts, run
 from standins.kmock_cluster import NS, Cluster, Operator
 
 pytestmark = pytest.mark.timeout(120)
