@@ -42,10 +42,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from components.train.cluster.crd import Crd
+from components.train.cluster.mpijob import MPIJOB
+from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig
-from components.train.mpijob.validate import MPIJOB
 from components.train.mpiwatch import rank_processes
-from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
 from standins.kmock_jobs import (
     MPIJOB_KIND,
     TRAINJOB_KIND,

@@ -55,8 +55,8 @@ def test_cli_modules_of_this_project_import_neither() -> None:
     """Everything ``python -m pipeline`` loads at start-up except pipeline/ops*.py."""
     proc = python_c(
         "import sys, pipeline.build_cli, pipeline.render_cli, pipeline.serve_cli, "
-        "components.train.mpijob, "
-        "components.train.mpijob.manifest, components.train.config; "
+        "components.train.cluster, "
+        "components.train.cluster.mpijob, components.train.config; "
         "heavy = [m for m in ('kubernetes', 'jsonschema') if m in sys.modules]; "
         "assert not heavy, heavy"
     )
@@ -71,7 +71,7 @@ def test_the_probe_sees_them_when_a_manifest_is_validated() -> None:
 
 def test_mpijob_package_exports_nothing_eagerly() -> None:
     proc = python_c(
-        "import sys, components.train.mpijob as m; "
+        "import sys, components.train.cluster as m; "
         "assert not [n for n in vars(m) if not n.startswith('__')], vars(m); "
         "assert 'kubernetes' not in sys.modules and 'jsonschema' not in sys.modules"
     )
