@@ -26,8 +26,7 @@ from components.common.defaults import MODEL, SPLIT_SEED
 from components.data_prep.prep import prepare
 from components.train import summary
 from components.train.config import TrainConfig, to_argv
-from components.train.launch import job_environment, static_command
-from components.train.mpirun import YIELD_WHEN_IDLE
+from components.train.launch import YIELD_WHEN_IDLE, job_environment, static_command
 from standins.jobs import JobResult, run_job
 
 RESULTS_DIR = Path(__file__).with_name("results")

@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.common import base_parser, interleave, job_throughput, median, ratio, write_result
 from components.common import defaults
-from components.train.mpirun import YIELD_WHEN_IDLE
+from components.train.launch import YIELD_WHEN_IDLE
 
 NAME = "mpijob_yield"
 
@@ -39,17 +39,18 @@ def measure(setup: dict[str, Any], workers: int, yields: bool, r: int) -> dict[s
     """One MPIJob of `workers` x 1 slot: the job's examples/s from its run summary."""
     from components.common import storage
     from components.train import summary
-    from components.train.cluster.params import ClusterJobParams
+    from components.train.cluster.job import ClusterJobParams
+    from components.train.cluster.mpijob import build_manifest
     from components.train.config import TrainConfig
-    from components.train.mpijob.manifest import build_manifest
+    from components.train.step import TrainStep
     from standins.mpijob_harness import MPIJobRun
 
     bucket = setup["bucket"]()
     name = f"yield-{workers}x1-{'y' if yields else 'n'}-{r}"
     train = TrainConfig(data=setup["data"], output=f"gs://{bucket}/{name}", workers=workers,
                         epochs=setup["epochs"], threads_per_worker=1)  # fmt: skip
-    p = ClusterJobParams(train=train, run_name=name, image=setup["image"], cpu_per_worker="1",
-                     memory_per_worker="3Gi")  # fmt: skip
+    step = TrainStep(trainer_image=setup["image"], cpu_per_worker="1", memory_per_worker="3Gi")
+    p = ClusterJobParams(train=train, step=step, run_name=name)
     manifest = build_manifest(p, "kfp")
     with MPIJobRun(manifest if yields else without_yield(manifest), setup["docker"],
                    Path(tempfile.mkdtemp(prefix=name)), emulator=setup["gcs"]) as job:  # fmt: skip

@@ -42,10 +42,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from components.train.cluster.crd import Crd
+from components.train.cluster.mpijob import MPIJOB
+from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig
-from components.train.mpijob.validate import MPIJOB
-from components.train.rankwatch import rank_processes
-from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
+from components.train.mpiwatch import rank_processes
 from standins.kmock_jobs import (
     MPIJOB_KIND,
     TRAINJOB_KIND,
@@ -329,7 +329,7 @@ class TrainerOperator(Operator):
 
     def _collect(self, name: str, proc: subprocess.Popen[str]) -> None:
         """The garbage collector's part: the job's containers are killed, its pods deleted."""
-        from components.train.launch import kill_job
+        from components.train.mpiwatch import kill_job
 
         ranks = list(rank_processes(proc.pid).values())
         self.killed_at = time.monotonic()

@@ -25,10 +25,9 @@ from typing import Any
 
 from components.common import storage
 from components.train.cluster.crd import Crd
-from components.train.config import TrainConfig
-from components.train.mpijob.manifest import LABEL_JOB, LABEL_ROLE
-from components.train.mpijob.validate import MPIJOB
-from components.train.trainjob.manifest import (
+from components.train.cluster.job import LABEL_ROLE
+from components.train.cluster.mpijob import LABEL_JOB, MPIJOB
+from components.train.cluster.trainjob import (
     JOBSET_NAME_LABEL,
     LAUNCHER,
     NODE,
@@ -36,6 +35,7 @@ from components.train.trainjob.manifest import (
     TRAINING_RUNTIME,
     TRAINJOB,
 )
+from components.train.config import TrainConfig
 
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -163,7 +163,7 @@ def local_equivalent(command: list[str]) -> tuple[int, list[str], dict[str, str]
     """``[mpiwatch ... --] mpirun -np N ... -x K=V ... python -m components.train ARGS`` as
     ``(N, ARGS, {K: V})``. The heartbeat period is left out: the heartbeat watch
     (`components.train.mpiwatch`) is not run here, so nothing would take the beats out."""
-    from components.train.heartbeat import HEARTBEAT_ENV
+    from components.train.mpiwatch import HEARTBEAT_ENV
 
     command = command[command.index("mpirun") :]
     exported = [command[i + 1] for i, word in enumerate(command[:-1]) if word == "-x"]

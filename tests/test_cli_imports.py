@@ -42,10 +42,12 @@ def test_a_command_loads_only_what_it_needs(args: list[str], present: list, abse
     assert set(present) <= set(heavy.split(",")) and not set(absent) & set(heavy.split(","))
 
 
-def test_mpijob_package_exports_nothing_eagerly() -> None:
+def test_the_cluster_package_exports_nothing_eagerly() -> None:
+    """Nor do the backend modules and the trainer's config load the heavy modules on import."""
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys, components.train.mpijob as m; "
+        [sys.executable, "-c", "import sys, components.train.cluster as m; "
          "assert not [n for n in vars(m) if not n.startswith('__')], vars(m); "
+         "import components.train.cluster.mpijob, components.train.config; "
          "assert 'kubernetes' not in sys.modules and 'jsonschema' not in sys.modules"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

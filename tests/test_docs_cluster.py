@@ -29,7 +29,6 @@ from click.testing import CliRunner
 
 from components.common import defaults
 from components.common.declare import field_problems
-from components.train.mpijob.validate import MPIJOB, mpijob_problems
 from pipeline.checks import PIPELINE_PARAMETERS
 from pipeline.cli import cli
 
@@ -86,13 +85,13 @@ def pod_specs(doc: Any) -> list[dict[str, Any]]:
 def crd_problems(doc: dict[str, Any]) -> list[str]:
     """`doc` checked against its kind's vendored CRD (strictly: unknown fields too)."""
     from components.train.cluster.crd import manifest_problems
-    from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
+    from components.train.cluster.job import backend
 
-    if doc.get("kind") == MPIJOB.kind:
-        return mpijob_problems(doc, str(ROOT / MPIJOB.relative_path))
-    for crd in (TRAINING_RUNTIME, TRAINJOB):
-        if doc.get("kind") == crd.kind:
-            return manifest_problems(doc, crd, str(ROOT / crd.relative_path))
+    for b in (backend("mpijob"), backend("trainjob")):
+        for crd in (b.crd, *b.shared):
+            if doc.get("kind") == crd.kind:
+                path = str(ROOT / crd.relative_path)
+                return manifest_problems(doc, crd, path) + b.problems(doc)
     return [f"kind {doc.get('kind')!r} has no vendored CRD"]
 
 

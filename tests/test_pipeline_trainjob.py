@@ -45,8 +45,8 @@ import psutil
 import pytest
 import yaml
 
+from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, from_argv
-from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
 from pipeline.build import compile_pipeline
 from pipeline.checks import check_step
 from standins.kmock_cluster import NS, TRAINJOB_KIND, Cluster, Operator, local_equivalent, pod

@@ -1,6 +1,6 @@
 """The faults through GCS and the cluster: transient GCS errors through the whole chain (the
 real client on fake-gcs-server behind `standins.fake_gcs.FaultProxy`), and the MPIJob backend
-(`run_mpijob`, the real kubernetes client against `standins.kmock_cluster`) losing its pod to
+(`run_job`, the real kubernetes client against `standins.kmock_cluster`) losing its pod to
 a KFP retry or cancelled by SIGTERM."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def gcs_transient(b: Bench) -> dict[str, Any]:
 
 def _mpijob_params(b: Bench, bucket: str, run_id: str) -> Any:
     """An MPIJob run of the 2-rank job on a dataset prepared in `bucket` (no faults)."""
-    from components.train.cluster.params import ClusterJobParams
+    from components.train.cluster.job import ClusterJobParams
 
     data = b.prepare(f"{bucket}/data")
     train = b.config(data, f"{bucket}/runs/{run_id}", b.epochs)
@@ -132,7 +132,8 @@ class _PodLost(BaseException):
 
 def kfp_retry(b: Bench) -> dict[str, Any]:
     """The train task's pod lost after the first epoch; KFP's retry reattaches to its MPIJob."""
-    from components.train.mpijob.lifecycle import run_mpijob
+    from components.train.cluster.mpijob import BACKEND
+    from components.train.cluster.run import run_job
     from standins.kmock_cluster import NS, Cluster, TrainerOperator
 
     bucket = b.bucket()
@@ -148,11 +149,14 @@ def kfp_retry(b: Bench) -> dict[str, Any]:
                 raise _PodLost()
 
         with contextlib.suppress(_PodLost):
-            run_mpijob(p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2, log=lose_pod)
+            run_job(
+                BACKEND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2, log=lose_pod
+            )
         lines: list[tuple[float, str]] = []
-        summary = run_mpijob(
-            p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2, log=stamped(lines)
-        )
+        summary = run_job(
+            BACKEND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2,
+            log=stamped(lines),
+        )  # fmt: skip
         op.join(JOB_TIMEOUT_S)
         back = next((t for t, line in lines if line.startswith("reattached to MPIJob")), None)
         jobs, posts = cluster.job_names(), len(cluster.requests("POST", "/mpijobs"))
@@ -192,8 +196,9 @@ def _alive(pid: int) -> bool:
 
 def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
     """Run the job and cancel it mid-training; what was left, and when it was all gone."""
-    from components.train.cluster.lifecycle import JobCancelled
-    from components.train.mpijob.lifecycle import run_mpijob
+    from components.train.cluster.job import JobCancelled
+    from components.train.cluster.mpijob import BACKEND
+    from components.train.cluster.run import run_job
     from standins.kmock_cluster import NS
 
     sent: list[float] = []
@@ -206,7 +211,10 @@ def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
     op.play(script)
     gone_at = None
     with contextlib.suppress(JobCancelled):
-        run_mpijob(p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2, log=lambda _: None)
+        run_job(
+            BACKEND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2,
+            log=lambda _: None,
+        )  # fmt: skip
     if sent:
         gone_at = time.monotonic()
     op.join(60)
@@ -224,7 +232,8 @@ def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
 
 def cancel(b: Bench) -> dict[str, Any]:
     """SIGTERM to the train task: the MPIJob deleted, nothing left; the retried run resumes."""
-    from components.train.mpijob.lifecycle import run_mpijob
+    from components.train.cluster.mpijob import BACKEND
+    from components.train.cluster.run import run_job
     from standins.kmock_cluster import NS, Cluster, TrainerOperator
 
     bucket = b.bucket()
@@ -236,9 +245,10 @@ def cancel(b: Bench) -> dict[str, Any]:
             cancelled = _cancel_once(b, cluster, op, p)
             progress = progress_at(op.lines, op.killed_at or cancelled["sent"])
             op.play(_serve_one)
-            summary = run_mpijob(
-                p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2, log=lambda _: None
-            )
+            summary = run_job(
+                BACKEND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2,
+                log=lambda _: None,
+            )  # fmt: skip
             op.join(JOB_TIMEOUT_S)
             models, half = models_exported(p.train.output), half_written(bucket)
     finally:

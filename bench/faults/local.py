@@ -20,7 +20,7 @@ from standins.outputs import half_written, models_exported
 
 def _signal_rank_mid_epoch(job: Job, sig: int, rank: int = 1) -> tuple[float, int]:
     """Half an epoch after the 2nd checkpoint, send `sig` to `rank`; (when, its pid)."""
-    from components.train.rankwatch import rank_processes
+    from components.train.mpiwatch import rank_processes
 
     second = job.wait_for(r"checkpoint after epoch 2 written")
     first = job.first(r"checkpoint after epoch 1 written")
@@ -95,16 +95,16 @@ def elastic_sigkill(b: Bench) -> dict[str, Any]:
 
 def sigstop(b: Bench) -> dict[str, Any]:
     """A rank stopped (SIGSTOP) mid-epoch: named, the job ended within the stall bound, rerun."""
-    from components.train.rankwatch import POLL_SECONDS
+    from components.train.mpiwatch import POLL_SECONDS, period_for
 
     config = b.config(b.data, str(b.out("sigstop")), b.epochs)
     first = Job(config, b.env()).start()
     stopped_at, pid = _signal_rank_mid_epoch(first, signal.SIGSTOP)
     code = first.wait()
-    named = first.first(rf"launcher: rank 1 \(pid {pid}\) is stopped")
-    ended = first.first(rf"launcher: rank 1 \(pid {pid}\) has been stopped .* ending the job")
-    # first seen within a poll of the stop, killed at the first poll past the bound (+ 0.5 s slack)
-    bound = float(STALL_ENV["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"]) + 2 * POLL_SECONDS + 0.5
+    named = ended = first.first(r"mpiwatch: the job failed: rank 1 on ")
+    # its last beat within a period of the stop, ended at the first poll past the bound (+ 0.5 s)
+    stall = float(STALL_ENV["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"])
+    bound = stall + period_for(stall) + 2 * POLL_SECONDS + 0.5
     ended_after = ended[0] - stopped_at if ended else float("nan")
     figures = _rerun(b, config, stopped_at, first.lines)
     survived = code != 0 and named and ended_after <= bound and figures["rerun_exit"] == 0

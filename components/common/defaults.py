@@ -111,7 +111,7 @@ SHUFFLE_SEED = 42
 STALL_SHUTDOWN_SECONDS = 120
 # Under the MPIJob's mpirun each rank writes a heartbeat line this often (or a quarter of the
 # stall bound, if less); the launcher's mpiwatch ends the job when a rank has been silent for
-# the stall bound (components/train/heartbeat.py, mpiwatch.py).
+# the stall bound (components/train/mpiwatch.py).
 HEARTBEAT_SECONDS = 5
 
 # Registration defaults.

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 FAILED = "FAILED: "
 EXIT_EXPECTED = 2
 # The cluster backends' run-time error (kubernetes is imported only where a backend runs).
-_CLUSTER_ERROR = ("components.train.cluster.lifecycle", "JobError")
+_CLUSTER_ERROR = ("components.train.cluster.job", "JobError")
 
 
 # The packages whose code raises expected errors on purpose.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from components.train import heartbeat
+from components.train import mpiwatch
 from components.train.config import TrainConfig, from_argv
 
 
@@ -20,9 +20,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """Start this rank's heartbeat if the launcher asks for one (before the slow imports of
-    TensorFlow and Horovod: see `components.train.heartbeat`), parse arguments, run the rank."""
+    TensorFlow and Horovod: see `components.train.mpiwatch`), parse arguments, run the rank."""
     try:
-        heartbeat.start_from_env()
+        mpiwatch.start_from_env()
     except ValueError as exc:  # the launcher's HEARTBEAT_ENV is not a number of seconds
         raise SystemExit(f"components.train: {exc}") from exc
     from components.train.trainer import run

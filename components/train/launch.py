@@ -1,67 +1,78 @@
-"""Start the trainer as ONE Horovod job on this machine.
+"""Start the trainer as ONE Horovod job: mpirun for a static job, horovodrun for an elastic one.
 
-A static job runs on Open MPI: ``mpirun -np N -H localhost:N ... python -m components.train``
-(`components.train.mpirun`, the same command line as the MPIJob's launcher, with waiting ranks
-yielding their core). Horovod's MPI controller measured faster than Gloo's TCP over loopback
-here (bench/README.md). An elastic job (``min_workers`` > 0) runs elastic horovodrun on Gloo
-(``--min-np``/``--max-np``, run by `components.train.hvdrun`) with a host discovery script that
-the launcher controls (`LocalHosts`): Horovod's elastic mode has no MPI.
-
-Used by the train component's local backend, by ``make run`` and by the tests. (On a
-cluster the MPIJob launcher starts the same trainer across pods instead.)
+A static job runs `mpirun_command` under the heartbeat watch (`components.train.mpiwatch`): the
+one command line of a local job and of a cluster job's launcher (over its hostfile). Horovod's
+MPI controller measured faster than Gloo's TCP over loopback (bench/README.md) once a waiting
+rank yields its core instead of busy-polling it (`YIELD_WHEN_IDLE`); the rest is what
+``horovodrun --mpi`` passes. An elastic job (``min_workers`` > 0) runs ``horovodrun --gloo``
+(elastic Horovod has no MPI) as ``python -m components.train.launch ARGS``: horovodrun's own
+command line, its Gloo check answered from the installed library instead of by a process
+importing all of TensorFlow (seconds of a core per launch).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
-import subprocess
+import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
 from components.train.config import TrainConfig, to_argv
-from components.train.hvdrun import require_mpi_build
-from components.train.mpirun import local_mpirun_env, mpirun_command, require_mpirun
+from components.train.mpiwatch import HEARTBEAT_ENV, RankLines, period_for, watch
 from components.train.preflight import check_model_before_launch
-from components.train.ranklines import RankLines
-from components.train.rankwatch import RankWatch
 
-# How a static local job's ranks form one job: Open MPI (the default), or Gloo (horovodrun
-# --gloo; the benchmarks compare the two).
-CONTROLLERS = ("mpi", "gloo")
-
-
-def launcher_args(workers: int) -> list[str]:
-    """horovodrun's arguments for one job of `workers` processes on this machine, over Gloo."""
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    return ["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
+YIELD_WHEN_IDLE = ("-mca", "mpi_yield_when_idle", "1")  # a waiting rank yields its core
+# Symbols only a Horovod built with each controller has: Gloo's rendezvous context class, and
+# Horovod's MPI controller class (mangled; compiled only with HAVE_MPI).
+BUILD_MARKERS = {"GLOO": b"gloo::rendezvous::Context", "MPI": b"N7horovod6common13MPIControllerE"}
+# Rank 0's line saying why the job stopped before training, as it reaches the launcher.
+RANK0_FAILED = re.compile(r"\[rank 0/\d+\] training failed: (.+)$")
 
 
-def hvdrun_command(
-    workers: int, program: list[str], launcher: list[str] | None = None
+class LaunchError(RuntimeError):
+    """What a local job needs is missing here (mpirun, or a Horovod build with MPI or Gloo)."""
+
+
+def mpirun_command(
+    world_size: int,
+    program: Sequence[str],
+    hosts: str | None = None,
+    forward: Sequence[str] = (),
+    workdir: str | None = None,
 ) -> list[str]:
-    """``horovodrun -np N -H localhost:N --gloo PROGRAM`` (or horovodrun's `launcher` arguments),
-    through `components.train.hvdrun` (horovodrun's own command line, less the TensorFlow
-    import of its start-up check)."""
-    args = launcher_args(workers) if launcher is None else launcher
-    return [sys.executable, "-m", "components.train.hvdrun", *args, *program]
+    """``mpirun -np N ... PROGRAM``: `hosts` (``-H``; default: Open MPI's hostfile, which a
+    cluster job's launcher has), the environment `forward`-ed to the ranks (``-x NAME`` or ``-x
+    NAME=VALUE``: ranks started over ssh do not inherit the launcher's), their working folder."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    command = ["mpirun", "-np", str(world_size), "--tag-output", *(["-H", hosts] if hosts else [])]
+    command += ["-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", *YIELD_WHEN_IDLE]
+    command += ["-wdir", workdir] if workdir else []
+    for name in forward:
+        command += ["-x", name]
+    return [*command, *program]
+
+
+def horovodrun_command(args: Sequence[str], program: Sequence[str]) -> list[str]:
+    """``horovodrun ARGS PROGRAM``, run as ``python -m components.train.launch`` (`main`)."""
+    return [sys.executable, "-m", "components.train.launch", *args, *program]
 
 
 def static_command(workers: int, program: list[str], controller: str = "mpi") -> list[str]:
     """`program` as one static job of `workers` local ranks: ``mpirun -np N -H localhost:N``
-    (`controller` ``mpi``) or ``horovodrun -np N -H localhost:N --gloo`` (``gloo``)."""
-    if controller not in CONTROLLERS:
-        raise ValueError(f"controller must be one of {', '.join(CONTROLLERS)}, got {controller!r}")
+    (`controller` ``mpi``) or ``horovodrun -np N -H localhost:N --gloo`` (``gloo``, which the
+    benchmarks compare)."""
+    if controller not in ("mpi", "gloo"):
+        raise ValueError(f"controller must be one of mpi, gloo, got {controller!r}")
     if controller == "gloo":
-        return hvdrun_command(workers, program)
+        return horovodrun_command(["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"],
+                                  program)  # fmt: skip
     return mpirun_command(workers, program, hosts=f"localhost:{workers}")
 
 
@@ -69,15 +80,15 @@ def local_command(
     workers: int, args: list[str], python: str | None = None, controller: str = "mpi"
 ) -> list[str]:
     """The trainer as one static job: ``mpirun -np N ... python -m components.train ARGS``."""
-    program = [python or sys.executable, "-m", "components.train", *args]
-    return static_command(workers, program, controller)
+    return static_command(workers, [python or sys.executable, "-m", "components.train", *args],
+                          controller)  # fmt: skip
 
 
 # Names of this machine, one per slot of a local elastic job. Horovod's elastic driver
-# blacklists a whole host when one of its ranks fails ("blacklisted slots count == N -> stop
-# running"), so N slots of one host named `localhost` would all go with one lost rank. Each of
-# these spellings of the loopback address resolves to 127.0.0.1 (inet_aton's forms), so
-# horovodrun starts every slot here without ssh, and a lost rank takes out only its own "host".
+# blacklists a whole host when one of its ranks fails, so N slots of one host would all go with
+# one lost rank. Each of these spellings of the loopback address resolves to 127.0.0.1
+# (inet_aton's forms): horovodrun starts every slot here without ssh, and a lost rank takes out
+# only its own "host".
 LOOPBACK_NAMES = (
     "localhost", "127.0.0.1", "127.0.1", "127.1", "0x7f.1", "0x7f.0.1", "0x7f.0.0.1",
     "0177.1", "0177.0.1", "0177.0.0.1", "2130706433", "0x7f000001",
@@ -86,12 +97,9 @@ LOOPBACK_NAMES = (
 
 @dataclass(frozen=True)
 class LocalHosts:
-    """The host discovery of a local elastic job, which its launcher (or a test) controls.
-
-    ``script`` is horovodrun's ``--host-discovery-script``: it prints ``hosts``, where `offer`
-    lists one name of this machine per slot (``localhost:1``, ``127.0.0.1:1``, ...). Listing
-    more slots grows the job at its next commit; listing fewer shrinks it.
-    """
+    """A local elastic job's host discovery, which its launcher (or a test) controls: `script`
+    prints the file where `offer` lists one name of this machine per slot. Listing more slots
+    grows the job at its next commit; listing fewer shrinks it."""
 
     directory: Path
 
@@ -99,78 +107,47 @@ class LocalHosts:
     def script(self) -> Path:
         return self.directory / "discover_hosts.sh"
 
-    @property
-    def hosts(self) -> Path:
-        return self.directory / "hosts"
-
     def offer(self, slots: int) -> None:
         """List `slots` slots (atomically: the script never reads half a list)."""
         if not 1 <= slots <= len(LOOPBACK_NAMES):
             raise ValueError(
                 f"a local elastic job has 1 to {len(LOOPBACK_NAMES)} slots, got {slots}"
             )
+        hosts = self.directory / "hosts"
         if not self.script.exists():
-            self.script.write_text(f"#!/bin/sh\nexec cat '{self.hosts}'\n")
+            self.script.write_text(f"#!/bin/sh\nexec cat '{hosts}'\n")
             self.script.chmod(0o755)
-        staged = self.hosts.with_suffix(".new")
-        staged.write_text("".join(f"{name}:1\n" for name in LOOPBACK_NAMES[:slots]))
-        staged.replace(self.hosts)
-
-    def slots(self) -> int:
-        """How many slots are listed now."""
-        return len(self.hosts.read_text().split())
+        hosts.with_suffix(".new").write_text("".join(f"{n}:1\n" for n in LOOPBACK_NAMES[:slots]))
+        hosts.with_suffix(".new").replace(hosts)
 
 
 def elastic_launcher_args(workers: int, min_workers: int, hosts: LocalHosts) -> list[str]:
     """Elastic horovodrun's arguments: between `min_workers` and `workers` ranks, found by
     `hosts`' script, starting with the slots it lists now (loopback: one host, many names)."""
+    listed = len((hosts.directory / "hosts").read_text().split())
     return [
-        "-np", str(min(hosts.slots(), workers)), "--min-np", str(min_workers),
-        "--max-np", str(workers), "--host-discovery-script", str(hosts.script),
-        "--network-interface", "lo", "--gloo",
+        "-np", str(min(listed, workers)), "--min-np", str(min_workers), "--max-np", str(workers),
+        "--host-discovery-script", str(hosts.script), "--network-interface", "lo", "--gloo",
     ]  # fmt: skip
 
 
-@contextmanager
-def local_hosts(config: TrainConfig, hosts: LocalHosts | None) -> Iterator[LocalHosts | None]:
-    """`hosts`, or for an elastic job without them, a discovery listing all its slots."""
-    if hosts is not None or not config.elastic:
-        yield hosts
-        return
-    with tempfile.TemporaryDirectory(prefix="kfp-horovod-hosts-") as tmp:
-        made = LocalHosts(Path(tmp))
-        made.offer(config.world_size)
-        yield made
-
-
-def job_command(config: TrainConfig, hosts: LocalHosts | None = None) -> list[str]:
-    """The command running `config` as one local job (elastic when ``config.elastic``)."""
-    if not config.elastic:
-        return local_command(config.world_size, to_argv(config))
-    if hosts is None:
-        raise ValueError("an elastic job needs its LocalHosts (see local_hosts)")
-    launcher = elastic_launcher_args(config.world_size, config.min_world_size, hosts)
-    program = [sys.executable, "-m", "components.train", *to_argv(config)]
-    return hvdrun_command(config.world_size, program, launcher)
-
-
 def thread_affinity(local_ranks: int) -> str:
-    """``HOROVOD_THREAD_AFFINITY`` for `local_ranks` ranks on this machine: rank r's Horovod
-    background thread on core r (cycling over the cores this process may use).
-
-    It measured 1.10x the 2x1 throughput with Gloo (docs/performance.md has today's figures):
-    the background thread's Gloo work then stays off the core the other rank computes on. It
-    changes no arithmetic, so it is a default of every static local job.
-    """
+    """``HOROVOD_THREAD_AFFINITY`` for `local_ranks` ranks here: rank r's Horovod background
+    thread on core r (cycling over the cores this process may use). It measured 1.10x the 2x1
+    throughput (docs/performance.md): that thread's work stays off the core the other rank
+    computes on. It changes no arithmetic, so it is a default of every static local job."""
     cores = sorted(os.sched_getaffinity(0))
     return ",".join(str(cores[r % len(cores)]) for r in range(local_ranks))
 
 
 def job_environment(base: dict[str, str] | None = None, local_ranks: int = 0) -> dict[str, str]:
-    """The environment for the job: quiet TF C++ logs, unbuffered output, a stall bound, Open
-    MPI's consent to run as root where this runs as root, and for a job of `local_ranks` ranks
-    on this machine (> 0), their `thread_affinity`."""
-    env = local_mpirun_env(dict(os.environ if base is None else base))
+    """The job's environment: quiet TF C++ logs, unbuffered output, a stall bound, Open MPI's
+    consent to run as root where this runs as root, and for a job of `local_ranks` ranks on this
+    machine (> 0), their `thread_affinity`. Values already in `base` are kept."""
+    env = dict(os.environ if base is None else base)
+    if os.geteuid() == 0:  # a CI machine, a container run as root
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     if local_ranks > 0:
         env.setdefault("HOROVOD_THREAD_AFFINITY", thread_affinity(local_ranks))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -181,6 +158,29 @@ def job_environment(base: dict[str, str] | None = None, local_ranks: int = 0) ->
     return env
 
 
+def in_build(controller: str) -> bool:
+    """Whether the installed Horovod's TensorFlow library has `controller` (``GLOO``, ``MPI``),
+    read from the file without loading it (that would load TensorFlow's)."""
+    files = metadata.files("horovod") or []
+    libs = [f for f in files if f.name.startswith("mpi_lib") and "tensorflow" in f.parts]
+    return any(BUILD_MARKERS[controller] in Path(str(f.locate())).read_bytes() for f in libs)
+
+
+def require(controller: str) -> None:
+    """Raise LaunchError, naming the fix, unless Horovod has `controller` (without MPI the
+    ranks of mpirun would each be a job of one) and, for MPI, mpirun is installed."""
+    if controller == "MPI" and shutil.which("mpirun") is None:
+        raise LaunchError(
+            "mpirun is not installed: local Horovod jobs run on Open MPI. `make install` installs "
+            "Debian's (apt-get install openmpi-bin libopenmpi-dev) and builds Horovod with MPI"
+        )
+    if not in_build(controller):
+        raise LaunchError(
+            f"the installed Horovod has no {controller} in its TensorFlow library: reinstall it "
+            f"with HOROVOD_WITH_{controller}=1 (make install does)"
+        )
+
+
 def run_local(
     config: TrainConfig,
     timeout_s: float | None = None,
@@ -188,36 +188,37 @@ def run_local(
     env: dict[str, str] | None = None,
     hosts: LocalHosts | None = None,
 ) -> int:
-    """Run the trainer as one job of ``config.world_size`` local processes.
-
-    Output is streamed line by line to `log`, with the launcher's own lines about a frozen rank
-    (`components.train.rankwatch`). On timeout the whole process group is killed and
-    TimeoutError raised. Returns horovodrun's exit code. Raises PreflightError, starting
-    nothing, if ``config.model`` is an entry point that does not build a fitting model. An
-    elastic job finds its slots through `hosts` (default: all ``config.world_size`` listed).
-    """
+    """Run the trainer as one job of ``config.world_size`` processes here, its output to `log`
+    line by line; returns the exit code (`mpiwatch.EXIT_SILENT_RANK` when a static job's rank
+    fell silent). Past `timeout_s` the job is killed and TimeoutError raised. Raises
+    PreflightError, starting nothing, if ``config.model`` does not build a fitting model. An
+    elastic job finds its slots through `hosts` (default: all ``config.world_size`` listed)."""
     check_model_before_launch(config.model)
-    if not config.elastic:
-        require_mpirun()
-        require_mpi_build()
-    # An elastic job's ranks are each a host's local rank 0: no per-rank core to give them.
-    job_env = job_environment(env, 0 if config.elastic else config.world_size)
-    with local_hosts(config, hosts) as found:
-        return _stream(job_command(config, found), timeout_s, log, job_env)
-
-
-# Rank 0's line saying why the job stopped before training (`components.train.trainer`), as
-# it reaches the launcher: with mpirun's tag (``[1,0]<stdout>:``) or without.
-RANK0_FAILED = re.compile(r"\[rank 0/\d+\] training failed: (.+)$")
+    ranks = 0 if config.elastic else config.world_size  # Horovod's elastic driver watches its own
+    job_env = job_environment(env, ranks)
+    bound = float(job_env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"])
+    with tempfile.TemporaryDirectory(prefix="kfp-horovod-hosts-") as tmp:
+        if ranks:
+            require("MPI")
+            job_env.setdefault(HEARTBEAT_ENV, f"{period_for(bound):g}")
+            command = local_command(ranks, to_argv(config))
+        else:
+            if hosts is None:
+                hosts = LocalHosts(Path(tmp))
+                hosts.offer(config.world_size)
+            args = elastic_launcher_args(config.world_size, config.min_world_size, hosts)
+            trainer = [sys.executable, "-m", "components.train", *to_argv(config)]
+            command = horovodrun_command(args, trainer)
+        return watch(command, ranks, bound, log, env=job_env, timeout_s=timeout_s)
 
 
 def run_local_job(config: TrainConfig, log: Callable[[str], None] = print) -> None:
-    """`run_local`, raising when the job fails: ValueError with rank 0's reason when the ranks
-    stopped on one (bad input, a refused GPU request: the step's one ``FAILED:`` line, so the
-    rank's own line is held back), RuntimeError for any other failure (a crash: the ranks'
-    tracebacks are in the log above)."""
+    """`run_local`, each line every rank printed alike shown once (`RankLines`), raising when
+    the job fails: ValueError with rank 0's reason when the ranks stopped on one (bad input, a
+    refused GPU request: the step's one ``FAILED:`` line, so the rank's own line is held back),
+    RuntimeError for any other failure (a crash: the ranks' tracebacks are in the log above)."""
     held: list[str] = []
-    once = RankLines(log)  # a line every rank prints alike: once
+    once = RankLines(log)
 
     def keep(line: str) -> None:
         if RANK0_FAILED.search(line):
@@ -237,58 +238,16 @@ def run_local_job(config: TrainConfig, log: Callable[[str], None] = print) -> No
         )
 
 
-def kill_job(pid: int) -> None:
-    """SIGKILL the launcher `pid` and every process below it. (Its process group is not enough:
-    mpirun puts each rank in a process group of its own.)"""
-    import psutil
+def main(argv: list[str] | None = None) -> int:
+    """horovodrun's command line with its Gloo check answered (exit code as horovodrun's)."""
+    from horovod.runner import launch
 
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
+    require("GLOO")
+    launch.gloo_built = lambda verbose=False: True
+    sys.argv = ["horovodrun", *(sys.argv[1:] if argv is None else argv)]
+    launch.run_commandline()
+    return 0
 
 
-def _stream(
-    command: list[str],
-    timeout_s: float | None,
-    log: Callable[[str], None],
-    env: dict[str, str],
-) -> int:
-    """Run `command` in its own process group with `env`, its output to `log`; its exit code."""
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    # A frozen rank is named, and ends the job within the stall bound (rankwatch.py).
-    bound = float(env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"])
-    watch = RankWatch(proc.pid, bound, log).start()
-    timer = None
-    if timeout_s is not None:
-        import threading
-
-        timer = threading.Timer(timeout_s, kill_job, args=(proc.pid,))
-        timer.start()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log(line.rstrip("\n"))
-        code = proc.wait()
-    except BaseException:
-        kill_job(proc.pid)
-        proc.wait()
-        raise
-    finally:
-        watch.stop()
-        if timer is not None:
-            timer.cancel()
-    if timeout_s is not None and code == -signal.SIGKILL:
-        raise TimeoutError(f"training did not finish within {timeout_s:g} s and was killed")
-    return code
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,104 +1,151 @@
-"""The MPIJob launcher's watch for a frozen rank: mpirun run under a heartbeat check.
+"""The one watch of a static Horovod job: mpirun run under its ranks' heartbeats.
 
-``python -m components.train.mpiwatch --ranks N --silence-seconds S -- mpirun ...``
+``python -m components.train.mpiwatch --ranks N --silence-seconds S -- mpirun ...`` on a cluster
+job's launcher, `watch` in process for a local job (`components.train.launch.run_local`).
 
 Horovod's stall check cannot end a job whose rank is frozen (SIGSTOP, a hung node, a cut
-network): its negotiation is itself a collective that waits on the frozen rank, and the job
-would wait until the MPIJob's ``activeDeadlineSeconds``. So every rank beats
-(`components.train.heartbeat`: one line every few seconds from its own thread, forwarded by
-mpirun's ``--tag-output`` as ``[job,rank]<stdout>:kfp-horovod-heartbeat ...``). This wrapper
-runs mpirun, forwards every line of its output except the heartbeats, and tracks each rank's
-last beat. When a rank has been silent for longer than S seconds (a rank never heard from
-counts from the launch), it prints one line naming the rank and its host (the pod), ends
-mpirun (SIGTERM, SIGKILL after a grace) and exits `EXIT_SILENT_RANK`. A rank that wrote its
-``done`` line is no longer watched. Otherwise it exits with mpirun's exit code (128 + the
-signal if mpirun was killed by one). As the launcher container's PID 1 it forwards SIGTERM and
-SIGINT to mpirun (PID 1 has no default action for them).
+network): its negotiation is itself a collective that waits on that rank, and the transports'
+timeouts name no rank (bench/faults/). So every rank beats from its own thread, in an allreduce
+or not (`start_from_env`), and mpirun's ``--tag-output`` forwards each beat as
+``[job,rank]<stdout>:kfp-horovod-heartbeat ...``. The watch passes the rest of mpirun's output
+on. When a rank has been silent for over S seconds (never heard from: since the launch;
+``done``: no longer watched), mpirun is ended (SIGTERM; after a grace, SIGKILL to everything
+below it), one last line names the rank and its host, and the exit code is `EXIT_SILENT_RANK`;
+otherwise it is mpirun's (128 + N for a signal N). SIGTERM or SIGINT ends the job (mpirun and
+everything below it killed), as the launcher container's PID 1 too.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import collections
+import contextlib
+import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from types import FrameType
-from typing import IO
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-from components.train.heartbeat import MARK
+from components.common.defaults import HEARTBEAT_SECONDS
 
 EXIT_SILENT_RANK = 4
 TERM_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.5
 HOSTFILE_ENV = "OMPI_MCA_orte_default_hostfile"  # mpi-operator sets it on the launcher
+HEARTBEAT_ENV = "KFP_HOROVOD_HEARTBEAT_SECONDS"  # the beat's period; the launcher sets it
+MARK = "kfp-horovod-heartbeat"
+BEATS_PER_BOUND = 4  # a rank is declared silent only after this many periods without a beat
+PREFIX = "mpiwatch:"
 # mpirun --tag-output prefixes each chunk it reads from a rank, not each line: a rank's partial
 # line and a beat can share a line, and so can two ranks' chunks. A beat is the rank's whose
-# tag comes last before it.
+# tag comes last before it. Elastic horovodrun tags ``[rank]<stdout>:``.
 _TAG = re.compile(r"\[\d+,(\d+)\]<stdout>:")
 _BEAT = re.compile(rf"{re.escape(MARK)} (beat|done) host=(\S+) pid=\d+$")
-PREFIX = "mpiwatch:"
+MPI_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$")
+EMPTY_TAGS = re.compile(r"(\[(?:\d+,)?\d+\]<std(?:out|err)>:)+$")  # a chunk of just a newline
+REMEMBERED = 2048  # distinct lines kept for RankLines' cross-rank check
+RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")  # where mpirun / horovodrun put the rank
 
 
-@dataclass
-class RankState:
-    """What the watch knows of one rank: when it was last heard (or the launch), its host."""
+def period_for(bound_s: float) -> float:
+    """The heartbeat period for a silence bound of `bound_s`: `HEARTBEAT_SECONDS`, or less
+    so that `BEATS_PER_BOUND` beats fit in the bound."""
+    return min(float(HEARTBEAT_SECONDS), bound_s / BEATS_PER_BOUND)
 
-    last: float
-    host: str | None = None
-    heard: bool = False
-    done: bool = False
+
+def _write_stdout(text: str) -> None:
+    os.write(1, text.encode())  # one write(2) of one short line: never split by other output
+
+
+def heartbeat(period_s: float, write: Callable[[str], None] = _write_stdout) -> Callable[[], None]:
+    """Write ``kfp-horovod-heartbeat beat host=<host> pid=<pid>`` every `period_s` from a daemon
+    thread; returns what stops it and writes the ``done`` line (once)."""
+    line = f"{MARK} {{}} host={socket.gethostname()} pid={os.getpid()}\n"
+    stopped = threading.Event()
+
+    def beat() -> None:
+        while True:
+            write(line.format("beat"))
+            if stopped.wait(period_s):
+                return
+
+    thread = threading.Thread(target=beat, daemon=True, name="heartbeat")
+    thread.start()
+
+    def stop() -> None:
+        if not stopped.is_set():
+            stopped.set()
+            thread.join()
+            write(line.format("done"))
+
+    return stop
+
+
+def start_from_env(environ: Mapping[str, str] | None = None) -> Callable[[], None] | None:
+    """Start this rank's heartbeat if `HEARTBEAT_ENV` asks for one (None when unset or empty),
+    first thing in ``python -m components.train``: before TensorFlow's import, which takes
+    seconds. Its ``done`` line is written at exit, after Horovod's own exit handler (registered
+    later, so run earlier) has shut Horovod down. Raises ValueError naming the variable if it is
+    not a positive number of seconds."""
+    value = (os.environ if environ is None else environ).get(HEARTBEAT_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        period = float(value)
+    except ValueError:
+        period = math.nan
+    if not (math.isfinite(period) and period > 0):
+        raise ValueError(f"{HEARTBEAT_ENV} must be a positive number of seconds, got {value!r}")
+    stop = heartbeat(period)
+    atexit.register(stop)
+    return stop
 
 
 class Silence:
     """The heartbeats of `ranks` ranks, a rank silent past `bound_s` found by `silent`.
-
-    `expected` names each rank's host as the hostfile places it (``-map-by slot``), for a rank
-    never heard from.
-    """
+    `expected` names each rank's host as the hostfile places it, for a rank never heard from."""
 
     def __init__(self, ranks: int, bound_s: float, now: float, expected: list[str]) -> None:
-        self.bound_s = bound_s
-        self.expected = expected
-        self.ranks = {r: RankState(last=now) for r in range(ranks)}
+        self.bound_s, self.expected = bound_s, expected
+        self.last = dict.fromkeys(range(ranks), now)  # when each was last heard, or the launch
+        self.host: dict[int, str] = {}
+        self.done: set[int] = set()
 
     def observe(self, text: str, now: float) -> str | None:
         """Take one output line; returns what to forward of it (None: it was a heartbeat)."""
         beat = _BEAT.search(text)
         tags = list(_TAG.finditer(text, 0, beat.start())) if beat else []
-        if beat is None or not tags or int(tags[-1][1]) not in self.ranks:
+        if beat is None or not tags or int(tags[-1][1]) not in self.last:
             return text
-        state = self.ranks[int(tags[-1][1])]
-        state.last, state.host, state.heard = now, beat[2], True
-        state.done = state.done or beat[1] == "done"
+        rank = int(tags[-1][1])
+        self.last[rank], self.host[rank] = now, beat[2]
+        if beat[1] == "done":
+            self.done.add(rank)
         # What came before the beat on this line (a rank's partial line) is forwarded.
-        before = (
-            text[: tags[-1].start()] if tags[-1].end() == beat.start() else text[: beat.start()]
-        )
-        return before or None
+        end = tags[-1].start() if tags[-1].end() == beat.start() else beat.start()
+        return text[:end] or None
 
     def silent(self, now: float) -> list[int]:
         """The ranks still watched that have been silent for longer than the bound."""
         return [
-            r for r, s in sorted(self.ranks.items()) if not s.done and now - s.last > self.bound_s
+            r for r, t in sorted(self.last.items()) if r not in self.done and now - t > self.bound_s
         ]
 
     def describe(self, rank: int, now: float) -> str:
         """``rank 1 on <host> sent no heartbeat for 21 s`` (or, never heard: since launch)."""
-        state = self.ranks[rank]
-        quiet = now - state.last
-        if state.heard:
-            return f"rank {rank} on {state.host} sent no heartbeat for {quiet:.0f} s"
-        where = (
-            f"expected on {self.expected[rank]} (hostfile)"
-            if rank < len(self.expected)
-            else "host unknown"
-        )
+        quiet = now - self.last[rank]
+        if rank in self.host:
+            return f"rank {rank} on {self.host[rank]} sent no heartbeat for {quiet:.0f} s"
+        known = rank < len(self.expected)
+        where = f"expected on {self.expected[rank]} (hostfile)" if known else "host unknown"
         return f"rank {rank} ({where}) sent no heartbeat in the {quiet:.0f} s since launch"
 
 
@@ -107,140 +154,145 @@ def expected_hosts(hostfile: str) -> list[str]:
     hosts: list[str] = []
     for raw in hostfile.splitlines():
         words = raw.split("#", 1)[0].split()
-        if not words:
-            continue
-        slots = next((w.split("=", 1)[1] for w in words[1:] if w.startswith("slots=")), "1")
-        hosts += [words[0]] * (int(slots) if slots.isdigit() else 1)
+        if words:
+            slots = next((w.split("=", 1)[1] for w in words[1:] if w.startswith("slots=")), "1")
+            hosts += [words[0]] * (int(slots) if slots.isdigit() else 1)
     return hosts
 
 
-def _read_hosts(path: str | None) -> list[str]:
-    if not path:
-        return []
+class RankLines:
+    """A `log` that passes each line of mpirun's output on once: a line every rank prints
+    alike (a library's warning, a shared reason, the same traceback) is shown as the first rank
+    printed it, tag and all; each rank's own lines and untagged lines all pass."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log = log
+        self.seen: collections.OrderedDict[str, int] = collections.OrderedDict()
+
+    def __call__(self, line: str) -> None:
+        tagged = MPI_TAG.match(line)
+        if tagged is None:
+            self.log(line)
+            return
+        rank, text = int(tagged[1]), EMPTY_TAGS.sub("", tagged[2])
+        first = self.seen.setdefault(text, rank)
+        self.seen.move_to_end(text)
+        if len(self.seen) > REMEMBERED:
+            self.seen.popitem(last=False)
+        if first == rank or not text.strip():
+            self.log(EMPTY_TAGS.sub("", line) or line)
+
+
+def rank_processes(root_pid: int) -> dict[int, Any]:
+    """The rank processes (psutil) below `root_pid` by rank: the innermost process carrying
+    ``OMPI_COMM_WORLD_RANK`` (mpirun) or ``HOROVOD_RANK`` (horovodrun starts each through a
+    shell). psutil lists a process before those below it, so a rank's last one is kept."""
+    import psutil
+
+    found = {}
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(root_pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                env = proc.environ()
+                rank = next((env[name] for name in RANK_ENVS if name in env), "")
+                if rank.isdigit():
+                    found[int(rank)] = proc
+    return found
+
+
+def kill_job(pid: int) -> None:
+    """SIGKILL the launcher `pid` and every process below it. (Its process group is not enough:
+    mpirun puts each rank in a process group of its own.)"""
+    import psutil
+
     try:
-        with open(path, encoding="utf-8") as f:
-            return expected_hosts(f.read())
-    except OSError:
-        return []
-
-
-class _Lines:
-    """Writes whole lines to `out` from both threads, under its own lock (the ranks' state has
-    another: the watch's check never waits on the output)."""
-
-    def __init__(self, out: IO[str]) -> None:
-        self.out, self._lock = out, threading.Lock()
-
-    def __call__(self, text: str) -> None:
-        with self._lock:
-            self.out.write(text + "\n")
-            self.out.flush()
-
-
-def _pump(
-    stream: IO[bytes], silence: Silence, lock: threading.Lock, write: Callable[[str], None]
-) -> None:
-    """Forward mpirun's stdout line by line, heartbeats taken out."""
-    for raw in iter(stream.readline, b""):
-        text = raw.decode(errors="replace").rstrip("\n")
-        with lock:
-            forward = silence.observe(text, time.monotonic())
-        if forward is not None:
-            write(forward)
-
-
-def _end(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM mpirun (it tears the job down on the workers); SIGKILL its group after
-    `grace_s`."""
-    proc.terminate()
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def _forward_signals(proc: subprocess.Popen[bytes]) -> Callable[[], None]:
-    """Pass SIGTERM and SIGINT on to mpirun; returns what restores the handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    before = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore() -> None:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
-
-    return restore
-
-
-def exit_code(returncode: int) -> int:
-    """mpirun's return code as a process exit code (128 + N for a signal N)."""
-    return 128 - returncode if returncode < 0 else returncode
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
 
 
 def watch(
     command: Sequence[str],
     ranks: int,
     bound_s: float,
+    log: Callable[[str], None] = print,
     *,
-    hostfile: str | None = None,
+    env: Mapping[str, str] | None = None,
+    expected: Sequence[str] = (),
+    timeout_s: float | None = None,
     grace_s: float = TERM_GRACE_SECONDS,
-    poll_s: float = POLL_SECONDS,
-    out: IO[str] = sys.stdout,
 ) -> int:
-    """Run `command` (mpirun) under the watch; returns the exit code (see the module doc)."""
-    write = _Lines(out)
-    write(
-        f"{PREFIX} watching {ranks} rank(s): one silent (no heartbeat) for more than "
-        f"{bound_s:g} s ends the job"
-    )
-    lock = threading.Lock()
-    silence = Silence(ranks, bound_s, time.monotonic(), _read_hosts(hostfile))
-    proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, start_new_session=True)
-    restore = _forward_signals(proc)
-    assert proc.stdout is not None
-    reader = threading.Thread(target=_pump, args=(proc.stdout, silence, lock, write), daemon=True)
+    """Run `command` (mpirun) under the watch of `ranks` ranks (0: none), its output to `log`;
+    returns the exit code (see the module doc). `expected`: each rank's host per the hostfile.
+    Past `timeout_s` the job is killed and TimeoutError raised."""
+    lock = threading.Lock()  # one line at a time to `log`, from the reader and from here
+    if ranks:
+        log(f"{PREFIX} watching {ranks} rank(s): one silent (no heartbeat) for more than "
+            f"{bound_s:g} s ends the job")  # fmt: skip
+    silence = Silence(ranks, bound_s, time.monotonic(), list(expected))
+    proc = subprocess.Popen(
+        list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=None if env is None else dict(env), start_new_session=True,
+    )  # fmt: skip
+    reader = threading.Thread(target=_pump, args=(proc, silence, lock, log), daemon=True)
     reader.start()
     try:
-        verdict = _wait(proc, silence, lock, poll_s)
-        if verdict is None:
-            reader.join(grace_s)
-            return exit_code(int(proc.returncode))
-        write(f"{PREFIX} {verdict}; ending the job")
-        ending = time.monotonic()
-        _end(proc, grace_s)
-        code = exit_code(proc.returncode)
-        ended = f"mpirun ended {time.monotonic() - ending:.1f} s later, exit {code}"
-        reader.join(grace_s)  # ssh children may hold the pipe open after mpirun is gone
-        write(f"{PREFIX} the job failed: {verdict} ({ended})")
-        return EXIT_SILENT_RANK
+        verdict = _wait(proc, silence, lock, timeout_s)
+        if verdict is not None:
+            ending = time.monotonic()
+            proc.terminate()  # mpirun tears the job down, on other hosts too
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(grace_s)
     finally:
-        restore()
+        if proc.poll() is None:  # after a timeout, an interrupt, an error, or the grace
+            kill_job(proc.pid)
+            proc.wait()
+        reader.join(grace_s)  # ssh children may hold the pipe open after mpirun is gone
+    code = 128 - proc.returncode if proc.returncode < 0 else proc.returncode
+    if verdict is None:
+        return code
+    with lock:  # the last line: a failed job's log ends naming the rank
+        ended = f"mpirun ended {time.monotonic() - ending:.1f} s later, exit {code}"
+        log(f"{PREFIX} the job failed: {verdict} ({ended})")
+    return EXIT_SILENT_RANK
+
+
+def _pump(
+    proc: subprocess.Popen[bytes],
+    silence: Silence,
+    lock: threading.Lock,
+    log: Callable[[str], None],
+) -> None:
+    """Forward mpirun's output line by line, heartbeats taken out."""
+    assert proc.stdout is not None
+    for raw in iter(proc.stdout.readline, b""):
+        with lock:
+            forward = silence.observe(raw.decode(errors="replace").rstrip("\n"), time.monotonic())
+            if forward is not None:
+                log(forward)
 
 
 def _wait(
-    proc: subprocess.Popen[bytes], silence: Silence, lock: threading.Lock, poll_s: float
+    proc: subprocess.Popen[bytes], silence: Silence, lock: threading.Lock, timeout_s: float | None
 ) -> str | None:
     """Wait for mpirun to end (None) or for a rank to fall silent (what to say about it)."""
+    deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
     while True:
-        try:
-            proc.wait(poll_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(POLL_SECONDS)
             return None
-        except subprocess.TimeoutExpired:
-            pass
         now = time.monotonic()
+        if now > deadline:
+            raise TimeoutError(f"the job did not finish within {timeout_s:g} s and was killed")
         with lock:
             quiet = silence.silent(now)
-            if quiet:
-                names = "; ".join(silence.describe(r, now) for r in quiet)
-                return (
-                    f"{names} (bound {silence.bound_s:g} s): frozen, or its node or network is down"
-                )
+        if quiet:
+            names = "; ".join(silence.describe(r, now) for r in quiet)
+            return f"{names} (bound {silence.bound_s:g} s): frozen, or its node or network is down"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -253,14 +305,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--silence-seconds", type=float, required=True,
         help="end the job when a rank has sent no heartbeat for this long",
     )  # fmt: skip
-    parser.add_argument(
-        "--hostfile", default=None,
-        help=f"where to look up the host of a rank never heard from (default: ${HOSTFILE_ENV})",
-    )  # fmt: skip
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- mpirun ...")
     args = parser.parse_args(argv)
-    if args.command[:1] == ["--"]:
-        args.command = args.command[1:]
+    args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not args.command:
         parser.error("no command to run: give it after --, e.g. -- mpirun -np 2 ...")
     if args.ranks < 1:
@@ -272,8 +319,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    hostfile = args.hostfile or os.environ.get(HOSTFILE_ENV)
-    return watch(args.command, args.ranks, args.silence_seconds, hostfile=hostfile)
+    hostfile = Path(os.environ.get(HOSTFILE_ENV) or "/nonexistent")
+    expected = expected_hosts(hostfile.read_text()) if hostfile.is_file() else []
+    # As a launcher container's PID 1 it has no default action on SIGTERM: end the job as on
+    # Ctrl-C (the watch kills mpirun and every process below it).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return watch(args.command, args.ranks, args.silence_seconds, _print, expected=expected)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGTERM
+
+
+def _print(text: str) -> None:
+    print(text, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
 """The train step's own parameters: where and how the Horovod job runs (the trainer's are
-`TrainConfig`'s), declared once, as `TrainConfig`'s are."""
+`TrainConfig`'s), declared once, as `TrainConfig`'s are.
+
+The pipeline exposes the first ones (`TRAIN_STEP_PARAMETERS`); the job's own settings after
+them keep their defaults in a pipeline run and are options of the render commands. A cluster
+job's pods are made from these fields (`components.train.cluster.job.ClusterJobParams`).
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from components.common import defaults
@@ -15,10 +21,26 @@ from components.common.placement import (
     tolerations_problem,
 )
 
+_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def dns_name_problem(value: str | None) -> str | None:
+    """Why `value` is not a lower-case DNS name (None or empty: not set), or None."""
+    if not value or _DNS_NAME.match(value):
+        return None
+    return f"must be a lower-case DNS name, got {value!r}"
+
+
+def image_problem(value: str) -> str | None:
+    """Why `value` is not an image reference (empty: the default image), or None."""
+    if not any(c.isspace() for c in value):
+        return None
+    return f"must be an image reference without spaces, got {value!r}"
+
 
 @dataclass(frozen=True)
 class TrainStep(Validated):
-    """How the train step runs the job: its backend, image, pods and identity."""
+    """How the train step runs the job: its backend, image, pods, identity and run policy."""
 
     training_backend: str = param(
         "auto", "auto: the job operator the cluster serves (an MPIJob where mpi-operator is "
@@ -29,8 +51,9 @@ class TrainStep(Validated):
     )  # fmt: skip
     trainer_image: str = param(
         "", "the trainer's image; empty: this version's trainer image, the GPU one when "
-        "gpus_per_worker > 0",
+        "gpus_per_worker > 0", check=image_problem,
     )  # fmt: skip
+    # resources of each worker pod (requests == limits: Guaranteed QoS)
     cpu_per_worker: str = param(defaults.WORKER_CPU, "CPU of each worker pod", quantity=True)
     memory_per_worker: str = param(
         defaults.WORKER_MEMORY, "memory of each worker pod", quantity=True
@@ -38,10 +61,47 @@ class TrainStep(Validated):
     namespace: str = param("", "the cluster job's namespace; empty: the train step's own")
     trainer_service_account: str = param(
         defaults.TRAINER_SERVICE_ACCOUNT, "the service account of the job's pods (Workload "
-        "Identity)",
+        "Identity)", check=dns_name_problem,
     )  # fmt: skip
+    # placement of every pod that runs a rank (and of the MPIJob's launcher)
     node_selector: str = param("{}", NODE_SELECTOR_HELP, check=node_selector_problem)
     tolerations: str = param("[]", TOLERATIONS_HELP, check=tolerations_problem)
+    # the job's own settings, at their defaults in a pipeline run
+    stall_shutdown_seconds: int = param(
+        defaults.STALL_SHUTDOWN_SECONDS, "how long a rank may stall (or stay silent) before "
+        "the job ends", pipeline=False, minimum=1,
+    )  # fmt: skip
+    launcher_cpu: str = param(
+        defaults.LAUNCHER_CPU, "CPU of the launcher pod (MPIJob only)", pipeline=False,
+        quantity=True,
+    )  # fmt: skip
+    launcher_memory: str = param(
+        defaults.LAUNCHER_MEMORY, "memory of the launcher pod (MPIJob only)", pipeline=False,
+        quantity=True,
+    )  # fmt: skip
+    ttl_seconds_after_finished: int = param(
+        defaults.JOB_TTL_SECONDS_AFTER_FINISHED, "seconds a finished job is kept",
+        pipeline=False, minimum=0,
+    )  # fmt: skip
+    backoff_limit: int = param(
+        defaults.JOB_BACKOFF_LIMIT, "launcher retries", pipeline=False, minimum=0
+    )
+    active_deadline_seconds: int = param(
+        defaults.JOB_ACTIVE_DEADLINE_SECONDS, "the job's deadline", pipeline=False, minimum=1
+    )
+    # gang scheduling (Volcano / scheduler-plugins); all optional
+    queue: str | None = param(
+        None, "gang-scheduling queue (Volcano; MPIJob only)", pipeline=False,
+        check=dns_name_problem,
+    )  # fmt: skip
+    priority_class: str | None = param(
+        None, "priority class of the pods", pipeline=False, check=dns_name_problem
+    )
+    min_available: int | None = param(
+        None, "gang size (MPIJob only; default: all pods)", pipeline=False, minimum=1
+    )
+    scheduler_name: str | None = param(None, "e.g. volcano", pipeline=False, check=dns_name_problem)
 
 
-TRAIN_STEP_PARAMETERS: list[Declared] = declared(TrainStep)
+TRAIN_STEP_PARAMETERS: list[Declared] = declared(TrainStep, pipeline_only=True)
+JOB_SETTINGS: list[Declared] = [p for p in declared(TrainStep) if not p.pipeline]

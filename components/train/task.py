@@ -1,7 +1,7 @@
 """The train component's program: run the job on the chosen backend, return its outputs.
 
 - ``auto`` (the compiled default): the MPIJob or the TrainJob, whichever the cluster serves
-  (`components.train.cluster.discovery`), said in the step's first line;
+  (`components.train.cluster.job.choose_backend`), said in the step's first line;
 - ``local``: ``mpirun -np workers`` inside the component's own container (or machine).
 - ``mpijob``: a Kubeflow MPIJob across pods (mpi-operator); the trainer reads and writes GCS
   directly.
@@ -17,12 +17,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from components.common import defaults, storage
+from components.common import storage
 from components.train import summary
+from components.train.cluster.job import Choice, choose_backend
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
 from components.train.launch import run_local_job
 from components.train.preflight import check_model_before_launch
@@ -30,13 +30,11 @@ from components.train.report import coordination_report
 from components.train.step import TrainStep
 from components.train.summary import RunSummary
 
-if TYPE_CHECKING:
-    from components.train.cluster.params import ClusterJobParams
-
 Log = Callable[[str], None]
 # The task config's fields that KFP passes to the step without applying them to its own pod
 # (`components.train.component.PASSTHROUGHS`).
 PLACEMENT_ONLY = ("node_selector", "tolerations", "affinity", "volumes")
+FORCED = "training_backend forces it"
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -69,72 +67,30 @@ def train_locally(config: TrainConfig, dataset_path: str, model_path: str, log: 
     return summary.read(config.summary_uri)
 
 
-@dataclass(frozen=True)
-class Backend:
-    """The backend a run used (``training_backend``'s choice) and why: recorded in the run
-    summary and the coordination report under the same names."""
-
-    training_backend: str
-    reason: str
-
-
-def choose(step: TrainStep, config: TrainConfig, api_client: Any, log: Log) -> Backend:
+def choose(step: TrainStep, api_client: Any, log: Log) -> Choice:
     """`step.training_backend`, or for ``auto`` what the cluster serves (said first)."""
     if step.training_backend != "auto":
-        return Backend(step.training_backend, "training_backend forces it")
+        return Choice(step.training_backend, FORCED)
     from kubernetes import client
 
-    from components.train.cluster.discovery import choose_backend
-
-    choice = choose_backend(client.CustomObjectsApi(api_client), config.min_workers)
+    choice = choose_backend(client.CustomObjectsApi(api_client))
     log(choice.line)
-    return Backend(choice.backend, choice.reason)
-
-
-def cluster_params(
-    config: TrainConfig, step: TrainStep, pipeline_run_id: str, task_config: Any
-) -> ClusterJobParams:
-    """The job's parameters: the trainer's and the step's, with what the train task's KFP task
-    config passes through (`components.train.cluster.podconfig`); ValueError names each
-    disagreement between the two."""
-    from components.train.cluster.params import ClusterJobParams
-    from components.train.cluster.podconfig import from_task_config, worker_resources
-
-    sizes = {"cpu_per_worker": step.cpu_per_worker, "memory_per_worker": step.memory_per_worker}
-    gpus = {"gpus_per_worker": config.gpus_per_worker}
-    chosen, problems = worker_resources(
-        getattr(task_config, "resources", None), sizes | gpus,
-        {"cpu_per_worker": defaults.WORKER_CPU, "memory_per_worker": defaults.WORKER_MEMORY},
-    )  # fmt: skip
-    if problems:
-        raise ValueError(
-            "the train task's config and the pipeline's parameters disagree: " + "; ".join(problems)
-        )
-    return ClusterJobParams(
-        train=config,
-        run_name=f"train-{pipeline_run_id}" if pipeline_run_id else "train",
-        pipeline_run_id=pipeline_run_id,
-        image=defaults.trainer_image(config.gpus_per_worker, override=step.trainer_image),
-        service_account=step.trainer_service_account or None,
-        owner_pod_name=os.environ.get("HOSTNAME") or None,
-        node_selector=step.node_selector, tolerations=step.tolerations,
-        task_config=from_task_config(task_config),
-        cpu_per_worker=chosen.get("cpu_per_worker", step.cpu_per_worker),
-        memory_per_worker=chosen.get("memory_per_worker", step.memory_per_worker),
-    )  # fmt: skip
+    return choice
 
 
 def train_on_cluster(
     config: TrainConfig, step: TrainStep, pipeline_run_id: str, log: Log, task_config: Any = None
-) -> tuple[RunSummary, Backend]:
+) -> tuple[RunSummary, Choice]:
     """Run the trainer as an MPIJob or a TrainJob (`step.training_backend`, ``auto``: the one
-    the cluster serves, `choose`); return its checked run summary and the backend."""
-    from components.train.cluster.lifecycle import default_api_client
-    from components.train.cluster.params import uri_problems
+    the cluster serves, `choose`); return its checked run summary and the backend. What the
+    train task's KFP task config passes through goes to the job's pods
+    (`components.train.cluster.podconfig`)."""
+    from components.train.cluster import job, podconfig
+    from components.train.cluster.run import default_api_client, run_job
 
     api_client = default_api_client() if step.training_backend == "auto" else None
-    backend = choose(step, config, api_client, log)
-    problems = uri_problems(config.data, config.output, config.model_dir)
+    chosen = choose(step, api_client, log)
+    problems = job.uri_problems(config.data, config.output, config.model_dir)
     if problems:
         raise ValueError(
             f"training_backend={step.training_backend!r} needs gs:// artifacts: set the pipeline "
@@ -144,16 +100,18 @@ def train_on_cluster(
     if not namespace:
         raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")
     check_model_before_launch(config.model)  # this pod runs the trainer's image, as the ranks do
-    params = cluster_params(config, step, pipeline_run_id, task_config)
-    if backend.training_backend == "trainjob":
-        from components.train.trainjob.lifecycle import run_trainjob
-
-        record = run_trainjob(params, namespace=namespace, api_client=api_client, log=log)
-    else:
-        from components.train.mpijob.lifecycle import run_mpijob
-
-        record = run_mpijob(params, namespace=namespace, api_client=api_client, log=log)
-    return record, backend
+    resources = getattr(task_config, "resources", None)
+    params = job.ClusterJobParams(
+        train=config,
+        step=podconfig.worker_resources(resources, step, config.gpus_per_worker),
+        run_name=f"train-{pipeline_run_id}" if pipeline_run_id else "train",
+        pipeline_run_id=pipeline_run_id,
+        owner_pod_name=os.environ.get("HOSTNAME") or None,
+        task_config=podconfig.from_task_config(task_config),
+    )
+    backend = job.backend(chosen.backend)
+    record = run_job(backend, params, namespace=namespace, api_client=api_client, log=log)
+    return record, chosen
 
 
 def run_train_task(
@@ -183,11 +141,11 @@ def run_train_task(
                 "to a cluster job's pods only)"
             )
         record = train_locally(config, dataset_path, model_path, log)
-        backend = Backend("local", "training_backend forces it")
+        backend = Choice("local", FORCED)
         # the artifacts' URIs, as the pipeline sees them (the ranks wrote to their local paths)
         record["model_uri"] = config.model_uri
         record["tensorboard_uri"] = config.tensorboard_uri
-    record["training_backend"] = backend.training_backend
+    record["training_backend"] = backend.backend
     record["training_backend_reason"] = backend.reason
     summary_path, report_path = outputs
     _write(summary_path, summary.to_json(record))

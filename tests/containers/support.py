@@ -13,8 +13,9 @@ import pytest
 
 from components.common import defaults, storage
 from components.train import checkpoints
-from components.train.cluster.params import ClusterJobParams
+from components.train.cluster.job import ClusterJobParams
 from components.train.config import TrainConfig
+from components.train.step import TrainStep
 
 _buckets = itertools.count()
 _TAGGED = re.compile(r"^\[1,(\d+)\]<(stdout|stderr)>:(.*)$")
@@ -86,10 +87,11 @@ def params(
         **{"data": data_uri, "output": f"gs://{new_bucket()}/{run}", "workers": 2, "epochs": 2,
            "batch_size_per_worker": 32, "model": "small", **train}
     )  # fmt: skip
-    return ClusterJobParams(
-        run_name=run, train=config, image=image, cpu_per_worker="1", memory_per_worker="2Gi",
+    step = TrainStep(
+        trainer_image=image, cpu_per_worker="1", memory_per_worker="2Gi",
         stall_shutdown_seconds=stall,
     )  # fmt: skip
+    return ClusterJobParams(run_name=run, train=config, step=step)
 
 
 def tagged_lines(log: str) -> list[tuple[int, str]]:

@@ -17,9 +17,9 @@ import pytest
 
 from components.common import storage
 from components.train import checkpoints
-from components.train.cluster.params import ClusterJobParams
+from components.train.cluster.job import ClusterJobParams
+from components.train.cluster.mpijob import build_manifest
 from components.train.cluster.pods import trainer_command
-from components.train.mpijob.manifest import build_manifest
 from components.train.mpiwatch import EXIT_SILENT_RANK
 from standins.mpijob_harness import LauncherResult, MPIJobRun
 from standins.outputs import half_written

@@ -18,8 +18,8 @@ import pytest
 
 from components.common import storage
 from components.train import checkpoints
-from components.train.cluster.params import ClusterJobParams
-from components.train.trainjob.manifest import build_manifests
+from components.train.cluster.job import ClusterJobParams
+from components.train.cluster.trainjob import build_manifests
 from standins.outputs import half_written
 from standins.pods import LauncherResult
 from standins.trainjob_harness import TrainJobRun

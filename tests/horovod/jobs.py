@@ -1,14 +1,14 @@
 """The conformance suite's jobs: one real 2-rank launch per launcher, started the way the
 project starts its own jobs (components/train/launch.py), each running every check once.
 
-- ``mpi``: ``mpirun -np 2 -H localhost:2`` with the project's options (`mpirun.mpirun_command`:
+- ``mpi``: ``mpirun -np 2 -H localhost:2`` with the project's options (`launch.mpirun_command`:
   waiting ranks yield, no binding, ob1), Open MPI's consent to run as root where this runs as
   root: a static job, as `make run`, the tests and the MPIJob launcher run it.
-- ``gloo``: ``horovodrun -np 2 -H localhost:2 --gloo`` through `components.train.hvdrun`: a
+- ``gloo``: ``horovodrun -np 2 -H localhost:2 --gloo`` through `components.train.launch`: a
   static job on Gloo (the benchmarks' ``gloo`` lever).
 - ``elastic``: elastic ``horovodrun --gloo`` with ``--min-np 2 --max-np 2`` and a host
   discovery script listing one name of this machine per slot (`launch.LocalHosts`), exactly as
-  `launch.job_command` starts an elastic job.
+  `launch.run_local` starts an elastic job.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from pathlib import Path
 from components.train.launch import (
     LocalHosts,
     elastic_launcher_args,
-    hvdrun_command,
+    horovodrun_command,
     job_environment,
-    kill_job,
     static_command,
 )
+from components.train.mpiwatch import kill_job
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 2
@@ -55,7 +55,7 @@ def launch_command(controller: str, program: list[str], hosts_dir: Path) -> list
     if controller == "elastic":
         hosts = LocalHosts(hosts_dir)
         hosts.offer(WORLD)
-        return hvdrun_command(WORLD, program, elastic_launcher_args(WORLD, WORLD, hosts))
+        return horovodrun_command(elastic_launcher_args(WORLD, WORLD, hosts), program)
     return static_command(WORLD, program, controller)
 
 

@@ -18,10 +18,12 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import yaml
+
+if TYPE_CHECKING:
+    import jsonschema
 
 
 class ManifestError(ValueError):
@@ -131,6 +133,8 @@ def manifest_problems(manifest: dict[str, Any], crd: Crd, crd_path: str | None =
         )
     if manifest.get("kind") != crd.kind:
         problems.append(f"kind: expected {crd.kind}, got {manifest.get('kind')!r}")
+    import jsonschema  # here: rendering's --help and the pure builders need none of it
+
     validator = jsonschema.Draft7Validator(load_schema(crd, crd_path))
     for error in sorted(validator.iter_errors(manifest), key=lambda e: list(e.absolute_path)):
         problems.append(f"{_path(error)}: {error.message}")

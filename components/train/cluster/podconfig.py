@@ -17,15 +17,19 @@ Nothing here talks to a cluster or reads the environment.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.train.heartbeat import HEARTBEAT_ENV
+from components.train.mpiwatch import HEARTBEAT_ENV
+from components.train.step import TrainStep
 
 GPU_RESOURCE = "nvidia.com/gpu"
-# What the job sets in its ranks' environment itself (Open MPI's OMPI_* too).
-JOB_ENV = ("PATH", "PYTHONUNBUFFERED", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", HEARTBEAT_ENV)
+# What the job sets in its ranks' environment itself (`cluster.pods.rank_env`; Open MPI's OMPI_*
+# too): unbuffered output, Horovod's stall bound, the heartbeat period.
+UNBUFFERED, STALL_BOUND = "PYTHONUNBUFFERED", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
+JOB_ENV = ("PATH", UNBUFFERED, STALL_BOUND, HEARTBEAT_ENV)
 
 
 @dataclass(frozen=True)
@@ -82,31 +86,31 @@ def _amount(resources: Mapping[str, Any], name: str) -> str | None:
     return None
 
 
-def worker_resources(
-    resources: Mapping[str, Any] | None,
-    step: Mapping[str, Any],
-    defaults: Mapping[str, Any],
-) -> tuple[dict[str, str], list[str]]:
-    """The worker pods' CPU and memory from the task config's `resources` and the step's
-    parameters `step` (``cpu_per_worker``, ``memory_per_worker``, ``gpus_per_worker``), with
-    their declared `defaults`: ``({parameter: value}, conflicts)``."""
-    chosen, problems = {}, []
+def worker_resources(resources: Mapping[str, Any] | None, step: TrainStep, gpus: int) -> TrainStep:
+    """`step` with its workers' CPU and memory from the task config's `resources` where its
+    parameters are at their defaults (a parameter set otherwise must agree, as must
+    `gpus`, the ``gpus_per_worker`` parameter); ValueError names each disagreement."""
+    chosen: dict[str, Any] = {}
+    problems: list[str] = []
     for name, parameter in (("cpu", "cpu_per_worker"), ("memory", "memory_per_worker")):
-        passed = _amount(resources or {}, name)
-        value = step[parameter]
+        passed, value = _amount(resources or {}, name), getattr(step, parameter)
         if passed is None or passed == str(value):
             continue
-        if value != defaults[parameter]:
+        if value != TrainStep.__dataclass_fields__[parameter].default:
             problems.append(
                 f"{name}: the {parameter} parameter says {value!r}, the train task's config "
                 f"says {passed!r}"
             )
         else:
             chosen[parameter] = passed
-    gpus = _amount(resources or {}, GPU_RESOURCE)
-    if gpus not in (None, "0") and gpus != str(step["gpus_per_worker"]):
+    passed_gpus = _amount(resources or {}, GPU_RESOURCE)
+    if passed_gpus not in (None, "0") and passed_gpus != str(gpus):
         problems.append(
-            f"{GPU_RESOURCE}: the gpus_per_worker parameter says {step['gpus_per_worker']!r}, "
-            f"the train task's config says {gpus!r}"
+            f"{GPU_RESOURCE}: the gpus_per_worker parameter says {gpus!r}, the train task's "
+            f"config says {passed_gpus!r}"
         )
-    return chosen, problems
+    if problems:
+        raise ValueError(
+            "the train task's config and the pipeline's parameters disagree: " + "; ".join(problems)
+        )
+    return dataclasses.replace(step, **chosen)

@@ -13,16 +13,15 @@ cluster or reads the environment.
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from components.common import defaults
 from components.common.placement import merge_tolerations, parse_node_selector, parse_tolerations
-from components.train import mpirun
-from components.train.cluster.params import ClusterJobParams
-from components.train.cluster.podconfig import GPU_RESOURCE
+from components.train import launch
+from components.train.cluster.job import ClusterJobParams
+from components.train.cluster.podconfig import GPU_RESOURCE, STALL_BOUND, UNBUFFERED
 from components.train.config import to_argv
-from components.train.heartbeat import HEARTBEAT_ENV, period_for
+from components.train.mpiwatch import HEARTBEAT_ENV, period_for
 
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 # Where mpi-operator v2beta1 keeps the launcher's host discovery script: it lists the worker
@@ -46,13 +45,14 @@ def watched_command(p: ClusterJobParams) -> list[str]:
     ``stall_shutdown_seconds`` (frozen, or its node or network down) ends the job, named."""
     return [
         "python", "-m", "components.train.mpiwatch",
-        "--ranks", str(p.train.world_size), "--silence-seconds", str(p.stall_shutdown_seconds),
+        "--ranks", str(p.train.world_size),
+        "--silence-seconds", str(p.step.stall_shutdown_seconds),
         "--", *mpirun_command(p),
     ]  # fmt: skip
 
 
 def elastic_command(p: ClusterJobParams) -> list[str]:
-    """Elastic ``horovodrun`` (run by `components.train.hvdrun`) over ssh to the workers.
+    """Elastic ``horovodrun`` (run by `components.train.launch`) over ssh to the workers.
 
     It starts once ``--min-np`` slots are up, finds the workers with the operator's
     `DISCOVER_HOSTS` (``--slots``: the script gives no slot counts), keeps going while at
@@ -62,7 +62,7 @@ def elastic_command(p: ClusterJobParams) -> list[str]:
     """
     t = p.train
     return [
-        "python", "-m", "components.train.hvdrun",
+        "python", "-m", "components.train.launch",
         "-np", str(t.world_size), "--min-np", str(t.min_world_size),
         "--max-np", str(t.world_size), "--slots", str(t.slots_per_worker),
         "--host-discovery-script", DISCOVER_HOSTS, "--gloo",
@@ -70,24 +70,26 @@ def elastic_command(p: ClusterJobParams) -> list[str]:
     ]  # fmt: skip
 
 
+def rank_env(p: ClusterJobParams) -> dict[str, str]:
+    """What the job sets in its launcher's and ranks' environment (the task config may not set
+    these: `components.train.cluster.podconfig.JOB_ENV`): unbuffered output, so that the
+    launcher's log streams, and Horovod's stall bound."""
+    return {UNBUFFERED: "1", STALL_BOUND: str(p.step.stall_shutdown_seconds)}
+
+
 def launcher_env(p: ClusterJobParams) -> list[dict[str, str]]:
-    """The launcher container's environment: what ``mpirun -x`` forwards in a static job, set
-    on the launcher of an elastic one (horovodrun passes its environment to the ranks)."""
-    if not p.train.elastic:
-        return []
-    return [
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-        {"name": "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "value": str(p.stall_shutdown_seconds)},
-    ]
+    """The launcher container's environment, on both backends: `rank_env`, which a static
+    job's ``mpirun -x`` forwards and an elastic job's horovodrun passes on to the ranks."""
+    return [{"name": name, "value": value} for name, value in rank_env(p).items()]
 
 
 def mpirun_command(p: ClusterJobParams) -> list[str]:
-    """The static job's ``mpirun`` (`components.train.mpirun`: the local launcher's command
+    """The static job's ``mpirun`` (`components.train.launch`: the local launcher's command
     line, waiting ranks yielding their core) over the hostfile the operator gives the launcher.
 
     The environment of the launcher's processes is forwarded with ``-x`` (ssh sessions on the
     workers do not inherit the worker container's environment), with the heartbeat period
-    that `watched_command`'s watch needs (`components.train.heartbeat`). No ``btl`` selection: the
+    that `watched_command`'s watch needs (`components.train.mpiwatch`). No ``btl`` selection: the
     image's Open MPI (Debian 4.1.4) already sets ``btl = ^uct,openib,ofi`` in
     ``/etc/openmpi/openmpi-mca-params.conf``, and a command-line list would replace that one
     (``-mca btl ^openib``, used before, re-enabled uct and ofi; a first run in containers
@@ -95,19 +97,13 @@ def mpirun_command(p: ClusterJobParams) -> list[str]:
     """
     forward = [
         "PATH",
-        "PYTHONUNBUFFERED=1",
-        f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={p.stall_shutdown_seconds}",
-        f"{HEARTBEAT_ENV}={period_for(p.stall_shutdown_seconds):g}",
+        *(f"{name}={value}" for name, value in rank_env(p).items()),
+        f"{HEARTBEAT_ENV}={period_for(p.step.stall_shutdown_seconds):g}",
         *(str(e["name"]) for e in p.task_config.env),  # the task config's, set on the launcher
     ]
-    return mpirun.mpirun_command(
+    return launch.mpirun_command(
         p.train.world_size, trainer_command(p), forward=forward, workdir=defaults.TRAINER_WORKDIR
     )
-
-
-def command_line(p: ClusterJobParams) -> str:
-    """The launcher command as one shell-quoted line (for logs and docs)."""
-    return shlex.join(launcher_command(p))
 
 
 def resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
@@ -120,7 +116,7 @@ def resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
 
 def worker_resources(p: ClusterJobParams) -> dict[str, Any]:
     """A worker pod's (a TrainJob node's) resources."""
-    return resources(p.cpu_per_worker, p.memory_per_worker, p.train.gpus_per_worker)
+    return resources(p.step.cpu_per_worker, p.step.memory_per_worker, p.train.gpus_per_worker)
 
 
 def security_context() -> dict[str, Any]:
@@ -139,10 +135,10 @@ def placement(p: ClusterJobParams, gpus: bool) -> dict[str, Any]:
     tolerations of both (and, for a pod that asks for GPUs, the usual GPU taint's), each once,
     and the task config's affinity."""
     spec: dict[str, Any] = {}
-    selector = {**parse_node_selector(p.node_selector), **p.task_config.node_selector}
+    selector = {**parse_node_selector(p.step.node_selector), **p.task_config.node_selector}
     if selector:
         spec["nodeSelector"] = selector
-    own, gpu = parse_tolerations(p.tolerations), [GPU_TOLERATION] if gpus else []
+    own, gpu = parse_tolerations(p.step.tolerations), [GPU_TOLERATION] if gpus else []
     tolerations = merge_tolerations(own, p.task_config.tolerations, gpu)
     if tolerations:
         spec["tolerations"] = tolerations
@@ -169,12 +165,12 @@ def pod_spec(p: ClusterJobParams, container: dict[str, Any], gpus: bool) -> dict
         "containers": [_with_task_config(p, container)],
         "securityContext": {"fsGroup": defaults.MPI_USER_UID},
     }
-    if p.service_account:
-        spec["serviceAccountName"] = p.service_account
-    if p.priority_class:
-        spec["priorityClassName"] = p.priority_class
-    if p.scheduler_name:
-        spec["schedulerName"] = p.scheduler_name
+    if p.step.trainer_service_account:
+        spec["serviceAccountName"] = p.step.trainer_service_account
+    if p.step.priority_class:
+        spec["priorityClassName"] = p.step.priority_class
+    if p.step.scheduler_name:
+        spec["schedulerName"] = p.step.scheduler_name
     spec.update(placement(p, gpus))
     if p.task_config.volumes:
         spec["volumes"] = list(p.task_config.volumes)

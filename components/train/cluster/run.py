@@ -1,11 +1,25 @@
-"""One cluster job from start to checked end: `run_job`, which both backends' entry points
-(`run_mpijob`, `run_trainjob`) call with their `Backend` and manifest, and `check_run`."""
+"""Run one cluster job through the official ``kubernetes`` client, the same steps for every
+backend (`cluster.job.Backend`): `run_job`.
+
+1. check that the cluster serves the backend's APIs (else say which operator to install);
+   ``training_backend=auto`` picks the backend from the same discovery (`job.choose_backend`);
+2. make the objects the job shares with other runs unless they are there (the TrainingRuntime);
+3. create the job, or reattach to the one an earlier attempt of the same task created
+   (a job that already *failed* is replaced, so a KFP retry really retries);
+4. poll the job's conditions and copy the launcher pod's new log lines into the component's log;
+5. on Failed (eviction and the operator's deadline included), or when the client-side deadline
+   backstop passes, raise `JobFailed` with the reason and the launcher log's last lines;
+6. on SIGTERM (the KFP task is cancelled), delete the job with foreground propagation, wait
+   for its pods to go, and raise `JobCancelled`;
+7. on success, check the run summary and the model at their URIs and the world size.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,24 +28,199 @@ from kubernetes.client.exceptions import ApiException
 
 from components.common import storage
 from components.train import summary
-from components.train.cluster.discovery import check_api
-from components.train.cluster.lifecycle import (
-    DEADLINE_GRACE_S,
+from components.train.cluster.crd import Crd
+from components.train.cluster.job import (
+    ANNOTATION_RUN_ID,
+    ANNOTATION_RUN_NAME,
+    SPEC_ANNOTATION,
     Backend,
+    ClusterJobParams,
     JobCancelled,
-    Log,
+    JobError,
+    JobFailed,
     RunCheckError,
-    create_or_reattach,
-    default_api_client,
-    delete_job,
-    follow,
+    owner_reference,
+    serves,
+    validated,
 )
-from components.train.cluster.params import ClusterJobParams, owner_reference
+from components.train.cluster.launcher_log import LauncherLog, pods_of
 from components.train.summary import RunSummary
+
+Log = Callable[[str], None]
+DEADLINE_GRACE_S = 300.0
 
 
 class _Terminated(BaseException):
     """Raised from the SIGTERM handler; a BaseException so no `except Exception` swallows it."""
+
+
+def default_api_client() -> client.ApiClient:
+    """An API client from the in-cluster service account, else from ``~/.kube/config``."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def get_object(
+    api: client.CustomObjectsApi, crd: Crd, namespace: str, name: str
+) -> dict[str, Any] | None:
+    """The object `name` of `crd`'s kind, or None if there is none."""
+    try:
+        return dict(
+            api.get_namespaced_custom_object(crd.group, crd.version, namespace, crd.plural, name)
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _check_same_run(what: str, existing: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """Refuse to adopt a job of the same name that belongs to another run."""
+    want = manifest["metadata"]["annotations"]
+    have = existing.get("metadata", {}).get("annotations") or {}
+    for key in (ANNOTATION_RUN_ID, ANNOTATION_RUN_NAME):
+        if have.get(key) != want.get(key):
+            raise JobError(
+                f"{what} exists but belongs to another run ({key}={have.get(key)!r}, expected "
+                f"{want.get(key)!r}); refusing to reattach"
+            )
+
+
+def create_or_reattach(
+    api: client.CustomObjectsApi,
+    backend: Backend,
+    manifest: dict[str, Any],
+    *,
+    log: Log = print,
+    cleanup_timeout_s: float = 60.0,
+) -> tuple[dict[str, Any], bool]:
+    """Create the job, or return the existing one of the same run; ``(job, reattached)``.
+
+    An existing job that already failed is deleted and created anew, so a retried task retries.
+    """
+    crd, namespace = backend.crd, manifest["metadata"]["namespace"]
+    name = manifest["metadata"]["name"]
+    what = backend.what(namespace, name)
+    for _ in range(2):
+        try:
+            job = api.create_namespaced_custom_object(
+                crd.group, crd.version, namespace, crd.plural, manifest
+            )
+            log(f"created {what}")
+            return dict(job), False
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        existing = get_object(api, crd, namespace, name)
+        if existing is None:
+            continue  # deleted between our create and get: create again
+        _check_same_run(what, existing, manifest)
+        state = backend.state(existing)
+        if state.phase != "Failed":
+            log(f"reattached to {what} ({state.phase}) from an earlier attempt")
+            return existing, True
+        log(f"{what} from an earlier attempt failed ({state.reason}); replacing it")
+        delete_job(
+            api, None, backend, namespace, name,
+            log=log, timeout_s=cleanup_timeout_s, poll_interval_s=0.5,
+        )  # fmt: skip
+    raise JobError(f"could not create {what}: it keeps reappearing")
+
+
+def follow(
+    api: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    backend: Backend,
+    namespace: str,
+    name: str,
+    *,
+    deadline_s: float | None,
+    poll_interval_s: float = 5.0,
+    log: Log = print,
+) -> dict[str, Any]:
+    """Poll the job until it succeeds (return it) or fails (raise `JobFailed`).
+
+    `deadline_s` is a client-side backstop on top of the job's own activeDeadlineSeconds:
+    if it passes with the job still unfinished, the job is deleted and the task fails.
+    """
+    launcher = LauncherLog(core, backend, namespace, name, log)
+    what = backend.what(namespace, name)
+    start = time.monotonic()
+    last_phase = ""
+    while True:
+        job = get_object(api, backend.crd, namespace, name)
+        launcher.poll()
+        if job is None:
+            raise JobFailed(
+                what, "Deleted", "the job was deleted while running", list(launcher.tail)
+            )
+        state = backend.state(job)
+        if state.phase != last_phase:
+            said = ": ".join(part for part in (state.reason, state.message) if part)
+            detail = f" ({said})" if said else ""
+            log(f"{what}: {state.phase}{detail}")
+            last_phase = state.phase
+        if state.phase == "Succeeded":
+            return job
+        if state.phase == "Failed":
+            reason = state.reason or "Failed"
+            if launcher.pod_reason == "Evicted" and "Evict" not in reason:
+                reason = f"{reason} (launcher pod Evicted)"
+            raise JobFailed(what, reason, state.message, list(launcher.tail))
+        if deadline_s is not None and time.monotonic() - start > deadline_s:
+            delete_job(api, core, backend, namespace, name, log=log)
+            raise JobFailed(
+                what, "DeadlineExceeded",
+                f"still {state.phase} after {deadline_s:.0f}s; the job was deleted",
+                list(launcher.tail),
+            )  # fmt: skip
+        time.sleep(poll_interval_s)
+
+
+def delete_job(
+    api: client.CustomObjectsApi,
+    core: client.CoreV1Api | None,
+    backend: Backend,
+    namespace: str,
+    name: str,
+    *,
+    log: Log = print,
+    timeout_s: float = 60.0,
+    poll_interval_s: float = 1.0,
+) -> list[str]:
+    """Delete the job (foreground: its pods go first) and wait for it and its pods to go.
+
+    Returns the names of pods still present after `timeout_s` (empty when clean); with
+    `core` None only the job itself is waited for.
+    """
+    crd, what = backend.crd, backend.what(namespace, name)
+    try:
+        api.delete_namespaced_custom_object(
+            crd.group, crd.version, namespace, crd.plural, name,
+            body=client.V1DeleteOptions(propagation_policy="Foreground"),
+        )  # fmt: skip
+        log(f"deleted {what} (foreground propagation)")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    end = time.monotonic() + timeout_s
+    while True:
+        job_gone = get_object(api, crd, namespace, name) is None
+        remaining = (
+            [p.metadata.name for p in pods_of(core, backend, namespace, name)] if core else []
+        )
+        if job_gone and not remaining:
+            return []
+        if time.monotonic() >= end:
+            left = f"the {crd.kind}" if not job_gone else f"pods {', '.join(sorted(remaining))}"
+            log(f"WARNING: {left} of {namespace}/{name} still present after {timeout_s:.0f}s")
+            return sorted(remaining)
+        time.sleep(poll_interval_s)
 
 
 def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSummary:
@@ -104,48 +293,83 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def ensure_shared(
+    api: client.CustomObjectsApi, crd: Crd, manifest: dict[str, Any], log: Log
+) -> None:
+    """Create the shared object `manifest` (the TrainingRuntime) unless it is there already: its
+    name is the hash of its spec, so one that is there is the same, unless someone changed it,
+    which is refused."""
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    what = f"{crd.kind} {namespace}/{name}"
+    existing = get_object(api, crd, namespace, name)
+    if existing is None:
+        try:
+            api.create_namespaced_custom_object(
+                crd.group, crd.version, namespace, crd.plural, manifest
+            )
+            log(f"created {what}")
+            return
+        except ApiException as exc:
+            if exc.status != 409:  # 409: another run made it just now
+                raise
+        existing = get_object(api, crd, namespace, name) or manifest
+    want = manifest["metadata"]["annotations"][SPEC_ANNOTATION]
+    have = (existing.get("metadata", {}).get("annotations") or {}).get(SPEC_ANNOTATION)
+    if have != want:
+        raise JobError(
+            f"{what} exists but was not made from this spec ({SPEC_ANNOTATION}={have!r}, "
+            f"expected {want!r}); delete it or leave the name to kfp-horovod"
+        )
+    log(f"using {what}")
+
+
 def run_job(
-    backend: Backend,
+    b: Backend,
     params: ClusterJobParams,
-    manifest: dict[str, Any],
     *,
+    namespace: str,
     api_client: client.ApiClient | None = None,
-    prepare: Callable[[client.ApiClient], None] | None = None,
     poll_interval_s: float = 5.0,
     log: Log = print,
+    crd_dir: str | None = None,
     cleanup_timeout_s: float = 60.0,
     deadline_grace_s: float = DEADLINE_GRACE_S,
 ) -> RunSummary:
-    """Run the validated job `manifest` (with its namespace) and return its checked summary.
+    """Run the trainer as backend `b`'s job in `namespace`; return its checked run summary.
 
-    The cluster must serve the job's API; `prepare` then runs (the TrainJob's runtime is made
-    there), and the job is created or reattached to, followed, and its outputs checked.
-    Raises `JobFailed` if the job fails, `JobCancelled` on SIGTERM (after deleting the job),
-    and `RunCheckError` if it succeeded without the expected outputs.
+    ValueError (what `b` cannot do) and `ManifestError` (a manifest its CRD refuses, checked
+    against the files of `crd_dir` if given) come before any request; then `JobError` if the
+    cluster does not serve `b`'s APIs, `JobFailed` if the job fails, `JobCancelled` on SIGTERM
+    (after deleting the job), and `RunCheckError` if it succeeded without the expected outputs.
     """
-    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    what = backend.what(namespace, name)
+    if not namespace:
+        raise ValueError("namespace is empty")
+    *shared, manifest = validated(b, params, namespace, crd_dir)
+    name, what = manifest["metadata"]["name"], b.what(namespace, manifest["metadata"]["name"])
     api_client = api_client or default_api_client()
     custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
-    check_api(custom, backend.crd, backend.install)
+    for crd in (b.crd, *b.shared):
+        if not serves(custom, crd):
+            raise JobError(
+                f"this cluster does not serve {crd.kind} ({crd.plural}.{crd.api_version}): "
+                f"{b.install}"
+            )
     with _sigterm_raises():
         try:
-            if prepare is not None:
-                prepare(api_client)
+            for crd, obj in zip(b.shared, shared, strict=True):
+                ensure_shared(custom, crd, obj, log)
             add_owner(core, params, manifest, log)
-            create_or_reattach(
-                custom, backend, manifest, log=log, cleanup_timeout_s=cleanup_timeout_s
-            )
+            create_or_reattach(custom, b, manifest, log=log, cleanup_timeout_s=cleanup_timeout_s)
             follow(
-                custom, core, backend, namespace, name,
-                deadline_s=params.active_deadline_seconds + deadline_grace_s,
+                custom, core, b, namespace, name,
+                deadline_s=params.step.active_deadline_seconds + deadline_grace_s,
                 poll_interval_s=poll_interval_s, log=log,
             )  # fmt: skip
         except (_Terminated, KeyboardInterrupt) as exc:
             log(f"task cancelled: deleting {what}")
             left = delete_job(
-                custom, core, backend, namespace, name, log=log, timeout_s=cleanup_timeout_s
+                custom, core, b, namespace, name, log=log, timeout_s=cleanup_timeout_s
             )
             suffix = f"; pods still present: {', '.join(left)}" if left else ""
             raise JobCancelled(f"cancelled; {what} deleted{suffix}") from exc
-    return check_run(params, backend.crd.kind, log)
+    return check_run(params, b.crd.kind, log)

@@ -1,29 +1,68 @@
-"""What the cluster backends' lifecycle tests share: a 2 x 2 run's parameters and the outputs
-its rank 0 would leave behind (`standins.kmock_jobs.write_rank0_outputs`)."""
+"""What the cluster backends' tests share: a run's parameters (by field name, whichever part
+declares it), both backends to parametrize over, the run against kmock's API, and the outputs
+rank 0 would leave behind (`standins.kmock_jobs.write_rank0_outputs`)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
-from components.train.cluster.params import ClusterJobParams
+import pytest
+
+from components.train.cluster.crd import Crd
+from components.train.cluster.job import Backend, ClusterJobParams, backend, job_name
+from components.train.cluster.run import run_job
 from components.train.config import TrainConfig
-from standins.kmock_jobs import write_rank0_outputs
+from components.train.step import TrainStep
+from components.train.summary import RunSummary
+from standins.kmock_cluster import NS, Cluster, Operator
+from standins.kmock_jobs import MPIJOB_KIND, TRAINJOB_KIND, Kind, write_rank0_outputs
 
-POLL = 0.05  # seconds between the lifecycle's polls
+POLL = 0.05  # seconds between the run's polls
+KINDS = {"mpijob": MPIJOB_KIND, "trainjob": TRAINJOB_KIND}
+BOTH = pytest.mark.parametrize("name", list(KINDS))
+NAME = job_name("nightly", "run-123")  # make_params' job
 
 
-def make_params(bucket: str, **overrides: Any) -> ClusterJobParams:
-    """A 2 x 2 run; `overrides` may name TrainConfig or ClusterJobParams fields."""
-    train: dict[str, Any] = {
-        "data": f"{bucket}/data", "output": f"{bucket}/runs/nightly", "workers": 2,
-        "slots_per_worker": 2,
+def make_params(bucket: str = "gs://bkt", **overrides: Any) -> ClusterJobParams:
+    """A 2 x 2 run ``nightly``; `overrides` may name fields of TrainConfig, TrainStep or
+    ClusterJobParams."""
+    parts: dict[str, dict[str, Any]] = {
+        "train": {"data": f"{bucket}/data", "output": f"{bucket}/runs/nightly", "workers": 2,
+                  "slots_per_worker": 2},
+        "step": {}, "run": {"run_name": "nightly", "pipeline_run_id": "run-123"},
     }  # fmt: skip
-    pods: dict[str, Any] = {"run_name": "nightly", "pipeline_run_id": "run-123"}
     for name, value in overrides.items():
-        (train if name in TrainConfig.__dataclass_fields__ else pods)[name] = value
-    return ClusterJobParams(train=TrainConfig(**train), **pods)
+        part = "train" if name in TrainConfig.__dataclass_fields__ else "run"
+        parts["step" if name in TrainStep.__dataclass_fields__ else part][name] = value
+    return ClusterJobParams(
+        train=TrainConfig(**parts["train"]), step=TrainStep(**parts["step"]), **parts["run"]
+    )
+
+
+def pair(name: str) -> tuple[Backend, Kind]:
+    """Backend `name` and the stand-in of its operator."""
+    return backend(name), KINDS[name]
 
 
 def write_outputs(p: ClusterJobParams, world_size: int | None = None) -> None:
     """What rank 0 of the trainer leaves behind on success (of `world_size` ranks)."""
     write_rank0_outputs(p.train, world_size)
+
+
+def run(cluster: Cluster, b: Backend, p: Any, log: Callable[[str], None], **kw: Any) -> RunSummary:
+    """`run_job` of `p` on backend `b` against `cluster`, polling fast."""
+    return run_job(b, p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=log, **kw)
+
+
+def posts(cluster: Cluster, crd: Crd) -> int:
+    return len(cluster.requests("POST", f"/{crd.plural}"))
+
+
+def complete(op: Operator, name: str, pod_name: str, *lines: str) -> None:
+    """The launcher prints `lines`, rank 0 writes its outputs, the job succeeds."""
+    op.say(pod_name, *lines)
+    time.sleep(0.2)
+    op.write_outputs(name)
+    op.finish(name, 0)

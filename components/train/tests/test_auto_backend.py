@@ -20,12 +20,12 @@ import yaml
 from kubernetes.config import kube_config
 
 from components.train.cluster.crd import Crd
-from components.train.cluster.lifecycle import JobError
+from components.train.cluster.job import JobError
+from components.train.cluster.mpijob import MPIJOB
+from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig
-from components.train.mpijob.validate import MPIJOB
 from components.train.step import TrainStep
 from components.train.task import run_train_task
-from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
 from standins.kmock_cluster import MPIJOB_KIND, NS, TRAINJOB_KIND, Cluster, Kind, Operator
 
 pytestmark = pytest.mark.timeout(120)
@@ -115,25 +115,29 @@ def test_auto_runs_on_the_operator_the_cluster_serves_and_says_why_first(
 
 
 @pytest.mark.parametrize(
-    ("served", "train", "message"),
+    ("served", "train", "error", "message", "said"),
     [
-        ((), {}, "training_backend=auto: this cluster serves neither MPIJob kubeflow.org/v2beta1 "
-         "nor TrainJob trainer.kubeflow.org/v1alpha1: install mpi-operator v0.8.2 (it also runs "
-         "elastic jobs) or Kubeflow Trainer v2.3 (docs/cluster.md); nothing was created"),
-        (TRAINER_ONLY, {"min_workers": 1}, "min_workers=1: training_backend=auto found only "
-         "TrainJob trainer.kubeflow.org/v1alpha1 (Kubeflow Trainer) on this cluster, and elastic "
-         "training needs mpi-operator's discover_hosts.sh, which Trainer does not provide: "
-         "install mpi-operator v0.8.2, or set min_workers 0; nothing was created"),
+        ((), {}, JobError, "training_backend=auto: this cluster serves neither MPIJob "
+         "kubeflow.org/v2beta1 nor TrainJob trainer.kubeflow.org/v1alpha1: install mpi-operator "
+         "v0.8.2 (it also runs elastic jobs) or Kubeflow Trainer v2.3 (docs/cluster.md); nothing "
+         "was created", []),
+        # the TrainJob refuses an elastic job itself, as training_backend=trainjob would
+        (TRAINER_ONLY, {"min_workers": 1}, ValueError, "invalid TrainJob parameters: "
+         "min_workers=1: elastic training needs mpi-operator's discover_hosts.sh, which Kubeflow "
+         "Trainer v2 does not provide; use training_backend 'mpijob' (or min_workers 0) instead "
+         "of 'trainjob'", ["training_backend=auto chose trainjob: this cluster serves TrainJob "
+         "trainer.kubeflow.org/v1alpha1 and not MPIJob kubeflow.org/v2beta1"]),
     ],
     indirect=["served"], ids=["neither-served", "elastic-on-trainer-only"],
 )  # fmt: skip
 def test_auto_refuses_before_creating_anything(
-    served: Cluster, train: dict[str, Any], message: str, gcs_uri: str, tmp_path: Path
-) -> None:
+    served: Cluster, train: dict[str, Any], error: type[Exception], message: str,
+    said: list[str], gcs_uri: str, tmp_path: Path,
+) -> None:  # fmt: skip
     lines: list[str] = []
-    with pytest.raises(JobError) as info:
+    with pytest.raises(error) as info:
         run_auto(gcs_uri, tmp_path, lines, **train)
     assert str(info.value) == message
     assert served.requests("POST", "/apis/") == []  # no job, no runtime: nothing created
     assert served.requests("GET", "/apis/kubeflow.org/v2beta1")  # it asked discovery
-    assert not (tmp_path / "s").exists() and lines == []
+    assert not (tmp_path / "s").exists() and lines == said

@@ -12,8 +12,8 @@ import yaml
 
 from components.train.cluster import crd as crds
 from components.train.cluster.crd import Crd
-from components.train.mpijob.validate import MPIJOB
-from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
+from components.train.cluster.mpijob import MPIJOB
+from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 
 ALL = [MPIJOB, TRAINJOB, TRAINING_RUNTIME]
 

@@ -13,17 +13,14 @@ import json
 from typing import Any
 
 import pytest
-import yaml
-from click.testing import CliRunner
 
-from components.train.cluster.params import ClusterJobParams
+from components.train.cluster.job import ClusterJobParams, backend, check_manifests
+from components.train.cluster.mpijob import build_manifest
 from components.train.cluster.podconfig import PodConfig
-from components.train.config import TrainConfig
-from components.train.mpijob.manifest import build_manifest
-from components.train.mpijob.validate import validate_manifest
-from components.train.trainjob.manifest import build_manifests, validate_manifests
-from pipeline.cli import cli
-from standins.kmock_cluster import MPIJOB_KIND, NS, TRAINJOB_KIND, Cluster, Operator
+from components.train.cluster.trainjob import build_manifests
+from components.train.step import TrainStep
+from components.train.tests.cluster_jobs import make_params, pair
+from standins.kmock_cluster import NS, Cluster, Operator
 
 SELECTOR = {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true"}
 TEAM = {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
@@ -31,9 +28,19 @@ GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def params(gpus: int = 1, **overrides: Any) -> ClusterJobParams:
-    train = TrainConfig(data="gs://b/data", output="gs://b/out", workers=3, gpus_per_worker=gpus)
     placed = {"node_selector": json.dumps(SELECTOR), "tolerations": json.dumps([TEAM, GPU])}
-    return ClusterJobParams(train=train, run_name="placed", **(placed | overrides))
+    return make_params(
+        "gs://b", workers=3, slots_per_worker=1, gpus_per_worker=gpus, run_name="placed",
+        **(placed | overrides),
+    )  # fmt: skip
+
+
+def validate_manifest(manifest: dict[str, Any]) -> None:
+    check_manifests(backend("mpijob"), [manifest])
+
+
+def validate_manifests(*manifests: dict[str, Any]) -> None:
+    check_manifests(backend("trainjob"), list(manifests))
 
 
 def mpijob_pods(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -108,65 +115,41 @@ def test_a_label_both_set_differently_is_refused_naming_both() -> None:
         params(task_config=PodConfig(env=[{"name": "PYTHONUNBUFFERED", "value": "0"}]))
 
 
-@pytest.mark.parametrize("command", ["render-mpijob", "render-trainjob"])
-def test_the_render_commands_place_the_pods_and_refuse_a_bad_key_by_name(command: str) -> None:
-    selector, tolerations = json.dumps(SELECTOR), json.dumps([TEAM])
-    result = CliRunner().invoke(
-        cli, [command, "--node-selector", selector, "--tolerations", tolerations]
-    )
-    assert result.exit_code == 0, result.output
-    docs = list(yaml.safe_load_all(result.output))
-    pods = mpijob_pods(docs[0]) if command == "render-mpijob" else trainjob_pods(docs[0])
-    assert all(s["nodeSelector"] == SELECTOR and s["tolerations"] == [TEAM] for s in pods.values())
-    bad = CliRunner().invoke(cli, [command, "--node-selector", '{"bad key": "x"}'])
-    assert bad.exit_code == 2
-    assert "node_selector: label key 'bad key'" in bad.output
-
-
-@pytest.mark.parametrize("kind", [MPIJOB_KIND, TRAINJOB_KIND], ids=["MPIJob", "TrainJob"])
-def test_the_operators_pods_carry_the_placement(kind: Any) -> None:
-    p = params()
+@pytest.mark.parametrize(("name", "count"), [("mpijob", 4), ("trainjob", 3)])
+def test_the_operators_pods_carry_the_placement(name: str, count: int) -> None:
+    b, kind = pair(name)
     with Cluster() as cluster:
-        crd = kind.crd
-        manifests = [build_manifest(p, NS)] if kind is MPIJOB_KIND else list(build_manifests(p, NS))
-        for manifest in manifests:
-            group, version = manifest["apiVersion"].split("/")
-            plural = "trainingruntimes" if manifest["kind"] == "TrainingRuntime" else crd.plural
-            cluster.custom.create_namespaced_custom_object(group, version, NS, plural, manifest)
+        for crd, manifest in zip((*b.shared, b.crd), b.build(params(), NS), strict=True):
+            cluster.custom.create_namespaced_custom_object(
+                crd.group, crd.version, NS, crd.plural, manifest
+            )
         op = Operator(cluster, kind)
         op.launcher(op.wait_for_job())
         pods = [p for p in cluster.core.list_namespaced_pod(NS).items
                 if p.metadata.name != "unrelated"]  # fmt: skip
     # an MPIJob: a launcher and 3 workers; a TrainJob: the launcher (node 0) and 2 nodes
-    assert len(pods) == (4 if kind is MPIJOB_KIND else 3)
+    assert len(pods) == count
     for pod in pods:
         assert pod.spec.node_selector == SELECTOR, pod.metadata.name
         tolerations = [t.to_dict() for t in pod.spec.tolerations]
         assert [{k: v for k, v in t.items() if v is not None} for t in tolerations] == [TEAM, GPU]
 
 
-DEFAULTS = {"cpu_per_worker": "2", "memory_per_worker": "4Gi"}
-
-
 def test_the_task_configs_resources_size_the_workers_unless_a_parameter_says_otherwise() -> None:
     from components.train.cluster.podconfig import worker_resources
 
-    step = {**DEFAULTS, "gpus_per_worker": 1}
+    step = TrainStep()
     limits = {"limits": {"cpu": "8", "memory": "30Gi", "nvidia.com/gpu": "1"}}
-    assert worker_resources(limits, step, DEFAULTS) == (
-        {"cpu_per_worker": "8", "memory_per_worker": "30Gi"}, [],
-    )  # fmt: skip  # parameters left at their defaults give way
-    assert worker_resources({"requests": {"cpu": "500m"}}, step, DEFAULTS)[0] == {
-        "cpu_per_worker": "500m"
-    }
-    assert (
-        worker_resources({"limits": {"cpu": "8"}}, {**step, "cpu_per_worker": "8"}, DEFAULTS)[1]
-        == []
-    )  # they agree
-    assert worker_resources({"limits": {"nvidia.com/gpu": "0"}}, step, DEFAULTS) == ({}, [])
-    _, problems = worker_resources(limits, {**step, "cpu_per_worker": "4", "gpus_per_worker": 2},
-                                   DEFAULTS)  # fmt: skip
-    assert problems == [
-        "cpu: the cpu_per_worker parameter says '4', the train task's config says '8'",
-        "nvidia.com/gpu: the gpus_per_worker parameter says 2, the train task's config says '1'",
-    ]
+    sized = worker_resources(limits, step, 1)  # parameters left at their defaults give way
+    assert (sized.cpu_per_worker, sized.memory_per_worker) == ("8", "30Gi")
+    assert worker_resources({"requests": {"cpu": "500m"}}, step, 1).cpu_per_worker == "500m"
+    eight = TrainStep(cpu_per_worker="8")
+    assert worker_resources({"limits": {"cpu": "8"}}, eight, 1) == eight  # they agree
+    assert worker_resources({"limits": {"nvidia.com/gpu": "0"}}, step, 1) == step
+    with pytest.raises(ValueError) as info:
+        worker_resources(limits, TrainStep(cpu_per_worker="4"), 2)
+    assert str(info.value) == (
+        "the train task's config and the pipeline's parameters disagree: cpu: the "
+        "cpu_per_worker parameter says '4', the train task's config says '8'; nvidia.com/gpu: "
+        "the gpus_per_worker parameter says 2, the train task's config says '1'"
+    )

@@ -94,17 +94,13 @@ def test_each_backend_sends_only_requests_the_role_grants(backend: str, gcs_uri:
     which the operator makes on a real cluster, are told apart by their user agent)."""
     from kubernetes import client
 
-    from components.train.mpijob.lifecycle import run_mpijob
-    from components.train.mpijob.manifest import build_manifest
-    from components.train.tests.cluster_jobs import POLL, make_params
-    from components.train.trainjob.lifecycle import run_trainjob
-    from components.train.trainjob.manifest import build_manifests
+    from components.train.cluster.run import run_job
+    from components.train.tests.cluster_jobs import POLL, make_params, pair
     from standins.kmock_cluster import NS, Cluster, Operator, pod
-    from standins.kmock_jobs import MPIJOB_KIND, TRAINJOB_KIND
 
-    kind, run = (MPIJOB_KIND, run_mpijob) if backend == "mpijob" else (TRAINJOB_KIND, run_trainjob)
+    b, kind = pair(backend)
     p = make_params(gcs_uri, owner_pod_name="task-pod")
-    earlier = build_manifest(p, NS) if backend == "mpijob" else build_manifests(p, NS)[1]
+    earlier = b.build(p, NS)[-1]
     crd, name = kind.crd, earlier["metadata"]["name"]
     with Cluster() as cluster:
         cluster.core.create_namespaced_pod(NS, pod("task-pod", {}, uid="uid-1"))
@@ -125,7 +121,7 @@ def test_each_backend_sends_only_requests_the_role_grants(backend: str, gcs_uri:
         op.play(script)
         task = client.ApiClient(cluster.api.configuration)
         task.user_agent = "kfp-horovod-train-step"
-        run(p, namespace=NS, api_client=task, poll_interval_s=POLL, log=lambda _: None)
+        run_job(b, p, namespace=NS, api_client=task, poll_interval_s=POLL, log=lambda _: None)
         op.join()
         sent = {
             _right(r.method.value, r.url.path, r.params)

@@ -1,12 +1,13 @@
 """components/train/cuda.py on this CPU machine: the dev venv has the CUDA build of TensorFlow
 but none of its CUDA libraries (they are the GPU image's nvidia-*-cu12 wheels), so every one is
-reported missing, by soname; the search itself is tested with real shared objects in temporary
-folders, and the RUNPATH reader against the installed TensorFlow and ``readelf``."""
+reported missing, by soname; the loading itself is tested with real shared objects in temporary
+folders, and the folders against TensorFlow's own RUNPATH (``readelf``)."""
 
 from __future__ import annotations
 
 import _ctypes
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -20,6 +21,11 @@ from components.train import cuda
 
 ROOT = Path(__file__).resolve().parents[3]
 CUDA_LOCK = ROOT / "requirements" / "lock-cuda.txt"
+TF_LIBRARIES = (
+    "libtensorflow_framework.so.2",
+    "libtensorflow_cc.so.2",
+    "python/_pywrap_tensorflow_internal.so",
+)
 
 
 def _run(*code_or_args: str) -> subprocess.CompletedProcess[str]:
@@ -43,65 +49,40 @@ def test_every_cuda_library_is_reported_missing_here_without_importing_tensorflo
         assert f"wheel {cuda.TF_CUDA_LIBRARIES[soname]}" in why
 
 
-def test_tensorflows_runpath_names_the_folder_of_every_librarys_wheel() -> None:
-    """What the reader gets is what readelf prints, and TF's RUNPATH has each wheel's folder
-    (site-packages/nvidia/<wheel>/lib): where TF itself looks for these sonames."""
-    tf_dir = cuda.tensorflow_dir()
-    assert tf_dir is not None and (tf_dir / "__init__.py").is_file()
+def test_each_librarys_wheel_folder_is_where_tensorflows_runpath_looks() -> None:
     readelf = shutil.which("readelf")
     assert readelf, "readelf (binutils, which the Horovod build's g++ brings) is needed"
-    for name in cuda.TF_LIBRARIES:
+    folder = cuda.wheel_folder("libcudnn.so.9")
+    assert folder is not None
+    tf_dir, dirs = folder.parents[2] / "tensorflow", set()
+    for name in TF_LIBRARIES:
         dump = subprocess.run([readelf, "-d", str(tf_dir / name)], capture_output=True, text=True)
         found = re.search(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[(.*)\]", dump.stdout)
         assert found, f"{name} has no RUNPATH per readelf"
-        assert cuda.runpath(tf_dir / name) == found.group(1).split(":")
-    dirs = cuda.tensorflow_library_dirs()
-    assert all(d.is_absolute() and "$ORIGIN" not in str(d) for d in dirs)
-    site = tf_dir.parent
-    for soname, wheel in cuda.TF_CUDA_LIBRARIES.items():
-        folder = wheel.removeprefix("nvidia-").removesuffix("-cu12").replace("-", "_")
-        assert site / "nvidia" / folder / "lib" in dirs, f"TF does not look for {soname} there"
-
-
-def test_runpath_rejects_a_file_that_is_not_elf(tmp_path: Path) -> None:
-    fake = tmp_path / "libcudnn.so.9"
-    fake.write_text("not a library\n")
-    with pytest.raises(ValueError, match="libcudnn.so.9: not a 64-bit little-endian ELF file"):
-        cuda.runpath(fake)
-
-
-def test_the_first_folder_that_has_the_library_is_the_one_loaded(tmp_path: Path) -> None:
-    """As the dynamic loader: folders in order, the first one holding the file decides (a file
-    that does not load is an error, not skipped), else the system loader."""
-    real = Path(_ctypes.__file__)  # a real shared object
-    first, second, third = (tmp_path / n for n in ("first", "second", "third"))
-    for folder in (first, second, third):
-        folder.mkdir()
-    shutil.copy(real, second / "libcudnn.so.9")
-    shutil.copy(real, third / "libcudnn.so.9")
-    loaded = cuda.load_library("libcudnn.so.9", [first, second, third])
-    assert loaded == cuda.Loaded("libcudnn.so.9", second / "libcudnn.so.9", None)
-
-    (first / "libcudnn.so.9").write_text("not a library\n" * 400)
-    broken = cuda.load_library("libcudnn.so.9", [first, second])
-    assert broken.path == first / "libcudnn.so.9"
-    assert broken.error and "does not load" in broken.error and "invalid ELF header" in broken.error
-
-    absent = cuda.load_library("libcudnn.so.9", [tmp_path / "nowhere"])
-    assert absent.path is None and absent.error
-    assert "not in TensorFlow's library folders, nor found by the system loader" in absent.error
-    assert "libcudnn.so.9: cannot open shared object file" in absent.error
-
-
-def test_missing_cuda_libraries_searches_the_given_folders(tmp_path: Path) -> None:
-    """With every soname present as a loadable file in the folders, nothing is missing; the
-    default (None) is TF's own folders, where nothing is."""
+        origin = str((tf_dir / name).parent)
+        dirs |= {Path(os.path.normpath(d.replace("$ORIGIN", origin))) for d in found[1].split(":")}
     for soname in cuda.TF_CUDA_LIBRARIES:
-        shutil.copy(_ctypes.__file__, tmp_path / soname)
-    assert cuda.missing_cuda_libraries([tmp_path]) == {}
+        assert cuda.wheel_folder(soname) in dirs, f"TensorFlow does not look for {soname} there"
+
+
+def test_the_folder_is_loaded_from_first_then_the_system_loader(tmp_path: Path) -> None:
+    """A file there that does not load is an error, not skipped; with every soname present as a
+    loadable file, nothing is missing; by default (each wheel's folder) everything is."""
+    for soname in cuda.TF_CUDA_LIBRARIES:
+        shutil.copy(_ctypes.__file__, tmp_path / soname)  # a real shared object
+    assert cuda.load_library("libcudnn.so.9", tmp_path) == (True, str(tmp_path / "libcudnn.so.9"))
+    assert cuda.missing_cuda_libraries(tmp_path) == {}
     (tmp_path / "libnccl.so.2").unlink()
-    assert list(cuda.missing_cuda_libraries([tmp_path])) == ["libnccl.so.2"]
+    assert list(cuda.missing_cuda_libraries(tmp_path)) == ["libnccl.so.2"]
     assert list(cuda.missing_cuda_libraries()) == list(cuda.TF_CUDA_LIBRARIES)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "libcudnn.so.9").write_text("not a library\n" * 400)
+    ok, why = cuda.load_library("libcudnn.so.9", tmp_path / "broken")
+    assert not ok and why.startswith(f"{tmp_path / 'broken' / 'libcudnn.so.9'} does not load: ")
+    assert "invalid ELF header" in why and why.endswith("(wheel nvidia-cudnn-cu12)")
+    ok, why = cuda.load_library("libcudnn.so.9", tmp_path / "nowhere")
+    assert not ok and f"not in {tmp_path / 'nowhere'}, nor by the system loader: " in why
+    assert "libcudnn.so.9: cannot open shared object file" in why
 
 
 def test_sonames_agree_with_the_cuda_lock_and_tensorflows_build() -> None:
@@ -124,15 +105,7 @@ def test_sonames_agree_with_the_cuda_lock_and_tensorflows_build() -> None:
     assert f"libcudnn.so.{info['cudnn_version']}" in cuda.TF_CUDA_LIBRARIES
 
 
-def test_horovod_here_is_built_without_nccl() -> None:
-    assert cuda.horovod_problems("host") == []
-    (problem,) = cuda.horovod_problems("nccl")
-    assert problem == f"{cuda.GRADIENT_ALLREDUCE_LABEL}=nccl, but Horovod was built without NCCL"
-    with pytest.raises(ValueError, match="gradient_allreduce must be one of"):
-        cuda.horovod_problems("mpi")
-
-
-def test_the_check_fails_here_naming_each_missing_library() -> None:
+def test_the_image_check_fails_here_naming_each_missing_library_and_its_horovod_passes() -> None:
     out = _run("-m", "components.train.cuda", "--check", "--gradient-allreduce", "host")
     assert out.returncode == 1, out.stdout + out.stderr
     for soname in cuda.TF_CUDA_LIBRARIES:
@@ -140,11 +113,12 @@ def test_the_check_fails_here_naming_each_missing_library() -> None:
         assert f"cuda check: cannot load {soname}: " in out.stderr
     assert f"cuda: TensorFlow {defaults.TENSORFLOW_VERSION}: CUDA 12" in out.stdout
     assert "all checks pass" not in out.stdout
-
-
-def test_the_horovod_check_passes_here_and_bad_arguments_are_refused() -> None:
     ok = _run("-m", "components.train.cuda", "--check-horovod", "--gradient-allreduce", "host")
     assert ok.returncode == 0, ok.stderr
     assert "cuda: Horovod gradient allreduce: host; all checks pass" in ok.stdout
     bad = _run("-m", "components.train.cuda", "--check", "--gradient-allreduce", "mpi")
     assert bad.returncode == 2 and "invalid choice: 'mpi'" in bad.stderr
+    (problem,) = cuda.horovod_problems("nccl")  # Horovod here is built without NCCL
+    assert problem == f"{cuda.GRADIENT_ALLREDUCE_LABEL}=nccl, but Horovod was built without NCCL"
+    with pytest.raises(ValueError, match="gradient_allreduce must be one of"):
+        cuda.horovod_problems("mpi")

@@ -72,17 +72,16 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     The cluster itself is replaced here (no Kubernetes runs on this machine); the lifecycle
     against a real HTTP Kubernetes API is covered in test_mpijob_lifecycle.py.
     """
-    from components.train.mpijob import lifecycle
-    from components.train.mpijob.manifest import build_manifest
+    from components.train.cluster import run
 
     seen: dict[str, Any] = {}
 
-    def fake_run_mpijob(params: Any, *, namespace: str, log: Any, **_: Any) -> dict[str, Any]:
-        seen["params"], seen["namespace"] = params, namespace
-        seen["manifest"] = build_manifest(params, namespace)
+    def fake_run_job(backend: Any, params: Any, *, namespace: str, **_: Any) -> dict[str, Any]:
+        seen["params"], seen["namespace"], seen["backend"] = params, namespace, backend.name
+        seen["manifest"] = backend.build(params, namespace)[-1]
         return _summary(world_size=6)
 
-    monkeypatch.setattr(lifecycle, "run_mpijob", fake_run_mpijob)
+    monkeypatch.setattr(run, "run_job", fake_run_job)
     summary = run_train_task(
         _config(slots_per_worker=2),
         TrainStep(trainer_image="reg/trainer:9", namespace="team-a", training_backend="mpijob"),
@@ -92,20 +91,14 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         pipeline_run_id="run-42",
     )  # fmt: skip
     params = seen["params"]
-    assert seen["namespace"] == "team-a"
+    assert (seen["namespace"], seen["backend"]) == ("team-a", "mpijob")
     assert (params.train.data, params.train.model_uri) == ("gs://b/data", "gs://b/run/train/model")
     assert params.train.output == "gs://b/run/train/train-work"
     assert params.train.world_size == 6 and params.image == "reg/trainer:9"
     assert (params.run_name, params.pipeline_run_id) == ("train-run-42", "run-42")
-    assert params.service_account == "kfp-horovod-trainer"
-    command = " ".join(
-        seen["manifest"]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][
-            0
-        ]["command"]
-        + seen["manifest"]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][
-            0
-        ].get("args", [])
-    )
+    assert params.step.trainer_service_account == "kfp-horovod-trainer"
+    launcher = seen["manifest"]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    command = " ".join(launcher["containers"][0]["command"])
     assert "--workers 3 --slots-per-worker 2" in command
     assert json.loads((tmp_path / "summary").read_text()) == summary
     assert (summary["training_backend"], summary["training_backend_reason"]) == (
@@ -154,13 +147,13 @@ def test_local_launcher_checks_the_model_before_starting_horovodrun(
 def test_mpijob_launcher_checks_the_model_before_creating_the_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from components.train.mpijob import lifecycle
+    from components.train.cluster import run
     from components.train.preflight import PreflightError
 
     def no_job(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("no MPIJob may be created")
 
-    monkeypatch.setattr(lifecycle, "run_mpijob", no_job)
+    monkeypatch.setattr(run, "run_job", no_job)
     with pytest.raises(PreflightError, match="returns outputs of shape"):
         run_train_task(
             _config(model=BAD_ENTRY_POINT), TrainStep(trainer_image="reg/trainer:9",

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from components.train.launch import job_environment, kill_job, local_command
+from components.train.launch import job_environment, local_command
+from components.train.mpiwatch import kill_job
 
 pytestmark = pytest.mark.horovod
 

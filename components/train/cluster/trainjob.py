@@ -1,4 +1,6 @@
-"""The TrainingRuntime and the TrainJob, built by pure functions from the pipeline parameters.
+"""The TrainJob backend: the same Horovod job as the MPIJob's, run by Kubeflow Trainer v2
+(``trainer.kubeflow.org/v1alpha1``) on the project's own TrainingRuntime: its manifests, its CRDs
+and its API.
 
 Kubeflow Trainer v2.3 runs an MPI TrainJob as a JobSet of two replicated jobs (read from
 kubeflow/trainer at v2.3.0: ``pkg/runtime/framework/plugins/mpi/mpi.go``,
@@ -16,7 +18,8 @@ image reaches the launcher alone, so the project ships its own TrainingRuntime w
 trainer image on both jobs. Everything the TrainJob API cannot say per run (the image on the
 nodes, the pods' identity, scheduling and security, TTL, restarts) is in that runtime, whose
 name is a hash of its spec: runs with the same settings share one, and no run ever changes a
-runtime another run uses. Nothing here talks to a cluster or reads the environment.
+runtime another run uses: the shared run (`cluster.run`) makes it unless it is there, and
+refuses one of that name with another spec. Nothing here talks to a cluster.
 """
 
 from __future__ import annotations
@@ -29,8 +32,15 @@ from typing import Any
 from components.common import defaults
 from components.common.params import elastic_backend_problem
 from components.train.cluster import pods
-from components.train.cluster.crd import Crd, manifest_problems, raise_problems
-from components.train.cluster.params import APP_LABELS, ClusterJobParams, job_metadata
+from components.train.cluster.crd import Crd
+from components.train.cluster.job import (
+    APP_LABELS,
+    LABEL_ROLE,
+    SPEC_ANNOTATION,
+    Backend,
+    ClusterJobParams,
+    job_metadata,
+)
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = "v1alpha1"
@@ -59,10 +69,6 @@ RESERVED_ENV = (
 # JobSet's labels on every pod it makes.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
-LABEL_ROLE = "kfp-horovod/role"
-RUNTIME_SPEC_ANNOTATION = "kfp-horovod/runtime-spec-sha256"
-# The TrainJob's own environment on the trainer containers (ranks get theirs by mpirun -x).
-TRAINJOB_ENV = ({"name": "PYTHONUNBUFFERED", "value": "1"},)
 
 
 def trainjob_problems(p: ClusterJobParams) -> list[str]:
@@ -70,7 +76,7 @@ def trainjob_problems(p: ClusterJobParams) -> list[str]:
     elastic = elastic_backend_problem("trainjob", p.train.min_workers)
     problems = [elastic] if elastic else []
     for name in ("queue", "min_available"):
-        if getattr(p, name) is not None:
+        if getattr(p.step, name) is not None:
             problems.append(
                 f"{name} is an MPIJob scheduling policy; a TrainJob is gang-scheduled through "
                 "its runtime's podGroupPolicy or Kueue, not by this parameter"
@@ -79,15 +85,16 @@ def trainjob_problems(p: ClusterJobParams) -> list[str]:
         ("launcher_cpu", defaults.LAUNCHER_CPU, "cpu_per_worker"),
         ("launcher_memory", defaults.LAUNCHER_MEMORY, "memory_per_worker"),
     ):
-        if getattr(p, name) != default:
+        if getattr(p.step, name) != default:
             problems.append(
                 f"{name} does not apply to a TrainJob: its launcher is node 0 and gets {instead}"
             )
     return problems
 
 
-def env_problems(env: list[dict[str, str]]) -> list[str]:
-    """The names in a TrainJob's `env` that Trainer reserves for itself (it would refuse them)."""
+def env_problems(manifest: dict[str, Any]) -> list[str]:
+    """The names in a TrainJob's env that Trainer reserves for itself (it would refuse them)."""
+    env = manifest.get("spec", {}).get("trainer", {}).get("env", [])
     return [
         f"spec.trainer.env: {e['name']} is reserved by Kubeflow Trainer's MPI plugin"
         for e in env
@@ -136,8 +143,8 @@ def runtime_spec(p: ClusterJobParams) -> dict[str, Any]:
             "spec": {
                 "network": {"publishNotReadyAddresses": True},
                 "successPolicy": {"operator": "All", "targetReplicatedJobs": [LAUNCHER]},
-                "failurePolicy": {"maxRestarts": p.backoff_limit},
-                "ttlSecondsAfterFinished": p.ttl_seconds_after_finished,
+                "failurePolicy": {"maxRestarts": p.step.backoff_limit},
+                "ttlSecondsAfterFinished": p.step.ttl_seconds_after_finished,
                 "replicatedJobs": [
                     _replicated_job(NODE, pods.sshd_container(NODE, p.image), p),
                     _replicated_job(LAUNCHER, launcher, p),
@@ -159,7 +166,7 @@ def build_runtime(p: ClusterJobParams, namespace: str | None = None) -> dict[str
     metadata: dict[str, Any] = {
         "name": f"{defaults.TRAINING_RUNTIME_PREFIX}-{digest[:10]}",
         "labels": {**APP_LABELS, "trainer.kubeflow.org/framework": "horovod"},
-        "annotations": {RUNTIME_SPEC_ANNOTATION: digest},
+        "annotations": {SPEC_ANNOTATION: digest},
     }
     if namespace:
         metadata["namespace"] = namespace
@@ -182,38 +189,39 @@ def build_trainjob(
                 "apiGroup": API_GROUP,
                 "kind": "TrainingRuntime",
             },
-            "activeDeadlineSeconds": p.active_deadline_seconds,
+            "activeDeadlineSeconds": p.step.active_deadline_seconds,
             "trainer": {
                 "image": p.image,
                 "command": pods.launcher_command(p),
                 "numNodes": p.train.workers,
                 "numProcPerNode": p.train.slots_per_worker,
                 "resourcesPerNode": pods.worker_resources(p),
-                "env": [dict(e) for e in TRAINJOB_ENV],
+                "env": pods.launcher_env(p),
             },
         },
     }
 
 
-def build_manifests(
-    p: ClusterJobParams, namespace: str | None = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(TrainingRuntime, TrainJob)`` for `p`; ValueError names what a TrainJob cannot do."""
+def build_manifests(p: ClusterJobParams, namespace: str | None = None) -> list[dict[str, Any]]:
+    """``[TrainingRuntime, TrainJob]`` for `p`; ValueError names what a TrainJob cannot do."""
     problems = trainjob_problems(p)
     if problems:
         raise ValueError("invalid TrainJob parameters: " + "; ".join(problems))
     runtime = build_runtime(p, namespace)
-    return runtime, build_trainjob(p, runtime, namespace)
+    return [runtime, build_trainjob(p, runtime, namespace)]
 
 
-def validate_manifests(
-    runtime: dict[str, Any], trainjob: dict[str, Any], crd_dir: str | None = None
-) -> None:
-    """Raise `ManifestError` unless both match their vendored CRDs (from `crd_dir` if given)
-    and the TrainJob sets no reserved variable."""
-    for crd, manifest in ((TRAINING_RUNTIME, runtime), (TRAINJOB, trainjob)):
-        path = str(Path(crd_dir) / crd.relative_path.name) if crd_dir else None
-        problems = manifest_problems(manifest, crd, path)
-        if crd is TRAINJOB:
-            problems += env_problems(manifest.get("spec", {}).get("trainer", {}).get("env", []))
-        raise_problems(manifest, crd, problems)
+# A TrainJob's conditions (trainjob_types.go): Suspended while it is, then Complete or Failed.
+BACKEND = Backend(
+    name="trainjob",
+    crd=TRAINJOB,
+    shared=(TRAINING_RUNTIME,),
+    build=build_manifests,
+    problems=env_problems,
+    terminal={"Failed": "Failed", "Complete": "Succeeded"},
+    launcher_labels=lambda name: [{JOBSET_NAME_LABEL: name, REPLICATED_JOB_LABEL: LAUNCHER}],
+    launcher_container=NODE,
+    pod_labels=lambda name: {JOBSET_NAME_LABEL: name},
+    install=f"install Kubeflow Trainer {defaults.TRAINER_VERSION} (its CRDs, controller and "
+    "JobSet; docs/cluster.md), or choose training_backend=mpijob on a cluster with mpi-operator",
+)

@@ -1,0 +1,371 @@
+"""One cluster run of the trainer, whichever operator runs it: its parameters, its name and
+labels, and what a backend is.
+
+`ClusterJobParams` is what every backend builds its manifests from: the trainer's `TrainConfig`,
+the train step's `TrainStep` (pods, placement, identity, run policy), the run's identity and
+what the train task's KFP task config passes through. A `Backend` (`cluster/mpijob.py`,
+`cluster/trainjob.py`) is its manifests, its CRDs and what its operator's API looks like; one
+run function runs them all (`components.train.cluster.run`). Nothing here reads the environment
+or imports ``kubernetes`` when it is imported; only `serves` and `choose_backend` (which backend
+``training_backend=auto`` takes) ask a cluster, through the client they are given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from components.common import defaults, storage
+from components.common.declare import Declared, declared, param
+from components.common.placement import node_selector_problem, parse_node_selector
+from components.train.cluster.podconfig import PodConfig, env_conflicts, node_selector_conflicts
+from components.train.config import TrainConfig
+from components.train.step import TrainStep
+
+if TYPE_CHECKING:
+    from kubernetes.client import CustomObjectsApi
+
+    from components.train.cluster.crd import Crd
+
+# Labels. KFP v2 itself labels task pods with ``pipeline/runid``; we reuse the key.
+LABEL_RUN_ID = "pipeline/runid"
+LABEL_RUN_NAME = "kfp-horovod/run-name"
+LABEL_ROLE = "kfp-horovod/role"  # a pod's part in the job: launcher, worker, node
+ANNOTATION_RUN_NAME = "kfp-horovod/run-name"
+ANNOTATION_RUN_ID = "kfp-horovod/pipeline-run-id"
+# A shared object's (the TrainingRuntime's) sha256 of the spec its name was made from.
+SPEC_ANNOTATION = "kfp-horovod/runtime-spec-sha256"
+APP_LABELS = {
+    "app.kubernetes.io/name": "kfp-horovod",
+    "app.kubernetes.io/component": "trainer",
+    "app.kubernetes.io/managed-by": "kfp-horovod",
+}
+# The job's pods are named after it (mpi-operator: `<name>-launcher-xxxxx`, `<name>-worker-<i>`;
+# JobSet: `<name>-launcher-0-0-xxxxx`, `<name>-node-0-<i>-xxxxx`), and a pod's hostname must be
+# a DNS label (63 chars), so the job name leaves room for those suffixes.
+MAX_NAME_LENGTH = 40
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterJobParams:
+    """One cluster run of the trainer: `train` (what it trains), `step` (where and how its pods
+    run), the run's name and KFP id, the pod that owns the job, and `task_config`, what the
+    train task's KFP task config passes through to the pods (`cluster.podconfig`).
+
+    The trainer's URIs must be ``gs://``: the job's pods are not the component's pod and cannot
+    see its disk. The job has `train.workers` worker pods (the TrainJob's nodes) of
+    `train.slots_per_worker` ranks each.
+    """
+
+    train: TrainConfig
+    step: TrainStep = field(default_factory=TrainStep)
+    run_name: str = param(help="names the job")
+    pipeline_run_id: str = param("", "the KFP run id (a label, and part of the name)")
+    owner_pod_name: str | None = None
+    owner_pod_uid: str | None = None
+    task_config: PodConfig = field(default_factory=PodConfig)
+
+    def __post_init__(self) -> None:
+        problems = param_problems(self)
+        if problems:
+            raise ValueError("invalid cluster job parameters: " + "; ".join(problems))
+
+    @property
+    def image(self) -> str:
+        """The image every pod runs: `step.trainer_image`, else this version's trainer image
+        (the GPU one for a job that asks for GPUs)."""
+        return defaults.trainer_image(self.train.gpus_per_worker, override=self.step.trainer_image)
+
+
+CLUSTER_JOB_PARAMETERS: list[Declared] = declared(ClusterJobParams)
+
+
+def uri_problems(data: str, output: str, model_dir: str | None) -> list[str]:
+    """The trainer's URIs that are not ``gs://`` (a cluster job's pods cannot see local disk)."""
+    return [
+        f"{name} must be a gs:// URI for a cluster backend (its pods cannot see the "
+        f"component's disk), got {uri!r}"
+        for name, uri in (
+            ("data", data), ("output", output), ("model_dir", model_dir)
+        )
+        if uri is not None and not storage.is_gcs(uri)
+    ]  # fmt: skip
+
+
+def param_problems(p: ClusterJobParams) -> list[str]:
+    """Every problem with `p` across its parts, each naming the parameter; empty if it is valid
+    (`p.train` and `p.step` checked their own fields when they were made)."""
+    problems = [] if p.run_name.strip() else ["run_name is empty"]
+    problems += uri_problems(p.train.data, p.train.output, p.train.model_dir)
+    step = p.step
+    if step.min_available is not None and step.min_available > p.train.workers + 1:
+        problems.append(
+            f"min_available must be <= workers + 1 launcher = {p.train.workers + 1}, "
+            f"got {step.min_available}"
+        )
+    if p.owner_pod_uid and not p.owner_pod_name:
+        problems.append("owner_pod_uid is set but owner_pod_name is not")
+    if not node_selector_problem(step.node_selector):
+        selector = parse_node_selector(step.node_selector)
+        problems += node_selector_conflicts(selector, p.task_config.node_selector)
+    problems += env_conflicts(p.task_config.env)
+    return problems
+
+
+def sanitize_name(text: str, max_length: int = MAX_NAME_LENGTH) -> str:
+    """Lower-case `text` into a DNS-1035 label (letters, digits, '-'; starts with a letter).
+
+    Returns ``""`` when nothing usable is left; the caller adds a prefix.
+    """
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    slug = re.sub(r"^[^a-z]+", "", slug)  # must start with a letter
+    return slug[:max_length].rstrip("-")
+
+
+def job_name(run_name: str, pipeline_run_id: str = "") -> str:
+    """The job's name: ``hvd-<run name slug>-<hash>``, a DNS-1035 label of <= 40 chars.
+
+    Deterministic, so a retried KFP task finds the job its first attempt created; the hash of
+    the full run name and run id keeps runs whose slugs collide apart.
+    """
+    digest = hashlib.sha256(f"{pipeline_run_id}\0{run_name}".encode()).hexdigest()[:8]
+    prefix = defaults.JOB_NAME_PREFIX
+    room = MAX_NAME_LENGTH - len(prefix) - len(digest) - 2
+    slug = sanitize_name(run_name, room)
+    name = f"{prefix}-{slug}-{digest}" if slug else f"{prefix}-{digest}"
+    assert _DNS_1035.match(name) and len(name) <= MAX_NAME_LENGTH, name
+    return name
+
+
+def label_value(text: str) -> str:
+    """`text` made into a valid label value (<= 63 chars of [A-Za-z0-9_.-], alnum at the ends)."""
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63]
+    value = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+    assert _LABEL_VALUE.match(value), value
+    return value
+
+
+def run_labels(p: ClusterJobParams) -> dict[str, str]:
+    """The labels of the job and its pods: the app's, the run name's and the KFP run id's."""
+    labels = {**APP_LABELS, LABEL_RUN_NAME: label_value(p.run_name) or "run"}
+    if p.pipeline_run_id:
+        labels[LABEL_RUN_ID] = label_value(p.pipeline_run_id)
+    return labels
+
+
+def job_metadata(p: ClusterJobParams, namespace: str | None) -> dict[str, object]:
+    """The job's metadata: its name, labels, the run's annotations and the owner reference."""
+    metadata: dict[str, object] = {
+        "name": job_name(p.run_name, p.pipeline_run_id),
+        "labels": run_labels(p),
+        "annotations": {ANNOTATION_RUN_NAME: p.run_name, ANNOTATION_RUN_ID: p.pipeline_run_id},
+    }
+    if namespace:
+        metadata["namespace"] = namespace
+    if p.owner_pod_name and p.owner_pod_uid:
+        metadata["ownerReferences"] = [owner_reference(p.owner_pod_name, p.owner_pod_uid)]
+    return metadata
+
+
+def owner_reference(pod_name: str, pod_uid: str) -> dict[str, object]:
+    """An owner reference to the component's pod: the job is garbage-collected with it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": pod_name,
+        "uid": pod_uid,
+        "controller": False,
+        "blockOwnerDeletion": False,
+    }
+
+
+class JobError(RuntimeError):
+    """Base class of the cluster backends' run-time errors."""
+
+
+class JobFailed(JobError):
+    """The job failed; carries the reason and the launcher log's last lines."""
+
+    def __init__(self, what: str, reason: str, message: str, log_tail: list[str]) -> None:
+        self.what, self.reason, self.message, self.log_tail = what, reason, message, log_tail
+        tail = "\n".join(log_tail) if log_tail else "(no launcher log)"
+        super().__init__(
+            f"{what} failed: {reason}: {message}\n"
+            f"--- last {len(log_tail)} lines of the launcher log ---\n{tail}"
+        )
+
+
+class JobCancelled(JobError):
+    """The task was cancelled (SIGTERM); the job was deleted."""
+
+
+class RunCheckError(JobError):
+    """The job succeeded but its outputs are missing or wrong; the message names which."""
+
+
+@dataclass(frozen=True)
+class JobState:
+    """Where the job is: Pending (no condition yet), Created, Running, Restarting, Suspended,
+    Succeeded or Failed, with the condition's reason and message."""
+
+    phase: str
+    reason: str = ""
+    message: str = ""
+
+
+Manifests = Callable[[ClusterJobParams, "str | None"], list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One kind of cluster job: what its operator serves and how its job looks on the API.
+
+    `build` makes the validated-to-be manifests of a run: the objects the job needs beside it
+    (of the `shared` CRDs: created once, shared by every run of the same settings), then the job
+    of `crd`; it raises ValueError naming what the backend cannot do. `problems` adds the
+    checks of a manifest its CRD cannot say. `terminal` maps the job's terminal condition types
+    to Failed or Succeeded; the launcher pod is the pod whose labels include one of
+    `launcher_labels(name)`, its log is container `launcher_container`'s; the job's pods carry
+    `pod_labels(name)`; `install` says what to install when the cluster does not serve it.
+    """
+
+    name: str
+    crd: Crd
+    shared: tuple[Crd, ...]
+    build: Manifests
+    problems: Callable[[dict[str, Any]], list[str]]
+    terminal: Mapping[str, str]
+    launcher_labels: Callable[[str], list[dict[str, str]]]
+    launcher_container: str
+    pod_labels: Callable[[str], dict[str, str]]
+    install: str
+
+    def what(self, namespace: str, name: str) -> str:
+        """``<Kind> <namespace>/<name>``, as every message names the job."""
+        return f"{self.crd.kind} {namespace}/{name}"
+
+    def state(self, job: Mapping[str, Any]) -> JobState:
+        """The job's state from its true ``status.conditions``: a terminal one wins (Failed
+        first), else the newest by ``lastTransitionTime`` (the later listed on a tie), else
+        what `jobs_state` reads from ``status.jobsStatus``."""
+        conditions = [
+            c
+            for c in (job.get("status") or {}).get("conditions") or []
+            if c.get("status") == "True"
+        ]
+        by_type = {c.get("type"): c for c in conditions}
+        for kind, phase in sorted(self.terminal.items(), key=lambda kp: kp[1] != "Failed"):
+            if kind in by_type:
+                return JobState(
+                    phase, by_type[kind].get("reason", ""), by_type[kind].get("message", "")
+                )
+        if not conditions:
+            return jobs_state(job)
+        latest = max(
+            enumerate(conditions), key=lambda ic: (ic[1].get("lastTransitionTime") or "", ic[0])
+        )[1]
+        return JobState(
+            latest.get("type", "Unknown"), latest.get("reason", ""), latest.get("message", "")
+        )
+
+
+def jobs_state(job: Mapping[str, Any]) -> JobState:
+    """Running while one of the job's child jobs has an active pod, else Pending, from
+    ``status.jobsStatus`` (a TrainJob's: Trainer sets no condition while it runs, only the
+    JobSet's replicated jobs' counts); the message counts each one's ready and active pods."""
+    jobs = (job.get("status") or {}).get("jobsStatus") or []
+    if not any(j.get("active") for j in jobs):
+        return JobState("Pending")
+    counts = ", ".join(
+        f"{j.get('name')}: {j.get('ready') or 0} ready of {j.get('active') or 0} active"
+        for j in jobs
+    )
+    return JobState("Running", "", counts)
+
+
+def backend(name: str) -> Backend:
+    """The backend `name` (``mpijob``, ``trainjob``): module ``cluster/<name>.py``'s
+    ``BACKEND``."""
+    return importlib.import_module(f"components.train.cluster.{name}").BACKEND  # type: ignore[no-any-return]
+
+
+def check_manifests(
+    b: Backend, manifests: list[dict[str, Any]], crd_dir: str | None = None
+) -> None:
+    """Check `b`'s `manifests` (its shared objects, then its job) against their CRDs (the
+    vendored ones, or the files of the same names in `crd_dir`) and `b.problems`, before
+    anything is printed or sent; `ManifestError` names every bad field."""
+    from components.train.cluster.crd import manifest_problems, raise_problems
+
+    for manifest, crd in zip(manifests, (*b.shared, b.crd), strict=True):
+        path = str(Path(crd_dir) / crd.relative_path.name) if crd_dir else None
+        raise_problems(manifest, crd, manifest_problems(manifest, crd, path) + b.problems(manifest))
+
+
+def validated(
+    b: Backend, p: ClusterJobParams, namespace: str | None = None, crd_dir: str | None = None
+) -> list[dict[str, Any]]:
+    """`b`'s manifests of `p`, checked (`check_manifests`)."""
+    manifests = b.build(p, namespace)
+    check_manifests(b, manifests, crd_dir)
+    return manifests
+
+
+def serves(api: CustomObjectsApi, crd: Crd) -> bool:
+    """Whether the cluster serves `crd`'s resource (its group and version's discovery, which
+    every authenticated user may read)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        found = api.get_api_resources(crd.group, crd.version)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return False
+    return crd.plural in {r.name for r in found.resources or []}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The backend a run used (``training_backend``'s choice, or what ``auto`` chose) and why:
+    recorded in the run summary and the coordination report."""
+
+    backend: str
+    reason: str
+
+    @property
+    def line(self) -> str:
+        """The train step's first line."""
+        return f"training_backend=auto chose {self.backend}: {self.reason}"
+
+
+def choose_backend(api: CustomObjectsApi) -> Choice:
+    """The backend for ``training_backend=auto``: the MPIJob where the cluster serves it (the
+    stable API, and the one that runs elastic jobs), else the TrainJob (a stock Kubeflow
+    platform has Kubeflow Trainer); `JobError` naming both installs when it serves neither.
+    What the chosen one cannot do is refused by the backend itself (an elastic TrainJob)."""
+    crds = backend("mpijob").crd, backend("trainjob").crd
+    mpijob, trainjob = (f"{c.kind} {c.api_version}" for c in crds)
+    served = serves(api, crds[0]), serves(api, crds[1])
+    if served == (True, True):
+        return Choice(
+            "mpijob", f"this cluster serves both {mpijob} (mpi-operator) and {trainjob} "
+            "(Kubeflow Trainer); the MPIJob is the stable API and runs elastic jobs",
+        )  # fmt: skip
+    if served == (False, False):
+        raise JobError(
+            f"training_backend=auto: this cluster serves neither {mpijob} nor {trainjob}: "
+            f"install mpi-operator {defaults.MPI_OPERATOR_VERSION} (it also runs elastic jobs) "
+            f"or Kubeflow Trainer {defaults.TRAINER_VERSION.rsplit('.', 1)[0]} "
+            "(docs/cluster.md); nothing was created"
+        )
+    chosen, other = (mpijob, trainjob) if served[0] else (trainjob, mpijob)
+    name = "mpijob" if served[0] else "trainjob"
+    return Choice(name, f"this cluster serves {chosen} and not {other}")

@@ -1,0 +1,141 @@
+"""The MPIJob backend: mpi-operator's ``kubeflow.org/v2beta1`` MPIJob, its CRD and its API.
+
+`build` maps a `ClusterJobParams` to the MPIJob that the shared run (`cluster.run`) submits and
+``python -m pipeline render-mpijob`` prints: one launcher running the job's command, ``workers``
+sshd workers. The CRD is ``deploy/crd/kubeflow.org_mpijobs.yaml`` (vendored; its schema is
+packaged beside this module for the trainer image); one check it does not spell out is added:
+``launcherCreationPolicy`` is one of the operator's two values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from components.common import defaults
+from components.train.cluster import pods
+from components.train.cluster.crd import Crd
+from components.train.cluster.job import (
+    LABEL_ROLE,
+    Backend,
+    ClusterJobParams,
+    job_metadata,
+    run_labels,
+)
+
+MPIJOB = Crd(
+    "kubeflow.org", "v2beta1", "MPIJob", "mpijobs",
+    relative_path=Path("deploy") / "crd" / "kubeflow.org_mpijobs.yaml",
+    packaged_schema=Path(__file__).with_name("mpijob-v2beta1.schema.json"),
+)  # fmt: skip
+# The pods' own labels, which is how the run finds the launcher pod; mpi-operator's own labels
+# are the fallback when our template labels are absent.
+LABEL_JOB = "kfp-horovod/mpijob"
+OPERATOR_JOB_LABEL = "training.kubeflow.org/job-name"
+OPERATOR_ROLE_LABEL = "training.kubeflow.org/job-role"
+LAUNCHER_CREATION_POLICIES = ("AtStartup", "WaitForWorkersReady")
+
+
+def _pod_template(
+    p: ClusterJobParams, name: str, role: str, container: dict[str, Any]
+) -> dict[str, Any]:
+    gpus = role == "worker" and p.train.gpus_per_worker > 0
+    return {
+        "metadata": {"labels": {**run_labels(p), LABEL_JOB: name, LABEL_ROLE: role}},
+        "spec": pods.pod_spec(p, container, gpus),
+    }
+
+
+def _launcher(p: ClusterJobParams) -> dict[str, Any]:
+    return {
+        "name": "launcher",
+        "image": p.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": pods.launcher_command(p),
+        "env": pods.launcher_env(p),
+        "resources": pods.resources(p.step.launcher_cpu, p.step.launcher_memory, 0),
+        "securityContext": pods.security_context(),
+    }
+
+
+def _run_policy(p: ClusterJobParams) -> dict[str, Any]:
+    step = p.step
+    run_policy: dict[str, Any] = {
+        "cleanPodPolicy": "Running",
+        "ttlSecondsAfterFinished": step.ttl_seconds_after_finished,
+        "backoffLimit": step.backoff_limit,
+        "activeDeadlineSeconds": step.active_deadline_seconds,
+    }
+    scheduling = {
+        key: value
+        for key, value in (
+            ("queue", step.queue), ("priorityClass", step.priority_class),
+            ("minAvailable", step.min_available),
+        )
+        if value is not None
+    }  # fmt: skip
+    if scheduling:
+        run_policy["schedulingPolicy"] = scheduling
+    return run_policy
+
+
+def build_manifest(p: ClusterJobParams, namespace: str | None = None) -> dict[str, Any]:
+    """The MPIJob for `p`: one launcher running the job's command, ``p.train.workers`` sshd
+    workers."""
+    metadata = job_metadata(p, namespace)
+    name = str(metadata["name"])
+    worker = {**pods.sshd_container("worker", p.image), "resources": pods.worker_resources(p)}
+    return {
+        "apiVersion": MPIJOB.api_version,
+        "kind": MPIJOB.kind,
+        "metadata": metadata,
+        "spec": {
+            "slotsPerWorker": p.train.slots_per_worker,
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "mpiImplementation": "OpenMPI",
+            "sshAuthMountPath": defaults.MPI_SSH_AUTH_MOUNT_PATH,
+            "runPolicy": _run_policy(p),
+            "mpiReplicaSpecs": {
+                "Launcher": {
+                    "replicas": 1,
+                    "restartPolicy": "OnFailure",
+                    "template": _pod_template(p, name, "launcher", _launcher(p)),
+                },
+                "Worker": {
+                    "replicas": p.train.workers,
+                    "restartPolicy": "Never",
+                    "template": _pod_template(p, name, "worker", worker),
+                },
+            },
+        },
+    }
+
+
+def problems(manifest: dict[str, Any]) -> list[str]:
+    """What mpi-operator refuses that its CRD does not say: an unknown launcher policy."""
+    policy = manifest.get("spec", {}).get("launcherCreationPolicy")
+    if policy in (None, *LAUNCHER_CREATION_POLICIES):
+        return []
+    return [
+        f"spec.launcherCreationPolicy: must be {' or '.join(LAUNCHER_CREATION_POLICIES)}, "
+        f"got {policy!r}"
+    ]
+
+
+# An MPIJob's conditions: Created, Running, Restarting, Suspended, then Succeeded or Failed.
+BACKEND = Backend(
+    name="mpijob",
+    crd=MPIJOB,
+    shared=(),
+    build=lambda p, namespace: [build_manifest(p, namespace)],
+    problems=problems,
+    terminal={"Failed": "Failed", "Succeeded": "Succeeded"},
+    launcher_labels=lambda name: [
+        {LABEL_JOB: name, LABEL_ROLE: "launcher"},
+        {OPERATOR_JOB_LABEL: name, OPERATOR_ROLE_LABEL: "launcher"},
+    ],
+    launcher_container="launcher",
+    pod_labels=lambda name: {LABEL_JOB: name},
+    install=f"install mpi-operator {defaults.MPI_OPERATOR_VERSION} (docs/cluster.md), or choose "
+    "training_backend=trainjob on a cluster with Kubeflow Trainer v2",
+)

@@ -1,0 +1,365 @@
+"""The one run of a cluster job (`components.train.cluster.run.run_job`), on both backends, with
+the real ``kubernetes`` client against kmock's API emulator.
+
+Real parts: the kubernetes client over HTTP, kmock's ``KubernetesEmulator`` (stores, lists,
+patches and deletes objects), and the suite's in-memory fake-gcs-server for the run's outputs.
+What kmock cannot emulate (mpi-operator; Kubeflow Trainer with JobSet; pod logs, garbage
+collection, label selectors) is played through the API by `standins.kmock_cluster.Operator`
+with the backend's `Kind`, which says how; one test runs the real trainer from the stored
+TrainJob's command (`TrainerOperator`). A difference between the backends is written where it
+is: in the parameters of a test, or in a test of one backend.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from components.common import defaults, storage
+from components.train.cluster import job as jobs
+from components.train.cluster.crd import Crd, ManifestError, find_crd
+from components.train.cluster.job import (
+    Backend,
+    JobCancelled,
+    JobError,
+    JobFailed,
+    RunCheckError,
+)
+from components.train.cluster.mpijob import MPIJOB
+from components.train.cluster.run import check_run
+from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
+from components.train.tests.cluster_jobs import (
+    BOTH,
+    NAME,
+    complete,
+    make_params,
+    pair,
+    posts,
+    run,
+    write_outputs,
+)
+from standins.kmock_cluster import NS, Cluster, Operator, pod
+
+pytestmark = pytest.mark.timeout(120)
+# What each backend's job says while it runs: an MPIJob its condition, a TrainJob (Trainer sets
+# no condition while it runs) its child jobs' counts.
+RUNNING = {
+    "mpijob": "Running (MPIJobRunning: launcher is running)",
+    "trainjob": "Running (launcher: 1 ready of 1 active, node: 1 ready of 1 active)",
+}
+
+
+def store(cluster: Cluster, b: Backend, manifests: list[dict[str, Any]]) -> None:
+    """Store `manifests` (`b`'s shared objects, then its job) as an earlier attempt left them."""
+    for crd, m in zip((*b.shared, b.crd), manifests, strict=True):
+        cluster.custom.create_namespaced_custom_object(crd.group, crd.version, NS, crd.plural, m)
+
+
+def wait_for(lines: list[str], text: str, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not any(text in line for line in lines):
+        assert time.monotonic() < end, f"no {text!r} in the log"
+        time.sleep(0.02)
+
+
+@BOTH
+def test_create_follow_and_succeed(cluster: Cluster, bucket: str, name: str) -> None:
+    b, kind = pair(name)
+    p, lines = make_params(bucket), []
+    what = b.what(NS, NAME)
+
+    def script(op: Operator) -> None:
+        pod_name = op.start(op.wait_for_job())
+        op.say(pod_name, "[1,0]<stdout>:[rank 0/4] epoch 1/4 loss 0.9")
+        time.sleep(0.2)
+        op.say(pod_name, "[1,0]<stdout>:[rank 0/4] epoch 2/4 loss 0.5")
+        complete(op, NAME, pod_name, "[1,0]<stdout>:[rank 0/4] done")
+
+    op = Operator(cluster, kind)
+    op.play(script)
+    summary = run(cluster, b, p, lines.append)
+    op.join()
+
+    assert summary["world_size"] == 4 and summary["model_uri"] == p.train.model_uri
+    assert [line for line in lines if line.startswith("created ")][-1] == f"created {what}"
+    assert posts(cluster, b.crd) == 1  # one job, the manifest the builder makes
+    stored = cluster.job(NAME, b.crd)
+    assert stored is not None and stored["spec"] == b.build(p, NS)[-1]["spec"]
+    # the launcher's log arrived in order, each line once, and the phases were reported
+    assert [line for line in lines if line.startswith("[1,0]")] == [
+        "[1,0]<stdout>:[rank 0/4] epoch 1/4 loss 0.9",
+        "[1,0]<stdout>:[rank 0/4] epoch 2/4 loss 0.5",
+        "[1,0]<stdout>:[rank 0/4] done",
+    ]
+    phases = [line.split(": ", 1)[1] for line in lines if line.startswith(f"{what}: ")]
+    assert RUNNING[name] in phases and phases[-1].startswith("Succeeded")
+    assert phases.index(RUNNING[name]) < len(phases) - 1
+    assert lines[-1].startswith(f"run summary at {p.train.summary_uri}: world_size 4")
+    assert not cluster.requests("DELETE", f"/{b.crd.plural}")  # the TTL cleans it up
+
+
+@pytest.mark.parametrize(
+    ("name", "reason", "message", "pod_reason", "expect"),
+    [
+        ("mpijob", "BackoffLimitExceeded", "launcher exited with code 3", None,
+         "BackoffLimitExceeded"),
+        ("mpijob", "MPIJobEvicted", "launcher exited with code 3", "Evicted", "MPIJobEvicted"),
+        ("mpijob", "JobFailed", "launcher exited with code 3", "Evicted",
+         "JobFailed (launcher pod Evicted)"),
+        ("mpijob", "DeadlineExceeded", "launcher exited with code 3", None, "DeadlineExceeded"),
+        ("trainjob", "FailedJobs", "jobset failed due to one or more job failures", None,
+         "FailedJobs"),
+        ("trainjob", "DeadlineExceeded", "TrainJob exceeded its activeDeadlineSeconds", None,
+         "DeadlineExceeded"),
+        ("trainjob", "FailedJobs", "jobset failed due to one or more job failures", "Evicted",
+         "FailedJobs (launcher pod Evicted)"),
+    ],
+)  # fmt: skip
+def test_failure_carries_reason_and_log_tail(
+    cluster: Cluster, bucket: str, name: str, reason: str, message: str, pod_reason: str | None,
+    expect: str,
+) -> None:  # fmt: skip
+    b, kind = pair(name)
+
+    def script(op: Operator) -> None:
+        job = op.wait_for_job()
+        pod_name = op.launcher(job, reason=pod_reason)
+        op.say(pod_name, *[f"line {i}" for i in range(80)])
+        time.sleep(0.2)
+        op.say(pod_name, "[1,1]<stderr>:[rank 1/4] trainer: world size 3 != workers x slots 4")
+        time.sleep(0.2)
+        op.conditions(job, ("Failed", reason, message))
+
+    op = Operator(cluster, kind)
+    op.play(script)
+    with pytest.raises(JobFailed) as info:
+        run(cluster, b, make_params(bucket), lambda _: None)
+    op.join()
+
+    err = info.value
+    assert (err.reason, err.message) == (expect, message)
+    assert len(err.log_tail) == 50 and err.log_tail[0] == "line 31"
+    assert err.log_tail[-1].endswith("world size 3 != workers x slots 4")
+    assert "line 30" not in str(err) and f"{b.what(NS, NAME)} failed: {expect}: {message}" in str(
+        err
+    )
+    assert not cluster.requests("DELETE", f"/{b.crd.plural}")  # left for inspection
+
+
+@BOTH
+def test_client_side_deadline_deletes_a_stuck_job(cluster: Cluster, bucket: str, name: str) -> None:
+    b, kind = pair(name)
+
+    def script(op: Operator) -> None:
+        op.start(op.wait_for_job())  # and it never ends
+        assert op.collect(NAME, timeout=10)
+
+    op = Operator(cluster, kind)
+    op.play(script)
+    with pytest.raises(JobFailed, match="DeadlineExceeded") as info:
+        run(cluster, b, make_params(bucket, active_deadline_seconds=1), lambda _: None,
+            deadline_grace_s=0.5)  # fmt: skip
+    op.join()
+    assert "still Running after 2s; the job was deleted" in str(info.value)
+    assert cluster.job_names(b.crd) == [] and cluster.pod_names() == ["unrelated"]
+
+
+@pytest.mark.parametrize("collected", [True, False], ids=["collected", "pods-left"])
+@BOTH
+def test_sigterm_deletes_the_job_and_waits_for_its_pods(
+    cluster: Cluster, bucket: str, name: str, collected: bool
+) -> None:
+    b, kind = pair(name)
+    lines: list[str] = []
+    before = signal.getsignal(signal.SIGTERM)
+
+    def script(op: Operator) -> None:
+        op.say(op.start(op.wait_for_job()), "[1,0]<stdout>:[rank 0/4] epoch 1/4 loss 0.9")
+        wait_for(lines, "epoch 1/4")
+        os.kill(os.getpid(), signal.SIGTERM)  # KFP cancels the task
+        if collected:  # the garbage collector deletes the pods once the job is gone, late
+            while cluster.job(NAME, b.crd) is not None:
+                time.sleep(0.02)
+            time.sleep(0.3)  # the code must wait for the pods, not just for the job
+            assert op.collect(NAME)
+
+    op = Operator(cluster, kind)
+    op.play(script)
+    what = b.what(NS, NAME)
+    expect = rf"^cancelled; {what} deleted$" if collected else r"pods still present: .*-launcher-"
+    with pytest.raises(JobCancelled, match=expect):
+        run(
+            cluster,
+            b,
+            make_params(bucket),
+            lines.append,
+            cleanup_timeout_s=10 if collected else 0.5,
+        )
+    op.join()
+    if collected:
+        assert cluster.pod_names() == ["unrelated"]  # no orphans, nothing else touched
+    else:
+        assert any(line.startswith("WARNING: pods ") for line in lines)
+    (delete,) = cluster.requests("DELETE", f"/{b.crd.plural}/")
+    assert delete.data["propagationPolicy"] == "Foreground"
+    assert cluster.job_names(b.crd) == []
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is restored
+
+
+@BOTH
+def test_retry_reattaches_to_the_same_run_job(cluster: Cluster, bucket: str, name: str) -> None:
+    b, kind = pair(name)
+    p, lines = make_params(bucket), []
+    store(cluster, b, b.build(p, NS))  # the first attempt's; its pod died, the job runs on
+    op = Operator(cluster, kind)
+    pod_name = op.start(NAME)
+    op.say(pod_name, "[1,0]<stdout>:[rank 0/4] epoch 1/4 loss 0.9")
+
+    def script(op: Operator) -> None:
+        wait_for(lines, "epoch 1/4")
+        complete(op, NAME, pod_name, "[1,0]<stdout>:[rank 0/4] epoch 2/4 loss 0.5")
+
+    op.play(script)
+    assert run(cluster, b, p, lines.append)["world_size"] == 4
+    op.join()
+    assert f"reattached to {b.what(NS, NAME)} (Running) from an earlier attempt" in lines
+    assert cluster.job_names(b.crd) == [NAME] and posts(cluster, b.crd) == 2  # 201, 409
+    assert not cluster.requests("DELETE", f"/{b.crd.plural}")
+    # the log from before the reattach is shown too (the whole log is read on reattach)
+    assert [line for line in lines if "epoch" in line] == [
+        "[1,0]<stdout>:[rank 0/4] epoch 1/4 loss 0.9",
+        "[1,0]<stdout>:[rank 0/4] epoch 2/4 loss 0.5",
+    ]
+
+
+@BOTH
+def test_retry_replaces_a_job_that_already_failed(cluster: Cluster, bucket: str, name: str) -> None:
+    b, kind = pair(name)
+    p, lines = make_params(bucket), []
+    store(cluster, b, b.build(p, NS))
+    Operator(cluster, kind).finish(NAME, 1)
+    what = b.what(NS, NAME)
+
+    def script(op: Operator) -> None:
+        wait_for(lines, f"created {what}")
+        complete(op, NAME, op.start(NAME))
+
+    op = Operator(cluster, kind)
+    op.play(script)
+    run(cluster, b, p, lines.append)
+    op.join()
+    assert f"{what} from an earlier attempt failed ({kind.failed(1)[1]}); replacing it" in lines
+    assert len(cluster.requests("DELETE", f"/{b.crd.plural}/")) == 1
+    assert posts(cluster, b.crd) == 3  # setup, 409, the new one
+    assert cluster.job_names(b.crd) == [NAME]
+
+
+@BOTH
+def test_a_same_named_job_of_another_run_is_not_adopted(
+    cluster: Cluster, bucket: str, name: str
+) -> None:
+    b, _ = pair(name)
+    manifests = b.build(make_params(bucket), NS)
+    manifests[-1]["metadata"]["annotations"]["kfp-horovod/pipeline-run-id"] = "someone-else"
+    store(cluster, b, manifests)
+    with pytest.raises(JobError, match="belongs to another run"):
+        run(cluster, b, make_params(bucket), lambda _: None)
+    assert not cluster.requests("DELETE", f"/{b.crd.plural}")
+
+
+@BOTH
+def test_the_task_pods_owns_the_job_and_the_manifests_are_built_and_checked_once(
+    cluster: Cluster, bucket: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b, kind = pair(name)
+    calls = {"build": 0, "check": 0}
+
+    def counted(key: str, real: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[key] += 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(jobs, "check_manifests", counted("check", jobs.check_manifests))
+    cluster.core.create_namespaced_pod(NS, pod("train-task-pod", {}, uid="uid-42"))
+    p = make_params(bucket, owner_pod_name="train-task-pod")
+    op = Operator(cluster, kind)
+    op.play(lambda op: complete(op, NAME, op.start(op.wait_for_job())))
+    counting = jobs.Backend(**{**b.__dict__, "build": counted("build", b.build)})
+    run(cluster, counting, p, lambda _: None)
+    op.join()
+    assert calls == {"build": 1, "check": 1}
+    stored = cluster.job(NAME, b.crd)
+    assert stored is not None
+    (ref,) = stored["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["name"], ref["uid"]) == ("Pod", "train-task-pod", "uid-42")
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [("mpijob", "launcherCreationPolicy"), ("trainjob", "activeDeadlineSeconds")],
+)
+def test_a_job_an_older_crd_lacks_a_field_for_is_refused_before_any_request(
+    cluster: Cluster, bucket: str, tmp_path: Path, name: str, field: str
+) -> None:
+    b, _ = pair(name)
+    for crd in (b.crd, *b.shared):
+        doc = yaml.safe_load(find_crd(crd).read_text())
+        if crd is b.crd:
+            spec = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            del spec["properties"][field]
+        (tmp_path / crd.relative_path.name).write_text(yaml.safe_dump(doc))
+    sent_before = len(list(cluster.emu))
+    with pytest.raises(ManifestError, match=rf"spec: .*'{field}' was unexpected"):
+        run(cluster, b, make_params(bucket), lambda _: None, crd_dir=str(tmp_path))
+    assert len(list(cluster.emu)) == sent_before  # nothing was sent
+
+
+@pytest.mark.parametrize(
+    ("name", "served", "missing", "install"),
+    [
+        ("mpijob", (TRAINJOB, TRAINING_RUNTIME), MPIJOB,
+         f"install mpi-operator {defaults.MPI_OPERATOR_VERSION}"),
+        *(("trainjob", served, missing, f"install Kubeflow Trainer {defaults.TRAINER_VERSION}")
+          for served, missing in (((MPIJOB,), TRAINJOB), ((MPIJOB, TRAINJOB), TRAINING_RUNTIME),
+                                  ((MPIJOB, TRAINING_RUNTIME), TRAINJOB))),
+    ],
+)  # fmt: skip
+def test_a_cluster_without_the_backends_api_names_what_to_install(
+    bucket: str, name: str, served: tuple[Crd, ...], missing: Crd, install: str
+) -> None:
+    with Cluster(kinds=served) as cluster, pytest.raises(JobError) as info:
+        run(cluster, pair(name)[0], make_params(bucket), lambda _: None)
+    assert f"does not serve {missing.kind} " in str(info.value) and install in str(info.value)
+    assert not cluster.requests("POST", "/apis/")  # nothing was created
+
+
+@pytest.mark.parametrize(
+    ("world_size", "drop", "message"),
+    [
+        (3, None, "world_size=3, expected workers x slots = 2 x 2 = 4"),
+        (None, "summary", r"the MPIJob succeeded but its run summary gs://\S+/run_summary\.json: "
+         "missing"),
+        (None, "model", "no model at gs://"),
+    ],
+)  # fmt: skip
+def test_success_checks(
+    bucket: str, world_size: int | None, drop: str | None, message: str
+) -> None:
+    p = make_params(bucket)
+    if drop != "summary":
+        write_outputs(p, world_size)
+    if drop == "model":
+        storage.remove_tree(p.train.model_uri)
+    with pytest.raises(RunCheckError, match=message):
+        check_run(p, "MPIJob", log=lambda _: None)
+    good = make_params(bucket, model_dir=f"{bucket}/models/m")
+    write_outputs(good)
+    assert check_run(good, "MPIJob", log=lambda _: None)["expected_workers"] == 4

@@ -1,0 +1,129 @@
+"""The local launcher (components/train/launch.py): its command lines and environment, and both
+launchers run for real: mpirun with 2 Horovod ranks (each rank's background thread on its own
+core, the environment forwarded with ``-x``, a line every rank prints shown once), and
+horovodrun through ``python -m components.train.launch`` (its options and exit codes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from components.train import launch
+from components.train.launch import LaunchError
+from components.train.mpiwatch import RankLines
+
+# Each rank: after hvd.init(), the CPUs each of its threads may run on. One write per line, as
+# the trainer's logging writes (mpirun tags each chunk a rank writes).
+RANK_PROGRAM = """
+import glob, json, os, sys, horovod.tensorflow as hvd
+hvd.init()
+allowed = {line.split()[1] for status in glob.glob('/proc/self/task/*/status')
+           for line in open(status) if line.startswith('Cpus_allowed_list:')}
+sys.stdout.write("a warning every rank prints\\n")
+sys.stdout.write(f"[rank {hvd.rank()}/2] my own line {os.environ['KFP_FORWARDED']}\\n")
+sys.stdout.write(f"AFFINITY {hvd.local_rank()} {json.dumps(sorted(allowed))}\\n")
+"""
+HOROVODRUN_RANK = """
+import os, pathlib, sys, time
+rank, flag = os.environ["HOROVOD_RANK"], pathlib.Path(sys.argv[1])
+print("rank", rank, flush=True)
+if rank == "0":
+    flag.touch()
+while not flag.exists():
+    time.sleep(0.05)
+sys.exit(3 if rank == "1" else 0)
+"""
+
+
+def test_the_affinity_lists_one_core_per_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 5})
+    assert launch.thread_affinity(3) == "2,5,2"
+    assert launch.job_environment({}, 2)["HOROVOD_THREAD_AFFINITY"] == "2,5"
+    assert "HOROVOD_THREAD_AFFINITY" not in launch.job_environment({})  # not a local job
+    mine = {"HOROVOD_THREAD_AFFINITY": "7,7"}
+    assert launch.job_environment(mine, 2)["HOROVOD_THREAD_AFFINITY"] == "7,7"  # the user's
+
+
+def test_static_jobs_run_mpirun_and_gloo_or_elastic_ones_horovodrun(tmp_path: Path) -> None:
+    mpi = launch.local_command(2, ["--epochs", "1"])
+    assert mpi[:6] == ["mpirun", "-np", "2", "--tag-output", "-H", "localhost:2"]
+    assert mpi[mpi.index("mpi_yield_when_idle") - 1 :][:3] == ["-mca", "mpi_yield_when_idle", "1"]
+    assert mpi[-5:] == [sys.executable, "-m", "components.train", "--epochs", "1"]
+    gloo = launch.local_command(2, ["--epochs", "1"], controller="gloo")
+    assert gloo[:3] == [sys.executable, "-m", "components.train.launch"]
+    assert gloo[3:] == ["-np", "2", "-H", "localhost:2", "--gloo", *mpi[-5:]]
+    cluster = launch.mpirun_command(4, ["prog"], forward=["PATH", "A=1"], workdir="/app")
+    assert "-H" not in cluster
+    assert cluster[-7:] == ["-wdir", "/app", "-x", "PATH", "-x", "A=1", "prog"]
+    hosts = launch.LocalHosts(tmp_path)
+    hosts.offer(3)
+    listed = subprocess.run([hosts.script], capture_output=True, text=True, check=True).stdout
+    assert listed.split() == ["localhost:1", "127.0.0.1:1", "127.0.1:1"]  # one name per slot
+    args = launch.elastic_launcher_args(4, 2, hosts)
+    assert args[:6] == ["-np", "3", "--min-np", "2", "--max-np", "4"] and args[-1] == "--gloo"
+
+
+def test_a_horovod_without_mpi_or_gloo_or_a_missing_mpirun_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert launch.in_build("MPI") and launch.in_build("GLOO")
+    launch.require("MPI")
+    monkeypatch.setattr(launch, "BUILD_MARKERS", dict.fromkeys(["MPI", "GLOO"], b"none\x00\x01"))
+    with pytest.raises(LaunchError, match="HOROVOD_WITH_MPI=1"):
+        launch.require("MPI")
+    with pytest.raises(LaunchError, match="HOROVOD_WITH_GLOO=1"):  # before any rank starts
+        launch.main(["-np", "1", "true"])
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LaunchError, match="mpirun is not installed"):
+        launch.require("MPI")
+
+
+def test_a_line_every_rank_printed_is_shown_once_with_its_first_ranks_tag() -> None:
+    shown: list[str] = []
+    once = RankLines(shown.append)
+    lines = ["[1,1]<stdout>:a warning", "[1,0]<stdout>:a warning[1,0]<stdout>:", "untagged", "",
+             "untagged", "", "[1,0]<stdout>:rank 0's", "[1,1]<stdout>:rank 1's"]  # fmt: skip
+    for line in lines:
+        once(line)
+    assert shown == ["[1,1]<stdout>:a warning", *lines[2:]]
+
+
+@pytest.mark.horovod
+def test_a_static_job_pins_threads_forwards_its_environment_and_shows_shared_lines_once() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.fail("this test needs 2 cores (the project's machines have 2)")
+    program = [sys.executable, "-c", RANK_PROGRAM]
+    command = launch.mpirun_command(2, program, hosts="localhost:2", forward=["KFP_FORWARDED=yes"])
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=launch.job_environment(None, 2)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    raw, shown = done.stdout.splitlines(), []
+    once = RankLines(shown.append)
+    for line in raw:
+        once(line)
+    assert sum("a warning every rank prints" in line for line in raw) == 2  # mpirun: one a rank
+    shared = [line for line in shown if line.endswith("a warning every rank prints")]
+    assert len(shared) == 1 and shared[0] in raw
+    own = sorted(line for line in shown if "my own line" in line)
+    assert own == [f"[1,{r}]<stdout>:[rank {r}/2] my own line yes" for r in range(2)]
+    seen = dict(line.split("AFFINITY ")[1].split(" ", 1) for line in shown if "AFFINITY" in line)
+    # one thread of rank r (Horovod's background thread) is confined to core r
+    assert f'"{cores[0]}"' in seen["0"] and f'"{cores[1]}"' in seen["1"], seen
+    assert f'"{cores[1]}"' not in seen["0"] and f'"{cores[0]}"' not in seen["1"], seen
+
+
+def test_horovodrun_options_and_exit_codes_pass_through(tmp_path: Path) -> None:
+    """Rank 0 prints and leaves a flag; rank 1 prints, waits for it, then exits 3."""
+    program = [sys.executable, "-c", HOROVODRUN_RANK, str(tmp_path / "flag")]
+    done = subprocess.run(
+        launch.static_command(2, program, "gloo"), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0 and "exited with non-zero status" in done.stderr, done.stderr
+    printed = sorted(line.split(":", 1)[1] for line in done.stdout.splitlines() if "rank" in line)
+    assert printed == ["rank 0", "rank 1"], done.stdout
