@@ -82,23 +82,6 @@ def test_the_retry_policy_retries_429_and_503_and_logs_each_retry(
     ]
 
 
-def test_the_proxy_injects_the_same_faults_for_the_same_seed(gcs_emulator: str) -> None:
-    def statuses(seed: int) -> list[int | None]:
-        proxy = FaultProxy(gcs_emulator, share=0.5, seed=seed)
-        return [proxy.fault_for("GET", f"/o/{i}") for i in range(40)]
-
-    first = statuses(3)
-    assert first == statuses(3) and first != statuses(4)
-    assert {503, 429} <= set(first) and None in first
-    spared = FaultProxy(gcs_emulator, share=0.99, seed=3)  # the client's background metadata read
-    assert spared.fault_for("GET", "/storage/v1/b/bucket?projection=noAcl") is None
-    assert spared.fault_for("GET", "/storage/v1/b/bucket/o?prefix=a") in (503, 429)
-    with pytest.raises(ValueError, match="share must be in"):
-        FaultProxy(gcs_emulator, share=1.0, seed=1)
-    with pytest.raises(ValueError, match="statuses must be some of"):
-        FaultProxy(gcs_emulator, share=0.1, seed=1, statuses=[404])
-
-
 def test_data_prep_retries_and_writes_the_whole_dataset(
     faulty: Faulty, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import shutil
 import tempfile
@@ -77,6 +78,23 @@ def _parse_json(data: bytes, where: str) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise RegistryError(f"{where}: expected a JSON object")
     return record
+
+
+def challenger_wins(candidate: dict[str, Any], champion: dict[str, Any] | None) -> tuple[bool, str]:
+    """Champion/challenger rule: higher accuracy wins; equal accuracy, lower loss wins."""
+    if champion is None:
+        return True, "no production version yet"
+    new, old = candidate["metrics"], champion.get("metrics", {})
+    old_acc, old_loss = float(old.get("accuracy", -1.0)), float(old.get("loss", math.inf))
+    version = champion.get("version")
+    if new["accuracy"] > old_acc:
+        return True, f"accuracy {new['accuracy']:.4f} > {old_acc:.4f} of version {version}"
+    if new["accuracy"] == old_acc and new["loss"] < old_loss:
+        return True, (
+            f"accuracy ties version {version} at {old_acc:.4f} and loss "
+            f"{new['loss']:.4f} < {old_loss:.4f}"
+        )
+    return False, f"accuracy {new['accuracy']:.4f} does not beat {old_acc:.4f} of version {version}"
 
 
 @dataclass(frozen=True)
@@ -133,6 +151,18 @@ class ModelStore:
                 return version
             version += 1  # someone else got it first; the next one is free or soon known
         raise RegistryError(f"{self.base}: could not claim a version in {MAX_CLAIM_ATTEMPTS} tries")
+
+    def claim_for_run(self, run_id: str, previous: dict[str, Any] | None, started: str) -> int:
+        """The version `run_id` publishes: the one an earlier attempt of the same run claimed
+        (`previous`, its run record) and did not finish, or the next free number, bound to the
+        run so that a re-run finds it."""
+        if previous is not None:
+            return int(previous["version"])
+        version = self.claim_next_version({"pipeline_run_id": run_id, "claimed_at": started})
+        if self.bind_run(run_id, {"pipeline_run_id": run_id, "version": version}):
+            return version
+        bound = self.find_run(run_id)  # the same run registering concurrently got there first
+        return int(bound["version"]) if bound else version
 
     # -- pipeline runs (idempotency) -------------------------------------------------------
     def find_run(self, run_id: str) -> dict[str, Any] | None:
