@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from components.common import dataset, model_files
+from components.common.declare import add_arguments
 from components.common.defaults import MIN_ACCURACY, MODEL_NAME, PRODUCTION_ALIAS
 from components.common.model_files import DIGEST_KEY, ModelError
 from components.register.registry import REGISTRY_FORMAT, ModelStore, challenger_wins, check_name
 from components.register.serving import ServingFolder
+from components.register.step import REGISTER_PARAMETERS
 from components.train import summary as run_summary
 from components.train.summary import RunSummary
 
@@ -316,12 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         ("dataset", str, "dataset directory (for its manifest)"),
         ("accuracy", float, "the model's test accuracy"),
         ("loss", float, "the model's test loss"),
-        ("registry-root", str, "local directory or gs:// URI"),
         ("pipeline-run-id", str, "the run registering (a re-run gets its version back)"),
     ]:
         parser.add_argument(f"--{flag}", type=kind, required=True, help=help_text)
-    parser.add_argument("--model-name", default=MODEL_NAME)
-    parser.add_argument("--min-accuracy", type=float, default=MIN_ACCURACY)
+    add_arguments(parser, REGISTER_PARAMETERS)  # --min-accuracy, --model-name, --registry-root
     parser.add_argument("--image-refs", default="{}", help="JSON object: component -> image")
     parser.add_argument("--alias", default=PRODUCTION_ALIAS)
     parser.add_argument(

@@ -1,6 +1,7 @@
 """Register, one registration at a time: the layout and metadata, the gate, champion/challenger,
 idempotency, bad input, the CLI and the KFP component; on local disk and on gs://
-(fake-gcs-server). The races are in test_registry.py."""
+(fake-gcs-server). The races are in test_registry.py; the step wired after evaluate in
+kfp.local, in the whole pipeline's local run (tests/test_e2e_local.py)."""
 
 import hashlib
 import json
@@ -285,6 +286,8 @@ def test_component_function_and_compile(trained_model, trained_summary, tmp_path
     assert out.version_uri == str(tmp_path / "registry" / "mnist-cnn" / "1")
     assert out.decision_text in Path(decision.path).read_text()
     assert decision.metadata["version"] == 1
+    meta = ModelStore(str(tmp_path / "registry"), "mnist-cnn").read_metadata(1)
+    assert (meta["image_refs"], meta["pipeline_run_id"]) == ({"register": "img:1"}, "kfp-run")
     # The Model artifact's metadata digest (set by the train component) is checked too.
     other = "f" * 64
     with pytest.raises(ModelError, match=f"the Model artifact's metadata records {other}"):
@@ -292,6 +295,9 @@ def test_component_function_and_compile(trained_model, trained_summary, tmp_path
     assert not (tmp_path / "registry-2").exists()
 
     component = make_component("example.com/register:test")
+    assert set(component.component_spec.outputs) == {
+        "decision", "registered", "promoted", "version", "decision_text", "version_uri",
+    }  # fmt: skip
 
     @dsl.pipeline(name="register-only")
     def only_register(uri: str = "gs://b/x"):
@@ -307,52 +313,3 @@ def test_component_function_and_compile(trained_model, trained_summary, tmp_path
     package = tmp_path / "p.yaml"
     compiler.Compiler().compile(only_register, str(package))
     assert "example.com/register:test" in package.read_text()
-
-
-@pytest.mark.e2e  # a three-step pipeline through kfp.local
-def test_kfp_local_pipeline_prep_evaluate_register(
-    trained_model, trained_summary, tmp_path: Path
-) -> None:
-    """The three components wired as the pipeline will wire them, run by kfp.local subprocesses."""
-    from kfp import dsl, local
-
-    from components.data_prep.component import make_component as data_prep
-    from components.evaluate.component import make_component as evaluate
-    from components.register.component import make_component as register
-
-    prep_op, eval_op, reg_op = data_prep("i/d:t"), evaluate("i/e:t"), register("i/r:t")
-    assert set(reg_op.component_spec.outputs) == {
-        "decision", "registered", "promoted", "version", "decision_text", "version_uri",
-    }  # fmt: skip
-
-    @dsl.pipeline(name="prep-evaluate-register")
-    def flow(model_uri: str, summary_uri: str, root: str, digest: str) -> str:
-        data = prep_op(data_source="bundled", data_sha256="none", shard_size=256, data_limit=400)
-        model = dsl.importer(
-            artifact_uri=model_uri, artifact_class=dsl.Model,
-            metadata={"saved_model_sha256": digest},  # as the train component sets it
-        )  # fmt: skip
-        run_summary = dsl.importer(artifact_uri=summary_uri, artifact_class=dsl.Artifact)
-        scores = eval_op(dataset=data.outputs["dataset"], model=model.output)
-        reg = reg_op(
-            model=model.output, run_summary=run_summary.output, dataset=data.outputs["dataset"],
-            accuracy=scores.outputs["accuracy"], loss=scores.outputs["loss"],
-            model_name="mnist-cnn", registry_root=root, min_accuracy=0.2,
-            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, image_refs='{"register": "i/r:t"}',
-        )  # fmt: skip
-        return reg.outputs["decision_text"]
-
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
-    root = tmp_path / "registry"
-    run = flow(
-        model_uri=trained_model.path, summary_uri=trained_summary, root=str(root),
-        digest=trained_model.saved_model_sha256,
-    )  # fmt: skip
-    assert run.output == (
-        "registered as version 1; promoted to production: no production version yet"
-    )
-    meta = json.loads((root / "mnist-cnn" / "1" / METADATA_FILE).read_text())
-    # Same data (deterministic prep) and model as the fixture: Keras' own accuracy.
-    assert meta["metrics"]["accuracy"] == pytest.approx(trained_model.accuracy, abs=1e-6)
-    assert meta["image_refs"] == {"register": "i/r:t"} and meta["pipeline_run_id"]
-    assert meta["saved_model_sha256"] == trained_model.saved_model_sha256
