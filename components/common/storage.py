@@ -1,19 +1,17 @@
 """One code path for local paths and ``gs://`` URIs.
 
 Local paths are used as they are; ``gs://bucket/key`` goes through ``google-cloud-storage``
-(which honours ``STORAGE_EMULATOR_HOST``, so tests run against ``fake-gcs-server``).
-Every write is all-or-nothing: local files are written to a temporary name and renamed, and a
-GCS object appears only when its upload completes.
+(which honours ``STORAGE_EMULATOR_HOST``, so tests run against ``fake-gcs-server``). Every write
+is all-or-nothing: local files are written to a temporary name and renamed, and a GCS object
+appears only when its upload completes.
 
-Every GCS request retries transient errors (429, 408, 5xx, dropped connections) with the
-client library's own policy, google-api-core's ``Retry`` with ``DEFAULT_RETRY``'s predicate and
-exponential back-off, and each retry is logged once, naming the operation, the object and the
-error (`_retry`). Retrying is safe for every call here: reads, lists and deletes are
-idempotent; plain uploads write objects that have one writer and the same bytes on every
-attempt; a retried server-side copy writes the same object again; and the conditional writes
-carry a generation precondition, so a retry whose first attempt did reach the server fails the
-precondition (412) instead of writing twice (what the callers do then is in `create_exclusive`
-and `write_if_unchanged`).
+Every GCS request retries transient errors (429, 408, 5xx, dropped connections) with the client
+library's own policy (`_retry`: google-api-core's ``Retry`` with ``DEFAULT_RETRY``'s predicate
+and back-off), logging each retry once. That is safe for every call here: reads, lists and
+deletes are idempotent; plain uploads and server-side copies write the same bytes again; and a
+conditional write whose first attempt did reach the server fails its generation precondition
+(412) on the retry instead of writing twice (`create_exclusive`, `write_if_unchanged` say what
+the callers do then).
 """
 
 from __future__ import annotations
@@ -107,7 +105,7 @@ def _retry(operation: str, uri: str) -> Any:
 
 
 def _gcs_errors() -> Any:
-    from google.api_core import exceptions
+    from google.api_core import exceptions  # lazily, as `_client`
 
     return exceptions
 
