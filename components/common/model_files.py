@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from components.common import storage
+from components.common.defaults import NUM_CLASSES
 
 SAVED_MODEL_PB = "saved_model.pb"
 VARIABLES_INDEX = "variables/variables.index"
@@ -94,7 +95,7 @@ def load_serving(local_dir: str | Path, where: str) -> Callable[..., np.ndarray]
         # Looked up through `loaded` on every call: the signature alone does not keep the
         # loaded object, whose deletion would free the variables it reads.
         signature = loaded.signatures[SERVING_SIGNATURE]
-        rows = [np.zeros((0, 10), np.float32)]
+        rows = [np.zeros((0, NUM_CLASSES), np.float32)]
         for start in range(0, len(images), batch_size):
             batch = tf.constant(np.asarray(images[start : start + batch_size], np.float32))
             (output,) = signature(**{name: batch}).values()
