@@ -33,7 +33,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,8 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
-def _json_bytes(record: dict[str, Any]) -> bytes:
+def json_bytes(record: Mapping[str, Any]) -> bytes:
+    """A registry record as written: indented JSON with sorted keys, one final newline."""
     return (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
@@ -147,7 +148,7 @@ class ModelStore:
         """Take the next free version number by exclusive creation of its claim file."""
         version = max(self.claimed_versions(), default=0) + 1
         for _ in range(MAX_CLAIM_ATTEMPTS):
-            if storage.create_exclusive(self._claim_uri(version), _json_bytes(record)):
+            if storage.create_exclusive(self._claim_uri(version), json_bytes(record)):
                 return version
             version += 1  # someone else got it first; the next one is free or soon known
         raise RegistryError(f"{self.base}: could not claim a version in {MAX_CLAIM_ATTEMPTS} tries")
@@ -173,11 +174,11 @@ class ModelStore:
 
     def bind_run(self, run_id: str, record: dict[str, Any]) -> bool:
         """Record that `run_id` registers `record['version']`; False if the run already had one."""
-        return storage.create_exclusive(self._run_uri(run_id), _json_bytes(record))
+        return storage.create_exclusive(self._run_uri(run_id), json_bytes(record))
 
     def update_run(self, run_id: str, record: dict[str, Any]) -> None:
         """Overwrite the run record (once its registration has finished)."""
-        storage.write_bytes(self._run_uri(run_id), _json_bytes(record))
+        storage.write_bytes(self._run_uri(run_id), json_bytes(record))
 
     # -- versions --------------------------------------------------------------------------
     def is_published(self, version: int) -> bool:
@@ -200,7 +201,7 @@ class ModelStore:
         with tempfile.TemporaryDirectory(prefix="register-") as tmp:
             staged = Path(tmp) / "version"
             shutil.copytree(model_dir, staged)
-            (staged / METADATA_FILE).write_bytes(_json_bytes(metadata))
+            (staged / METADATA_FILE).write_bytes(json_bytes(metadata))
             try:
                 storage.upload_dir(staged, dest, last=SAVED_MODEL_PB, staging=staging)
             except OSError:
@@ -248,6 +249,6 @@ class ModelStore:
                 record["previous"] = {
                     k: current.get(k) for k in ("version", "metrics", "pipeline_run_id")
                 }
-            if storage.write_if_unchanged(self.alias_uri(alias), _json_bytes(record), token):
+            if storage.write_if_unchanged(self.alias_uri(alias), json_bytes(record), token):
                 return True, reason, current
         raise RegistryError(f"{self.alias_uri(alias)}: kept changing; gave up after retries")

@@ -21,13 +21,19 @@ import random
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from components.common import storage
 from components.common.defaults import PRODUCTION_ALIAS
-from components.register.registry import SAVED_MODEL_PB, ModelStore, RegistryError, check_name
+from components.register.registry import (
+    SAVED_MODEL_PB,
+    ModelStore,
+    RegistryError,
+    check_name,
+    json_bytes,
+)
 
 SERVING = "_serving"
 LEASE_SECONDS = 120.0
@@ -163,15 +169,11 @@ class ServingFolder:
             data, token = storage.read_versioned(self.lease_uri)
             if data is not None and json.loads(data).get("holder") == holder:
                 released = {"holder": None, "expires": 0}
-                storage.write_if_unchanged(self.lease_uri, _json(released), token)
+                storage.write_if_unchanged(self.lease_uri, json_bytes(released), token)
 
     def _take(self, holder: str) -> bool:
         data, token = storage.read_versioned(self.lease_uri)
         if data is not None and float(json.loads(data).get("expires", 0)) > self.clock():
             return False
         record = {"holder": holder, "expires": self.clock() + self.lease_s}
-        return storage.write_if_unchanged(self.lease_uri, _json(record), token)
-
-
-def _json(record: Mapping[str, object]) -> bytes:
-    return (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+        return storage.write_if_unchanged(self.lease_uri, json_bytes(record), token)
