@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -99,28 +100,52 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
-@pytest.fixture(scope="session")
-def trained_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -> TrainedModel:
-    """`build_model` (``small``) trained 3 quick epochs on `tiny_dataset` and exported as the
-    trainer does (``model.save(dir, include_optimizer=False)``). Not Horovod: just a real
-    SavedModel."""
+def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedModel:
+    """`build_model` (``small``, `seed`) trained `epochs` quick epochs on `dataset` and exported
+    at `path` as the trainer does (``model.save(dir, include_optimizer=False)``). Not Horovod:
+    just a real SavedModel, with the accuracy and loss Keras reports for it on the test split."""
     from components.common import keras_env
     from components.common.dataset import load_split
     from components.train.model import build_model
 
-    x, y = load_split(tiny_dataset, "train")
-    x_test, y_test = load_split(tiny_dataset, "test")
-    model = build_model(seed=7, model="small")
+    x, y = load_split(dataset, "train")
+    x_test, y_test = load_split(dataset, "test")
+    model = build_model(seed=seed, model="small")
     model.compile(
         optimizer=keras_env.keras().optimizers.Adam(0.003),
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
     )
-    model.fit(x, y, epochs=3, batch_size=32, verbose=0)
+    model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
     loss, accuracy = model.evaluate(x_test, y_test, batch_size=400, verbose=0)
-    path = tmp_path_factory.mktemp("trained-model") / "model"
     model.save(str(path), include_optimizer=False)
-    return TrainedModel(str(path), tiny_dataset, float(accuracy), float(loss))
+    return TrainedModel(str(path), dataset, float(accuracy), float(loss))
+
+
+@pytest.fixture(scope="session")
+def trained_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -> TrainedModel:
+    """`train_small` for 3 epochs on `tiny_dataset` (session-wide)."""
+    return train_small(tiny_dataset, 7, 3, tmp_path_factory.mktemp("trained-model") / "model")
+
+
+@pytest.fixture
+def trained_summary(trained_model: TrainedModel, tmp_path: Path) -> str:
+    """A run summary as the trainer writes it for `trained_model`, recording its digest."""
+    path = tmp_path / "run_summary.json"
+    record = {
+        "world_size": 2, "workers": 2, "epochs": 1, "final_loss": 0.5, "model": "small",
+        "augment": False, "saved_model_sha256": trained_model.saved_model_sha256,
+    }  # fmt: skip
+    path.write_text(json.dumps(record))
+    return str(path)
+
+
+@pytest.fixture(params=["local", "gcs"])
+def storage_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A folder for a test's files, once on local disk and once on fake-gcs-server."""
+    if request.param == "local":
+        return str(tmp_path / "root")
+    return f"gs://{request.getfixturevalue('gcs_bucket')}/root"
 
 
 # What `make run` runs, on a tiny configuration: kfp.local, a real 2-rank horovodrun, local disk.

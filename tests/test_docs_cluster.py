@@ -276,8 +276,7 @@ def _compiled(compiler: Any, pipeline: Any) -> dict[str, Any]:
 def test_the_inferenceservice_command_serves_the_aliass_serving_folder(gcs_uri: str) -> None:
     """Section 7's render-inferenceservice, run against a registry (on fake-gcs-server) whose
     production alias exists: a CRD-valid InferenceService of the alias's serving folder."""
-    from components.register.decision import challenger_wins
-    from components.register.registry import ModelStore
+    from components.register.registry import ModelStore, challenger_wins
     from components.serve.inferenceservice import INFERENCESERVICE
     from components.train.cluster.crd import manifest_problems
 

@@ -7,6 +7,7 @@ storage layer's retry warnings equal, in number and status, the faults the proxy
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -28,14 +29,29 @@ _ids = itertools.count()
 
 @dataclass
 class Faulty:
-    """A bucket reached through the fault proxy; faults start when a test sets the share."""
+    """A bucket reached through the fault proxy; faults only inside `faults`."""
 
     proxy: FaultProxy
     root: str
+    caplog: pytest.LogCaptureFixture
+
+    @contextlib.contextmanager
+    def faults(self) -> Iterator[None]:
+        """`SHARE` of the requests in the block fail; after it, each fault must have been
+        retried, and logged, once."""
+        self.caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
+        self.proxy.share = SHARE
+        try:
+            yield
+        finally:
+            self.proxy.share = 0.0
+        assert_each_fault_retried_once(self.proxy, self.caplog)
 
 
 @pytest.fixture
-def faulty(gcs_emulator: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faulty]:
+def faulty(
+    gcs_emulator: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> Iterator[Faulty]:
     name = f"faults-{next(_ids)}"
     create_bucket(gcs_emulator, name)
     with FaultProxy(gcs_emulator, share=0.0, seed=11) as proxy:
@@ -43,7 +59,7 @@ def faulty(gcs_emulator: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fault
         monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
         storage._client.cache_clear()
         try:
-            yield Faulty(proxy, f"gs://{name}")
+            yield Faulty(proxy, f"gs://{name}", caplog)
         finally:
             storage._client.cache_clear()
 
@@ -82,45 +98,21 @@ def test_the_retry_policy_retries_429_and_503_and_logs_each_retry(
     ]
 
 
-def test_the_proxy_injects_the_same_faults_for_the_same_seed(gcs_emulator: str) -> None:
-    def statuses(seed: int) -> list[int | None]:
-        proxy = FaultProxy(gcs_emulator, share=0.5, seed=seed)
-        return [proxy.fault_for("GET", f"/o/{i}") for i in range(40)]
-
-    first = statuses(3)
-    assert first == statuses(3) and first != statuses(4)
-    assert {503, 429} <= set(first) and None in first
-    spared = FaultProxy(gcs_emulator, share=0.99, seed=3)  # the client's background metadata read
-    assert spared.fault_for("GET", "/storage/v1/b/bucket?projection=noAcl") is None
-    assert spared.fault_for("GET", "/storage/v1/b/bucket/o?prefix=a") in (503, 429)
-    with pytest.raises(ValueError, match="share must be in"):
-        FaultProxy(gcs_emulator, share=1.0, seed=1)
-    with pytest.raises(ValueError, match="statuses must be some of"):
-        FaultProxy(gcs_emulator, share=0.1, seed=1, statuses=[404])
-
-
-def test_data_prep_retries_and_writes_the_whole_dataset(
-    faulty: Faulty, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_data_prep_retries_and_writes_the_whole_dataset(faulty: Faulty) -> None:
     from components.data_prep.prep import prepare
 
-    caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
     data = f"{faulty.root}/data"
-    faulty.proxy.share = SHARE
-    prepare("bundled", data, shard_size=250, limit=600)
-    faulty.proxy.share = 0.0
+    with faulty.faults():
+        prepare("bundled", data, shard_size=250, limit=600)
     manifest = dataset.read_manifest(data)
     assert (manifest.count("train"), manifest.count("test")) == (600, 600)
-    assert_each_fault_retried_once(faulty.proxy, caplog)
 
 
 def _weights(model: Any) -> list[np.ndarray]:
     return [np.asarray(w) for w in model.get_weights()]
 
 
-def test_checkpoints_save_and_restore_retry(
-    faulty: Faulty, caplog: pytest.LogCaptureFixture, tmp_path: Any
-) -> None:
+def test_checkpoints_save_and_restore_retry(faulty: Faulty, tmp_path: Any) -> None:
     import tensorflow as tf
 
     from components.common import keras_env
@@ -128,21 +120,17 @@ def test_checkpoints_save_and_restore_retry(
     from components.train.model import build_model
 
     keras_env.keras()
-    caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
     uri = f"{faulty.root}/run/checkpoints"
-    saved = build_model(3, "small")
-    faulty.proxy.share = SHARE
-    ckpt = tf.train.Checkpoint(model=saved)
-    for epoch in (1, 2, 3):
-        checkpoints.save(ckpt, uri, epoch, {"loss": 1.0 / epoch}, "small")
-    info = checkpoints.latest(uri)
-    assert info is not None and (info.epoch, info.metrics) == (3, {"loss": 1.0 / 3})
-    restored = build_model(4, "small")
-    checkpoints.restore(tf.train.Checkpoint(model=restored), uri, info, tmp_path / "work")
-    faulty.proxy.share = 0.0
+    saved, restored = build_model(3, "small"), build_model(4, "small")
+    with faulty.faults():
+        ckpt = tf.train.Checkpoint(model=saved)
+        for epoch in (1, 2, 3):
+            checkpoints.save(ckpt, uri, epoch, {"loss": 1.0 / epoch}, "small")
+        info = checkpoints.latest(uri)
+        assert info is not None and (info.epoch, info.metrics) == (3, {"loss": 1.0 / 3})
+        checkpoints.restore(tf.train.Checkpoint(model=restored), uri, info, tmp_path / "work")
     for a, b in zip(_weights(saved), _weights(restored), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert_each_fault_retried_once(faulty.proxy, caplog)
 
 
 def _upload_inputs(faulty: Faulty, trained_model: Any) -> tuple[str, str]:
@@ -153,23 +141,17 @@ def _upload_inputs(faulty: Faulty, trained_model: Any) -> tuple[str, str]:
     return model_uri, data_uri
 
 
-def test_evaluate_retries_and_scores_the_model(
-    faulty: Faulty, trained_model: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_evaluate_retries_and_scores_the_model(faulty: Faulty, trained_model: Any) -> None:
     from components.evaluate.evaluate import evaluate
 
     model_uri, data_uri = _upload_inputs(faulty, trained_model)
-    caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
-    faulty.proxy.share = SHARE
-    result = evaluate(model_uri, data_uri, saved_model_sha256=trained_model.saved_model_sha256)
-    faulty.proxy.share = 0.0
+    with faulty.faults():
+        digest = trained_model.saved_model_sha256
+        result = evaluate(model_uri, data_uri, saved_model_sha256=digest)
     assert result.accuracy == pytest.approx(trained_model.accuracy, abs=1e-6)
-    assert_each_fault_retried_once(faulty.proxy, caplog)
 
 
-def test_register_retries_and_publishes_one_version(
-    faulty: Faulty, trained_model: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_register_retries_and_publishes_one_version(faulty: Faulty, trained_model: Any) -> None:
     from components.register.register import register
 
     model_uri, data_uri = _upload_inputs(faulty, trained_model)
@@ -178,13 +160,11 @@ def test_register_retries_and_publishes_one_version(
         "world_size": 1, "model": "small", "saved_model_sha256": trained_model.saved_model_sha256
     }  # fmt: skip
     storage.write_text(summary_uri, json.dumps(summary))
-    caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
-    faulty.proxy.share = SHARE
-    decision = register(
-        model_uri, summary_uri, data_uri, trained_model.accuracy, trained_model.loss,
-        registry_root=f"{faulty.root}/models", pipeline_run_id="run-faults", min_accuracy=0.0,
-    )  # fmt: skip
-    faulty.proxy.share = 0.0
+    with faulty.faults():
+        decision = register(
+            model_uri, summary_uri, data_uri, trained_model.accuracy, trained_model.loss,
+            registry_root=f"{faulty.root}/models", pipeline_run_id="run-faults", min_accuracy=0.0,
+        )  # fmt: skip
     assert decision.registered and decision.version == 1 and decision.promoted
     registry = f"{faulty.root}/models/mnist-cnn"
     files = storage.list_files(registry)
@@ -195,4 +175,3 @@ def test_register_retries_and_publishes_one_version(
     # The alias's serving folder holds that one version, whole, through the faults too.
     published = sorted(f.removeprefix(serving) for f in files if f.startswith(serving))
     assert published == sorted(f.removeprefix(f"{registry}/") for f in versions if "/1/" in f)
-    assert_each_fault_retried_once(faulty.proxy, caplog)

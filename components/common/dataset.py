@@ -82,13 +82,6 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _load_npy(data: bytes, where: str) -> np.ndarray:
-    try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    except Exception as exc:  # numpy raises ValueError, OSError, EOFError... for bad bytes
-        raise DataError(f"{where}: not a readable .npy file ({exc})") from exc
-
-
 @dataclass(frozen=True)
 class Shard:
     """One shard file pair of a split."""
@@ -98,6 +91,9 @@ class Shard:
     count: int
     images_sha256: str
     labels_sha256: str
+
+
+SHARD_KEYS = tuple(Shard.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -171,31 +167,23 @@ def read_manifest(uri: str) -> Manifest:
         if raw.get("format") != FORMAT:
             raise DataError(f"{path}: format is {raw.get('format')!r}, expected {FORMAT!r}")
         splits = {
-            name: [
-                Shard(
-                    images=s["images"],
-                    labels=s["labels"],
-                    count=int(s["count"]),
-                    images_sha256=s["images_sha256"],
-                    labels_sha256=s["labels_sha256"],
-                )
-                for s in body["shards"]
-            ]
+            name: [Shard(**{k: s[k] for k in SHARD_KEYS}) for s in body["shards"]]
             for name, body in raw["splits"].items()
         }
+        empty = [(name, s.images) for name, shards in splits.items() for s in shards if s.count < 1]
     except DataError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DataError(f"{path}: not a valid manifest ({type(exc).__name__}: {exc})") from exc
-    for name, shards in splits.items():
-        for shard in shards:
-            if shard.count < 1:
-                raise DataError(f"{storage.join(uri, shard.images)}: empty shard in split {name!r}")
+    if empty:
+        name, images = empty[0]
+        raise DataError(f"{storage.join(uri, images)}: empty shard in split {name!r}")
     raw["_sha256"] = sha256_bytes(data)
     return Manifest(root=uri, splits=splits, raw=raw)
 
 
 def _read_verified(root: str, rel: str, expected_sha256: str) -> np.ndarray:
+    """The array in ``<root>/<rel>``, its bytes checked against the manifest's sha256."""
     path = storage.join(root, rel)
     try:
         data = storage.read_bytes(path)
@@ -206,7 +194,10 @@ def _read_verified(root: str, rel: str, expected_sha256: str) -> np.ndarray:
         raise DataError(
             f"{path}: corrupt (sha256 {actual[:12]}…, manifest says {expected_sha256[:12]}…)"
         )
-    return _load_npy(data, path)
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as exc:  # numpy raises ValueError, OSError, EOFError... for bad bytes
+        raise DataError(f"{path}: not a readable .npy file ({exc})") from exc
 
 
 def load_range(

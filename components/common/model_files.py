@@ -1,9 +1,10 @@
-"""A SavedModel as files, without TensorFlow: fetching it, its layout, and its digest.
+"""A SavedModel: fetching it, its layout, its digest, and its ``serving_default`` signature.
 
 The trainer records ``saved_model_sha256`` (sha256 of ``saved_model.pb``) in the run summary and
 in the Model artifact's metadata. Evaluation and registration check a model against that digest
-by hashing, so the model they score or publish is the one that was trained. (Parsing the
-SavedModel's protobuf needs TensorFlow: that is ``components/evaluate/saved_model.py``.)
+by hashing, so the model they score or publish is the one that was trained. Registration needs
+no TensorFlow (its image has none); only `load_serving` imports it, for evaluate and serve,
+which both run the signature TF Serving would run.
 """
 
 from __future__ import annotations
@@ -11,12 +12,17 @@ from __future__ import annotations
 import hashlib
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from components.common import storage
+from components.common.defaults import NUM_CLASSES
 
 SAVED_MODEL_PB = "saved_model.pb"
 VARIABLES_INDEX = "variables/variables.index"
+SERVING_SIGNATURE = "serving_default"
 DIGEST_KEY = "saved_model_sha256"  # the run summary's and the Model artifact's metadata key
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -26,43 +32,24 @@ class ModelError(ValueError):
 
 
 def fetch_model(uri: str, workdir: str | Path) -> Path:
-    """A local directory holding the model at `uri` (downloaded into `workdir` for ``gs://``)."""
+    """A local directory holding the SavedModel at `uri` (downloaded into `workdir` for
+    ``gs://``), its layout checked: ``saved_model.pb`` and ``variables/variables.index``."""
     if not uri:
         raise ModelError("model location is empty")
+    path = Path(uri)
     if storage.is_gcs(uri):
         if not storage.list_files(uri):
             raise ModelError(f"{uri}: model directory is missing (no objects under it)")
-        return storage.download_dir(uri, Path(tempfile.mkdtemp(prefix="model-", dir=workdir)))
-    return Path(uri)
-
-
-def check_layout(local_dir: str | Path, where: str | None = None) -> Path:
-    """Raise ModelError unless `local_dir` has a SavedModel's files; return its saved_model.pb.
-
-    Checks ``saved_model.pb`` and ``variables/variables.index`` are there (not what they hold).
-    `where` names the model in messages (e.g. its gs:// URI); defaults to `local_dir`.
-    """
-    path = Path(local_dir)
-    name = where or str(path)
+        path = storage.download_dir(uri, Path(tempfile.mkdtemp(prefix="model-", dir=workdir)))
     if not path.exists():
-        raise ModelError(f"{name}: model directory is missing")
+        raise ModelError(f"{uri}: model directory is missing")
     if not path.is_dir():
-        raise ModelError(f"{name}: not a directory (expected a SavedModel directory)")
-    pb = path / SAVED_MODEL_PB
-    if not pb.is_file():
-        raise ModelError(f"{name}: not a SavedModel (no {SAVED_MODEL_PB})")
+        raise ModelError(f"{uri}: not a directory (expected a SavedModel directory)")
+    if not (path / SAVED_MODEL_PB).is_file():
+        raise ModelError(f"{uri}: not a SavedModel (no {SAVED_MODEL_PB})")
     if not (path / VARIABLES_INDEX).is_file():
-        raise ModelError(f"{name}: SavedModel is incomplete (no {VARIABLES_INDEX})")
-    return pb
-
-
-def saved_model_sha256(local_dir: str | Path) -> str:
-    """Hex sha256 of the model's ``saved_model.pb`` (the digest the trainer records)."""
-    digest = hashlib.sha256()
-    with open(Path(local_dir) / SAVED_MODEL_PB, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        raise ModelError(f"{uri}: SavedModel is incomplete (no {VARIABLES_INDEX})")
+    return path
 
 
 def check_digest_text(value: object, source: str) -> str:
@@ -72,16 +59,47 @@ def check_digest_text(value: object, source: str) -> str:
     return value
 
 
-def verify_digest(local_dir: str | Path, recorded: str, where: str | None = None) -> str:
-    """Hash the model's ``saved_model.pb``; raise ModelError unless it equals `recorded`.
-
-    Returns the digest. The message names the model and both digests.
-    """
-    name = where or str(local_dir)
-    actual = saved_model_sha256(local_dir)
-    if actual != recorded:
+def verify_digest(local_dir: str | Path, recorded: str | None, where: str) -> str:
+    """The sha256 of the model's ``saved_model.pb``; ModelError (naming the model and both
+    digests) unless it equals `recorded`, the digest the trainer recorded, when one is given."""
+    actual = hashlib.sha256((Path(local_dir) / SAVED_MODEL_PB).read_bytes()).hexdigest()
+    if recorded is not None and actual != check_digest_text(recorded, where):
         raise ModelError(
-            f"{name}: {SAVED_MODEL_PB} has sha256 {actual}, but the trainer recorded "
+            f"{where}: {SAVED_MODEL_PB} has sha256 {actual}, but the trainer recorded "
             f"{recorded}: this is not the model that was trained"
         )
     return actual
+
+
+def load_serving(local_dir: str | Path, where: str) -> Callable[..., np.ndarray]:
+    """The fetched SavedModel's ``serving_default`` signature (what TF Serving runs) as a
+    function: raw ``(n, 28, 28)`` digits in, ``(n, 10)`` class probabilities out, in batches
+    of at most `batch_size`. ModelError if it does not load or has no such signature."""
+    from components.common.keras_env import tensorflow
+
+    tf = tensorflow()
+    try:
+        loaded = tf.saved_model.load(str(local_dir))
+    except Exception as exc:  # TF raises many types for a model it cannot read
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{where}: {SAVED_MODEL_PB} is corrupt or unreadable ({reason})") from exc
+    signatures = loaded.signatures
+    if SERVING_SIGNATURE not in signatures:
+        raise ModelError(
+            f"{where}: SavedModel has no {SERVING_SIGNATURE!r} signature "
+            f"(has {sorted(signatures)}); TF Serving needs it"
+        )
+    (name,) = signatures[SERVING_SIGNATURE].structured_input_signature[1]  # one input
+
+    def predict(images: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        # Looked up through `loaded` on every call: the signature alone does not keep the
+        # loaded object, whose deletion would free the variables it reads.
+        signature = loaded.signatures[SERVING_SIGNATURE]
+        rows = [np.zeros((0, NUM_CLASSES), np.float32)]
+        for start in range(0, len(images), batch_size):
+            batch = tf.constant(np.asarray(images[start : start + batch_size], np.float32))
+            (output,) = signature(**{name: batch}).values()
+            rows.append(output.numpy())
+        return np.concatenate(rows)
+
+    return predict

@@ -1,24 +1,24 @@
 """One code path for local paths and ``gs://`` URIs.
 
 Local paths are used as they are; ``gs://bucket/key`` goes through ``google-cloud-storage``
-(which honours ``STORAGE_EMULATOR_HOST``, so tests run against ``fake-gcs-server``).
-Every write is all-or-nothing: local files are written to a temporary name and renamed, and a
-GCS object appears only when its upload completes.
+(which honours ``STORAGE_EMULATOR_HOST``, so tests run against ``fake-gcs-server``). Every write
+is all-or-nothing: local files are written to a temporary name and renamed, and a GCS object
+appears only when its upload completes.
 
-Every GCS request retries transient errors (429, 408, 5xx, dropped connections) with the
-client library's own policy, google-api-core's ``Retry`` with ``DEFAULT_RETRY``'s predicate and
-exponential back-off, and each retry is logged once, naming the operation, the object and the
-error (`_retry`). Retrying is safe for every call here: reads, lists and deletes are
-idempotent; plain uploads (`write_bytes`, `upload_dir`) write objects that have one writer and
-the same bytes on every attempt; a retried server-side copy writes the same object again; and
-the conditional writes carry a generation precondition, so a retry whose first attempt did
-reach the server fails the precondition (412) instead of writing twice (what the callers do
-then is in `create_exclusive` and `write_if_unchanged`).
+Every GCS request retries transient errors (429, 408, 5xx, dropped connections) with the client
+library's own policy (`_retry`: google-api-core's ``Retry`` with ``DEFAULT_RETRY``'s predicate
+and back-off), logging each retry once. That is safe for every call here: reads, lists and
+deletes are idempotent; plain uploads and server-side copies write the same bytes again; and a
+conditional write whose first attempt did reach the server fails its generation precondition
+(412) on the retry instead of writing twice (`create_exclusive`, `write_if_unchanged` say what
+the callers do then).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import logging
 import os
 import shutil
@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 GCS_SCHEME = "gs://"
+# The compare-and-swap token of a file that does not exist (GCS's ifGenerationMatch=0).
+ABSENT = "0"
 _log = logging.getLogger(__name__)
 
 
@@ -96,10 +98,16 @@ def _retry(operation: str, uri: str) -> Any:
         _log.warning("GCS %s %s failed: %s; retrying", operation, uri, _describe(exc))
 
     # google-api-core has no public copy-with-on_error; DEFAULT_RETRY's predicate is reused as
-    # it is (components/common/tests/test_storage.py checks that it retries 429 and 503).
+    # it is (tests/test_gcs_faults.py checks that it retries 429 and 503).
     return Retry(
         predicate=DEFAULT_RETRY._predicate, timeout=DEFAULT_RETRY.timeout, on_error=log_retry
     )
+
+
+def _gcs_errors() -> Any:
+    from google.api_core import exceptions  # lazily, as `_client`
+
+    return exceptions
 
 
 def exists(uri: str) -> bool:
@@ -111,17 +119,12 @@ def exists(uri: str) -> bool:
 
 def read_bytes(uri: str) -> bytes:
     """Read a whole file. Raises FileNotFoundError naming the URI if it is missing."""
-    if is_gcs(uri):
-        from google.api_core import exceptions as gexc
-
-        try:
-            return bytes(_blob(uri).download_as_bytes(retry=_retry("read", uri)))
-        except gexc.NotFound as exc:
-            raise FileNotFoundError(f"no such object: {uri}") from exc
+    if not is_gcs(uri):
+        return Path(uri).read_bytes()  # its FileNotFoundError names the path
     try:
-        return Path(uri).read_bytes()
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"no such file: {uri}") from exc
+        return bytes(_blob(uri).download_as_bytes(retry=_retry("read", uri)))
+    except _gcs_errors().NotFound as exc:
+        raise FileNotFoundError(f"no such object: {uri}") from exc
 
 
 def read_text(uri: str) -> str:
@@ -144,15 +147,26 @@ def _write_beside(path: Path, data: bytes) -> Path:
     return Path(tmp)
 
 
+def _upload(uri: str, data: bytes, operation: str, generation: int | None = None) -> bool:
+    """One GCS upload, with the precondition ``ifGenerationMatch=generation`` when given;
+    False if the precondition failed."""
+    try:
+        _blob(uri).upload_from_string(
+            data, if_generation_match=generation, retry=_retry(operation, uri)
+        )
+    except _gcs_errors().PreconditionFailed:
+        return False
+    return True
+
+
 def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole file atomically (temporary name + rename locally, one upload on GCS)."""
     if is_gcs(uri):
-        _blob(uri).upload_from_string(data, retry=_retry("write", uri))
+        _upload(uri, data, "write")
         return
-    path = Path(uri)
-    tmp = _write_beside(path, data)
+    tmp = _write_beside(Path(uri), data)
     try:
-        os.replace(tmp, path)
+        os.replace(tmp, uri)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -173,17 +187,10 @@ def create_exclusive(uri: str, data: bytes) -> bool:
     the callers tolerate (a claimed version is skipped, a run binding is read back).
     """
     if is_gcs(uri):
-        from google.api_core import exceptions as gexc
-
-        try:
-            _blob(uri).upload_from_string(data, if_generation_match=0, retry=_retry("create", uri))
-        except gexc.PreconditionFailed:
-            return False
-        return True
-    path = Path(uri)
-    tmp = _write_beside(path, data)
+        return _upload(uri, data, "create", generation=0)
+    tmp = _write_beside(Path(uri), data)
     try:
-        os.link(tmp, path)  # atomic, and fails if `path` exists
+        os.link(tmp, uri)  # atomic, and fails if `uri` exists
     except FileExistsError:
         return False
     finally:
@@ -191,52 +198,39 @@ def create_exclusive(uri: str, data: bytes) -> bool:
     return True
 
 
-def list_files(uri: str) -> list[str]:
-    """All files below a directory or prefix, as full URIs, sorted."""
+def _listing(uri: str) -> Iterator[tuple[str, Any]]:
+    """Every file below `uri` as (path relative to `uri`, its blob on GCS or its Path)."""
     if is_gcs(uri):
         bucket, key = split_gcs(uri)
         prefix = key.rstrip("/") + "/" if key else ""
-        blobs = _client().list_blobs(bucket, prefix=prefix, retry=_retry("list", uri))
-        return sorted(f"{GCS_SCHEME}{bucket}/{b.name}" for b in blobs)
-    root = Path(uri)
-    if not root.is_dir():
-        return []
-    return sorted(str(p) for p in root.rglob("*") if p.is_file())
+        for blob in _client().list_blobs(bucket, prefix=prefix, retry=_retry("list", uri)):
+            yield blob.name[len(prefix) :], blob
+    elif Path(uri).is_dir():
+        for path in Path(uri).rglob("*"):
+            if path.is_file():
+                yield path.relative_to(uri).as_posix(), path
+
+
+def list_files(uri: str) -> list[str]:
+    """All files below a directory or prefix, as full URIs, sorted."""
+    return sorted(join(uri, rel) for rel, _ in _listing(uri))
 
 
 def checksums(uri: str) -> dict[str, str]:
     """Every file below `uri`: its relative path -> a checksum of its content (GCS: the crc32c
     of the listing, nothing downloaded; locally: the sha256 of its bytes)."""
-    prefix = uri.rstrip("/") + "/"
     if is_gcs(uri):
-        bucket, key = split_gcs(uri)
-        blobs = _client().list_blobs(
-            bucket, prefix=key.rstrip("/") + "/", retry=_retry("list", uri)
-        )
-        return {f"{GCS_SCHEME}{bucket}/{b.name}"[len(prefix) :]: str(b.crc32c) for b in blobs}
-    return {p[len(prefix) :]: _sha256(Path(p).read_bytes()) for p in list_files(uri)}
+        return {rel: str(blob.crc32c) for rel, blob in _listing(uri)}
+    return {rel: _sha256(path.read_bytes()) for rel, path in _listing(uri)}
 
 
 def copy_file(src: str, dest: str) -> None:
-    """Copy one file: a server-side copy on GCS (both sides ``gs://``), else a local copy that
-    appears whole (temporary name + rename)."""
-    if is_gcs(src) and is_gcs(dest):
-        source, target = _blob(src), _blob(dest)
-        retry = _retry("copy", dest)
-        token, _, _ = target.rewrite(source, retry=retry)
-        while token is not None:  # large objects take several rewrite calls
-            token, _, _ = target.rewrite(source, token=token, retry=retry)
-        return
-    if is_gcs(src) or is_gcs(dest):
-        raise ValueError(f"copy_file copies within one side: {src} -> {dest}")
-    tmp = _write_beside(Path(dest), Path(src).read_bytes())
-    os.replace(tmp, dest)
-
-
-def _walk_local(local_dir: Path) -> Iterator[tuple[Path, str]]:
-    for path in sorted(local_dir.rglob("*")):
-        if path.is_file():
-            yield path, path.relative_to(local_dir).as_posix()
+    """A server-side copy of one GCS object (no bytes pass through this process)."""
+    source, target = _blob(src), _blob(dest)
+    retry = _retry("copy", dest)
+    token, _, _ = target.rewrite(source, retry=retry)
+    while token is not None:  # large objects take several rewrite calls
+        token, _, _ = target.rewrite(source, token=token, retry=retry)
 
 
 def upload_dir(
@@ -255,14 +249,17 @@ def upload_dir(
     incomplete only while those copies run, not during the upload, and not at all after an
     upload that failed.
     """
-    local_dir = Path(local_dir)
     if is_gcs(uri):
-        files = sorted(_walk_local(local_dir), key=lambda item: item[1] == last)
-        for path, rel in files:
+        rels = sorted((rel for rel, _ in _listing(str(local_dir))), key=lambda r: (r == last, r))
+        for rel in rels:
             target = join(staging or uri, rel)
-            _blob(target).upload_from_filename(str(path), retry=_retry("upload", target))
+            _blob(target).upload_from_filename(
+                str(Path(local_dir, rel)), retry=_retry("upload", target)
+            )
         if staging is not None:
-            _move_objects(staging, uri, [rel for _, rel in files])
+            for rel in rels:
+                copy_file(join(staging, rel), join(uri, rel))
+            remove_tree(staging)
         return
     dest = Path(uri)
     if dest.exists():
@@ -277,17 +274,6 @@ def upload_dir(
         raise
 
 
-def _move_objects(src: str, dest: str, rels: list[str]) -> None:
-    """Server-side copy of ``src/<rel>`` to ``dest/<rel>`` in the order given, then delete src."""
-    from google.api_core import exceptions as gexc
-
-    for rel in rels:
-        copy_file(join(src, rel), join(dest, rel))
-    for rel in rels:
-        with contextlib.suppress(gexc.NotFound):  # a retried delete whose first try went through
-            _blob(join(src, rel)).delete(retry=_retry("delete", join(src, rel)))
-
-
 def download_dir(uri: str, local_dir: str | Path) -> Path:
     """Copy everything below `uri` into `local_dir` (created). Returns `local_dir`."""
     local_dir = Path(local_dir)
@@ -295,19 +281,11 @@ def download_dir(uri: str, local_dir: str | Path) -> Path:
     if not is_gcs(uri):
         shutil.copytree(uri, local_dir, dirs_exist_ok=True)
         return local_dir
-    prefix = uri.rstrip("/") + "/"
-    for file_uri in list_files(uri):
-        target = local_dir / file_uri[len(prefix) :]
+    for rel, blob in _listing(uri):
+        target = local_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        _blob(file_uri).download_to_filename(str(target), retry=_retry("download", file_uri))
+        blob.download_to_filename(str(target), retry=_retry("download", join(uri, rel)))
     return local_dir
-
-
-def local_copy(uri: str, workdir: str | Path) -> Path:
-    """A local directory holding the tree at `uri`: the path itself when local, else a download."""
-    if not is_gcs(uri):
-        return Path(uri)
-    return download_dir(uri, Path(workdir))
 
 
 def remove_tree(uri: str, last: str | None = None, first: str | None = None) -> None:
@@ -315,47 +293,39 @@ def remove_tree(uri: str, last: str | None = None, first: str | None = None) -> 
     `upload_dir`) goes after every other, so a delete cut short never leaves files without the
     file that marks them for their readers; the file named `first` goes before every other (a
     reader keyed on it stops seeing the tree at once)."""
-    if is_gcs(uri):
-        from google.api_core import exceptions as gexc
-
-        marker, head = join(uri, last) if last else None, join(uri, first) if first else None
-        for file_uri in sorted(list_files(uri), key=lambda f: (f != head, f == marker)):
-            with contextlib.suppress(gexc.NotFound):  # a retried delete that went through
-                _blob(file_uri).delete(retry=_retry("delete", file_uri))
+    if not is_gcs(uri):
+        shutil.rmtree(uri, ignore_errors=True)
         return
-    shutil.rmtree(uri, ignore_errors=True)
+    for rel, blob in sorted(_listing(uri), key=lambda item: (item[0] != first, item[0] == last)):
+        with contextlib.suppress(_gcs_errors().NotFound):  # a retried delete that went through
+            blob.delete(retry=_retry("delete", join(uri, rel)))
 
 
-# Compare-and-swap for small control files (registry aliases). A token identifies the content
-# a caller read: the object generation on GCS, the sha256 of the bytes locally. ABSENT means
-# "the file does not exist" (GCS's ifGenerationMatch=0).
-ABSENT = "0"
+# Compare-and-swap for small control files (registry aliases, leases). A token identifies the
+# content a caller read: the object generation on GCS, the sha256 of the bytes locally.
 
 
 def read_versioned(uri: str) -> tuple[bytes | None, str]:
     """Read a small file together with its compare-and-swap token; ``(None, ABSENT)`` if missing."""
-    if is_gcs(uri):
-        from google.api_core import exceptions as gexc
-
-        bucket, key = split_gcs(uri)
-        for _ in range(5):  # the object may be replaced between the metadata read and download
-            blob = _client().bucket(bucket).get_blob(key, retry=_retry("stat", uri))
-            if blob is None:
-                return None, ABSENT
-            generation = blob.generation  # read before the download, which may reset it
-            try:
-                data = blob.download_as_bytes(
-                    if_generation_match=generation, retry=_retry("read", uri)
-                )
-            except (gexc.NotFound, gexc.PreconditionFailed):
-                continue
-            return bytes(data), str(generation)
-        raise StorageError(f"{uri}: kept changing while being read")
-    try:
-        data = Path(uri).read_bytes()
-    except FileNotFoundError:
-        return None, ABSENT
-    return data, _sha256(data)
+    if not is_gcs(uri):
+        try:
+            data = Path(uri).read_bytes()
+        except FileNotFoundError:
+            return None, ABSENT
+        return data, _sha256(data)
+    bucket, key = split_gcs(uri)
+    errors = _gcs_errors()
+    for _ in range(5):  # the object may be replaced between the metadata read and download
+        blob = _client().bucket(bucket).get_blob(key, retry=_retry("stat", uri))
+        if blob is None:
+            return None, ABSENT
+        generation = blob.generation  # read before the download, which may reset it
+        try:
+            data = blob.download_as_bytes(if_generation_match=generation, retry=_retry("read", uri))
+        except (errors.NotFound, errors.PreconditionFailed):
+            continue
+        return bytes(data), str(generation)
+    raise StorageError(f"{uri}: kept changing while being read")
 
 
 def write_if_unchanged(uri: str, data: bytes, token: str) -> bool:
@@ -368,33 +338,16 @@ def write_if_unchanged(uri: str, data: bytes, token: str) -> bool:
     if the process dies).
     """
     if is_gcs(uri):
-        from google.api_core import exceptions as gexc
-
-        try:
-            _blob(uri).upload_from_string(
-                data, if_generation_match=int(token), retry=_retry("write", uri)
-            )
-        except gexc.PreconditionFailed:
-            return False
-        return True
-    import fcntl
-
+        return _upload(uri, data, "write", generation=int(token))
     path = Path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = path.parent / f".{path.name}.lock"
-    with open(lock_path, "a+b") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            _, current = read_versioned(uri)
-            if current != token:
-                return False
-            write_bytes(uri, data)
-            return True
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    with open(path.parent / f".{path.name}.lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
+        if read_versioned(uri)[1] != token:
+            return False
+        write_bytes(uri, data)
+        return True
 
 
 def _sha256(data: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()

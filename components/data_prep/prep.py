@@ -14,6 +14,7 @@ from components.common import dataset, storage
 from components.common.declare import add_arguments
 from components.common.defaults import MNIST_SHA256, SHARD_SIZE
 from components.data_prep.sources import load_source
+from components.data_prep.step import PREP_PARAMETERS, PrepStep
 
 
 def parse_sha256(value: str) -> str | None:
@@ -50,19 +51,15 @@ def prepare(
     temporary directory and then published: locally by one rename (it appears complete or not
     at all), on GCS with ``manifest.json`` uploaded last (readers key on it: ``read_manifest``).
     """
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
-    if limit is not None and limit < 0:
-        raise ValueError(f"data_limit must be >= 0 (0 = all), got {limit}")
+    # Every parameter rule, in one line naming each bad value (the check step's words).
+    PrepStep(source, expected_sha256 or "none", limit or 0, shard_size)
     limit = limit or None
     check_output_free(output)
     data = load_source(source, expected_sha256)
     splits = {}
-    for name, (x, y) in data.splits.items():
-        x, y = dataset.validate_arrays(x, y, f"{data.description.get('uri', source)} [{name}]")
-        if limit is not None:
-            x, y = x[:limit], y[:limit]
-        splits[name] = (x, y)
+    for name, (x, y) in data.splits.items():  # the whole source validates, not just the limit
+        dataset.validate_arrays(x, y, f"{data.description.get('uri', source)} [{name}]")
+        splits[name] = (x[:limit], y[:limit])
     description = dict(data.description)
     if limit is not None:
         description["limit"] = limit
@@ -99,19 +96,16 @@ def prepare_step(
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m components.data_prep.prep --data-source bundled --output DIR``."""
-    from components.data_prep.step import PREP_PARAMETERS, PrepStep
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", required=True, help="dataset directory (local or gs://)")
     add_arguments(parser, PREP_PARAMETERS)
     args = vars(parser.parse_args(argv))
     output = args.pop("output")
+    sha256 = parse_sha256(args["data_sha256"])
     try:
-        step = PrepStep(**args)
         manifest = prepare(
-            step.data_source, output, step.shard_size, parse_sha256(step.data_sha256),
-            step.data_limit,
-        )  # fmt: skip
+            args["data_source"], output, args["shard_size"], sha256, args["data_limit"]
+        )
     except (dataset.DataError, ValueError, FileExistsError, storage.StorageError) as exc:
         print(f"data prep failed: {exc}", file=sys.stderr)
         return 2

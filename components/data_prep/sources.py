@@ -14,7 +14,6 @@ import numpy as np
 from components.common import storage
 from components.common.dataset import DataError, sha256_bytes
 from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SPLIT_SEED, TEST_FRACTION
-from components.common.params import data_sha256_problem, data_source_problem
 
 # The bundled digits: uint8 `images` (5000, 28, 28) and `labels` (5000,), sorted by label.
 BUNDLED_FILE = "data/mnist_5k.npz"
@@ -105,16 +104,12 @@ def load_mnist_npz(uri: str, expected_sha256: str | None = MNIST_SHA256) -> Sour
 
 
 def load_source(source: str, expected_sha256: str | None = MNIST_SHA256) -> SourceData:
-    """Dispatch on `source`: ``bundled`` (or the full bundled id) or a URL/path of an mnist.npz.
+    """Dispatch on `source` (checked: `PrepStep`): ``bundled`` (or the full bundled id) or a
+    URL/path of an mnist.npz.
 
     `expected_sha256` applies to an mnist.npz file; the bundled subset is identified by the
     sha256 of its arrays, which is recorded in the manifest instead.
     """
-    problem = (expected_sha256 is not None and data_sha256_problem(expected_sha256)) or (
-        data_source_problem(source)
-    )
-    if problem:
-        raise DataError(problem)
     if source in ("bundled", BUNDLED_SOURCE):
         return load_bundled()
     return load_mnist_npz(source, expected_sha256)

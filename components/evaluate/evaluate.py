@@ -1,7 +1,7 @@
 """Evaluate program: load ONLY the exported SavedModel and score it on the test split.
 
 Runs in its own process (the KFP component's container, or the CLI), so nothing from training
-is in memory: what is measured is what TF Serving would load.
+is in memory: what is measured is the ``serving_default`` signature TF Serving would run.
 """
 
 from __future__ import annotations
@@ -16,15 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from components.common import dataset, keras_env, model_files
+from components.common import dataset, keras_env
 from components.common.defaults import EVAL_BATCH_SIZE, NUM_CLASSES
-from components.common.model_files import (
-    ModelError,
-    check_digest_text,
-    fetch_model,
-    verify_digest,
-)
-from components.evaluate.saved_model import check_saved_model
+from components.common.model_files import ModelError, fetch_model, load_serving, verify_digest
 
 # Keras clips probabilities to [eps, 1 - eps] in its cross-entropy; do the same so the logged
 # loss equals model.evaluate()'s.
@@ -117,23 +111,6 @@ def score(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
     }
 
 
-def load_model(local_dir: Path, where: str) -> Any:
-    """Load the SavedModel at `local_dir`, already checked (`check_saved_model`), for inference
-    (no optimizer, no custom objects)."""
-    keras = keras_env.keras()
-    try:
-        return keras.models.load_model(str(local_dir), compile=False)
-    except Exception as exc:  # TF raises many types for unloadable models
-        raise ModelError(f"{where}: cannot be loaded as a Keras model ({exc})") from exc
-
-
-def model_digest(local_dir: Path, where: str, recorded: str | None = None) -> str:
-    """sha256 of the model's saved_model.pb; ModelError unless it equals `recorded` (if given)."""
-    if recorded is None:
-        return model_files.saved_model_sha256(local_dir)
-    return verify_digest(local_dir, check_digest_text(recorded, where), where)
-
-
 def evaluate(
     model_uri: str,
     dataset_uri: str,
@@ -153,10 +130,8 @@ def evaluate(
     images, labels = dataset.load_range(manifest, split, 0, manifest.count(split))
     with tempfile.TemporaryDirectory(prefix="evaluate-") as workdir:
         local = fetch_model(model_uri, workdir)
-        check_saved_model(local, model_uri)
-        digest = model_digest(local, model_uri, saved_model_sha256)
-        model = load_model(local, model_uri)
-        probabilities = model.predict(images, batch_size=batch_size, verbose=0)
+        digest = verify_digest(local, saved_model_sha256, model_uri)
+        probabilities = load_serving(local, model_uri)(images, batch_size)
     return Evaluation(
         split=split,
         dataset_manifest_sha256=manifest.sha256,

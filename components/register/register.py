@@ -5,12 +5,17 @@ under ``<registry_root>/<model_name>/``; the alias (``production``) moves to it 
 the current holder. Every outcome is returned as a :class:`Decision` with a one-line reason,
 including "not registered: accuracy 0.9700 < minimum 0.9800". Re-running the same pipeline run
 returns the version it already registered instead of creating another.
+
+The program reads like the process: `Candidate` (the checked inputs) → `trusted_model`
+(nothing written yet) → `gate` → `ModelStore.claim_for_run` → `ModelStore.publish` →
+`promote` (champion/challenger, alias, serving folder, run record).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from collections.abc import Callable
@@ -19,19 +24,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from components.common import dataset
+from components.common import dataset, model_files
+from components.common.declare import add_arguments
 from components.common.defaults import MIN_ACCURACY, MODEL_NAME, PRODUCTION_ALIAS
-from components.common.model_files import (
-    DIGEST_KEY,
-    ModelError,
-    check_digest_text,
-    check_layout,
-    fetch_model,
-    verify_digest,
-)
-from components.register.decision import Candidate, Decision, challenger_wins, check_inputs
-from components.register.registry import REGISTRY_FORMAT, ModelStore, RegistryError
+from components.common.model_files import DIGEST_KEY, ModelError
+from components.register.registry import REGISTRY_FORMAT, ModelStore, challenger_wins, check_name
 from components.register.serving import ServingFolder
+from components.register.step import REGISTER_PARAMETERS
 from components.train import summary as run_summary
 from components.train.summary import RunSummary
 
@@ -50,38 +49,106 @@ def parse_image_refs(text: str) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class Provenance:
-    """Where the candidate came from: stored with its version."""
+class Decision:
+    """What registration did, and why."""
 
-    dataset_uri: str
-    manifest: dataset.Manifest
-    run_summary: RunSummary
-    image_refs: dict[str, str]
-    saved_model_sha256: str
+    registered: bool
+    promoted: bool
+    version: int  # 0 when not registered
+    decision: str
+    version_uri: str  # "" when not registered
+    model_name: str
+    accuracy: float
+    loss: float
+    champion_version: int | None = None
+    champion_accuracy: float | None = None
 
-    def metadata(self, candidate: Candidate, version: int, registered_at: str) -> dict[str, Any]:
-        """The version's ``kfp_horovod_metadata.json``."""
-        manifest = self.manifest
+    def to_markdown(self) -> str:
+        """The decision as a short Markdown report (the KFP ``decision`` output)."""
+        registered = f"yes, version {self.version}" if self.registered else "no"
+        lines = [
+            "# Registration", "", f"**{self.decision}**", "", f"- model: `{self.model_name}`",
+            f"- accuracy: {self.accuracy:.4f}, loss: {self.loss:.4f}",
+            f"- registered: {registered}", f"- promoted: {'yes' if self.promoted else 'no'}",
+        ]  # fmt: skip
+        if self.version_uri:
+            lines.append(f"- location: `{self.version_uri}`")
+        if self.champion_version is not None:
+            lines.append(
+                f"- compared with: version {self.champion_version} "
+                f"(accuracy {self.champion_accuracy:.4f})"
+            )
+        return "\n".join(lines) + "\n"
+
+
+def _check_score(name: str, value: float, upper: float | None) -> None:
+    if not math.isfinite(value) or value < 0 or (upper is not None and value > upper):
+        bound = f"in 0..{upper}" if upper is not None else ">= 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The checked inputs of one registration: which model, from which run, with what scores.
+    Making one raises ValueError naming a bad name, score or run id."""
+
+    model_uri: str
+    model_name: str
+    run_id: str
+    alias: str
+    accuracy: float
+    loss: float
+    min_accuracy: float
+
+    def __post_init__(self) -> None:
+        if not self.run_id.strip():
+            raise ValueError("pipeline_run_id is empty")
+        check_name("model name", self.model_name)
+        check_name("alias", self.alias)
+        _check_score("accuracy", self.accuracy, 1.0)
+        _check_score("loss", self.loss, None)
+        _check_score("min_accuracy", self.min_accuracy, 1.0)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The scores stored with the version and compared by champion/challenger."""
+        return {"accuracy": self.accuracy, "loss": self.loss, "min_accuracy": self.min_accuracy}
+
+    def decision(
+        self, store: ModelStore, version: int, text: str, promoted: bool = False,
+        champion: dict[str, Any] | None = None,
+    ) -> Decision:  # fmt: skip
+        """The outcome for this candidate: registered as `version` (0: not registered)."""
+        old = champion.get("metrics", {}).get("accuracy") if champion else None
+        return Decision(
+            version > 0, promoted, version, text,
+            store.version_uri(version) if version > 0 else "", self.model_name, self.accuracy,
+            self.loss, champion_version=champion.get("version") if champion else None,
+            champion_accuracy=float(old) if old is not None else None,
+        )  # fmt: skip
+
+    def metadata(
+        self, manifest: dataset.Manifest, summary: RunSummary, provenance: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The version's ``kfp_horovod_metadata.json``: the scores, the dataset, which model the
+        trainer trained (the pipeline's `model` and `augment`, from its run summary), and
+        `provenance` (version, time, image references, digest)."""
         return {
             "format": REGISTRY_FORMAT,
-            "model_name": candidate.model_name,
-            "version": version,
-            "metrics": candidate.metrics,
+            "model_name": self.model_name,
+            "metrics": self.metrics,
             "dataset": {
-                "uri": self.dataset_uri,
+                "uri": manifest.root,
                 "manifest_sha256": manifest.sha256,
                 "counts": {split: manifest.count(split) for split in manifest.splits},
                 "source": manifest.raw.get("source", {}),
             },
-            # which model the trainer trained (the pipeline's `model` and `augment`)
-            "model": self.run_summary.get("model"),
-            "augment": self.run_summary.get("augment"),
-            "run_summary": self.run_summary,
-            "pipeline_run_id": candidate.run_id,
-            "registered_at": registered_at,
-            "image_refs": dict(self.image_refs),
-            "source_model_uri": candidate.model_uri,
-            DIGEST_KEY: self.saved_model_sha256,
+            "model": summary.get("model"),
+            "augment": summary.get("augment"),
+            "run_summary": summary,
+            "pipeline_run_id": self.run_id,
+            "source_model_uri": self.model_uri,
+            **provenance,
         }
 
 
@@ -89,7 +156,7 @@ def recorded_digest(summary: RunSummary, summary_uri: str, from_artifact: str | 
     """The ``saved_model.pb`` sha256 the trainer recorded: in the run summary and, when given,
     in the Model artifact's metadata (`from_artifact`). Both present: they must agree."""
     found = {}
-    if "saved_model_sha256" in summary:
+    if DIGEST_KEY in summary:
         found["the run summary " + summary_uri] = summary["saved_model_sha256"]
     if from_artifact is not None:
         found["the Model artifact's metadata"] = from_artifact
@@ -99,7 +166,7 @@ def recorded_digest(summary: RunSummary, summary_uri: str, from_artifact: str | 
             "artifact's metadata: registration only accepts a model whose digest the trainer "
             "recorded"
         )
-    digests = {check_digest_text(value, where) for where, value in found.items()}
+    digests = {model_files.check_digest_text(value, where) for where, value in found.items()}
     if len(digests) > 1:
         listed = ", ".join(f"{where} records {value}" for where, value in found.items())
         raise ModelError(f"the recorded {DIGEST_KEY} values disagree: {listed}")
@@ -107,19 +174,15 @@ def recorded_digest(summary: RunSummary, summary_uri: str, from_artifact: str | 
 
 
 def trusted_model(
-    candidate: Candidate,
-    summary: RunSummary,
-    summary_uri: str,
-    from_artifact: str | None,
+    candidate: Candidate, summary: RunSummary, summary_uri: str, from_artifact: str | None,
     workdir: str,
-) -> tuple[Path, str]:
+) -> tuple[Path, str]:  # fmt: skip
     """Fetch the model; check its SavedModel layout and that its ``saved_model.pb`` hashes to
     the digest the trainer recorded. Returns the local directory and the digest."""
     try:
         recorded = recorded_digest(summary, summary_uri, from_artifact)
-        local = fetch_model(candidate.model_uri, workdir)
-        check_layout(local, candidate.model_uri)
-        return local, verify_digest(local, recorded, candidate.model_uri)
+        local = model_files.fetch_model(candidate.model_uri, workdir)
+        return local, model_files.verify_digest(local, recorded, candidate.model_uri)
     except ModelError as exc:
         raise ModelError(f"not registering {candidate.model_name!r}: {exc}") from exc
 
@@ -142,21 +205,6 @@ def gate(store: ModelStore, candidate: Candidate) -> tuple[Decision | None, dict
         )
         return candidate.decision(store, 0, text), None
     return None, previous
-
-
-def claim_version(
-    store: ModelStore, candidate: Candidate, previous: dict[str, Any] | None, started: str
-) -> int:
-    """The version this run publishes: the one an earlier attempt of the same run claimed and
-    did not finish, or the next free number (bound to the run so a re-run finds it)."""
-    if previous is not None:
-        return int(previous["version"])
-    run_id = candidate.run_id
-    version = store.claim_next_version({"pipeline_run_id": run_id, "claimed_at": started})
-    if store.bind_run(run_id, {"pipeline_run_id": run_id, "version": version}):
-        return version
-    bound = store.find_run(run_id)  # the same run registering concurrently got there first
-    return int(bound["version"]) if bound else version
 
 
 def promote(
@@ -206,9 +254,8 @@ def register(
     and leave the registry as it was.
     """
     clock = now or (lambda: datetime.now(timezone.utc))
-    candidate = check_inputs(
-        model_uri, model_name, pipeline_run_id, alias, (accuracy, loss, min_accuracy)
-    )
+    scores = float(accuracy), float(loss), float(min_accuracy)
+    candidate = Candidate(model_uri, model_name, pipeline_run_id, alias, *scores)
     store = ModelStore(registry_root, model_name)
     summary = run_summary.read(run_summary_uri)
     manifest = dataset.read_manifest(dataset_uri)
@@ -220,11 +267,13 @@ def register(
         if decided is not None:
             return decided
         started = clock().isoformat()
-        version = claim_version(store, candidate, previous, started)
-        provenance = Provenance(dataset_uri, manifest, summary, image_refs or {}, digest)
-        version_uri = store.publish(
-            version, local_model, provenance.metadata(candidate, version, started)
-        )
+        version = store.claim_for_run(candidate.run_id, previous, started)
+        provenance = {
+            "version": version, "registered_at": started, "image_refs": dict(image_refs or {}),
+            DIGEST_KEY: digest,
+        }  # fmt: skip
+        metadata = candidate.metadata(manifest, summary, provenance)
+        version_uri = store.publish(version, local_model, metadata)
     return promote(store, candidate, version, version_uri, clock().isoformat())
 
 
@@ -250,7 +299,7 @@ def register_step(
         model.path, run_summary.path, dataset.path, accuracy, loss,
         registry_root=registry_root, pipeline_run_id=pipeline_run_id, model_name=model_name,
         min_accuracy=min_accuracy, image_refs=parse_image_refs(image_refs),
-        saved_model_sha256=model.metadata.get("saved_model_sha256"),
+        saved_model_sha256=model.metadata.get(DIGEST_KEY),
     )  # fmt: skip
     Path(decision.path).write_text(result.to_markdown(), encoding="utf-8")
     decision.metadata["decision"] = result.decision
@@ -262,16 +311,17 @@ def register_step(
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m components.register.register --model DIR --registry-root DIR ...``."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", required=True, help="SavedModel directory (local or gs://)")
-    parser.add_argument("--run-summary", required=True, help="the trainer's run_summary.json")
-    parser.add_argument("--dataset", required=True, help="dataset directory (for its manifest)")
-    parser.add_argument("--accuracy", type=float, required=True)
-    parser.add_argument("--loss", type=float, required=True)
-    parser.add_argument("--registry-root", required=True, help="local directory or gs:// URI")
-    parser.add_argument("--pipeline-run-id", required=True)
-    parser.add_argument("--model-name", default=MODEL_NAME)
-    parser.add_argument("--min-accuracy", type=float, default=MIN_ACCURACY)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for flag, kind, help_text in [
+        ("model", str, "SavedModel directory (local or gs://)"),
+        ("run-summary", str, "the trainer's run_summary.json"),
+        ("dataset", str, "dataset directory (for its manifest)"),
+        ("accuracy", float, "the model's test accuracy"),
+        ("loss", float, "the model's test loss"),
+        ("pipeline-run-id", str, "the run registering (a re-run gets its version back)"),
+    ]:
+        parser.add_argument(f"--{flag}", type=kind, required=True, help=help_text)
+    add_arguments(parser, REGISTER_PARAMETERS)  # --min-accuracy, --model-name, --registry-root
     parser.add_argument("--image-refs", default="{}", help="JSON object: component -> image")
     parser.add_argument("--alias", default=PRODUCTION_ALIAS)
     parser.add_argument(
@@ -279,27 +329,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the digest the trainer recorded (default: the run summary's saved_model_sha256)",
     )
     parser.add_argument("--output-json", help="also write the decision as JSON here")
-    args = parser.parse_args(argv)
+    args = vars(parser.parse_args(argv))
+    output_json = args.pop("output_json")
+    positional = [args.pop(k) for k in ("model", "run_summary", "dataset", "accuracy", "loss")]
     try:
-        decision = register(
-            args.model,
-            args.run_summary,
-            args.dataset,
-            args.accuracy,
-            args.loss,
-            registry_root=args.registry_root,
-            pipeline_run_id=args.pipeline_run_id,
-            model_name=args.model_name,
-            min_accuracy=args.min_accuracy,
-            image_refs=parse_image_refs(args.image_refs),
-            alias=args.alias,
-            saved_model_sha256=args.saved_model_sha256,
-        )
-    except (ValueError, ModelError, dataset.DataError, RegistryError) as exc:
+        args["image_refs"] = parse_image_refs(args["image_refs"])
+        decision = register(*positional, **args)
+    except (ValueError, RuntimeError) as exc:  # bad input (ModelError, DataError), RegistryError
         print(f"registration failed: {exc}", file=sys.stderr)
         return 2
-    if args.output_json:
-        Path(args.output_json).write_text(json.dumps(asdict(decision), indent=2, sort_keys=True))
+    if output_json:
+        Path(output_json).write_text(json.dumps(asdict(decision), indent=2, sort_keys=True))
     print(decision.decision)
     return 0
 

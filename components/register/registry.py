@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,8 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
-def _json_bytes(record: dict[str, Any]) -> bytes:
+def json_bytes(record: Mapping[str, Any]) -> bytes:
+    """A registry record as written: indented JSON with sorted keys, one final newline."""
     return (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
@@ -77,6 +79,23 @@ def _parse_json(data: bytes, where: str) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise RegistryError(f"{where}: expected a JSON object")
     return record
+
+
+def challenger_wins(candidate: dict[str, Any], champion: dict[str, Any] | None) -> tuple[bool, str]:
+    """Champion/challenger rule: higher accuracy wins; equal accuracy, lower loss wins."""
+    if champion is None:
+        return True, "no production version yet"
+    new, old = candidate["metrics"], champion.get("metrics", {})
+    old_acc, old_loss = float(old.get("accuracy", -1.0)), float(old.get("loss", math.inf))
+    version = champion.get("version")
+    if new["accuracy"] > old_acc:
+        return True, f"accuracy {new['accuracy']:.4f} > {old_acc:.4f} of version {version}"
+    if new["accuracy"] == old_acc and new["loss"] < old_loss:
+        return True, (
+            f"accuracy ties version {version} at {old_acc:.4f} and loss "
+            f"{new['loss']:.4f} < {old_loss:.4f}"
+        )
+    return False, f"accuracy {new['accuracy']:.4f} does not beat {old_acc:.4f} of version {version}"
 
 
 @dataclass(frozen=True)
@@ -129,10 +148,22 @@ class ModelStore:
         """Take the next free version number by exclusive creation of its claim file."""
         version = max(self.claimed_versions(), default=0) + 1
         for _ in range(MAX_CLAIM_ATTEMPTS):
-            if storage.create_exclusive(self._claim_uri(version), _json_bytes(record)):
+            if storage.create_exclusive(self._claim_uri(version), json_bytes(record)):
                 return version
             version += 1  # someone else got it first; the next one is free or soon known
         raise RegistryError(f"{self.base}: could not claim a version in {MAX_CLAIM_ATTEMPTS} tries")
+
+    def claim_for_run(self, run_id: str, previous: dict[str, Any] | None, started: str) -> int:
+        """The version `run_id` publishes: the one an earlier attempt of the same run claimed
+        (`previous`, its run record) and did not finish, or the next free number, bound to the
+        run so that a re-run finds it."""
+        if previous is not None:
+            return int(previous["version"])
+        version = self.claim_next_version({"pipeline_run_id": run_id, "claimed_at": started})
+        if self.bind_run(run_id, {"pipeline_run_id": run_id, "version": version}):
+            return version
+        bound = self.find_run(run_id)  # the same run registering concurrently got there first
+        return int(bound["version"]) if bound else version
 
     # -- pipeline runs (idempotency) -------------------------------------------------------
     def find_run(self, run_id: str) -> dict[str, Any] | None:
@@ -143,11 +174,11 @@ class ModelStore:
 
     def bind_run(self, run_id: str, record: dict[str, Any]) -> bool:
         """Record that `run_id` registers `record['version']`; False if the run already had one."""
-        return storage.create_exclusive(self._run_uri(run_id), _json_bytes(record))
+        return storage.create_exclusive(self._run_uri(run_id), json_bytes(record))
 
     def update_run(self, run_id: str, record: dict[str, Any]) -> None:
         """Overwrite the run record (once its registration has finished)."""
-        storage.write_bytes(self._run_uri(run_id), _json_bytes(record))
+        storage.write_bytes(self._run_uri(run_id), json_bytes(record))
 
     # -- versions --------------------------------------------------------------------------
     def is_published(self, version: int) -> bool:
@@ -170,7 +201,7 @@ class ModelStore:
         with tempfile.TemporaryDirectory(prefix="register-") as tmp:
             staged = Path(tmp) / "version"
             shutil.copytree(model_dir, staged)
-            (staged / METADATA_FILE).write_bytes(_json_bytes(metadata))
+            (staged / METADATA_FILE).write_bytes(json_bytes(metadata))
             try:
                 storage.upload_dir(staged, dest, last=SAVED_MODEL_PB, staging=staging)
             except OSError:
@@ -218,6 +249,6 @@ class ModelStore:
                 record["previous"] = {
                     k: current.get(k) for k in ("version", "metrics", "pipeline_run_id")
                 }
-            if storage.write_if_unchanged(self.alias_uri(alias), _json_bytes(record), token):
+            if storage.write_if_unchanged(self.alias_uri(alias), json_bytes(record), token):
                 return True, reason, current
         raise RegistryError(f"{self.alias_uri(alias)}: kept changing; gave up after retries")

@@ -1,36 +1,17 @@
 """The serving folder of an alias: ``<root>/<model>/_serving/<alias>/<N>/`` holds exactly the
 version the alias names, so a server pointed at it (TF Serving, KServe) serves the champion,
-not merely the newest registered version (TF Serving's default policy serves the highest number
-it finds, and every version that passes the gate gets a number, promoted or not).
+not merely the newest registered version (TF Serving serves the highest number it finds, and
+every version that passes the gate gets a number, promoted or not).
 
-`ServingFolder.sync` makes the folder match the alias. It runs after every registration's
-compare-and-swap (`register.promote`), and as ``python -m pipeline sync-serving``:
-
-* **Nothing to do, nothing written.** A folder that already holds exactly the alias's version,
-  every file equal to the version's own (crc32c on GCS, sha256 locally), is only read: a
-  registration that does not promote leaves it untouched.
-* **Publish, then remove.** Otherwise, under the folder's lease (below), the alias is read
-  again, its version copied in (server-side on GCS), checked file by file against the version,
-  and only then every other version is removed. A server never sees an empty folder, and sees a
-  version the alias no longer names only for the length of the move.
-* **Safe to repeat.** A crash anywhere (between the swap and the sync, half way through a copy
-  or a removal) leaves a folder the next sync repairs: the next registration, or the command.
-* **One sync at a time.** Syncs of one folder hold a lease, ``_serving/<alias>.lease.json``,
-  taken by compare-and-swap (generation match on GCS, flock locally) and given back after; a
-  lease whose holder died is taken over once it expires (`LEASE_SECONDS`; hosts' clocks must
-  agree to within a few seconds). The sync reads the alias inside the lease, so concurrent
-  promotions end with the folder holding the alias's final version.
-
-What a server sees while a version is copied in. Locally the version is copied under a
-dot-name in the folder and renamed into ``<N>``: it appears complete or not at all. GCS cannot
-rename a prefix, and a non-numeric staging name does not help (moving it into ``<N>`` is the
-same copy again), so ``<N>/`` is written by server-side copies of the already published
-``<model>/<N>/`` with ``saved_model.pb`` last: it exists incomplete only for those few copy
-requests, never during an upload. A reader keyed on ``saved_model.pb`` never sees it partial;
-TF Serving, which lists numeric folders, can catch the window and fail one load of the new
-version, which it retries (a minute later by default) while it keeps serving the old one (its
-default policy unloads the old version only once the new one has loaded). A removal deletes
-``saved_model.pb`` first (locally: renames the folder away first).
+`ServingFolder.sync` makes the folder match the alias, after every registration's
+compare-and-swap (`register.promote`) and as ``python -m pipeline sync-serving``. A folder that
+already matches (every file equal to the version's own: crc32c on GCS, sha256 locally) is only
+read. Otherwise, under the folder's lease (one sync at a time; a dead holder's lease is taken
+over once it expires), the alias is read again, its version copied in (server-side on GCS, with
+``saved_model.pb`` last; locally staged under a dot-name and renamed), checked file by file,
+and only then every other version removed (``saved_model.pb`` first). A crash anywhere leaves a
+folder the next sync repairs. What a server can see during a move, and why GCS cannot do better
+than a few copy requests' window: components/register/README.md, "Serving folders".
 """
 
 from __future__ import annotations
@@ -40,13 +21,19 @@ import random
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from components.common import storage
 from components.common.defaults import PRODUCTION_ALIAS
-from components.register.registry import SAVED_MODEL_PB, ModelStore, RegistryError, check_name
+from components.register.registry import (
+    SAVED_MODEL_PB,
+    ModelStore,
+    RegistryError,
+    check_name,
+    json_bytes,
+)
 
 SERVING = "_serving"
 LEASE_SECONDS = 120.0
@@ -182,15 +169,11 @@ class ServingFolder:
             data, token = storage.read_versioned(self.lease_uri)
             if data is not None and json.loads(data).get("holder") == holder:
                 released = {"holder": None, "expires": 0}
-                storage.write_if_unchanged(self.lease_uri, _json(released), token)
+                storage.write_if_unchanged(self.lease_uri, json_bytes(released), token)
 
     def _take(self, holder: str) -> bool:
         data, token = storage.read_versioned(self.lease_uri)
         if data is not None and float(json.loads(data).get("expires", 0)) > self.clock():
             return False
         record = {"holder": holder, "expires": self.clock() + self.lease_s}
-        return storage.write_if_unchanged(self.lease_uri, _json(record), token)
-
-
-def _json(record: Mapping[str, object]) -> bytes:
-    return (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+        return storage.write_if_unchanged(self.lease_uri, json_bytes(record), token)

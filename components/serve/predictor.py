@@ -20,8 +20,7 @@ import numpy as np
 from kserve.errors import InvalidInput
 
 from components.common.defaults import IMAGE_SHAPE, SERVE_MAX_BATCH
-
-SIGNATURE = "serving_default"
+from components.common.model_files import load_serving
 
 
 def expected_shape(max_batch: int) -> str:
@@ -63,24 +62,14 @@ class DigitPredictor(kserve.Model):  # type: ignore[misc]
     def __init__(self, name: str, model_dir: str, max_batch: int = SERVE_MAX_BATCH) -> None:
         super().__init__(name)
         self.model_dir, self.max_batch = model_dir, max_batch
-        self._signature: Any = None
-        self._input = ""
+        self._predict: Any = None
 
     def load(self) -> bool:
-        """Load the SavedModel's ``serving_default`` signature (its one input: the images)."""
-        import tensorflow as tf
-
-        signature = tf.saved_model.load(self.model_dir).signatures[SIGNATURE]
-        _, inputs = signature.structured_input_signature
-        (self._input,) = inputs  # the models of components.train.model have one: "image"
-        self._signature = signature
+        """Load the SavedModel's ``serving_default`` signature (`model_files.load_serving`)."""
+        self._predict = load_serving(self.model_dir, self.model_dir)
         self.ready = True
         return self.ready
 
     def predict(self, payload: Any, headers: Any = None) -> dict[str, Any]:  # type: ignore[override]
         """V1 ``predict``: one row of class probabilities per instance."""
-        import tensorflow as tf
-
-        batch = to_batch(payload, self.max_batch)
-        (output,) = self._signature(**{self._input: tf.constant(batch)}).values()
-        return {"predictions": output.numpy().tolist()}
+        return {"predictions": self._predict(to_batch(payload, self.max_batch)).tolist()}

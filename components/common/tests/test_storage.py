@@ -9,39 +9,32 @@ import pytest
 from components.common import storage
 
 
-@pytest.fixture(params=["local", "gcs"])
-def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "local":
-        return str(tmp_path / "root")
-    return f"gs://{request.getfixturevalue('gcs_bucket')}/root"
-
-
-def test_write_read_list_remove(root: str) -> None:
-    storage.write_text(storage.join(root, "a/b.txt"), "hello")
-    storage.write_bytes(storage.join(root, "a/c/d.bin"), b"\x00\x01")
-    assert storage.read_text(storage.join(root, "a/b.txt")) == "hello"
-    assert storage.list_files(storage.join(root, "a")) == [
-        storage.join(root, "a/b.txt"), storage.join(root, "a/c/d.bin"),
+def test_write_read_list_remove(storage_root: str) -> None:
+    storage.write_text(storage.join(storage_root, "a/b.txt"), "hello")
+    storage.write_bytes(storage.join(storage_root, "a/c/d.bin"), b"\x00\x01")
+    assert storage.read_text(storage.join(storage_root, "a/b.txt")) == "hello"
+    assert storage.list_files(storage.join(storage_root, "a")) == [
+        storage.join(storage_root, "a/b.txt"), storage.join(storage_root, "a/c/d.bin"),
     ]  # fmt: skip
-    storage.remove_tree(storage.join(root, "a"))
-    assert storage.list_files(storage.join(root, "a")) == []
-    assert not storage.exists(storage.join(root, "a/b.txt"))
+    storage.remove_tree(storage.join(storage_root, "a"))
+    assert storage.list_files(storage.join(storage_root, "a")) == []
+    assert not storage.exists(storage.join(storage_root, "a/b.txt"))
 
 
-def test_missing_file_names_the_uri(root: str) -> None:
+def test_missing_file_names_the_uri(storage_root: str) -> None:
     with pytest.raises(FileNotFoundError, match="nope.txt"):
-        storage.read_bytes(storage.join(root, "nope.txt"))
+        storage.read_bytes(storage.join(storage_root, "nope.txt"))
 
 
-def test_create_exclusive_creates_once(root: str) -> None:
-    target = storage.join(root, "claims/1.json")
+def test_create_exclusive_creates_once(storage_root: str) -> None:
+    target = storage.join(storage_root, "claims/1.json")
     assert storage.create_exclusive(target, b"first") is True
     assert storage.create_exclusive(target, b"second") is False
     assert storage.read_bytes(target) == b"first"
 
 
-def test_write_if_unchanged_refuses_a_stale_token(root: str) -> None:
-    target = storage.join(root, "aliases/production.json")
+def test_write_if_unchanged_refuses_a_stale_token(storage_root: str) -> None:
+    target = storage.join(storage_root, "aliases/production.json")
     assert storage.read_versioned(target) == (None, storage.ABSENT)
     assert storage.write_if_unchanged(target, b"v1", storage.ABSENT) is True
     assert storage.write_if_unchanged(target, b"again", storage.ABSENT) is False  # exists now
@@ -52,13 +45,13 @@ def test_write_if_unchanged_refuses_a_stale_token(root: str) -> None:
     assert storage.read_bytes(target) == b"v2"
 
 
-def test_upload_and_download_a_tree(root: str, tmp_path: Path) -> None:
+def test_upload_and_download_a_tree(storage_root: str, tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "variables").mkdir(parents=True)
     (src / "saved_model.pb").write_bytes(b"pb")
     (src / "variables" / "v.index").write_bytes(b"ix")
-    storage.upload_dir(src, storage.join(root, "model"), last="saved_model.pb")
-    back = storage.download_dir(storage.join(root, "model"), tmp_path / "back")
+    storage.upload_dir(src, storage.join(storage_root, "model"), last="saved_model.pb")
+    back = storage.download_dir(storage.join(storage_root, "model"), tmp_path / "back")
     assert (back / "saved_model.pb").read_bytes() == b"pb"
     assert (back / "variables" / "v.index").read_bytes() == b"ix"
 

@@ -46,8 +46,16 @@ def test_score_rejects_non_probability_outputs(probabilities: np.ndarray, messag
         ev.score(probabilities, np.array([0, 1, 2]))
 
 
-def test_evaluate_matches_keras(trained_model) -> None:
-    result = ev.evaluate(trained_model.path, trained_model.dataset)
+def test_evaluate_matches_keras(trained_model, storage_root: str) -> None:
+    """The exported model, local or on gs://, scores what Keras said of the in-memory model."""
+    model_uri, data_uri = trained_model.path, trained_model.dataset
+    if storage.is_gcs(storage_root):
+        model_uri, data_uri = f"{storage_root}/models/m1", f"{storage_root}/datasets/d1"
+        storage.upload_dir(trained_model.path, model_uri, last="saved_model.pb")
+        storage.upload_dir(trained_model.dataset, data_uri, last="manifest.json")
+        with pytest.raises(ModelError, match=f"{storage_root}/m2: model directory is missing"):
+            ev.evaluate(f"{storage_root}/m2", data_uri)
+    result = ev.evaluate(model_uri, data_uri)
     # Keras' own numbers for the in-memory model before export: the export loses nothing.
     assert result.accuracy == pytest.approx(trained_model.accuracy, abs=1e-6)
     assert result.loss == pytest.approx(trained_model.loss, rel=1e-4)
@@ -96,20 +104,6 @@ def test_cli_in_a_fresh_process(trained_model, tmp_path: Path) -> None:
     assert "UNUSED=\n" in proc.stdout  # neither Keras 3 nor scikit-learn was imported
 
 
-def test_gcs_model_and_dataset(trained_model, gcs_uri: str) -> None:
-    from components.data_prep.prep import prepare
-
-    model_uri = f"{gcs_uri}/models/m1"
-    storage.upload_dir(trained_model.path, model_uri, last="saved_model.pb")
-    data_uri = f"{gcs_uri}/datasets/d1"
-    prepare("bundled", data_uri, shard_size=256, limit=400)  # same bytes as the local one
-    result = ev.evaluate(model_uri, data_uri)
-    assert result.accuracy == pytest.approx(trained_model.accuracy, abs=1e-6)
-    assert result.loss == pytest.approx(trained_model.loss, rel=1e-4)
-    with pytest.raises(ModelError, match=f"{gcs_uri}/models/missing: model directory is missing"):
-        ev.evaluate(f"{gcs_uri}/models/missing", data_uri)
-
-
 def _not_models(model_dir: str, tmp_path: Path) -> list[tuple[str, str]]:
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -130,11 +124,15 @@ def _not_models(model_dir: str, tmp_path: Path) -> list[tuple[str, str]]:
     ]
 
 
-def test_bad_model_directories(trained_model, tmp_path: Path) -> None:
+def test_bad_model_directories(trained_model, tmp_path: Path, capsys) -> None:
     for path, message in _not_models(trained_model.path, tmp_path):
         with pytest.raises(ModelError) as info:
             ev.evaluate(path, trained_model.dataset)
         assert path in str(info.value) and message in str(info.value)
+    assert ev.main(["--model", str(tmp_path / "nope"), "--dataset", trained_model.dataset]) == 2
+    assert "model directory is missing" in capsys.readouterr().err
+    assert ev.main(["--model", trained_model.path, "--dataset", str(tmp_path)]) == 2
+    assert "manifest.json: missing" in capsys.readouterr().err
 
 
 def test_the_recorded_digest_is_checked(trained_model, tmp_path: Path) -> None:
@@ -164,13 +162,6 @@ def test_savedmodel_without_serving_signature(trained_model, tmp_path: Path) -> 
     tf.saved_model.save(module, str(tmp_path / "plain"))
     with pytest.raises(ModelError, match="no 'serving_default' signature"):
         ev.evaluate(str(tmp_path / "plain"), trained_model.dataset)
-
-
-def test_cli_reports_bad_input(trained_model, tmp_path: Path, capsys) -> None:
-    assert ev.main(["--model", str(tmp_path / "nope"), "--dataset", trained_model.dataset]) == 2
-    assert "model directory is missing" in capsys.readouterr().err
-    assert ev.main(["--model", trained_model.path, "--dataset", str(tmp_path)]) == 2
-    assert "manifest.json: missing" in capsys.readouterr().err
 
 
 def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path, capsys) -> None:

@@ -1,13 +1,13 @@
-"""The serving folder follows the alias (`components.register.serving`): through promotions,
-registrations that do not promote, crashes (a real process killed in the middle) and concurrent
-promotions, on local disk and on gs:// (fake-gcs-server, see tests/conftest.py)."""
+"""The serving folder follows the alias (`components.register.serving`), and no single object
+write on gs:// shows a partial version: through promotions, registrations that do not promote,
+crashes (a real process killed in the middle), on local disk and on gs:// (fake-gcs-server).
+Concurrent promotions are raced in test_registry.py."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +15,76 @@ import pytest
 from click.testing import CliRunner
 
 from components.common import storage
-from components.register.registry import SAVED_MODEL_PB, ModelStore
+from components.register.registry import METADATA_FILE, SAVED_MODEL_PB, STAGING, ModelStore
 from components.register.serving import ServingFolder
-from components.register.tests.registering import register_run as _register
+from components.register.tests.registering import register_run
 
 
 def _folder(root: str) -> ServingFolder:
     return ServingFolder(ModelStore(root, "mnist-cnn"))
+
+
+def _files_below(prefix: str) -> set[str]:
+    return set(storage.checksums(prefix))
+
+
+def test_no_object_write_on_gcs_shows_a_partial_version(
+    trained_model, trained_summary, gcs_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is inspected after every single object upload, copy and delete of a first
+    registration and of a promotion. Publishing: a reader keyed on saved_model.pb never sees a
+    partial version, and the numeric directory (what TF Serving lists) is partial only during
+    the server-side copies from the whole staged copy, never during the upload. The serving
+    folder: a version is there whole at every step, the new one's saved_model.pb appears only
+    once the rest of it has, and the old one loses a file only once the new one is whole."""
+    from google.cloud.storage.blob import Blob
+
+    root = f"{gcs_uri}/registry"
+    folder = _folder(root)
+    store = folder.store
+    src = Path(trained_model.path)
+    expected = {p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file()}
+    expected.add(METADATA_FILE)
+    publishing: list[str] = []
+    serving: list[tuple[int, ...]] | None = None
+
+    def inspect() -> None:
+        for version in store.published_versions():
+            assert _files_below(store.version_uri(version)) == expected, version
+        visible = _files_below(store.version_uri(1))
+        staged = _files_below(storage.join(store.base, STAGING))
+        if visible in (set(), expected):
+            publishing.append("complete" if visible else "absent")
+        else:
+            assert any(rel.endswith(f"/{SAVED_MODEL_PB}") for rel in staged), visible
+            assert SAVED_MODEL_PB not in visible
+            publishing.append("copying")
+        if serving is None:
+            return  # the first version: the folder has nothing to keep whole yet
+        files = _files_below(folder.uri)
+        whole = tuple(v for v in (1, 2) if folder.holds(v))
+        assert whole, files  # never without a whole version: the old one goes only after
+        if f"2/{SAVED_MODEL_PB}" in files:
+            assert 2 in whole, files  # a reader keyed on saved_model.pb never sees it partial
+        serving.append(whole)
+
+    for method in ("upload_from_filename", "rewrite", "delete"):
+        real = getattr(Blob, method)
+
+        def spy(self, *args, _real=real, **kwargs):
+            out = _real(self, *args, **kwargs)
+            inspect()
+            return out
+
+        monkeypatch.setattr(Blob, method, spy)
+    assert register_run(trained_model, trained_summary, root, "run-1", 0.95).version == 1
+    n = len(expected)
+    assert publishing[: 2 * n] == ["absent"] * n + ["copying"] * (n - 1) + ["complete"]
+    assert set(publishing[2 * n :]) == {"complete"}  # deleting the staged copy, the sync
+    serving = []
+    assert register_run(trained_model, trained_summary, root, "run-2", 0.97).promoted
+    assert serving[0] == (1,) and (1, 2) in serving and serving[-1] == (2,)
+    assert folder.versions() == [2] and _files_below(storage.join(store.base, STAGING)) == set()
 
 
 def _snapshot(root: str) -> dict[str, Any]:
@@ -35,56 +98,18 @@ def _snapshot(root: str) -> dict[str, Any]:
     return {str(p): (p.stat().st_ino, p.stat().st_mtime_ns) for p in Path(base).rglob("*")}
 
 
-def test_the_folder_follows_the_alias(trained_model, summary, root: str) -> None:
+def test_the_folder_follows_the_alias(trained_model, trained_summary, storage_root) -> None:
     """Promoted: the folder holds the new version alone. Not promoted: not one write there."""
-    folder = _folder(root)
-    assert _register(trained_model, summary, root, "run-a", 0.93).promoted
+    root, folder = storage_root, _folder(storage_root)
+    assert register_run(trained_model, trained_summary, root, "run-a", 0.93).promoted
     assert folder.versions() == [1] and folder.holds(1)
-    assert storage.exists(storage.join(folder.version_uri(1), "kfp_horovod_metadata.json"))
+    assert storage.exists(storage.join(folder.version_uri(1), METADATA_FILE))
     before = _snapshot(root)
-    assert not _register(trained_model, summary, root, "run-b", 0.90).promoted  # version 2
+    assert not register_run(trained_model, trained_summary, root, "run-b", 0.90).promoted
     assert _snapshot(root) == before  # untouched, the lease included
-    assert _register(trained_model, summary, root, "run-c", 0.97).version == 3
+    assert register_run(trained_model, trained_summary, root, "run-c", 0.97).version == 3
     assert folder.versions() == [3] and folder.matches(3) and folder.alias_version() == 3
     assert folder.store.published_versions() == [1, 2, 3]  # the registry keeps every version
-
-
-def test_a_move_on_gcs_never_empties_the_folder_nor_shows_a_partial_version(
-    trained_model, summary, gcs_uri: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Inspected after every object copy and delete of a promotion: a version is there whole at
-    every step; the new one's saved_model.pb appears only once the rest of it has; the old one
-    loses a file only once the new one is whole."""
-    from google.cloud.storage.blob import Blob
-
-    root = f"{gcs_uri}/registry"
-    folder = _folder(root)
-    _register(trained_model, summary, root, "run-a", 0.93)
-    states: list[tuple[int, ...]] = []
-
-    def inspect() -> None:
-        files = {uri[len(folder.uri) + 1 :] for uri in storage.list_files(folder.uri)}
-        whole = tuple(v for v in (1, 2) if folder.holds(v))
-        assert whole, files  # never without a whole version
-        if f"2/{SAVED_MODEL_PB}" in files:
-            assert 2 in whole, files  # a reader keyed on saved_model.pb never sees it partial
-        if 1 not in whole:
-            assert 2 in whole, files  # the old one goes only once the new one is whole
-        states.append(whole)
-
-    for method in ("rewrite", "delete"):
-        real = getattr(Blob, method)
-
-        def spy(self, *args, _real=real, **kwargs):
-            out = _real(self, *args, **kwargs)
-            if "/_serving/production/" in self.name:
-                inspect()
-            return out
-
-        monkeypatch.setattr(Blob, method, spy)
-    assert _register(trained_model, summary, root, "run-b", 0.97).promoted
-    assert states[0] == (1,) and (1, 2) in states and states[-1] == (2,)
-    assert folder.versions() == [2]
 
 
 class Crash(BaseException):
@@ -93,10 +118,10 @@ class Crash(BaseException):
 
 @pytest.mark.parametrize("repair", ["next registration", "rerun", "sync-serving"])
 def test_a_crash_between_the_swap_and_the_sync_is_repaired(
-    trained_model, summary, root: str, repair: str, monkeypatch: pytest.MonkeyPatch
+    trained_model, trained_summary, storage_root, repair: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = _folder(root)
-    _register(trained_model, summary, root, "run-a", 0.93)
+    root, folder = storage_root, _folder(storage_root)
+    register_run(trained_model, trained_summary, root, "run-a", 0.93)
 
     def crash(self: ServingFolder) -> int | None:
         raise Crash
@@ -104,12 +129,12 @@ def test_a_crash_between_the_swap_and_the_sync_is_repaired(
     with monkeypatch.context() as patch:
         patch.setattr(ServingFolder, "sync", crash)
         with pytest.raises(Crash):
-            _register(trained_model, summary, root, "run-b", 0.97)
+            register_run(trained_model, trained_summary, root, "run-b", 0.97)
     assert folder.alias_version() == 2 and folder.versions() == [1]  # swapped, not synced
     if repair == "next registration":
-        assert not _register(trained_model, summary, root, "run-c", 0.90).promoted
+        assert not register_run(trained_model, trained_summary, root, "run-c", 0.90).promoted
     elif repair == "rerun":
-        assert _register(trained_model, summary, root, "run-b", 0.97).version == 2
+        assert register_run(trained_model, trained_summary, root, "run-b", 0.97).version == 2
     else:
         from pipeline.cli import cli
 
@@ -142,16 +167,16 @@ serving.ServingFolder(ModelStore(sys.argv[1], "mnist-cnn")).sync()
 
 
 def test_a_process_killed_in_the_middle_of_a_copy_is_repaired(
-    trained_model, summary, root: str, monkeypatch: pytest.MonkeyPatch
+    trained_model, trained_summary, storage_root, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sync killed half way (lease held, version 2 partly copied): no server sees version 2
     partial (locally not at all; on GCS without saved_model.pb), version 1 stays whole, and the
     next sync takes the lease over once it expires and finishes the move."""
-    folder = _folder(root)
-    _register(trained_model, summary, root, "run-a", 0.93)
+    root, folder = storage_root, _folder(storage_root)
+    register_run(trained_model, trained_summary, root, "run-a", 0.93)
     with monkeypatch.context() as patch:
         patch.setattr(ServingFolder, "sync", lambda self: None)  # the alias moves, nothing more
-        _register(trained_model, summary, root, "run-b", 0.97)
+        register_run(trained_model, trained_summary, root, "run-b", 0.97)
     proc = subprocess.run(
         [sys.executable, "-c", CRASHING_SYNC, root], capture_output=True, text=True, timeout=120
     )
@@ -169,50 +194,13 @@ def test_a_process_killed_in_the_middle_of_a_copy_is_repaired(
         assert os.listdir(folder.uri) == ["2"]  # the leftovers are gone
 
 
-def test_concurrent_promotions_end_with_the_alias_version(
-    trained_model, summary, root: str
-) -> None:
-    """6 registrations at once; a watcher lists the folder all along: once a version is there,
-    the folder is never empty, and at the end it holds the alias's version alone."""
-    folder, done, seen = _folder(root), threading.Event(), []
-    accuracies = [0.91, 0.97, 0.93, 0.99, 0.92, 0.95]
-
-    def watch() -> None:
-        while not done.is_set():
-            seen.append(folder.versions())
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    barrier, errors = threading.Barrier(len(accuracies)), []
-
-    def work(i: int) -> None:
-        barrier.wait()
-        try:
-            _register(trained_model, summary, root, f"run-{i}", accuracies[i])
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(accuracies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    done.set()
-    watcher.join(timeout=60)
-    assert not errors, errors
-    best = folder.store.find_run(f"run-{accuracies.index(max(accuracies))}")
-    assert best is not None and folder.alias_version() == best["version"]
-    assert folder.versions() == [best["version"]] and folder.matches(best["version"])
-    first = next(i for i, versions in enumerate(seen) if versions)
-    assert all(seen[first:]), "the folder was empty after a version had been published"
-
-
-def test_one_sync_at_a_time_holds_the_lease(root: str) -> None:
+def test_one_sync_at_a_time_holds_the_lease(storage_root: str) -> None:
     """While a sync holds the folder's lease no other can take it; once given back, or once a
     dead holder's lease has expired, the next one can."""
     now = [1000.0]
     first, second = (
-        ServingFolder(ModelStore(root, "m"), lease_s=10, clock=lambda: now[0]) for _ in range(2)
+        ServingFolder(ModelStore(storage_root, "m"), lease_s=10, clock=lambda: now[0])
+        for _ in range(2)
     )
     with first._lease():
         assert not second._take("second")

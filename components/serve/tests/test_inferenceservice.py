@@ -10,8 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from components.register.decision import challenger_wins
-from components.register.registry import ModelStore
+from components.register.registry import ModelStore, challenger_wins
 from components.serve.inferenceservice import (
     INFERENCESERVICE,
     build_inferenceservice,

@@ -13,7 +13,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +21,27 @@ import pytest
 
 from components.common.dataset import load_split
 from components.common.defaults import EVAL_BATCH_SIZE
+from components.common.model_files import DIGEST_KEY, load_serving
+from components.register.tests.registering import register_run
 from components.serve import server
 
 MODEL = "mnist-cnn"
 
 
-def register_model(model: Any, root: str, run_id: str, accuracy: float, tmp_path: Path) -> Any:
-    """Register `model` (a `TrainedModel`) under `root` as the register step does; the decision."""
-    from components.register import register as rg
+@pytest.fixture(scope="session")
+def challenger_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A second real SavedModel (another seed, 1 epoch): predictions other than
+    `trained_model`'s."""
+    from tests.conftest import train_small
 
+    return train_small(tiny_dataset, 3, 1, tmp_path_factory.mktemp("challenger") / "model")
+
+
+def register_model(model: Any, root: str, run_id: str, accuracy: float, tmp_path: Path) -> Any:
+    """Register `model` (a `TrainedModel`) under `root` with a run summary recording its digest."""
     summary = tmp_path / f"{run_id}-summary.json"
-    record = {"world_size": 2, "workers": 2, "epochs": 1, "model": "small", "augment": False}
-    summary.write_text(json.dumps({**record, "saved_model_sha256": model.saved_model_sha256}))
-    return rg.register(
-        model.path, str(summary), model.dataset, accuracy, 0.3, registry_root=root,
-        pipeline_run_id=run_id, min_accuracy=0.5,
-        now=lambda: datetime(2026, 1, 2, tzinfo=timezone.utc),
-    )  # fmt: skip
+    summary.write_text(json.dumps({"world_size": 1, DIGEST_KEY: model.saved_model_sha256}))
+    return register_run(model, str(summary), root, run_id, accuracy)
 
 
 def _free_port() -> int:
@@ -102,10 +105,8 @@ def served(url: str, images: np.ndarray) -> np.ndarray:
 
 
 def evaluate_step_predictions(model_dir: str, images: np.ndarray) -> np.ndarray:
-    """What the evaluate step computes for `images`: its own loader, its batch size."""
-    from components.evaluate.evaluate import load_model
-
-    return np.asarray(load_model(Path(model_dir), model_dir).predict(images, EVAL_BATCH_SIZE))
+    """What the evaluate step computes for `images`: its loader, its batch size."""
+    return load_serving(model_dir, model_dir)(images, EVAL_BATCH_SIZE)
 
 
 def test_serves_the_champion_with_the_evaluate_steps_predictions(
