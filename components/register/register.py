@@ -74,9 +74,9 @@ class Provenance:
                 "source": manifest.raw.get("source", {}),
             },
             # which model the trainer trained (the pipeline's `model` and `augment`)
-            "model": self.run_summary.get("model"),
-            "augment": self.run_summary.get("augment"),
-            "run_summary": self.run_summary,
+            "model": self.run_summary.config.model,
+            "augment": self.run_summary.config.augment,
+            "run_summary": asdict(self.run_summary),
             "pipeline_run_id": candidate.run_id,
             "registered_at": registered_at,
             "image_refs": dict(self.image_refs),
@@ -89,8 +89,8 @@ def recorded_digest(summary: RunSummary, summary_uri: str, from_artifact: str | 
     """The ``saved_model.pb`` sha256 the trainer recorded: in the run summary and, when given,
     in the Model artifact's metadata (`from_artifact`). Both present: they must agree."""
     found = {}
-    if "saved_model_sha256" in summary:
-        found["the run summary " + summary_uri] = summary["saved_model_sha256"]
+    if summary.saved_model_sha256:
+        found["the run summary " + summary_uri] = summary.saved_model_sha256
     if from_artifact is not None:
         found["the Model artifact's metadata"] = from_artifact
     if not found:

@@ -19,8 +19,14 @@ from typing import Any
 
 import pytest
 
-from components.train.cpus import cpu_quota, default_threads
-from components.train.devices import Devices, configure_devices, gpu_problem, gpu_usage
+from components.train.devices import (
+    Devices,
+    configure_devices,
+    cpu_quota,
+    default_threads,
+    gpu_problem,
+    gpu_usage,
+)
 
 
 class _FakeConfig:

@@ -78,7 +78,7 @@ def test_create_follow_and_succeed(cluster: Cluster, bucket: str) -> None:
     )
     op.join()
 
-    assert summary["world_size"] == 4 and summary["model_uri"] == p.train.model_uri
+    assert summary.world_size == 4 and summary.model_uri == p.train.model_uri
     name = job_name("nightly", "run-123")
     assert lines[0] == f"created MPIJob {NS}/{name}"
     # exactly one job was created, and it is the manifest the builder makes
@@ -257,7 +257,7 @@ def test_retry_reattaches_to_the_same_run_job(cluster: Cluster, bucket: str) -> 
     )
     op.join()
 
-    assert summary["world_size"] == 4
+    assert summary.world_size == 4
     assert lines[0] == f"reattached to MPIJob {NS}/{name} (Running) from an earlier attempt"
     assert cluster.job_names() == [name]
     assert not cluster.requests("DELETE", "/mpijobs")
@@ -380,7 +380,7 @@ def test_success_checks(
 def test_success_check_passes_on_good_outputs(bucket: str) -> None:
     p = make_params(bucket, model_dir=f"{bucket}/models/m")
     write_outputs(p)
-    assert check_run(p, "MPIJob", log=lambda _: None)["expected_workers"] == 4
+    assert check_run(p, "MPIJob", log=lambda _: None).config.world_size == 4
 
 
 def test_manifest_is_built_and_validated_once(

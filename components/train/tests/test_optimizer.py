@@ -8,23 +8,27 @@ import pytest
 
 from components.common.params import joint_problems, problems
 from components.train.config import TRAIN_PARAMETERS, TrainConfig, from_argv, to_argv
-from components.train.optimizer import AdamSettings, adam_settings, lr_formula
+from components.train.summary import lr_formula
+from components.train.trainer import adam_settings
 
 
 def test_linear_sqrt_and_none() -> None:
-    assert adam_settings("linear", 0.001, 4) == AdamSettings(0.004)
-    assert adam_settings("none", 0.001, 4) == AdamSettings(0.001)
+    one = {"learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
+    assert adam_settings("linear", 0.001, 4) == {**one, "learning_rate": 0.004}
+    assert adam_settings("none", 0.001, 4) == one
     sqrt = adam_settings("sqrt", 0.001, 2)  # Malladi et al.: a batch k = 2 times larger
-    assert sqrt.learning_rate == pytest.approx(0.001 * math.sqrt(2))
-    assert (sqrt.beta_1, sqrt.beta_2) == (pytest.approx(0.8), pytest.approx(0.998))
-    assert sqrt.epsilon == pytest.approx(1e-7 / math.sqrt(2))
-    assert adam_settings("sqrt", 0.001, 1) == AdamSettings(0.001)  # one rank: unchanged
+    assert sqrt["learning_rate"] == pytest.approx(0.001 * math.sqrt(2))
+    assert (sqrt["beta_1"], sqrt["beta_2"]) == (pytest.approx(0.8), pytest.approx(0.998))
+    assert sqrt["epsilon"] == pytest.approx(1e-7 / math.sqrt(2))
+    assert adam_settings("sqrt", 0.001, 1) == one  # one rank: unchanged
+    with pytest.raises(ValueError, match="unknown lr_scaling rule 'cubic'"):
+        adam_settings("cubic", 0.001, 2)
 
 
 def test_the_rule_in_words() -> None:
-    assert lr_formula("linear", 0.001, 2) == "0.002 = 0.001 x 2 workers (linear)"
-    assert lr_formula("sqrt", 0.001, 4) == "0.002 = 0.001 x sqrt(4 workers) (sqrt)"
-    assert lr_formula("none", 0.001, 4) == "0.001 = 0.001 for 4 workers (none)"
+    assert lr_formula("linear", 0.001, 2, 0.002) == "0.002 = 0.001 x 2 workers (linear)"
+    assert lr_formula("sqrt", 0.001, 4, 0.002) == "0.002 = 0.001 x sqrt(4 workers) (sqrt)"
+    assert lr_formula("none", 0.001, 4, 0.001) == "0.001 = 0.001 for 4 workers (none)"
 
 
 def test_a_bad_rule_and_sqrt_beyond_its_range_are_refused_by_name() -> None:

@@ -61,7 +61,7 @@ def test_killed_run_resumes_at_the_next_epoch(
     assert summary["resumed_from_epoch"] == k
     assert json.loads(marker.read_text())["epoch"] == epochs
     assert summary["weights_identical_across_ranks"] is True
-    assert summary["augment"] is True
+    assert summary["config"]["augment"] is True
 
 
 # --- a damaged latest checkpoint --------------------------------------------------------------
