@@ -32,6 +32,7 @@ from components.common.board import Board
 from components.train.config import TrainConfig
 from components.train.data import Shard, coverage
 from components.train.devices import Devices, gpu_usage
+from components.train.model import weights_fingerprint
 from components.train.summary import Record, RunSummary
 
 # A rank whose compute per step exceeds the others' median by more than this is a straggler.
@@ -303,8 +304,6 @@ class Telemetry:
         rank 0 gets the `RunSummary` (without the SavedModel's digest), the others None.
         `outcome`: the summary's resumed_from_epoch, adam and final_metrics."""
         from horovod.tensorflow import allgather_object
-
-        from components.train.model import weights_fingerprint
 
         per_rank = sorted(
             allgather_object(self.rank_record(shard, weights_fingerprint(model))),

@@ -64,20 +64,14 @@ def test_each_process_is_pinned_to_the_gpu_of_its_local_rank() -> None:
         assert ("memory_growth", (f"gpu{local_rank}", True)) in config.calls
 
 
-def test_thread_override_wins() -> None:
+@pytest.mark.parametrize(("threads", "inter"), [(3, 2), (1, 1), (4, 2)])
+def test_the_thread_override_wins_and_inter_op_threads_are_min_2_intra(
+    threads: int, inter: int
+) -> None:
     config = _FakeConfig([])
-    devices = configure_devices(SimpleNamespace(config=config), 0, 2, 3)
-    assert devices == Devices("CPU", 3, 0)
-    assert ("intra", 3) in config.calls and ("inter", 2) in config.calls
-
-
-def test_inter_op_threads_follow_the_rule() -> None:
-    config = _FakeConfig([])
-    configure_devices(SimpleNamespace(config=config), 0, 2, 1)  # min(2, intra), at least 1
-    assert ("inter", 1) in config.calls
-    config = _FakeConfig([])
-    configure_devices(SimpleNamespace(config=config), 0, 1, 4)
-    assert ("inter", 2) in config.calls
+    devices = configure_devices(SimpleNamespace(config=config), 0, 2, threads)
+    assert devices == Devices("CPU", threads, 0)
+    assert ("intra", threads) in config.calls and ("inter", inter) in config.calls
 
 
 def test_a_gpu_rank_reports_its_gpus_name_and_peak_memory() -> None:

@@ -61,15 +61,12 @@ def test_shards_are_disjoint_and_cover_every_sample(job: dict[str, Any]) -> None
     }  # fmt: skip
 
 
-def test_only_rank_0_writes_files(job: dict[str, Any]) -> None:
+def test_only_rank_0_writes_files_and_prints_progress(job: dict[str, Any]) -> None:
     audit: Path = job["audit"]
     rank0 = (audit / "rank-0.txt").read_text()
     assert "run_summary.json" in rank0 and "saved_model.pb" in rank0 and "latest.json" in rank0
     for rank in (1, 2):
         assert (audit / f"rank-{rank}.txt").read_text() == "", f"rank {rank} wrote files"
-
-
-def test_only_rank_0_prints_progress(job: dict[str, Any]) -> None:
     out = job["proc"].stdout
     epoch_lines = [line for line in out.splitlines() if "Epoch " in line]
     assert len(epoch_lines) == 2, out  # once per epoch, not once per rank
@@ -81,14 +78,11 @@ def test_only_rank_0_prints_progress(job: dict[str, Any]) -> None:
     assert f"[rank 0/3] model {USER_MODEL}: 13,610 parameters; augmentation off" in out
 
 
-def test_exactly_one_model_directory(job: dict[str, Any]) -> None:
-    models = sorted(p.parent for p in job["output"].rglob("saved_model.pb"))
-    assert models == [job["output"] / "model"]
-    assert job["summary"].model_uri == str(job["output"] / "model")
-
-
 def test_summary_answers_one_model_or_n(job: dict[str, Any]) -> None:
+    models = sorted(p.parent for p in job["output"].rglob("saved_model.pb"))
+    assert models == [job["output"] / "model"]  # exactly one model directory
     s, raw = job["summary"], job["raw"]
+    assert s.model_uri == str(job["output"] / "model")
     assert s.world_size == s.config.world_size == 3
     assert s.controller == "mpi"  # mpirun, as on the MPIJob (elastic jobs show "gloo")
     assert s.global_batch_size == 96
