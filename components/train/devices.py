@@ -55,18 +55,10 @@ def cpu_quota(cgroup_root: Path = CGROUP_ROOT) -> float | None:
     return None
 
 
-def visible_cores() -> int:
-    """The cores this process may be scheduled on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def default_threads(local_size: int, cgroup_root: Path = CGROUP_ROOT) -> int:
     """CPU threads per process: usable cores (visible, capped by the CPU limit) split among the
     `local_size` ranks of this host; never below 1. A fractional limit rounds down."""
-    cores = visible_cores()
+    cores = len(os.sched_getaffinity(0))  # the cores this process may be scheduled on (Linux)
     quota = cpu_quota(cgroup_root)
     if quota is not None:
         cores = min(cores, int(quota))

@@ -1,9 +1,8 @@
 """Elastic training (``min_workers`` > 0): the job survives losing workers, and grows back.
 
 Every rank runs the trainer's own steps (`components.train.trainer`: shard, callbacks, fit,
-export) inside
-Horovod's elastic loop (``hvd.elastic.run``), with the model, the optimizer, the epoch, the
-last metrics and the job's own records in ``hvd.elastic.KerasState``:
+export) inside Horovod's elastic loop (``hvd.elastic.run``), with the model, the optimizer, the
+epoch, the last metrics and the job's own records in ``hvd.elastic.KerasState``:
 
 - **Commits once per epoch**, at its end, after rank 0's checkpoint. A commit also asks the
   driver whether hosts changed, and raises ``HostsUpdatedInterrupt`` if so: a job grows only

@@ -204,11 +204,6 @@ def check_model(model: str) -> Any:
     return built
 
 
-def count_parameters(model: Any) -> int:
-    """The number of weights (trainable or not) of `model`."""
-    return int(model.count_params())
-
-
 def weights_fingerprint(model: Any) -> str:
     """sha256 over every weight's bytes, in order: equal fingerprints mean identical models."""
     import hashlib

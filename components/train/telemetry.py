@@ -224,9 +224,6 @@ class Telemetry:
         self.costs: list[list[EpochCost]] = []
         self.samples = 0
 
-    def wrap(self, optimizer: Any) -> Any:
-        return self.clock.wrap(optimizer)
-
     def callback(self, keras: Any, shard: Shard, epochs: int) -> Any:
         """The callback of one fit over `shard` (an elastic attempt starts afresh): every
         rank's epoch costs, gathered each epoch; rank 0's progress line and scalars."""
@@ -293,10 +290,6 @@ class Telemetry:
             "weights_sha256": fingerprint,
         }  # fmt: skip
 
-    def resource_use(self, per_rank: list[Record]) -> Record | None:
-        hosts = {r["rank"]: r["host"] for r in per_rank}
-        return resource_use(self.costs, hosts) if self.costs else None
-
     def run_summary(
         self, config: TrainConfig, shard: Shard, model: Any, ids: Any, **outcome: Any
     ) -> RunSummary | None:
@@ -327,6 +320,8 @@ class Telemetry:
             per_rank=per_rank,
             coverage=coverage(all_ids, shard.total),
             weights_identical_across_ranks=len({r["weights_sha256"] for r in per_rank}) == 1,
-            resource_use=self.resource_use(per_rank),
+            resource_use=resource_use(self.costs, {r["rank"]: r["host"] for r in per_rank})
+            if self.costs
+            else None,
             **outcome,
         )

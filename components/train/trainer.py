@@ -257,7 +257,7 @@ def distributed_optimizer(job: Job) -> Any:
     """Adam at this world size's settings, in Horovod's DistributedOptimizer (which averages
     the gradients every step), its allreduce timed by the telemetry."""
     adam = keras_env.keras().optimizers.legacy.Adam(**job.adam)
-    return job.telemetry.wrap(job.hvd.DistributedOptimizer(adam))
+    return job.telemetry.clock.wrap(job.hvd.DistributedOptimizer(adam))
 
 
 # 6. Callbacks --------------------------------------------------------------------------------
