@@ -48,14 +48,11 @@ def test_uneven_shards_still_fill_every_step(total: int, size: int, batch: int) 
         assert len(batch_bounds(stop - start, steps)) == steps
 
 
-def test_shard_too_small_for_the_steps_is_an_error() -> None:
+def test_a_shard_too_small_for_the_steps_a_bad_rank_and_a_bad_batch_are_errors() -> None:
     # 10 samples on 3 ranks at batch 1: the 4-sample rank needs 4 steps, a 3-sample rank can't.
     steps = steps_per_epoch(10, 3, 1)
     with pytest.raises(ValueError, match="cannot fill 4 steps"):
         batch_bounds(3, steps)
-
-
-def test_bad_rank_and_batch_are_errors() -> None:
     with pytest.raises(ValueError, match="rank 3 is not in a world of size 3"):
         shard_range(10, 3, 3)
     with pytest.raises(ValueError, match="batch size"):
