@@ -8,6 +8,7 @@ so that drift on a shared machine hits all of them alike, and reports medians an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -331,7 +332,7 @@ def run_trainer(
     command = horovod_command(workers, module, args, controller, edit, python)
     result = run_job(command, job_env)
     output = Path(args[args.index("--output") + 1])
-    return result, dict(summary.read(str(output / "run_summary.json")))
+    return result, dataclasses.asdict(summary.read(str(output / "run_summary.json")))
 
 
 def job_throughput(summary: dict[str, Any]) -> float:

@@ -37,6 +37,8 @@ def without_yield(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def measure(setup: dict[str, Any], workers: int, yields: bool, r: int) -> dict[str, Any]:
     """One MPIJob of `workers` x 1 slot: the job's examples/s from its run summary."""
+    import dataclasses
+
     from components.common import storage
     from components.train import summary
     from components.train.cluster.job import ClusterJobParams
@@ -60,8 +62,9 @@ def measure(setup: dict[str, Any], workers: int, yields: bool, r: int) -> dict[s
         raise RuntimeError(f"{name} failed:\n{result.log[-3000:]}")
     record = summary.read(train.summary_uri)
     assert storage.exists(storage.join(train.model_uri, "saved_model.pb"))
-    use = record.get("resource_use")
-    return {"examples_per_second": job_throughput(dict(record)), "seconds": result.seconds,
+    use = record.resource_use
+    throughput = job_throughput(dataclasses.asdict(record))
+    return {"examples_per_second": throughput, "seconds": result.seconds,
             "estimated_efficiency": use["estimated_efficiency"] if use else None}  # fmt: skip
 
 

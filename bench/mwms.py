@@ -89,7 +89,7 @@ def worker(
 ) -> None:
     """One MWMS worker: train the project's model on this worker's shard, write epoch times."""
     from components.common import dataset, keras_env
-    from components.train.sharding import shard_range, steps_per_epoch
+    from components.train.data import shard_range, steps_per_epoch
 
     tf, keras = keras_env.tensorflow(), keras_env.keras()
     tf.config.threading.set_intra_op_parallelism_threads(threads)

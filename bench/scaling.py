@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ def two_copies(
     rates = []
     for job, output in jobs:
         collect(job)
-        rates.append(job_throughput(dict(run_summary.read(str(output / "run_summary.json")))))
+        rates.append(job_throughput(asdict(run_summary.read(str(output / "run_summary.json")))))
     return {"examples_per_second": sum(rates), "per_copy": rates}
 
 

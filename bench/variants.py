@@ -81,16 +81,16 @@ def _snapshots(out: Path, per_epoch: int) -> None:
     from components.common import keras_env
     from components.train import trainer
 
-    keras, plain = keras_env.keras(), trainer.training_callbacks
+    keras, plain = keras_env.keras(), trainer.callbacks
     out.mkdir(parents=True, exist_ok=True)
 
-    def with_snapshots(job: Any, trainee: Any, steps: int, stats: Any) -> list[Any]:
-        callbacks = plain(job, trainee, steps, stats)
+    def with_snapshots(job: Any, trainee: Any, shard: Any) -> list[Any]:
+        callbacks = plain(job, trainee, shard)
         if job.rank == 0:
-            callbacks.append(snapshot_callback(keras, out, per_epoch, steps))
+            callbacks.append(snapshot_callback(keras, out, per_epoch, shard.steps))
         return callbacks
 
-    trainer.training_callbacks = with_snapshots
+    trainer.callbacks = with_snapshots
 
 
 def main(argv: list[str] | None = None) -> int:

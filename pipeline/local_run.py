@@ -23,7 +23,7 @@ from components.common import defaults, failure
 from components.common import params as rules
 from components.common.defaults import MODEL, PIPELINE_NAME
 from components.train.preflight import check_model_before_launch
-from components.train.report import paid_line, world_history
+from components.train.summary import paid_line, world_history
 from components.train.summary import read as read_summary
 from pipeline.checks import PIPELINE_PARAMETERS
 from pipeline.pipeline import build_pipeline
@@ -64,9 +64,9 @@ class LocalRun:
             f"evaluation_report: {self.artifact('evaluate', 'report')}",
             f"registry_entry: {self.parameter('register-model', 'version_uri') or '(none)'}",
             f"decision: {self.parameter('register-model', 'decision_text')}",
-            f"workers: {summary['world_size']} formed ONE job "
-            f"({summary['controller']} controller); 1 model, exported by rank 0 "
-            f"(weights identical on all ranks: {summary['weights_identical_across_ranks']})",
+            f"workers: {summary.world_size} formed ONE job "
+            f"({summary.controller} controller); 1 model, exported by rank 0 "
+            f"(weights identical on all ranks: {summary.weights_identical_across_ranks})",
             *([history] if (history := world_history(summary)) else []),
             *([paid] if (paid := paid_line(summary)) else []),
         ]

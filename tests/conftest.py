@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from components.train.config import TrainConfig
+from components.train.summary import RunSummary, to_json
 
 _bucket_ids = itertools.count()
 
@@ -132,11 +134,14 @@ def trained_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -
 def trained_summary(trained_model: TrainedModel, tmp_path: Path) -> str:
     """A run summary as the trainer writes it for `trained_model`, recording its digest."""
     path = tmp_path / "run_summary.json"
-    record = {
-        "world_size": 2, "workers": 2, "epochs": 1, "final_loss": 0.5, "model": "small",
-        "augment": False, "saved_model_sha256": trained_model.saved_model_sha256,
-    }  # fmt: skip
-    path.write_text(json.dumps(record))
+    config = TrainConfig(data="/d", output="/o", workers=2, epochs=1, model="small")
+    record = RunSummary(
+        config=config, world_size=2, hosts=["h"], controller="mpi", gradient_allreduce="host",
+        resumed_from_epoch=0, adam={}, model_parameters=0, dataset={}, per_rank=[], coverage={},
+        weights_identical_across_ranks=True, final_metrics={"loss": 0.5},
+        saved_model_sha256=trained_model.saved_model_sha256,
+    )  # fmt: skip
+    path.write_text(to_json(record))
     return str(path)
 
 

@@ -6,13 +6,13 @@ also times."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from components.train.summary import parse
 from tests.conftest import LocalRun, run_local_pipeline
 from tests.tensorboard_events import read_scalars
 
@@ -26,34 +26,35 @@ def test_make_run_equivalent_end_to_end(local_pipeline_run: LocalRun) -> None:
     summary_path = Path(first["run_summary"])
     # the train step's run_summary artifact, beside its model artifact
     assert summary_path == Path(first["model"]).parent / "run_summary"
-    summary = json.loads(summary_path.read_text())
-    assert summary["world_size"] == 2 and summary["weights_identical_across_ranks"] is True
-    assert (summary["model"], summary["augment"]) == ("small", False)
-    assert summary["training_backend"] == "local"  # make run trains here, as run-local's default
+    summary = parse(summary_path.read_text())
+    assert summary.world_size == 2 and summary.weights_identical_across_ranks is True
+    assert (summary.config.model, summary.config.augment) == ("small", False)
+    assert summary.training_backend == "local"  # make run trains here, as run-local's default
     model = Path(first["model"])
     assert (model / "saved_model.pb").exists()
     assert len(list(root.rglob("pipeline-root/**/saved_model.pb"))) == 1  # ONE model
     assert "2 workers formed ONE Horovod job" in Path(first["coordination_report"]).read_text()
     # ... and says whether the workers paid, from the ranks' own timings.
-    efficiency = summary["resource_use"]["estimated_efficiency"]
+    assert summary.resource_use is not None
+    efficiency = summary.resource_use["estimated_efficiency"]
     assert first["paid"].startswith(f"estimated scaling efficiency {efficiency:.2f} (a step: ")
     assert "| 9 |" in Path(first["evaluation_report"]).read_text()  # per-class table
     accuracy = float(first["metrics"].split()[1].rstrip(","))
     assert accuracy > 0.3
     # TensorBoard: rank 0's scalars for each epoch, the test metrics at the last one
-    board = Path(summary["tensorboard_uri"])
+    board = Path(summary.config.tensorboard_uri)
     assert board == summary_path.parent / "train-work" / "tensorboard"
     assert f"tensorboard --logdir {board}" in Path(first["coordination_report"]).read_text()
     assert f"tensorboard --logdir {board}" in Path(first["evaluation_report"]).read_text()
     scalars = read_scalars(board)
-    epochs = summary["epochs"]
+    epochs = summary.config.epochs
     assert set(scalars["train"]) == {
         "loss", "accuracy", "learning_rate", "examples_per_second", "compute_share",
         "communication_share", "waiting_share",
     }  # fmt: skip
     assert [step for step, _ in scalars["train"]["loss"]] == list(range(1, epochs + 1))
     final_loss = scalars["train"]["loss"][-1][1]
-    assert final_loss == pytest.approx(summary["final_metrics"]["loss"], rel=1e-5)
+    assert final_loss == pytest.approx(summary.final_metrics["loss"], rel=1e-5)
     assert scalars["evaluation"]["test_accuracy"] == [(epochs, pytest.approx(accuracy, abs=1e-4))]
 
     version = Path(first["registry_entry"])

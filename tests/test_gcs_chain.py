@@ -6,9 +6,6 @@ API on localhost, preconditions included; the races themselves are in the regist
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 
 from components.common import storage
@@ -17,6 +14,7 @@ from components.evaluate.evaluate import evaluate
 from components.register.register import register
 from components.train.config import TrainConfig
 from components.train.launch import run_local
+from components.train.summary import read
 
 pytestmark = pytest.mark.horovod
 
@@ -33,19 +31,19 @@ def test_prep_train_evaluate_register_through_gcs(gcs_uri: str) -> None:
     )  # fmt: skip
     code = run_local(config, timeout_s=400, log=lines.append)
     assert code == 0, "\n".join(lines)
-    summary: dict[str, Any] = json.loads(storage.read_text(config.summary_uri))
-    assert summary["model_uri"] == f"{gcs_uri}/runs/r1/model"
-    assert summary["dataset"]["uri"] == data and summary["world_size"] == 2
+    summary = read(config.summary_uri)
+    assert summary.model_uri == f"{gcs_uri}/runs/r1/model"
+    assert summary.dataset["uri"] == data and summary.world_size == 2
     files = storage.list_files(f"{gcs_uri}/runs/r1")
     assert f"{gcs_uri}/runs/r1/model/saved_model.pb" in files
     assert f"{gcs_uri}/runs/r1/checkpoints/latest.json" in files
     assert sum(f.endswith("saved_model.pb") for f in files) == 1
 
-    result = evaluate(summary["model_uri"], data)
+    result = evaluate(summary.model_uri, data)
     assert result.samples == 600 and 0.0 <= result.accuracy <= 1.0
 
     decision = register(
-        summary["model_uri"], config.summary_uri, data, result.accuracy, result.loss,
+        summary.model_uri, config.summary_uri, data, result.accuracy, result.loss,
         registry_root=f"{gcs_uri}/models", pipeline_run_id="run-gcs-1", min_accuracy=0.0,
     )  # fmt: skip
     assert decision.registered and decision.version == 1

@@ -47,6 +47,7 @@ import yaml
 
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, from_argv
+from components.train.summary import parse
 from pipeline.build import compile_pipeline
 from pipeline.checks import check_step
 from standins.kmock_cluster import NS, TRAINJOB_KIND, Cluster, Operator, local_equivalent, pod
@@ -263,8 +264,8 @@ def test_the_train_step_creates_a_trainjob_and_its_retry_reattaches(
     assert cluster.job_names(TRAINJOB) == [name]
     assert len(cluster.requests("POST", "/trainjobs")) == 2  # created once, then a 409
     world = values["workers"] * values["slots_per_worker"]
-    summary = json.loads(retry.output("run_summary").read_text())
-    assert (summary["world_size"], summary["model_uri"]) == (world, config.model_dir)
+    summary = parse(retry.output("run_summary").read_text())
+    assert (summary.world_size, summary.model_uri) == (world, config.model_dir)
     report = retry.output("coordination_report").read_text()
     assert f"**{world} workers formed ONE Horovod job and trained ONE model**" in report
     metadata = json.loads((tmp_path / "attempt-2" / "out" / "executor_output.json").read_text())

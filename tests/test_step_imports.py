@@ -28,7 +28,7 @@ config = TrainConfig(data="gs://b/data", output="gs://b/out", workers=2, epochs=
 summary = train_locally(config, {data!r}, {model!r}, log=lambda line: None)
 seen["train step"] = sorted(m for m in ("tensorflow", "keras", "horovod.tensorflow")
                             if m in sys.modules)
-seen["world_size"] = summary["world_size"]
+seen["world_size"] = summary.world_size
 print("SEEN=" + json.dumps(seen))
 """
 

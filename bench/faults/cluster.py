@@ -6,7 +6,6 @@ a KFP retry or cancelled by SIGTERM."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -30,6 +29,7 @@ from bench.faults.runs import (
     stamped,
 )
 from components.common import storage
+from components.train import summary as run_summary
 from standins.outputs import half_written, models_exported
 
 
@@ -75,13 +75,13 @@ def _gcs_chain(b: Bench, proxy: Any, bucket: str, counter: _Retries) -> dict[str
     step("data_prep", lambda: b.prepare(data))
     job = Job(config, b.env(**emulator_env(proxy.url)))
     step("train", job.succeed, lambda: _retry_lines(job))
-    summary = json.loads(storage.read_text(config.summary_uri))
-    scores = step("evaluate", lambda: evaluate(summary["model_uri"], data))
+    summary = run_summary.read(config.summary_uri)
+    scores = step("evaluate", lambda: evaluate(summary.model_uri, data))
     decision = step("register", lambda: register(
-        summary["model_uri"], config.summary_uri, data, scores.accuracy, scores.loss,
+        summary.model_uri, config.summary_uri, data, scores.accuracy, scores.loss,
         registry_root=f"{bucket}/models", pipeline_run_id=f"faults-{b.trial}", min_accuracy=0.0,
     ))  # fmt: skip
-    steps["train"]["resumed_from_epoch"] = int(summary["resumed_from_epoch"])
+    steps["train"]["resumed_from_epoch"] = summary.resumed_from_epoch
     steps["register"]["version"] = decision.version if decision.registered else 0
     return steps
 
@@ -163,7 +163,7 @@ def kfp_retry(b: Bench) -> dict[str, Any]:
         models, half = models_exported(p.train.output), half_written(bucket)
     survived = back is not None and op.starts == 1 and len(jobs) == 1
     return record(
-        "kfp_retry", b.trial, survived, epochs_lost=summary["resumed_from_epoch"],
+        "kfp_retry", b.trial, survived, epochs_lost=summary.resumed_from_epoch,
         time_to_recover_s=(back or float("nan")) - lost[0], models_exported=models,
         half_written=half, trainer_launches=op.starts, mpijobs=jobs, create_requests=posts,
         said=next((line for _, line in lines if line.startswith("reattached")), None),
@@ -256,8 +256,8 @@ def cancel(b: Bench) -> dict[str, Any]:
     nothing_left = cancelled["ranks_killed"] > 0 and not any(cancelled["left"].values())
     return record(
         "cancel", b.trial, nothing_left and op.starts == 2,
-        epochs_lost=progress - summary["resumed_from_epoch"],
+        epochs_lost=progress - summary.resumed_from_epoch,
         time_to_recover_s=cancelled["cleanup_s"], models_exported=models, half_written=half,
         left_after_cancel=cancelled["left"], ranks_killed=cancelled["ranks_killed"],
-        rerun_resumed_from_epoch=summary["resumed_from_epoch"],
+        rerun_resumed_from_epoch=summary.resumed_from_epoch,
     )  # fmt: skip

@@ -19,7 +19,7 @@ from components.common.defaults import BUNDLED_SOURCE, MODELS
 
 TRAINING_BACKENDS = ("auto", "local", "mpijob", "trainjob")
 SOURCE_SCHEMES = ("http", "https", "gs")
-LR_SCALINGS = ("linear", "sqrt", "none")  # components/train/optimizer.py
+LR_SCALINGS = ("linear", "sqrt", "none")  # components/train/trainer.py
 # Malladi's square-root rule sets beta_1 = 1 - k (1 - 0.9): above 9 ranks it is not an Adam.
 SQRT_MAX_WORLD_SIZE = 9
 _MODEL_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")

@@ -143,9 +143,9 @@ class Candidate:
                 "counts": {split: manifest.count(split) for split in manifest.splits},
                 "source": manifest.raw.get("source", {}),
             },
-            "model": summary.get("model"),
-            "augment": summary.get("augment"),
-            "run_summary": summary,
+            "model": summary.config.model,
+            "augment": summary.config.augment,
+            "run_summary": asdict(summary),
             "pipeline_run_id": self.run_id,
             "source_model_uri": self.model_uri,
             **provenance,
@@ -156,8 +156,8 @@ def recorded_digest(summary: RunSummary, summary_uri: str, from_artifact: str | 
     """The ``saved_model.pb`` sha256 the trainer recorded: in the run summary and, when given,
     in the Model artifact's metadata (`from_artifact`). Both present: they must agree."""
     found = {}
-    if DIGEST_KEY in summary:
-        found["the run summary " + summary_uri] = summary["saved_model_sha256"]
+    if summary.saved_model_sha256:
+        found["the run summary " + summary_uri] = summary.saved_model_sha256
     if from_artifact is not None:
         found["the Model artifact's metadata"] = from_artifact
     if not found:

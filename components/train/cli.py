@@ -10,24 +10,21 @@ from __future__ import annotations
 import sys
 
 from components.train import mpiwatch
-from components.train.config import TrainConfig, from_argv
-
-
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """Parse the command line into a checked TrainConfig (exits 2 with a message if bad)."""
-    return from_argv(argv)
+from components.train.config import from_argv
 
 
 def main(argv: list[str] | None = None) -> int:
     """Start this rank's heartbeat if the launcher asks for one (before the slow imports of
-    TensorFlow and Horovod: see `components.train.mpiwatch`), parse arguments, run the rank."""
+    TensorFlow and Horovod: see `components.train.mpiwatch`), parse arguments, run the rank
+    (an elastic job in Horovod's elastic loop)."""
     try:
         mpiwatch.start_from_env()
     except ValueError as exc:  # the launcher's HEARTBEAT_ENV is not a number of seconds
         raise SystemExit(f"components.train: {exc}") from exc
-    from components.train.trainer import run
+    from components.train import elastic, trainer
 
-    return run(parse_args(argv))
+    config = from_argv(argv)
+    return trainer.run(config, elastic.train_elastic if config.elastic else None)
 
 
 if __name__ == "__main__":

@@ -141,19 +141,14 @@ def to_argv(config: TrainConfig) -> list[str]:
     return args
 
 
-def argument_parser() -> argparse.ArgumentParser:
-    """The trainer's argparse parser: one option per declared field."""
+def from_argv(argv: list[str] | None = None) -> TrainConfig:
+    """Parse the trainer's command line (one option per declared field) into a checked
+    TrainConfig (exits 2 naming the flag)."""
     parser = argparse.ArgumentParser(
         prog="python -m components.train",
         description="Train one model as one Horovod job (every rank gets the same arguments).",
     )
     add_arguments(parser, TRAIN_PARAMETERS)
-    return parser
-
-
-def from_argv(argv: list[str] | None = None) -> TrainConfig:
-    """Parse the trainer's command line into a checked TrainConfig (exits 2 naming the flag)."""
-    parser = argument_parser()
     values = vars(parser.parse_args(argv))
     try:
         return TrainConfig(**values)

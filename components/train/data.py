@@ -1,22 +1,56 @@
-"""The data room: this rank's disjoint shard of the training split, its batches each epoch,
-and the ``tf.data`` pipeline that serves them.
+"""This rank's disjoint shard of the training split, its batches each epoch, and the
+``tf.data`` pipeline that serves them.
 
-Rank *r* of *n* reads only samples ``[r*N/n, (r+1)*N/n)`` (`sharding.shard_range`), every rank
-runs the same number of steps, and each epoch visits the shard once in a per-rank order. The
-ranks' ids of an epoch are checked to cover the split exactly once (`coverage`).
+Rank *r* of *n* reads only samples ``[r*N/n, (r+1)*N/n)`` (`shard_range`): contiguous, disjoint
+blocks that together cover every sample. Uneven splits are fine: all ranks run the *same*
+number of steps per epoch (a rank that ran one step fewer would leave the others waiting forever
+in an allreduce), and each rank divides its block into that many nearly equal batches, so no
+sample is dropped or repeated within an epoch. Each epoch visits the shard once in a per-rank
+order. The ranks' ids of an epoch are checked to cover the split exactly once (`coverage`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from components.common import dataset
-from components.train.config import TrainConfig
-from components.train.sharding import batch_bounds, epoch_permutation, shard_range, steps_per_epoch
-from components.train.summary import Coverage
+
+
+def shard_range(num_samples: int, rank: int, size: int) -> tuple[int, int]:
+    """The half-open range ``[start, stop)`` of global sample indices that `rank` reads."""
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is not in a world of size {size}")
+    return num_samples * rank // size, num_samples * (rank + 1) // size
+
+
+def steps_per_epoch(num_samples: int, size: int, batch_size: int) -> int:
+    """Steps every rank runs per epoch: enough for the largest shard at `batch_size`."""
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    largest = math.ceil(num_samples / size)
+    return max(1, math.ceil(largest / batch_size))
+
+
+def batch_bounds(shard_size: int, steps: int) -> list[tuple[int, int]]:
+    """Split ``range(shard_size)`` into `steps` consecutive, non-empty, nearly equal batches."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if shard_size < steps:
+        raise ValueError(
+            f"a shard of {shard_size} samples cannot fill {steps} steps without an empty batch; "
+            "use a batch size above 1 or fewer workers"
+        )
+    edges = [shard_size * i // steps for i in range(steps + 1)]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def epoch_permutation(shard_size: int, seed: int, epoch: int, rank: int) -> np.ndarray:
+    """The order in which `rank` visits its shard in `epoch` (deterministic, differs per epoch)."""
+    return np.random.default_rng([seed, epoch, rank]).permutation(shard_size)
 
 
 @dataclass
@@ -32,21 +66,21 @@ class Shard:
     manifest_sha256: str
 
 
-def load_shard(config: TrainConfig, rank: int, size: int) -> Shard:
+def load_shard(data: str, batch_size: int, rank: int, size: int) -> Shard:
     """Read this rank's disjoint block of the training split. Raises DataError naming the file."""
-    manifest = dataset.read_manifest(config.data)
+    manifest = dataset.read_manifest(data)
     total = manifest.count("train")
     start, stop = shard_range(total, rank, size)
     if stop <= start:
         raise dataset.DataError(
-            f"{config.data}: the train split has {total} samples, so rank {rank} of {size} gets "
+            f"{data}: the train split has {total} samples, so rank {rank} of {size} gets "
             "an empty shard; use fewer workers or more data"
         )
-    steps = steps_per_epoch(total, size, config.batch_size_per_worker)
+    steps = steps_per_epoch(total, size, batch_size)
     try:
         batch_bounds(stop - start, steps)
     except ValueError as exc:
-        raise dataset.DataError(f"{config.data}: {exc}") from exc
+        raise dataset.DataError(f"{data}: {exc}") from exc
     images, labels = dataset.load_range(manifest, "train", start, stop)
     return Shard(images, labels, start, stop, steps, total, manifest.sha256)
 
@@ -72,12 +106,20 @@ def epoch_batches(
     return rows, lengths
 
 
-def make_dataset(tf: Any, shard: Shard, rows: np.ndarray, lengths: np.ndarray, threads: int) -> Any:
-    """A ``tf.data`` pipeline serving those batches in order, gathered inside TensorFlow.
+def epoch_ids(shard: Shard, seed: int, rank: int, epoch: int) -> np.ndarray:
+    """The global sample ids this rank serves in `epoch`, batch by batch."""
+    rows, lengths = epoch_batches(shard, seed, rank, range(epoch, epoch + 1))
+    return shard.start + np.concatenate([row[:n] for row, n in zip(rows, lengths, strict=True)])
+
+
+def make_dataset(tf: Any, shard: Shard, seed: int, rank: int, epochs: range, threads: int) -> Any:
+    """A ``tf.data`` pipeline serving the batches of `epochs` in order, gathered inside
+    TensorFlow.
 
     It replaced a Keras ``Sequence`` (numpy indexing in Python) after the input-pipeline
     benchmark measured the Sequence 1.29x slower in one process (bench/README.md).
     """
+    rows, lengths = epoch_batches(shard, seed, rank, epochs)
     images = tf.constant(shard.images)
     labels = tf.constant(shard.labels)
 
@@ -96,39 +138,11 @@ def make_dataset(tf: Any, shard: Shard, rows: np.ndarray, lengths: np.ndarray, t
     )
 
 
-@dataclass(frozen=True)
-class EpochPlan:
-    """The batches of the epochs a fit runs, from epoch `start` on (see `epoch_batches`)."""
-
-    start: int
-    rows: np.ndarray
-    lengths: np.ndarray
-    steps: int
-
-    def epoch_ids(self, shard: Shard, epoch: int) -> np.ndarray:
-        """The global sample ids this rank serves in `epoch`, batch by batch."""
-        first = (epoch - self.start) * self.steps
-        rows, lengths = self.rows[first : first + self.steps], self.lengths[first:]
-        return shard.start + np.concatenate(
-            [row[:n] for row, n in zip(rows, lengths[: len(rows)], strict=True)]
-        )
-
-    def first_epoch_ids(self, shard: Shard) -> np.ndarray:
-        return self.epoch_ids(shard, self.start)
-
-
-def plan_epochs(shard: Shard, config: TrainConfig, rank: int, start: int) -> EpochPlan:
-    """The batches of the epochs left after `start` (or, if none are, of one epoch: for the
-    coverage check)."""
-    epochs_left = range(start, config.epochs) or range(start, start + 1)
-    rows, lengths = epoch_batches(shard, config.seed, rank, epochs_left)
-    return EpochPlan(start, rows, lengths, shard.steps)
-
-
-def coverage(all_ids: list[np.ndarray], total: int) -> Coverage:
+def coverage(all_ids: list[np.ndarray], total: int) -> dict[str, Any]:
     """Whether the ranks' ids of one epoch (one array per rank) cover 0..total-1 exactly once."""
     ids = np.concatenate(all_ids)
     return {
+        "samples": total,
         "seen_per_epoch": int(len(ids)),
         "disjoint": bool(len(np.unique(ids)) == len(ids)),
         "covers_all": bool(np.array_equal(np.sort(ids), np.arange(total))),

@@ -6,6 +6,10 @@
   (TensorFlow cannot load the CUDA libraries), the rank sees no GPU, or its host has fewer GPUs
   than its local ranks need. A job never trains on the CPU by mistake: the ranks agree on the
   problem and all stop before training (`components.train.trainer`).
+- `default_threads` is a rank's share of the cores it may run on, capped by its CPU limit: a
+  Kubernetes CPU limit (Docker's ``--cpus``) is a CFS quota, which does not change the cores a
+  process sees, only how long it may run on them; a rank that sized its thread pools by the
+  visible cores of a 64-core node with a limit of 2 would start 64 threads and be throttled.
 - `gpu_usage` is what the coordination report shows of a rank's GPU: its name and the peak of
   the memory TensorFlow allocated on it.
 """
@@ -13,18 +17,52 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from components.common.defaults import IMAGE_NAMES
 from components.common.keras_env import stderr_without
-from components.train.cpus import default_threads
 
 # What TensorFlow's CUDA build writes to stderr (absl, at error level) when it looks for GPUs on
 # a host without an NVIDIA driver: once per process, so once per rank of a CPU job.
 NO_DRIVER_NOISE = re.compile(r"failed call to cuInit")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cpu_quota(cgroup_root: Path = CGROUP_ROOT) -> float | None:
+    """The CPU limit of this process's cgroup in cores, or None if no limit is set.
+
+    Reads cgroup v2 (``cpu.max``: ``"<quota> <period>"`` or ``"max <period>"``) or cgroup v1
+    (``cpu/cpu.cfs_quota_us`` and ``cpu/cpu.cfs_period_us``; -1 means no limit), as a
+    container sees its own cgroup at `cgroup_root`.
+    """
+    v2 = cgroup_root / "cpu.max"
+    try:
+        if v2.is_file():
+            quota, period = v2.read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        for v1 in (cgroup_root / "cpu", cgroup_root / "cpu,cpuacct"):
+            if (v1 / "cpu.cfs_quota_us").is_file():
+                quota_us = int((v1 / "cpu.cfs_quota_us").read_text())
+                period_us = int((v1 / "cpu.cfs_period_us").read_text())
+                return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def default_threads(local_size: int, cgroup_root: Path = CGROUP_ROOT) -> int:
+    """CPU threads per process: usable cores (visible, capped by the CPU limit) split among the
+    `local_size` ranks of this host; never below 1. A fractional limit rounds down."""
+    cores = len(os.sched_getaffinity(0))  # the cores this process may be scheduled on (Linux)
+    quota = cpu_quota(cgroup_root)
+    if quota is not None:
+        cores = min(cores, int(quota))
+    return max(1, cores // max(1, local_size))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Elastic training (``min_workers`` > 0): the job survives losing workers, and grows back.
 
-Every rank runs the trainer's usual steps (agree on inputs, fit, gather and export) inside
-Horovod's elastic loop (``hvd.elastic.run``), with the model, the optimizer, the epoch, the
-last metrics and the job's own records in ``hvd.elastic.KerasState``:
+Every rank runs the trainer's own steps (`components.train.trainer`: shard, callbacks, fit,
+export) inside Horovod's elastic loop (``hvd.elastic.run``), with the model, the optimizer, the
+epoch, the last metrics and the job's own records in ``hvd.elastic.KerasState``:
 
 - **Commits once per epoch**, at its end, after rank 0's checkpoint. A commit also asks the
   driver whether hosts changed, and raises ``HostsUpdatedInterrupt`` if so: a job grows only
@@ -21,36 +21,23 @@ last metrics and the job's own records in ``hvd.elastic.KerasState``:
 
 Nothing may run a collective before the elastic loop: a worker that joins later runs this
 module from the start while the others wait in the loop's sync. So every rank reads the
-checkpoint marker itself (`trainer.build_or_resume`) and the inputs are agreed on inside each
-attempt.
+checkpoint marker itself (`trainer.build_or_resume`) and the shards are read and agreed on
+inside each attempt (`trainer.read_shard`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from components.common import keras_env
-from components.train.data import EpochPlan, Shard, coverage, plan_epochs
-from components.train.export import gather_and_export
-from components.train.fit import EpochStats, fit_epochs, training_callbacks
-from components.train.job import Job, Trainee, agree_on_inputs, log_plan, rank_logger
-from components.train.summary import Coverage, ElasticRecord, RunSummary
+from components.train import trainer
+from components.train.data import coverage, epoch_ids
+from components.train.trainer import Job, Trainee
 
 # Larger than any job's step count: Horovod's CommitStateCallback then commits at epoch ends
 # only, so an epoch never straddles two world sizes.
 COMMIT_AT_EPOCH_ENDS_ONLY = 2**62
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """What the attempt that finished the training ran with."""
-
-    shard: Shard
-    plan: EpochPlan
-    stats: EpochStats
 
 
 def world_entry(epoch: int, size: int, why: str) -> dict[str, Any]:
@@ -59,28 +46,25 @@ def world_entry(epoch: int, size: int, why: str) -> dict[str, Any]:
     return {"epoch": epoch, "world_size": size, "when": when, "why": why}
 
 
-def train_elastic(job: Job, trainee: Trainee) -> int:
-    """Train `trainee` (built, maybe resumed) elastically; export the one model. Exit code."""
+def train_elastic(job: Job) -> int:
+    """Build (maybe resume) the model, train it elastically, export the one model. Exit code."""
     from horovod.common.exceptions import HostsUpdatedInterrupt
 
     hvd, config = job.hvd, job.config
-    optimizer = trainee.model.optimizer
+    trainee = trainer.build_or_resume(job)
     # Every rank must hold the same variables before the first sync broadcasts them: create
     # the optimizer's slots now (zeros, as on first use; a resumed checkpoint fills them).
-    optimizer._create_all_weights(trainee.model.trainable_variables)
+    trainee.model.optimizer._create_all_weights(trainee.model.trainable_variables)
     start = "resumed from the checkpoint" if trainee.resume else "start"
     state = hvd.elastic.KerasState(
-        trainee.model,
-        optimizer,
-        epoch=trainee.initial_epoch,
+        trainee.model, trainee.model.optimizer, epoch=trainee.initial_epoch,
         metrics=dict(trainee.resume.metrics) if trainee.resume else {},
-        history=[world_entry(trainee.initial_epoch, job.size, start)],
-        epochs=[],
-    )
+        history=[world_entry(trainee.initial_epoch, job.size, start)], epochs=[],
+    )  # fmt: skip
     why = ["start"]
 
     def on_reset() -> None:
-        rank_logger(job.rank, job.size)  # relabel this rank's lines
+        trainer.rank_logger(job.rank, job.size)  # relabel this rank's lines
         state.history = [*state.history, world_entry(state.epoch, job.size, why[0])]
         state.save()  # else the sync that follows puts back the history of the last commit
         job.log.info(
@@ -91,7 +75,7 @@ def train_elastic(job: Job, trainee: Trainee) -> int:
     state.register_reset_callbacks([on_reset])
 
     @hvd.elastic.run  # type: ignore[misc]
-    def attempt(state: Any) -> Attempt:
+    def attempt(state: Any) -> tuple[Any, int]:
         try:
             return _attempt(job, trainee, state)
         except HostsUpdatedInterrupt:
@@ -101,67 +85,44 @@ def train_elastic(job: Job, trainee: Trainee) -> int:
             why[0] = "a worker was lost (a collective failed)"
             raise
 
-    done = attempt(state)
-    extra: RunSummary = {"elastic": elastic_record(config, state)}
-    if state.epochs:
-        extra["coverage"] = combined_coverage(state.epochs, done.shard.total)
-    final_ids = done.plan.first_epoch_ids(done.shard)
-    return gather_and_export(
-        job, trainee, done.shard, dict(state.metrics), done.stats, final_ids, extra
-    )
+    shard, first = attempt(state)
+    record = {"min_workers": config.min_workers, "max_workers": config.workers,
+              "world_size_history": list(state.history), "epochs": list(state.epochs)}  # fmt: skip
+    extra: dict[str, Any] = {"elastic": record}
+    if state.epochs:  # the coverage of every epoch this job trained, each at its world size
+        epochs = state.epochs
+        extra["coverage"] = {
+            "samples": shard.total, "seen_per_epoch": epochs[-1]["seen_per_epoch"],
+            "disjoint": all(e["disjoint"] for e in epochs),
+            "covers_all": all(e["covers_all"] for e in epochs), "epochs_checked": len(epochs),
+        }  # fmt: skip
+    return trainer.export(job, trainee, shard, dict(state.metrics), first, **extra)
 
 
-def _attempt(job: Job, trainee: Trainee, state: Any) -> Attempt:
-    """One attempt at the epochs left, in the world as it is now."""
-    shard = agree_on_inputs(job)
-    log_plan(job, shard)
-    plan = plan_epochs(shard, job.config, job.rank, state.epoch)
-    stats = EpochStats(samples_per_epoch=len(shard.labels))
-    adam = job.adam
-    if state.epoch < job.config.warmup_epochs:  # warmup sets the learning rate itself until then
-        adam = dataclasses.replace(adam, learning_rate=float(trainee.model.optimizer.lr.numpy()))
-    adam.apply(trainee.model.optimizer)  # this world size's settings (lr_scaling)
-    callbacks = training_callbacks(job, trainee, shard.steps, stats)
-    callbacks += _state_callbacks(job, shard, plan, state)
-    fit_epochs(job, trainee, shard, plan, callbacks)
-    return Attempt(shard, plan, stats)
-
-
-def _state_callbacks(job: Job, shard: Shard, plan: EpochPlan, state: Any) -> list[Any]:
-    """After the checkpoint, at every epoch end: check coverage, record the epoch, commit."""
+def _attempt(job: Job, trainee: Trainee, state: Any) -> tuple[Any, int]:
+    """One attempt at the epochs left, in the world as it is now: this world's shard and Adam
+    settings, the static job's callbacks and fit, and the state's own callbacks after them."""
     from horovod.tensorflow import allgather_object
 
+    shard = trainer.read_shard(job)
+    optimizer, start = trainee.model.optimizer, state.epoch
+    adam = job.adam
+    if start < job.config.warmup_epochs:  # warmup sets the learning rate itself until then
+        adam["learning_rate"] = float(optimizer.lr.numpy())
+    for name, value in adam.items():  # this world size's settings (lr_scaling)
+        setattr(optimizer, name, value)
     keras = keras_env.keras()
 
-    class RecordEpoch(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            ids = allgather_object(plan.epoch_ids(shard, epoch))
-            record = {"epoch": epoch + 1, "world_size": job.size, **coverage(ids, shard.total)}
-            # Assign, never mutate: KerasState keeps the committed values by reference.
-            state.epochs = [*state.epochs, record]
-            state.metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
-            state.epoch = epoch + 1
+    def record_epoch(epoch: int, logs: Any) -> None:
+        ids = allgather_object(epoch_ids(shard, job.config.seed, job.rank, epoch))
+        entry = {"epoch": epoch + 1, "world_size": job.size, **coverage(ids, shard.total)}
+        # Assign, never mutate: KerasState keeps the committed values by reference.
+        state.epochs = [*state.epochs, entry]
+        state.metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
+        state.epoch = epoch + 1
 
     commit = job.hvd.elastic.CommitStateCallback(state, COMMIT_AT_EPOCH_ENDS_ONLY)
-    return [RecordEpoch(), commit]
-
-
-def elastic_record(config: Any, state: Any) -> ElasticRecord:
-    """The run summary's ``elastic`` block."""
-    return {
-        "min_workers": config.min_workers,
-        "max_workers": config.workers,
-        "world_size_history": list(state.history),
-        "epochs": list(state.epochs),
-    }
-
-
-def combined_coverage(epochs: list[dict[str, Any]], total: int) -> Coverage:
-    """The summary's coverage over every epoch this job trained, each at its world size."""
-    return {
-        "samples": total,
-        "seen_per_epoch": epochs[-1]["seen_per_epoch"],
-        "disjoint": all(e["disjoint"] for e in epochs),
-        "covers_all": all(e["covers_all"] for e in epochs),
-        "epochs_checked": len(epochs),
-    }
+    found = [*trainer.callbacks(job, trainee, shard), keras.callbacks.LambdaCallback(
+        on_epoch_end=record_epoch), commit]  # fmt: skip
+    trainer.fit(job, trainee, shard, found, start)
+    return shard, start

@@ -113,8 +113,9 @@ def _with_augmentation(keras: Any, built: Any) -> Any:
     )
 
 
-def load_entry_point(model: str) -> Callable[..., Any]:
-    """The function ``package.module:function`` names; ModelChoiceError if it cannot be had."""
+def _user_model(keras: Any, model: str) -> Any:
+    """Import ``package.module:function`` and call it as ``function((28, 28, 1), 10)``; it must
+    give a Keras model (ModelChoiceError saying why not)."""
     problem = model_problem(model)
     if problem:
         raise ModelChoiceError(problem)
@@ -133,12 +134,6 @@ def load_entry_point(model: str) -> Callable[..., Any]:
             f"model {model!r}: {function_name!r} {found} in module {module_name!r} "
             f"({getattr(module, '__file__', None) or 'no file'})"
         )
-    return function  # type: ignore[no-any-return]
-
-
-def _user_model(keras: Any, model: str) -> Any:
-    """Call the user's function as ``function((28, 28, 1), 10)``; it must give a Keras model."""
-    function = load_entry_point(model)
     try:
         built = function(INPUT_SHAPE, NUM_CLASSES)
     except Exception as exc:
@@ -202,11 +197,6 @@ def check_model(model: str) -> Any:
             "with a softmax; the trainer's loss is sparse_categorical_crossentropy on probabilities"
         )
     return built
-
-
-def count_parameters(model: Any) -> int:
-    """The number of weights (trainable or not) of `model`."""
-    return int(model.count_params())
 
 
 def weights_fingerprint(model: Any) -> str:

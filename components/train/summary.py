@@ -1,134 +1,66 @@
-"""The run summary: what one Horovod job did, as a typed record, written and read here only.
+"""The run summary: what one Horovod job did, one dataclass (`RunSummary`) embedding the
+`TrainConfig` it ran with, written and read here only, and rendered here for people.
 
-``run_summary.json`` is the JSON of a `RunSummary` (TypedDicts: plain JSON, and each key and
-its type checked by mypy wherever it is read). Rank 0 writes it (`write`); the train step, the
-MPIJob's run check, the reports, the registry and the benchmarks read it (`read`, `parse`).
+``run_summary.json`` is ``dataclasses.asdict`` of a `RunSummary`: the config's fields under
+``config`` with their own names, beside what the job measured. Rank 0 writes it (`write`); the
+train step, the cluster run check, the reports, the registry and the benchmarks read it back
+into a `RunSummary` (`read`, `parse`). The coordination report (`coordination_report`, the
+Markdown in the KFP UI) and the log's lines (`coordination_lines`) are made from it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Any, TypedDict, cast
+from dataclasses import dataclass, field
+from typing import Any
 
 from components.common import storage
+from components.train.config import TrainConfig
 
 KIND = "kfp-horovod/run-summary/v1"
+Record = dict[str, Any]
 
 
-class DatasetRecord(TypedDict):
-    uri: str
-    manifest_sha256: str
-    train_samples: int
+@dataclass
+class RunSummary:
+    """One job's outcome. Each rank's record in `per_rank` (rank, local_rank, host, device,
+    threads, sample_range, samples_per_epoch, steps_per_epoch, examples_per_second,
+    weights_sha256, and on a GPU gpu_name and gpu_peak_memory_bytes); `resource_use` is
+    `components.train.telemetry.resource_use`; `elastic` an elastic job's world sizes and every
+    epoch's coverage; `training_backend` and its reason are the train step's."""
 
-
-class RankRecord(TypedDict, total=False):
-    rank: int
-    local_rank: int
-    host: str
-    device: str
-    gpu_name: str  # GPU ranks only
-    gpu_peak_memory_bytes: int  # GPU ranks only
-    threads: int
-    sample_range: list[int]
-    samples_per_epoch: int
-    steps_per_epoch: int
-    examples_per_second: float
-    weights_sha256: str
-
-
-class Coverage(TypedDict, total=False):
-    samples: int
-    seen_per_epoch: int
-    disjoint: bool
-    covers_all: bool
-    epochs_checked: int  # elastic jobs: every epoch, each at its world size
-
-
-class RankUse(TypedDict):
-    rank: int
-    host: str
-    step_ms: float
-    compute_ms: float
-    allreduce_ms: float
-    cpu_cores_busy: float
-    threads: int
-
-
-class Straggler(TypedDict):
-    rank: int
-    host: str
-    slower_by: float
-
-
-class ResourceUse(TypedDict):
-    """Did the workers pay (`components.train.resources`)."""
-
-    step_seconds: float
-    compute_share: float
-    communication_share: float
-    waiting_share: float
-    estimated_efficiency: float
-    epochs_measured: int
-    per_rank: list[RankUse]
-    straggler: Straggler | None
-    advice: list[str]
-
-
-class WorldEntry(TypedDict):
-    epoch: int
+    config: TrainConfig
     world_size: int
-    when: str
-    why: str
-
-
-class ElasticRecord(TypedDict):
-    """An elastic job's world sizes and every epoch's coverage (`components.train.elastic`)."""
-
-    min_workers: int
-    max_workers: int
-    world_size_history: list[WorldEntry]
-    epochs: list[dict[str, Any]]
-
-
-class RunSummary(TypedDict, total=False):
-    kind: str
-    world_size: int
-    expected_workers: int
     hosts: list[str]
     controller: str  # mpi (mpirun) or gloo (horovodrun)
     gradient_allreduce: str  # nccl or host
-    epochs: int
     resumed_from_epoch: int
-    batch_size_per_worker: int
-    global_batch_size: int
-    base_learning_rate: float
-    learning_rate: float
-    lr_scaling: str
-    adam: dict[str, float]
-    warmup_epochs: int
-    model: str
-    augment: bool
+    adam: dict[str, float]  # Adam's settings at this world size (lr_scaling)
     model_parameters: int
-    dataset: DatasetRecord
-    per_rank: list[RankRecord]
-    coverage: Coverage
+    dataset: Record  # uri, manifest_sha256, train_samples
+    per_rank: list[Record]
+    coverage: Record  # samples, seen_per_epoch, disjoint, covers_all (, epochs_checked)
     weights_identical_across_ranks: bool
     final_metrics: dict[str, float]
-    checkpoint_uri: str
-    tensorboard_uri: str
-    model_uri: str
-    saved_model_sha256: str
-    models_exported: int
-    exported_by_rank: int
-    resource_use: ResourceUse | None
-    elastic: ElasticRecord
-    # the train step's: the backend it ran on and why (``training_backend``)
-    training_backend: str
-    training_backend_reason: str
+    saved_model_sha256: str = ""
+    resource_use: Record | None = None
+    elastic: Record | None = None
+    training_backend: str = ""
+    training_backend_reason: str = ""
+    kind: str = field(default=KIND)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.config.batch_size_per_worker * self.world_size
+
+    @property
+    def model_uri(self) -> str:
+        return self.config.model_uri
 
 
 def to_json(summary: RunSummary) -> str:
-    return json.dumps(summary, indent=2, sort_keys=True)
+    return json.dumps(dataclasses.asdict(summary), indent=2, sort_keys=True)
 
 
 def parse(text: str) -> RunSummary:
@@ -137,11 +69,12 @@ def parse(text: str) -> RunSummary:
         data = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ValueError("not a kfp-horovod run summary (expected a JSON object)")
-    if "world_size" not in data:
-        raise ValueError("not a kfp-horovod run summary (no world_size)")
-    return cast(RunSummary, data)
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise ValueError(f"not a kfp-horovod run summary (expected a JSON object of kind {KIND})")
+    try:
+        return RunSummary(**{**data, "config": TrainConfig(**data["config"])})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a kfp-horovod run summary ({exc})") from exc
 
 
 def read(uri: str) -> RunSummary:
@@ -161,3 +94,198 @@ def read(uri: str) -> RunSummary:
 
 def write(uri: str, summary: RunSummary) -> None:
     storage.write_text(uri, to_json(summary))
+
+
+def lr_formula(rule: str, learning_rate: float, world_size: int, scaled: float) -> str:
+    """The rule's learning rate in words, e.g. ``0.002 = 0.001 x 2 workers (linear)``."""
+    factor = {"linear": f"x {world_size} workers", "sqrt": f"x sqrt({world_size} workers)"}
+    how = factor.get(rule, f"for {world_size} workers")
+    return f"{scaled:g} = {learning_rate:g} {how} ({rule})"
+
+
+def device_text(rank: Record) -> str:
+    """A rank's device in words: ``CPU``, or ``GPU:0 (NVIDIA H100 80GB HBM3, peak 1.2 GiB)``."""
+    if "gpu_name" not in rank:
+        return str(rank["device"])
+    peak = rank["gpu_peak_memory_bytes"] / 2**30
+    return f"{rank['device']} ({rank['gpu_name']}, peak {peak:.1f} GiB)"
+
+
+def world_history(summary: RunSummary) -> str | None:
+    """An elastic job's world sizes in words ("3 workers from epoch 1; 2 from epoch 4 (a
+    worker was lost ...)"), or None for a static job."""
+    elastic = summary.elastic
+    if not elastic:
+        return None
+    parts = []
+    for i, entry in enumerate(elastic["world_size_history"]):
+        why = "" if i == 0 else f" ({entry['why']}, {entry['when']})"
+        parts.append(f"{entry['world_size']} workers from epoch {entry['epoch'] + 1}{why}")
+    return (
+        f"elastic job ({elastic['min_workers']} to {elastic['max_workers']} workers): "
+        + "; then ".join(parts)
+    )
+
+
+def paid_line(summary: RunSummary) -> str | None:
+    """One line for a console: did the workers pay (None without the measurement)."""
+    use = summary.resource_use
+    if not use:
+        return None
+    advice = f"; {use['advice'][0]}" if use["advice"] else ""
+    return (
+        f"paid: estimated scaling efficiency {use['estimated_efficiency']:.2f} (a step: compute "
+        f"{use['compute_share']:.0%}, communication {use['communication_share']:.0%}, waiting "
+        f"{use['waiting_share']:.0%}){advice}"
+    )
+
+
+def coordination_lines(summary: RunSummary) -> list[str]:
+    """The plain-words answer to 'one model or N?', for the log."""
+    s, c = summary, summary.config
+    lines = [
+        f"{s.world_size} workers formed ONE job ({s.controller} controller) and trained ONE "
+        f"model (weights identical on all ranks: {s.weights_identical_across_ranks}); "
+        f"gradient allreduce {s.gradient_allreduce}.",
+        f"model {c.model} ({s.model_parameters:,} parameters), augmentation "
+        f"{'on' if c.augment else 'off'}",
+    ]
+    for r in s.per_rank:
+        lo, hi = r["sample_range"]
+        lines.append(
+            f"  rank {r['rank']} on {r['host']} ({device_text(r)}, {r['threads']} threads): "
+            f"samples [{lo}, {hi}) = {r['samples_per_epoch']} per epoch, "
+            f"{r['steps_per_epoch']} steps per epoch, {r['examples_per_second']} examples/s"
+        )
+    cov = s.coverage
+    lines.append(
+        f"every epoch saw {cov['seen_per_epoch']} of {cov['samples']} samples "
+        f"(disjoint: {cov['disjoint']}, all covered: {cov['covers_all']})"
+    )
+    history = world_history(s)
+    return [
+        *lines,
+        *([history] if history else []),
+        f"1 model, exported by rank 0, at {s.model_uri}",
+    ]
+
+
+def coordination_report(summary: RunSummary) -> str:
+    """Render a run summary as the Markdown shown in the KFP UI next to the model."""
+    s, c = summary, summary.config
+    size, cov = s.world_size, s.coverage
+    resumed = f" (resumed after epoch {s.resumed_from_epoch})" if s.resumed_from_epoch else ""
+    backend = f"- Backend: **{s.training_backend}**" + (
+        f" ({s.training_backend_reason})" if s.training_backend_reason else ""
+    )
+    allreduce = {
+        "nccl": "GPU to GPU (NCCL)",
+        "host": "through host memory (Horovod's CPU operations)",
+    }
+    lines = [
+        "# Coordination report",
+        "",
+        f"**{size} workers formed ONE Horovod job and trained ONE model** (formed by the "
+        f"{s.controller} controller; expected workers: {c.world_size}; hosts: "
+        f"{', '.join(s.hosts)}).",
+        "",
+        *([backend] if s.training_backend else []),
+        f"- Gradient allreduce: **{s.gradient_allreduce}**, "
+        f"{allreduce.get(s.gradient_allreduce, s.gradient_allreduce)}",
+        f"- Global batch: **{s.global_batch_size}** = {size} workers x "
+        f"{c.batch_size_per_worker} per worker",
+        f"- Learning rate: {_lr_text(s)}, warmed up over {c.warmup_epochs} epoch(s)",
+        f"- Model: **{c.model}** ({s.model_parameters:,} parameters), augmentation "
+        f"{'on (training only)' if c.augment else 'off'}",
+        f"- Epochs: {c.epochs}{resumed}",
+        f"- Every epoch saw {cov['seen_per_epoch']} of {cov['samples']} training samples: "
+        f"shards disjoint **{cov['disjoint']}**, all covered **{cov['covers_all']}**",
+        "",
+        "## What each rank read and did",
+        "",
+        "| rank | host | device | threads | samples read | samples/epoch | steps/epoch "
+        "| examples/s | weights sha256 |",
+        "|---:|---|---|---:|---|---:|---:|---:|---|",
+    ]
+    for r in s.per_rank:
+        lo, hi = r["sample_range"]
+        lines.append(
+            f"| {r['rank']} | {r['host']} | {device_text(r)} | {r['threads']} | [{lo}, {hi}) | "
+            f"{r['samples_per_epoch']} | {r['steps_per_epoch']} | {r['examples_per_second']} | "
+            f"`{r['weights_sha256'][:16]}` |"
+        )
+    lines += ["", *_elastic_lines(s), *resource_lines(s)]
+    return "\n".join([*lines, *_result_lines(s)])
+
+
+def _lr_text(s: RunSummary) -> str:
+    """The learning rate and how the ``lr_scaling`` rule made it, in Markdown."""
+    rule, adam = s.config.lr_scaling, s.adam
+    formula = lr_formula(rule, s.config.learning_rate, s.world_size, adam["learning_rate"])
+    value, _, rest = formula.partition(" = ")
+    if rule == "sqrt":
+        rest += (
+            f", beta_1 {adam['beta_1']:g}, beta_2 {adam['beta_2']:g}, epsilon {adam['epsilon']:.2g}"
+        )
+    return f"**{value}** = {rest}"
+
+
+def _result_lines(s: RunSummary) -> list[str]:
+    """The report's last section: one set of weights, one model, where it is."""
+    fingerprints = sorted({r["weights_sha256"] for r in s.per_rank})
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(s.final_metrics.items()))
+    return [
+        "## Result",
+        "",
+        (
+            f"- Weights fingerprint: `{fingerprints[0][:16]}`, **identical on all "
+            f"{s.world_size} ranks**"
+            if len(fingerprints) == 1
+            else f"- WARNING: ranks ended with {len(fingerprints)} different weight fingerprints"
+        ),
+        f"- Final training metrics (averaged over ranks): {metrics or 'n/a'}",
+        f"- **1 model, exported by rank 0, at `{s.model_uri}`** "
+        f"(saved_model.pb sha256 `{s.saved_model_sha256[:16]}`)",
+        f"- TensorBoard: `tensorboard --logdir {s.config.tensorboard_uri}`",
+        "",
+    ]
+
+
+def resource_lines(s: RunSummary) -> list[str]:
+    """The report's answer to "did the workers pay?": where a step's time went, per rank, and
+    what to change (none for summaries without the measurement)."""
+    use = s.resource_use
+    if not use:
+        return []
+    lines = [
+        "## Did the workers pay?",
+        "",
+        f"A step took {use['step_seconds'] * 1e3:.1f} ms: compute **{use['compute_share']:.0%}**, "
+        f"communication **{use['communication_share']:.0%}**, waiting for slower ranks "
+        f"**{use['waiting_share']:.0%}** (median of {use['epochs_measured']} epoch(s)). "
+        f"Estimated scaling efficiency: **{use['estimated_efficiency']:.2f}**.",
+        "",
+        "| rank | host | step ms | compute ms | in allreduce ms | CPU cores busy | threads |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in use["per_rank"]:
+        lines.append(
+            f"| {r['rank']} | {r['host']} | {r['step_ms']} | {r['compute_ms']} | "
+            f"{r['allreduce_ms']} | {r['cpu_cores_busy']} | {r['threads']} |"
+        )
+    return [*lines, "", *(f"- {note}" for note in use["advice"]), ""]
+
+
+def _elastic_lines(s: RunSummary) -> list[str]:
+    """The report's elastic section: the world-size history and each epoch's coverage."""
+    history = world_history(s)
+    if history is None or s.elastic is None:
+        return []
+    lines = ["## Elastic training", "", f"- {history}", "", "| epoch | workers | samples seen "
+             "| disjoint | all covered |", "|---:|---:|---:|---|---|"]  # fmt: skip
+    for e in s.elastic["epochs"]:
+        lines.append(
+            f"| {e['epoch']} | {e['world_size']} | {e['seen_per_epoch']} | {e['disjoint']} | "
+            f"{e['covers_all']} |"
+        )
+    return [*lines, ""]

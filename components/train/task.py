@@ -26,9 +26,8 @@ from components.train.cluster.job import Choice, choose_backend
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
 from components.train.launch import run_local_job
 from components.train.preflight import check_model_before_launch
-from components.train.report import coordination_report
 from components.train.step import TrainStep
-from components.train.summary import RunSummary
+from components.train.summary import RunSummary, coordination_report
 
 Log = Callable[[str], None]
 # The task config's fields that KFP passes to the step without applying them to its own pod
@@ -143,10 +142,11 @@ def run_train_task(
         record = train_locally(config, dataset_path, model_path, log)
         backend = Choice("local", FORCED)
         # the artifacts' URIs, as the pipeline sees them (the ranks wrote to their local paths)
-        record["model_uri"] = config.model_uri
-        record["tensorboard_uri"] = config.tensorboard_uri
-    record["training_backend"] = backend.backend
-    record["training_backend_reason"] = backend.reason
+        record.config = dataclasses.replace(
+            record.config, output=config.output, model_dir=config.model_dir
+        )
+    record.training_backend = backend.backend
+    record.training_backend_reason = backend.reason
     summary_path, report_path = outputs
     _write(summary_path, summary.to_json(record))
     _write(report_path, coordination_report(record))
@@ -181,15 +181,15 @@ def run_step(
 def artifact_metadata(record: RunSummary) -> tuple[dict[str, Any], dict[str, Any]]:
     """The metadata of the Model and the run_summary artifacts, from the run summary."""
     model = {
-        "framework": "tensorflow-savedmodel", "model": record["model"],
-        "augment": record["augment"], "world_size": record["world_size"],
-        "epochs": record["epochs"], "saved_model_sha256": record["saved_model_sha256"],
-        "final_metrics": record["final_metrics"], "tensorboard_uri": record["tensorboard_uri"],
+        "framework": "tensorflow-savedmodel", "model": record.config.model,
+        "augment": record.config.augment, "world_size": record.world_size,
+        "epochs": record.config.epochs, "saved_model_sha256": record.saved_model_sha256,
+        "final_metrics": record.final_metrics, "tensorboard_uri": record.config.tensorboard_uri,
     }  # fmt: skip
     run = {
-        "world_size": record["world_size"],
-        "weights_identical_across_ranks": record["weights_identical_across_ranks"],
-        "training_backend": record.get("training_backend", ""),
+        "world_size": record.world_size,
+        "weights_identical_across_ranks": record.weights_identical_across_ranks,
+        "training_backend": record.training_backend,
     }
     return model, run
 

@@ -1,39 +1,371 @@
-"""The Horovod training program: every rank of the job runs :func:`run`.
+"""The Horovod training program: every rank of the job runs :func:`run`, Horovod's checklist
+from top to bottom.
 
-What each rank does, in order:
+1. **Init**: ``hvd.init()``, then the preflight: the world size must be ``--workers`` x
+   ``--slots-per-worker`` (N copies of a world of 1 are not one job).
+2. **Devices**: pin this rank to the GPU of its local rank (if any), set its CPU threads. A job
+   that asked for GPUs (``--gpus-per-worker``) and cannot have them stops before training.
+3. **This rank's shard**: a disjoint block of the training split (`components.train.data`);
+   every rank learns whether any rank failed, the GPU check included, before anyone trains.
+4. **Model**: the same initial weights on every rank (from the seed), or rank 0's latest
+   checkpoint, which every rank restores.
+5. **Optimizer**: Adam at the ``lr_scaling`` rule's learning rate (``linear``: lr x size),
+   wrapped in ``hvd.DistributedOptimizer``: gradients averaged every step.
+6. **Callbacks**: Horovod's ``BroadcastGlobalVariablesCallback(0)`` (rank 0's state to all),
+   ``MetricAverageCallback`` and ``LearningRateWarmupCallback``; the run's telemetry
+   (`components.train.telemetry`); rank 0 alone checkpoints after every epoch.
+7. **Fit**, every rank the same number of steps.
+8. **Export**: rank 0 alone writes the one SavedModel and the run summary.
 
-1. ``hvd.init()`` and the preflight: the world size must be ``--workers`` x ``--slots-per-worker``.
-2. Pin itself to one GPU by local rank (if any) and set its CPU thread count. A job that asked
-   for GPUs (``--gpus-per-worker``) and cannot have them stops here (`devices.gpu_problem`).
-3. Read only its own disjoint shard of the training split (all ranks agree on any error, the
-   GPU one included).
-4. Build the chosen model (``--model``: the same initial weights on every rank, from the
-   seed) and train it with ``hvd.DistributedOptimizer`` (gradients averaged every step), the
-   learning rate scaled by world size with warmup, state broadcast from rank 0 and metrics
-   averaged (Horovod's own callbacks). Rank 0 alone prints progress and writes one checkpoint
-   per epoch.
-5. Gather what every rank did; rank 0 exports the single SavedModel and ``run_summary.json``.
+An elastic job (``--min-workers`` > 0) runs steps 3, 6 and 7 inside Horovod's elastic loop
+(`components.train.elastic`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import keras_env
+from components.common import dataset, keras_env, storage
+from components.common.board import Board
+from components.train import checkpoints
 from components.train.config import TrainConfig
-from components.train.data import plan_epochs
-from components.train.devices import configure_devices
-from components.train.elastic import train_elastic
-from components.train.export import gather_and_export
-from components.train.fit import EpochStats, build_or_resume, fit_epochs, training_callbacks
-from components.train.job import Job, JobError, agree_on_inputs, log_plan, rank_logger
+from components.train.data import Shard, epoch_ids, load_shard, make_dataset
+from components.train.devices import Devices, configure_devices, gpu_problem
+from components.train.model import ModelChoiceError, build_model
 from components.train.preflight import EXIT_PREFLIGHT, world_size_problem
+from components.train.summary import coordination_lines, lr_formula, write
+from components.train.telemetry import Telemetry
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+# tf-keras' Adam defaults: the single-worker settings every lr_scaling rule starts from.
+BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-7
+
+
+class JobError(RuntimeError):
+    """An error every rank agreed on; the job stops with `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class Job:
+    """This rank of the job: what every step of the checklist needs."""
+
+    config: TrainConfig
+    hvd: Any
+    tf: Any
+    log: logging.Logger
+    devices: Devices
+    workdir: Path
+    telemetry: Telemetry = field(init=False)
+
+    def __post_init__(self) -> None:
+        uri = self.config.tensorboard_uri
+        board = Board(self.tf, uri, "train", self.workdir) if self.rank == 0 else None
+        self.telemetry = Telemetry(self.hvd, self.tf, self.devices, self.log, board)
+
+    @property
+    def rank(self) -> int:
+        return int(self.hvd.rank())
+
+    @property
+    def size(self) -> int:
+        return int(self.hvd.size())
+
+    @property
+    def adam(self) -> dict[str, float]:
+        """Adam's settings for this world size under the job's ``lr_scaling`` rule."""
+        return adam_settings(self.config.lr_scaling, self.config.learning_rate, self.size)
+
+
+@dataclass
+class Trainee:
+    """The model being trained, its checkpoint, and the checkpoint a resumed run starts from."""
+
+    model: Any
+    ckpt: Any
+    resume: checkpoints.CheckpointInfo | None
+
+    @property
+    def initial_epoch(self) -> int:
+        return self.resume.epoch if self.resume else 0
+
+
+def run(config: TrainConfig, train: Callable[[Job], int] | None = None) -> int:
+    """Run this rank's part of the job (`train`: the elastic loop, else `train_static`).
+    Returns the process exit code."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    keras_env.keras()  # first: Keras 2 and the `keras` alias, before Horovod loads (keras_env)
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    # 1. Init: one job of the size asked for.
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    log = rank_logger(rank, size)
+    _quiet_tensorflow(tf, rank)
+    fewest = config.min_world_size if config.elastic else 0
+    problem = world_size_problem(size, config.world_size, rank, fewest)
+    if problem:
+        sys.stderr.write(problem + "\n")  # one write: mpirun tags each chunk a rank writes
+        sys.stderr.flush()
+        return EXIT_PREFLIGHT
+    # 2. Devices: this rank's GPU (by local rank) or the CPU, and its threads.
+    quiet = rank != 0
+    threads = config.threads_per_worker
+    devices = configure_devices(tf, hvd.local_rank(), hvd.local_size(), threads, quiet=quiet)
+    try:
+        with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
+            return (train or train_static)(Job(config, hvd, tf, log, devices, Path(workdir)))
+    except JobError as exc:
+        if rank == 0:
+            log.error("training failed: %s", exc)
+        return exc.exit_code
+
+
+def train_static(job: Job) -> int:
+    """Steps 3 to 8 of the checklist, for a job of a fixed size."""
+    shard = read_shard(job)
+    trainee = build_or_resume(job)
+    metrics = fit(job, trainee, shard, callbacks(job, trainee, shard), trainee.initial_epoch)
+    if not metrics and trainee.resume:
+        metrics = dict(trainee.resume.metrics)
+    return export(job, trainee, shard, metrics, trainee.initial_epoch)
+
+
+# 3. This rank's shard ------------------------------------------------------------------------
+
+
+def read_shard(job: Job) -> Shard:
+    """Check this rank's devices and read its shard; every rank learns whether any rank failed
+    before anyone trains (a JobError on every rank, rank 0 saying why)."""
+    config, rank, size = job.config, job.rank, job.size
+    error = _device_problem(job)
+    shard: Shard | None = None
+    if error is None:
+        try:
+            shard = load_shard(config.data, config.batch_size_per_worker, rank, size)
+            if rank == 0 and storage.exists(storage.join(config.model_uri, "saved_model.pb")):
+                error = (
+                    f"{config.model_uri}: a model is already exported there; refusing to overwrite"
+                )
+        except (dataset.DataError, ValueError) as exc:
+            error = str(exc)
+    errors = agree(error)
+    if any(errors):
+        first = next(e for e in errors if e)
+        if error and error != first:  # rank 0 reports `first` once, for every rank that shares it
+            job.log.error("cannot train: %s", error)
+        raise JobError(f"{sum(1 for e in errors if e)} of {size} ranks cannot train: {first}")
+    assert shard is not None
+    _log_plan(job, shard)
+    return shard
+
+
+def _device_problem(job: Job) -> str | None:
+    """Why this rank cannot train on the GPUs the job asked for (`devices.gpu_problem`)."""
+    if job.config.gpus_per_worker <= 0:
+        return None
+    from components.train.cuda import missing_cuda_libraries
+
+    local_size, found = int(job.hvd.local_size()), job.devices.gpus_found
+    missing = list(missing_cuda_libraries())
+    return gpu_problem(job.config.gpus_per_worker, local_size, found, missing)
+
+
+def agree(error: str | None) -> list[str | None]:
+    """Every rank learns every rank's error (or None): nobody waits for a rank that gave up."""
+    from horovod.tensorflow import allgather_object
+
+    return list(allgather_object(error))
+
+
+# 4. Model and 5. optimizer -------------------------------------------------------------------
+
+
+def build_or_resume(job: Job) -> Trainee:
+    """Build the model with its optimizer; rank 0 finds the latest checkpoint and broadcasts it
+    (an elastic job: every rank reads it, no collective before its loop); every rank restores."""
+    from horovod.tensorflow import broadcast_object
+
+    config = job.config
+    resume: checkpoints.CheckpointInfo | str | None = None
+    if job.rank == 0 or config.elastic:
+        try:
+            resume = checkpoints.latest(config.checkpoint_uri, job.log)
+        except checkpoints.CheckpointError as exc:  # committed, none usable: never start over
+            resume = str(exc)
+    if not config.elastic:
+        resume = broadcast_object(resume, root_rank=0)
+    if isinstance(resume, str):  # every rank learns it: every rank stops here
+        raise JobError(resume)
+    problem = resume.model_problem(config.model, config.checkpoint_uri) if resume else None
+    try:
+        if problem:  # every rank has the same marker: every rank stops here
+            raise ModelChoiceError(problem)
+        model = build_model(config.seed, config.model, config.augment)
+    except ModelChoiceError as exc:  # every rank builds the same: every rank stops here
+        raise JobError(str(exc)) from exc
+    job.log.info(
+        "model %s: %s parameters; augmentation %s", config.model, f"{model.count_params():,}",
+        "on (training only)" if config.augment else "off",
+    )  # fmt: skip
+    optimizer = distributed_optimizer(job)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    ckpt = job.tf.train.Checkpoint(model=model, optimizer=optimizer)
+    if resume:
+        checkpoints.restore(ckpt, config.checkpoint_uri, resume, job.workdir)
+        job.log.info("resuming from checkpoint after epoch %d of %d", resume.epoch, config.epochs)
+    return Trainee(model, ckpt, resume)
+
+
+def adam_settings(rule: str, learning_rate: float, k: int) -> dict[str, float]:
+    """Adam's settings for a world of `k` ranks, whose steps take a batch k times one rank's:
+
+    - ``linear``: learning rate x k (Goyal et al. 2017, the rule Horovod's examples use);
+    - ``sqrt``: the square-root rule for Adam of Malladi et al. (NeurIPS 2022, arXiv
+      2205.10287): learning rate x sqrt(k), beta_1 <- 1 - k (1 - beta_1), beta_2 <- 1 - k
+      (1 - beta_2), epsilon <- epsilon / sqrt(k);
+    - ``none``: the single-worker settings, whatever k.
+    """
+    if rule == "linear":
+        return {"learning_rate": learning_rate * k, "beta_1": BETA_1, "beta_2": BETA_2,
+                "epsilon": EPSILON}  # fmt: skip
+    if rule == "none":
+        return adam_settings("linear", learning_rate, 1)
+    if rule == "sqrt":
+        return {
+            "learning_rate": learning_rate * math.sqrt(k), "beta_1": 1 - k * (1 - BETA_1),
+            "beta_2": 1 - k * (1 - BETA_2), "epsilon": EPSILON / math.sqrt(k),
+        }  # fmt: skip
+    raise ValueError(f"unknown lr_scaling rule {rule!r}")
+
+
+def distributed_optimizer(job: Job) -> Any:
+    """Adam at this world size's settings, in Horovod's DistributedOptimizer (which averages
+    the gradients every step), its allreduce timed by the telemetry."""
+    adam = keras_env.keras().optimizers.legacy.Adam(**job.adam)
+    return job.telemetry.clock.wrap(job.hvd.DistributedOptimizer(adam))
+
+
+# 6. Callbacks --------------------------------------------------------------------------------
+
+
+def callbacks(job: Job, trainee: Trainee, shard: Shard) -> list[Any]:
+    """Horovod's broadcast, metric averaging and warmup; the telemetry; rank 0's checkpoints.
+
+    An elastic job has no broadcast callback: its state's sync broadcasts rank 0's weights at
+    the start of every attempt.
+    """
+    hvd, config, keras = job.hvd, job.config, keras_env.keras()
+    found: list[Any] = [hvd.callbacks.MetricAverageCallback()]
+    if not config.elastic:
+        found.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
+    if config.warmup_epochs > 0:
+        found.append(
+            hvd.callbacks.LearningRateWarmupCallback(
+                initial_lr=job.adam["learning_rate"], warmup_epochs=config.warmup_epochs,
+                steps_per_epoch=shard.steps,
+            )
+        )  # fmt: skip
+    found.append(job.telemetry.callback(keras, shard, config.epochs))
+    if job.rank == 0:
+
+        def checkpoint(epoch: int, logs: Any) -> None:
+            metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
+            checkpoints.save(trainee.ckpt, config.checkpoint_uri, epoch + 1, metrics, config.model)
+            job.log.info(
+                "checkpoint after epoch %d written to %s", epoch + 1, config.checkpoint_uri
+            )
+
+        found.append(keras.callbacks.LambdaCallback(on_epoch_end=checkpoint))
+    return found
+
+
+# 7. Fit --------------------------------------------------------------------------------------
+
+
+def fit(
+    job: Job, trainee: Trainee, shard: Shard, with_callbacks: list[Any], start: int
+) -> dict[str, float]:
+    """Train the epochs after `start`; the last epoch's metrics ({} if none were left)."""
+    config = job.config
+    if start >= config.epochs:
+        job.log.info("the checkpoint already covers all %d epochs; exporting it", config.epochs)
+        return {}
+    epochs = range(start, config.epochs)
+    data = make_dataset(job.tf, shard, config.seed, job.rank, epochs, job.devices.threads)
+    history = trainee.model.fit(
+        data, epochs=config.epochs, initial_epoch=start, steps_per_epoch=shard.steps,
+        callbacks=with_callbacks, verbose=0,
+    )  # fmt: skip
+    return {k: float(v[-1]) for k, v in history.history.items() if k != "lr"}
+
+
+# 8. Export -----------------------------------------------------------------------------------
+
+
+def export(
+    job: Job, trainee: Trainee, shard: Shard, metrics: dict[str, float], epoch: int, **extra: Any
+) -> int:
+    """Every rank shares what it did (and its sample ids of `epoch`); rank 0 exports the one
+    model and the run summary (with `extra`'s fields: an elastic job's)."""
+    config = job.config
+    ids = epoch_ids(shard, config.seed, job.rank, epoch)
+    summary = job.telemetry.run_summary(
+        config, shard, trainee.model, ids, resumed_from_epoch=trainee.initial_epoch,
+        adam=job.adam, final_metrics=metrics,
+    )  # fmt: skip
+    if summary is None:  # not rank 0
+        return EXIT_OK
+    for name, value in extra.items():
+        setattr(summary, name, value)
+    summary.saved_model_sha256 = save_model(trainee.model, config.model_uri)
+    write(config.summary_uri, summary)
+    for line in coordination_lines(summary):
+        job.log.info("%s", line)
+    return EXIT_OK
+
+
+def save_model(model: Any, model_uri: str) -> str:
+    """Rank 0 writes the one SavedModel (no optimizer: it loads without Horovod); the sha256 of
+    its ``saved_model.pb``."""
+    with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+        local = Path(tmp) / "model"
+        model.save(str(local), include_optimizer=False, save_format="tf")
+        pb_sha256 = dataset.sha256_bytes((local / "saved_model.pb").read_bytes())
+        storage.upload_dir(local, model_uri, last="saved_model.pb")
+    return pb_sha256
+
+
+# The rank's log ------------------------------------------------------------------------------
+
+
+def rank_logger(rank: int, size: int) -> logging.Logger:
+    """The trainer's logger, its lines tagged ``[rank r/size]``; only rank 0 logs below WARNING.
+
+    Calling it again relabels the same logger (an elastic job's ranks change on a reset).
+    """
+    logger = logging.getLogger("kfp_horovod.trainer")
+    logger.handlers.clear()
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(f"[rank {rank}/{size}] %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    logger.propagate = False
+    return logger
 
 
 def _quiet_tensorflow(tf: Any, rank: int) -> None:
@@ -46,53 +378,21 @@ def _quiet_tensorflow(tf: Any, rank: int) -> None:
     tf_logger.addFilter(lambda record: "compared to the batch time" not in record.getMessage())
 
 
-def run(config: TrainConfig) -> int:
-    """Run this rank's part of the job. Returns the process exit code."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    keras_env.keras()  # first: Keras 2 and the `keras` alias, before Horovod loads (keras_env)
-    import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
-
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    log = rank_logger(rank, size)
-    _quiet_tensorflow(tf, rank)
-
-    fewest = config.min_world_size if config.elastic else 0
-    problem = world_size_problem(size, config.world_size, rank, fewest)
-    if problem:
-        sys.stderr.write(problem + "\n")  # one write: mpirun tags each chunk a rank writes
-        sys.stderr.flush()
-        return EXIT_PREFLIGHT
-
-    devices = configure_devices(
-        tf, hvd.local_rank(), hvd.local_size(), config.threads_per_worker, quiet=rank != 0
-    )
-    try:
-        with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
-            job = Job(config, hvd, tf, log, devices, Path(workdir))
-            return _train_in(job)
-    except JobError as exc:
-        if rank == 0:
-            log.error("training failed: %s", exc)
-        return exc.exit_code
-
-
-def _train_in(job: Job) -> int:
-    """The Horovod checklist: agree on inputs, build or resume, fit, gather and export.
-
-    An elastic job (``min_workers`` > 0) runs the same steps inside Horovod's elastic loop
-    (`components.train.elastic`).
-    """
-    if job.config.elastic:
-        return train_elastic(job, build_or_resume(job))
-    shard = agree_on_inputs(job)
-    log_plan(job, shard)
-    trainee = build_or_resume(job)
-    plan = plan_epochs(shard, job.config, job.rank, trainee.initial_epoch)
-    stats = EpochStats(samples_per_epoch=len(shard.labels))
-    final_metrics = dict(trainee.resume.metrics) if trainee.resume else {}
-    callbacks = training_callbacks(job, trainee, shard.steps, stats)
-    final_metrics = fit_epochs(job, trainee, shard, plan, callbacks) or final_metrics
-    ids = plan.first_epoch_ids(shard)
-    return gather_and_export(job, trainee, shard, final_metrics, stats, ids)
+def _log_plan(job: Job, shard: Shard) -> None:
+    """Rank 0 says, in plain words, what the job is about to do."""
+    config, size, hvd = job.config, job.size, job.hvd
+    lr = lr_formula(config.lr_scaling, config.learning_rate, size, job.adam["learning_rate"])
+    job.log.info(
+        "ONE Horovod job: %d workers (%s local per host, formed by the %s controller) train ONE "
+        "model together. Each rank reads a disjoint 1/%d of the %d training samples and runs %d "
+        "steps per epoch; gradients are averaged every step; rank 0 alone logs, checkpoints and "
+        "exports.",
+        size, hvd.local_size(), "mpi" if hvd.mpi_enabled() else "gloo", size, shard.total,
+        shard.steps,
+    )  # fmt: skip
+    job.log.info(
+        "global batch %d = %d workers x %d; learning rate %s, warmed up over %d epoch(s); "
+        "device %s, %d thread(s) per worker",
+        config.batch_size_per_worker * size, size, config.batch_size_per_worker, lr,
+        config.warmup_epochs, job.devices.device, job.devices.threads,
+    )  # fmt: skip

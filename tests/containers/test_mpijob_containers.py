@@ -66,7 +66,7 @@ def test_3x1_launcher_succeeds_as_one_mpi_job_of_3(job_3x1: dict[str, Any]) -> N
     result: LauncherResult = job_3x1["result"]
     assert result.exit_code == 0, result.log[-4000:]
     summary = job_3x1["summary"]
-    assert summary["world_size"] == summary["expected_workers"] == 3
+    assert summary["world_size"] == summary["config"]["workers"] == 3
     assert summary["controller"] == "mpi"
     assert len(summary["hosts"]) == 3 and all("-worker-" in h for h in summary["hosts"])
 

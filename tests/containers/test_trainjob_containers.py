@@ -91,7 +91,7 @@ def test_3x1_launcher_as_node_0_forms_one_mpi_job_of_3(trainjob_3x1: dict[str, A
     assert result.exit_code == 0, result.log[-4000:]
     assert trainjob_3x1["status"][0] == "Completed", trainjob_3x1["status"]
     summary, name = trainjob_3x1["summary"], trainjob_3x1["name"]
-    assert summary["world_size"] == summary["expected_workers"] == 3
+    assert summary["world_size"] == summary["config"]["workers"] == 3
     assert summary["controller"] == "mpi"
     hosts = sorted(summary["hosts"])
     assert hosts == [f"{name}-launcher-0-0", f"{name}-node-0-0", f"{name}-node-0-1"], hosts

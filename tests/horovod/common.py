@@ -59,10 +59,10 @@ def dataset(me: Rank, steps: int) -> Any:
 
 
 def compile_distributed(me: Rank, model: Any, learning_rate: float, **options: Any) -> Any:
-    """Compile `model` as the trainer does (`components.train.fit.build_or_resume`): tf-keras'
+    """Compile `model` as the trainer does (`components.train.trainer.build_or_resume`): tf-keras'
     legacy Adam in Horovod's DistributedOptimizer, its allreduce timed by the trainer's
     AllreduceClock. Returns the optimizer."""
-    from components.train.resources import AllreduceClock
+    from components.train.telemetry import AllreduceClock
 
     adam = me.keras.optimizers.legacy.Adam(learning_rate=learning_rate)
     optimizer = AllreduceClock(me.tf).wrap(me.hvd.DistributedOptimizer(adam, **options))

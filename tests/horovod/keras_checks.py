@@ -1,4 +1,4 @@
-"""Horovod's Keras pieces as the trainer uses them (components/train/fit.py): the
+"""Horovod's Keras pieces as the trainer uses them (components/train/trainer.py): the
 DistributedOptimizer around tf-keras' legacy Adam, and the broadcast, metric-average and
 learning-rate warmup callbacks, in ``model.fit`` on each rank's own data."""
 

@@ -234,23 +234,23 @@ def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSumma
         record = summary.read(train.summary_uri)
     except ValueError as exc:
         raise RunCheckError(f"the {kind} succeeded but its {exc}") from exc
-    if str(record.get("model_uri", "")).rstrip("/") != train.model_uri.rstrip("/"):
+    if record.model_uri.rstrip("/") != train.model_uri.rstrip("/"):
         raise RunCheckError(
-            f"run summary {train.summary_uri} names model_uri {record.get('model_uri')!r}, "
+            f"run summary {train.summary_uri} names model_uri {record.model_uri!r}, "
             f"expected {train.model_uri!r}"
         )
     saved_model = storage.join(train.model_uri, "saved_model.pb")
     if not storage.exists(saved_model):
         raise RunCheckError(f"the {kind} succeeded but there is no model at {saved_model}")
-    for key in ("world_size", "expected_workers"):
-        if record.get(key) != train.world_size:
+    for key, value in (("world_size", record.world_size), ("workers", record.config.world_size)):
+        if value != train.world_size:
             raise RunCheckError(
-                f"run summary {train.summary_uri} has {key}={record.get(key)!r}, expected "
+                f"run summary {train.summary_uri} has {key}={value!r}, expected "
                 f"workers x slots = {train.workers} x {train.slots_per_worker} = "
                 f"{train.world_size}"
             )
     log(
-        f"run summary at {train.summary_uri}: world_size {record['world_size']}, "
+        f"run summary at {train.summary_uri}: world_size {record.world_size}, "
         f"model {train.model_uri}"
     )
     return record

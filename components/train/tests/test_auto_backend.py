@@ -10,6 +10,7 @@ the suite's fake-gcs-server for the outputs. Stood in: mpi-operator and Kubeflow
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,7 +63,7 @@ def run_auto(bucket: str, tmp_path: Path, lines: list[str], **train: Any) -> dic
         config, TrainStep(namespace=NS), "", "", (str(tmp_path / "s"), str(tmp_path / "r")),
         "run-1", log=lines.append,
     )  # fmt: skip
-    return dict(record)
+    return dataclasses.asdict(record)
 
 
 def operate(cluster: Cluster, kind: Kind) -> Operator:

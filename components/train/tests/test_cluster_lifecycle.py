@@ -86,7 +86,7 @@ def test_create_follow_and_succeed(cluster: Cluster, bucket: str, name: str) -> 
     summary = run(cluster, b, p, lines.append)
     op.join()
 
-    assert summary["world_size"] == 4 and summary["model_uri"] == p.train.model_uri
+    assert summary.world_size == 4 and summary.model_uri == p.train.model_uri
     assert [line for line in lines if line.startswith("created ")][-1] == f"created {what}"
     assert posts(cluster, b.crd) == 1  # one job, the manifest the builder makes
     stored = cluster.job(NAME, b.crd)
@@ -226,7 +226,7 @@ def test_retry_reattaches_to_the_same_run_job(cluster: Cluster, bucket: str, nam
         complete(op, NAME, pod_name, "[1,0]<stdout>:[rank 0/4] epoch 2/4 loss 0.5")
 
     op.play(script)
-    assert run(cluster, b, p, lines.append)["world_size"] == 4
+    assert run(cluster, b, p, lines.append).world_size == 4
     op.join()
     assert f"reattached to {b.what(NS, NAME)} (Running) from an earlier attempt" in lines
     assert cluster.job_names(b.crd) == [NAME] and posts(cluster, b.crd) == 2  # 201, 409
@@ -362,4 +362,4 @@ def test_success_checks(
         check_run(p, "MPIJob", log=lambda _: None)
     good = make_params(bucket, model_dir=f"{bucket}/models/m")
     write_outputs(good)
-    assert check_run(good, "MPIJob", log=lambda _: None)["expected_workers"] == 4
+    assert check_run(good, "MPIJob", log=lambda _: None).config.world_size == 4

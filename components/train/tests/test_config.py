@@ -1,14 +1,19 @@
 """The trainer's contract: TrainConfig's declared fields <-> argv, one pair of functions that
-round-trip, with one flag per field under the field's own name."""
+round-trip, with one flag per field under the field's own name; and the lr_scaling rules,
+Adam's settings for a world size."""
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
 import pytest
 
+from components.common.params import joint_problems
 from components.train.config import TRAIN_PARAMETERS, TrainConfig, from_argv, to_argv
+from components.train.summary import lr_formula
+from components.train.trainer import adam_settings
 
 
 def random_config(rng: random.Random) -> TrainConfig:
@@ -136,3 +141,31 @@ def test_uris_derive_from_output_once() -> None:
     )  # fmt: skip
     moved = TrainConfig(data="/d", output="/o", workers=1, model_dir="/m", checkpoint_dir="/c")
     assert (moved.model_uri, moved.checkpoint_uri) == ("/m", "/c")
+
+
+def test_linear_sqrt_and_none() -> None:
+    one = {"learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
+    assert adam_settings("linear", 0.001, 4) == {**one, "learning_rate": 0.004}
+    assert adam_settings("none", 0.001, 4) == one
+    sqrt = adam_settings("sqrt", 0.001, 2)  # Malladi et al.: a batch k = 2 times larger
+    assert sqrt["learning_rate"] == pytest.approx(0.001 * math.sqrt(2))
+    assert (sqrt["beta_1"], sqrt["beta_2"]) == (pytest.approx(0.8), pytest.approx(0.998))
+    assert sqrt["epsilon"] == pytest.approx(1e-7 / math.sqrt(2))
+    assert adam_settings("sqrt", 0.001, 1) == one  # one rank: unchanged
+    with pytest.raises(ValueError, match="unknown lr_scaling rule 'cubic'"):
+        adam_settings("cubic", 0.001, 2)
+
+
+def test_the_rule_in_words() -> None:
+    assert lr_formula("linear", 0.001, 2, 0.002) == "0.002 = 0.001 x 2 workers (linear)"
+    assert lr_formula("sqrt", 0.001, 4, 0.002) == "0.002 = 0.001 x sqrt(4 workers) (sqrt)"
+    assert lr_formula("none", 0.001, 4, 0.001) == "0.001 = 0.001 for 4 workers (none)"
+
+
+def test_sqrt_beyond_its_range_is_refused_by_name() -> None:
+    assert joint_problems({"lr_scaling": "sqrt", "workers": 5, "slots_per_worker": 2}) == [
+        "lr_scaling 'sqrt' works for at most 9 ranks (it sets Adam's beta_1 = 1 - ranks x 0.1), "
+        "got 10"
+    ]
+    with pytest.raises(ValueError, match="lr_scaling 'sqrt' works for at most 9 ranks"):
+        TrainConfig(data="d", output="o", workers=10, lr_scaling="sqrt")

@@ -19,8 +19,14 @@ from typing import Any
 
 import pytest
 
-from components.train.cpus import cpu_quota, default_threads
-from components.train.devices import Devices, configure_devices, gpu_problem, gpu_usage
+from components.train.devices import (
+    Devices,
+    configure_devices,
+    cpu_quota,
+    default_threads,
+    gpu_problem,
+    gpu_usage,
+)
 
 
 class _FakeConfig:
@@ -58,20 +64,14 @@ def test_each_process_is_pinned_to_the_gpu_of_its_local_rank() -> None:
         assert ("memory_growth", (f"gpu{local_rank}", True)) in config.calls
 
 
-def test_thread_override_wins() -> None:
+@pytest.mark.parametrize(("threads", "inter"), [(3, 2), (1, 1), (4, 2)])
+def test_the_thread_override_wins_and_inter_op_threads_are_min_2_intra(
+    threads: int, inter: int
+) -> None:
     config = _FakeConfig([])
-    devices = configure_devices(SimpleNamespace(config=config), 0, 2, 3)
-    assert devices == Devices("CPU", 3, 0)
-    assert ("intra", 3) in config.calls and ("inter", 2) in config.calls
-
-
-def test_inter_op_threads_follow_the_rule() -> None:
-    config = _FakeConfig([])
-    configure_devices(SimpleNamespace(config=config), 0, 2, 1)  # min(2, intra), at least 1
-    assert ("inter", 1) in config.calls
-    config = _FakeConfig([])
-    configure_devices(SimpleNamespace(config=config), 0, 1, 4)
-    assert ("inter", 2) in config.calls
+    devices = configure_devices(SimpleNamespace(config=config), 0, 2, threads)
+    assert devices == Devices("CPU", threads, 0)
+    assert ("intra", threads) in config.calls and ("inter", inter) in config.calls
 
 
 def test_a_gpu_rank_reports_its_gpus_name_and_peak_memory() -> None:
@@ -97,14 +97,6 @@ def test_a_job_that_asked_for_gpus_is_refused_unless_each_rank_has_one() -> None
     too_few = gpu_problem(1, 2, 1, [])
     assert too_few is not None
     assert "shows 1 GPU(s) for its 2 local ranks, which need one each" in too_few
-
-
-def test_default_threads_split_the_cores_among_local_ranks(tmp_path: Path) -> None:
-    cores = len(os.sched_getaffinity(0))
-    no_limit = tmp_path  # an empty cgroup directory: no CPU limit
-    assert default_threads(1, no_limit) == cores
-    assert default_threads(cores, no_limit) == 1
-    assert default_threads(cores * 4, no_limit) == 1  # never zero
 
 
 @pytest.mark.parametrize("quiet", [False, True], ids=["rank 0", "another rank"])
@@ -140,35 +132,29 @@ def test_a_quiet_rank_passes_on_every_other_line_tensorflow_writes(
     assert capfd.readouterr().err == "W something else TensorFlow says\n"
 
 
-def _cgroup(tmp_path: Path, files: dict[str, str]) -> Path:
+V1 = "cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us"
+
+
+@pytest.mark.parametrize(
+    ("files", "quota"),
+    [({}, None), ({"cpu.max": "100000 100000\n"}, 1.0), ({"cpu.max": "50000 100000\n"}, 0.5),
+     ({"cpu.max": "max 100000\n"}, None), ({V1[0]: "200000\n", V1[1]: "100000\n"}, 2.0),
+     ({V1[0]: "-1\n", V1[1]: "100000\n"}, None)],
+    ids=["none", "v2-1", "v2-half", "v2-max", "v1-2", "v1-unlimited"],
+)  # fmt: skip
+def test_threads_split_the_cores_among_local_ranks_capped_by_the_cpu_limit(
+    tmp_path: Path, files: dict[str, str], quota: float | None
+) -> None:
+    """A container with a CPU limit of 1 (cgroup v2 ``cpu.max`` "100000 100000") gets 1 thread,
+    whatever the visible cores: a Kubernetes CPU limit is a CFS quota, not an affinity mask.
+    (The files stand in for the kernel's cgroup files; the container tests check a real
+    ``--cpus``.)"""
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    return tmp_path
-
-
-def test_cpu_limit_caps_the_threads_cgroup_v2(tmp_path: Path) -> None:
-    """A container with a CPU limit of 1 (``cpu.max`` "100000 100000") gets 1 thread, whatever
-    the visible cores: a Kubernetes CPU limit is a CFS quota, not an affinity mask. (The files
-    stand in for the kernel's cgroup files; the container tests check a real ``--cpus``.)"""
-    limited = _cgroup(tmp_path / "a", {"cpu.max": "100000 100000\n"})
-    assert cpu_quota(limited) == 1.0
-    assert default_threads(1, limited) == 1
-    half = _cgroup(tmp_path / "b", {"cpu.max": "50000 100000\n"})
-    assert cpu_quota(half) == 0.5 and default_threads(1, half) == 1  # never zero
-    unlimited = _cgroup(tmp_path / "c", {"cpu.max": "max 100000\n"})
-    assert cpu_quota(unlimited) is None
-    assert default_threads(1, unlimited) == len(os.sched_getaffinity(0))
-
-
-def test_cpu_limit_caps_the_threads_cgroup_v1(tmp_path: Path) -> None:
-    two = _cgroup(
-        tmp_path / "a", {"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}
-    )
-    assert cpu_quota(two) == 2.0
-    assert default_threads(2, two) == min(2, len(os.sched_getaffinity(0))) // 2 or 1
-    none = _cgroup(
-        tmp_path / "b", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}
-    )
-    assert cpu_quota(none) is None
-    assert cpu_quota(tmp_path / "missing") is None
+    assert cpu_quota(tmp_path) == quota
+    cores = len(os.sched_getaffinity(0))
+    usable = cores if quota is None else min(cores, int(quota))
+    assert default_threads(1, tmp_path) == max(1, usable)  # never zero, a fraction rounds down
+    assert default_threads(2, tmp_path) == max(1, usable // 2)
+    assert default_threads(cores * 4, tmp_path) == 1

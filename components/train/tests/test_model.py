@@ -17,7 +17,6 @@ from components.train.model import (
     ModelChoiceError,
     build_model,
     check_model,
-    count_parameters,
     weights_fingerprint,
 )
 from components.train.preflight import PreflightError, check_model_before_launch, model_problem
@@ -54,16 +53,6 @@ def _digits(n: int = 4) -> np.ndarray:
     return x
 
 
-def test_a_trainer_given_no_model_trains_the_horovod_examples_network() -> None:
-    """The default reaches the network: the trainer's command line without --model or
-    --augment builds mnist_advanced (1,199,882 parameters), unaugmented."""
-    from components.train.config import from_argv
-
-    config = from_argv(["--data", "/d", "--output", "/o", "--workers", "1"])
-    assert config.augment is False
-    assert count_parameters(build_model(42, config.model, config.augment)) == 1_199_882
-
-
 @pytest.mark.parametrize("name", defaults.MODELS)
 def test_every_model_the_parameter_accepts_builds_a_classifier_of_digits(name: str) -> None:
     model = build_model(42, name)
@@ -76,12 +65,18 @@ def test_small_is_the_old_cnn_with_the_same_weights() -> None:
         new, old = build_model(seed, "small"), _old_small_cnn(seed)
         assert weights_fingerprint(new) == weights_fingerprint(old)
         assert [layer.name for layer in new.layers][-1] == "probabilities"
-        assert new.name == "mnist_cnn" and count_parameters(new) == 56_714
+        assert new.name == "mnist_cnn" and new.count_params() == 56_714
 
 
-def test_mnist_advanced_is_the_horovod_examples_network() -> None:
-    model = build_model(42, "mnist_advanced")
-    assert count_parameters(model) == 1_199_882  # 320 + 18,496 + 1,179,776 + 1,290
+def test_a_trainer_given_no_model_trains_the_horovod_examples_network() -> None:
+    """The default reaches the network: the trainer's command line without --model or
+    --augment builds mnist_advanced (1,199,882 parameters), unaugmented."""
+    from components.train.config import from_argv
+
+    config = from_argv(["--data", "/d", "--output", "/o", "--workers", "1"])
+    assert (config.model, config.augment) == ("mnist_advanced", False)
+    model = build_model(42, config.model, config.augment)
+    assert model.count_params() == 1_199_882  # 320 + 18,496 + 1,179,776 + 1,290
     assert (model.input_shape, model.output_shape) == ((None, 28, 28), (None, 10))
     assert model.input_names == ["image"] and model.layers[-1].name == "probabilities"
     kinds = [type(layer).__name__ for layer in model.layers]
@@ -111,7 +106,7 @@ def test_a_users_entry_point_is_wrapped_into_the_trainers_contract() -> None:
     assert (model.input_shape, model.output_shape) == ((None, 28, 28), (None, 10))
     assert model.input_names == ["image"] and model.layers[-1].name == "probabilities"
     assert model.layers[-2].name == "users_tiny_cnn"
-    assert count_parameters(model) == count_parameters(model.layers[-2]) == 13_610
+    assert model.count_params() == model.layers[-2].count_params() == 13_610
     probabilities = model.predict(_digits(), verbose=0)
     assert probabilities.shape == (4, 10)
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from components.train import launch
-from components.train.resources import EpochCost, advice, resource_use, step_split, straggler
+from components.train.telemetry import EpochCost, advice, resource_use, step_split, straggler
 
 
 def _cost(rank: int, allreduce_ms: float, step_ms: float = 100.0, cpu: float = 1.0) -> EpochCost:
@@ -80,7 +80,7 @@ keras = keras_env.keras()
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
-from components.train.resources import AllreduceClock
+from components.train.telemetry import AllreduceClock
 hvd.init()
 clock = AllreduceClock(tf)
 model = keras.Sequential([keras.layers.Dense(64, input_shape=(32,)), keras.layers.Dense(10)])

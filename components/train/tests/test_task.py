@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +10,8 @@ import pytest
 
 from components.train import task
 from components.train.config import TrainConfig
-from components.train.report import coordination_report
 from components.train.step import TrainStep
+from components.train.summary import RunSummary, coordination_report, parse
 from components.train.task import run_train_task
 
 
@@ -24,26 +24,22 @@ def _config(**overrides: Any) -> TrainConfig:
     return TrainConfig(**{**base, **overrides})
 
 
-def _summary(world_size: int = 3, same: bool = True) -> dict[str, Any]:
-    return {
-        "world_size": world_size, "expected_workers": world_size, "hosts": ["w-0", "w-1"],
-        "controller": "mpi",
-        "epochs": 2, "resumed_from_epoch": 0, "batch_size_per_worker": 32,
-        "global_batch_size": 32 * world_size, "base_learning_rate": 0.001,
-        "learning_rate": 0.001 * world_size, "warmup_epochs": 1,
-        "coverage": {"samples": 900, "seen_per_epoch": 900, "disjoint": True, "covers_all": True},
-        "per_rank": [
+def _summary(world_size: int = 3, same: bool = True) -> RunSummary:
+    return RunSummary(
+        config=_config(augment=True), world_size=world_size, hosts=["w-0", "w-1"],
+        controller="mpi", gradient_allreduce="host", resumed_from_epoch=0,
+        adam={"learning_rate": 0.001 * world_size}, dataset={},
+        coverage={"samples": 900, "seen_per_epoch": 900, "disjoint": True, "covers_all": True},
+        per_rank=[
             {"rank": r, "host": f"w-{r % 2}", "device": "CPU", "threads": 1,
              "sample_range": [300 * r, 300 * (r + 1)], "samples_per_epoch": 300,
              "steps_per_epoch": 10, "examples_per_second": 100.0,
              "weights_sha256": "ab" * 32 if same or r == 0 else "cd" * 32}
             for r in range(world_size)
         ],
-        "final_metrics": {"accuracy": 0.9, "loss": 0.3},
-        "model_uri": "gs://b/run/train/model", "saved_model_sha256": "ef" * 32,
-        "model": "mnist_advanced", "augment": True, "model_parameters": 1199882,
-        "tensorboard_uri": "gs://b/run/train/train-work/tensorboard",
-    }  # fmt: skip
+        final_metrics={"accuracy": 0.9, "loss": 0.3}, saved_model_sha256="ef" * 32,
+        model_parameters=1199882, weights_identical_across_ranks=same,
+    )  # fmt: skip
 
 
 def test_unknown_backend_is_refused_by_name() -> None:
@@ -100,8 +96,8 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     launcher = seen["manifest"]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
     command = " ".join(launcher["containers"][0]["command"])
     assert "--workers 3 --slots-per-worker 2" in command
-    assert json.loads((tmp_path / "summary").read_text()) == summary
-    assert (summary["training_backend"], summary["training_backend_reason"]) == (
+    assert parse((tmp_path / "summary").read_text()) == summary
+    assert (summary.training_backend, summary.training_backend_reason) == (
         "mpijob", "training_backend forces it",
     )  # fmt: skip
     report = (tmp_path / "report").read_text()
@@ -165,7 +161,7 @@ def test_mpijob_launcher_checks_the_model_before_creating_the_job(
 
 def test_artifact_metadata_says_which_model_was_trained() -> None:
     model, run = task.artifact_metadata(
-        {**_summary(), "weights_identical_across_ranks": True, "training_backend": "trainjob"}
+        dataclasses.replace(_summary(), training_backend="trainjob")
     )
     assert model == {
         "framework": "tensorflow-savedmodel", "model": "mnist_advanced", "augment": True,
@@ -191,7 +187,7 @@ def test_work_dir_sits_beside_the_model_artifact() -> None:
 
 def test_report_shows_an_elastic_jobs_world_sizes_and_each_epochs_coverage() -> None:
     summary = _summary()
-    summary["elastic"] = {
+    summary.elastic = {
         "min_workers": 2, "max_workers": 3,
         "world_size_history": [
             {"epoch": 0, "world_size": 3, "when": "2026-12-03T06:00:00Z", "why": "start"},

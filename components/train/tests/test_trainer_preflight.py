@@ -13,11 +13,9 @@ from components.train.launch import job_environment
 from components.train.preflight import EXIT_PREFLIGHT, world_size_problem
 
 
-def test_matching_world_size_passes() -> None:
-    assert world_size_problem(3, 3, rank=0) is None
-
-
 def test_message_explains_independent_copies_and_the_fix() -> None:
+    assert world_size_problem(3, 3, rank=0) is None
+    assert world_size_problem(2, 3, rank=0, fewest=2) is None  # elastic: 2 to 3 ranks
     message = world_size_problem(1, 3, rank=0)
     assert message is not None
     assert "independent copies, not one job" in message

@@ -1,12 +1,16 @@
-"""Did the workers pay? Where each rank's step time goes, measured in every run.
+"""Telemetry: what a run measures and tells, as one Keras callback beside the checklist.
 
-Each rank times its own steps, inside the step's graph: `AllreduceClock` takes a timestamp once
-the rank's last gradient is computed and another once every gradient is averaged, so it sees
-the part of the allreduce that the backward pass does not hide, its wait for slower ranks
-included. The rest of a step is the rank's own work ("compute": the forward and backward pass,
-the update, the input pipeline). Each epoch the ranks share their figures (`EpochCost`);
-across ranks, the shortest time in the allreduce is the communication itself (the slowest rank
-waits for no one), and what a rank spends above that is waiting.
+`Telemetry.callback` times every epoch on every rank and gathers the ranks' figures; rank 0
+logs the progress line and writes TensorBoard scalars. `Telemetry.record` gathers what every
+rank did (its shard, device, speed and weights fingerprint) into the `RunSummary` rank 0 writes.
+
+Did the workers pay? Each rank times its own steps, inside the step's graph: `AllreduceClock`
+takes a timestamp once the rank's last gradient is computed and another once every gradient is
+averaged, so it sees the part of the allreduce that the backward pass does not hide, its wait
+for slower ranks included. The rest of a step is the rank's own work ("compute": the forward and
+backward pass, the update, the input pipeline). Each epoch the ranks share their figures
+(`EpochCost`); across ranks, the shortest time in the allreduce is the communication itself
+(the slowest rank waits for no one), and what a rank spends above that is waiting.
 
 From that split, `resource_use` estimates the job's scaling efficiency (compute's share of a
 step: what N ranks deliver against N lone copies with the same compute), names a straggler,
@@ -15,12 +19,21 @@ says how busy each rank kept its CPU threads, and gives advice in plain words.
 
 from __future__ import annotations
 
+import logging
+import socket
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from components.train.summary import RankUse, ResourceUse, Straggler
+import numpy as np
+
+from components.common.board import Board
+from components.train.config import TrainConfig
+from components.train.data import Shard, coverage
+from components.train.devices import Devices, gpu_usage
+from components.train.model import weights_fingerprint
+from components.train.summary import Record, RunSummary
 
 # A rank whose compute per step exceeds the others' median by more than this is a straggler.
 # Identical ranks on a shared 2-core machine differed by up to 6% (bench/README.md).
@@ -97,26 +110,6 @@ class EpochCost:
     threads: int
 
 
-class EpochTimer:
-    """Wall and CPU time of this rank's epochs (`start`, then `stop` with the allreduce time)."""
-
-    def __init__(self) -> None:
-        self._wall = self._cpu = 0.0
-
-    def start(self) -> None:
-        self._wall, self._cpu = time.perf_counter(), time.process_time()
-
-    def stop(self, rank: int, steps: int, allreduce_seconds: float, threads: int) -> EpochCost:
-        return EpochCost(
-            rank=rank,
-            seconds=time.perf_counter() - self._wall,
-            steps=steps,
-            allreduce_seconds=allreduce_seconds,
-            cpu_seconds=time.process_time() - self._cpu,
-            threads=threads,
-        )
-
-
 def step_split(costs: list[EpochCost]) -> dict[str, float]:
     """One epoch of the whole job (every rank's `EpochCost`): the shares of a step spent on
     compute, communication and waiting (the mean over ranks), and the step in seconds."""
@@ -133,10 +126,10 @@ def step_split(costs: list[EpochCost]) -> dict[str, float]:
     }
 
 
-def _per_rank(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> list[RankUse]:
+def _per_rank(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> list[Record]:
     """Each rank's medians over `epochs`: its step, compute and allreduce milliseconds, and the
     cores it kept busy against the threads it had."""
-    rows: list[RankUse] = []
+    rows: list[Record] = []
     for rank in sorted({c.rank for costs in epochs for c in costs}):
         mine = [c for costs in epochs for c in costs if c.rank == rank]
         step = statistics.median(c.seconds / max(1, c.steps) for c in mine)
@@ -151,7 +144,7 @@ def _per_rank(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> list[Rank
     return rows
 
 
-def straggler(ranks: list[RankUse]) -> Straggler | None:
+def straggler(ranks: list[Record]) -> Record | None:
     """The rank whose compute per step is the most above the other ranks' median, if by more
     than `STRAGGLER_MARGIN`; None otherwise (and for a job of one rank)."""
     if len(ranks) < 2:
@@ -164,14 +157,14 @@ def straggler(ranks: list[RankUse]) -> Straggler | None:
     return {"rank": slowest["rank"], "host": slowest["host"], "slower_by": round(slower_by, 3)}
 
 
-def resource_use(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> ResourceUse:
+def resource_use(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> Record:
     """The run summary's ``resource_use``: the step split (the median over epochs, the first
     left out when there are others: it includes tracing and warm-up), per-rank figures, the
     efficiency estimate, a straggler, and advice."""
     timed = epochs[1:] or epochs
     splits = [step_split(costs) for costs in timed]
     split = {k: round(statistics.median(s[k] for s in splits), 4) for k in splits[0]}
-    use: ResourceUse = {
+    use: Record = {
         "step_seconds": split["step_seconds"],
         "compute_share": split["compute_share"],
         "communication_share": split["communication_share"],
@@ -186,7 +179,7 @@ def resource_use(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> Resour
     return use
 
 
-def advice(use: ResourceUse) -> list[str]:
+def advice(use: Record) -> list[str]:
     """What to change, in plain words (or why nothing needs to)."""
     notes = []
     lost = use["communication_share"] + use["waiting_share"]
@@ -215,3 +208,120 @@ def advice(use: ResourceUse) -> list[str]:
             "estimated scaling efficiency; nothing to change"
         )
     return notes
+
+
+class Telemetry:
+    """This rank's measurements of the run: the allreduce clock (`wrap` the optimizer with
+    it), every rank's `EpochCost` of every epoch, and rank 0's progress line and TensorBoard
+    scalars (`board`)."""
+
+    def __init__(
+        self, hvd: Any, tf: Any, devices: Devices, log: logging.Logger, board: Board | None
+    ) -> None:
+        self.hvd, self.tf, self.devices, self.log, self.board = hvd, tf, devices, log, board
+        self.clock = AllreduceClock(tf)
+        self.seconds: list[float] = []
+        self.costs: list[list[EpochCost]] = []
+        self.samples = 0
+
+    def callback(self, keras: Any, shard: Shard, epochs: int) -> Any:
+        """The callback of one fit over `shard` (an elastic attempt starts afresh): every
+        rank's epoch costs, gathered each epoch; rank 0's progress line and scalars."""
+        from horovod.tensorflow import allgather_object
+
+        self.seconds, self.costs, self.samples = [], [], len(shard.labels)
+        telemetry, rank, threads = self, int(self.hvd.rank()), self.devices.threads
+
+        class TelemetryCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+            def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+                self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+            def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+                seconds = time.perf_counter() - self.wall
+                cpu = time.process_time() - self.cpu
+                cost = EpochCost(rank, seconds, shard.steps, telemetry.clock.take(), cpu, threads)
+                telemetry.seconds.append(cost.seconds)
+                telemetry.costs.append(list(allgather_object(cost)))  # every rank, every epoch
+                if rank == 0:
+                    lr = float(keras.backend.get_value(self.model.optimizer.lr))
+                    telemetry.tell(epoch + 1, epochs, logs or {}, lr)
+
+        return TelemetryCallback()
+
+    def last_epoch(self) -> dict[str, float]:
+        """The last epoch of the whole job: its step split and the job's examples/s (every
+        rank's samples over the slowest rank's epoch)."""
+        costs = self.costs[-1]
+        slowest = max(c.seconds for c in costs)
+        rate = self.samples * len(costs) / slowest if slowest > 0 else 0.0
+        return {**step_split(costs), "examples_per_second": rate}
+
+    def tell(self, epoch: int, epochs: int, logs: dict[str, Any], lr: float) -> None:
+        """Rank 0's line and TensorBoard scalars for `epoch` (counted from 1)."""
+        job = self.last_epoch()
+        self.log.info(
+            "Epoch %d/%d - loss %.4f - accuracy %.4f (averaged over %d ranks) - lr %.5f - "
+            "%.0f examples/s - a step: compute %.0f%%, communication %.0f%%, waiting %.0f%%",
+            epoch, epochs, logs.get("loss", float("nan")), logs.get("accuracy", float("nan")),
+            len(self.costs[-1]), lr, job["examples_per_second"], 100 * job["compute_share"],
+            100 * job["communication_share"], 100 * job["waiting_share"],
+        )  # fmt: skip
+        if self.board is not None:
+            scalars: dict[str, float] = {
+                k: float(logs[k]) for k in ("loss", "accuracy") if k in logs
+            }
+            scalars.update(job, learning_rate=lr)
+            scalars.pop("step_seconds")
+            self.board.write(epoch, scalars)
+
+    def examples_per_second(self) -> float:
+        """This rank's examples/s: the median epoch, without the first (warm-up) if possible."""
+        timed = self.seconds[1:] or self.seconds
+        return round(self.samples / float(np.median(timed)), 1) if timed else 0.0
+
+    def rank_record(self, shard: Shard, fingerprint: str) -> Record:
+        """What this rank did, for the run summary's ``per_rank``."""
+        return {
+            "rank": int(self.hvd.rank()), "local_rank": int(self.hvd.local_rank()),
+            "host": socket.gethostname(), "device": self.devices.device,
+            **gpu_usage(self.tf, self.devices), "threads": self.devices.threads,
+            "sample_range": [shard.start, shard.stop], "samples_per_epoch": len(shard.labels),
+            "steps_per_epoch": shard.steps, "examples_per_second": self.examples_per_second(),
+            "weights_sha256": fingerprint,
+        }  # fmt: skip
+
+    def run_summary(
+        self, config: TrainConfig, shard: Shard, model: Any, ids: Any, **outcome: Any
+    ) -> RunSummary | None:
+        """Every rank shares what it did (its record and the sample ids `ids` of one epoch);
+        rank 0 gets the `RunSummary` (without the SavedModel's digest), the others None.
+        `outcome`: the summary's resumed_from_epoch, adam and final_metrics."""
+        from horovod.tensorflow import allgather_object
+
+        per_rank = sorted(
+            allgather_object(self.rank_record(shard, weights_fingerprint(model))),
+            key=lambda r: r["rank"],
+        )
+        all_ids = allgather_object(ids)
+        if self.hvd.rank() != 0:
+            return None
+        return RunSummary(
+            config=config,
+            world_size=int(self.hvd.size()),
+            hosts=sorted({r["host"] for r in per_rank}),
+            controller="mpi" if self.hvd.mpi_enabled() else "gloo",
+            gradient_allreduce="nccl" if self.devices.on_gpu and self.hvd.nccl_built() else "host",
+            model_parameters=int(model.count_params()),
+            dataset={
+                "uri": config.data,
+                "manifest_sha256": shard.manifest_sha256,
+                "train_samples": shard.total,
+            },  # fmt: skip
+            per_rank=per_rank,
+            coverage=coverage(all_ids, shard.total),
+            weights_identical_across_ranks=len({r["weights_sha256"] for r in per_rank}) == 1,
+            resource_use=resource_use(self.costs, {r["rank"]: r["host"] for r in per_rank})
+            if self.costs
+            else None,
+            **outcome,
+        )
