@@ -9,6 +9,7 @@ carry int64 (the optimizer's ``iterations``) and the object collectives uint8 an
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -55,14 +56,6 @@ def _allreduce(me: Rank, op_name: str) -> dict[str, Any]:
         "outputs": outputs,
         "dtypes": [str(v.dtype) for v in outputs.values()],
     }
-
-
-def allreduce_average(me: Rank) -> dict[str, Any]:
-    return _allreduce(me, "Average")
-
-
-def allreduce_sum(me: Rank) -> dict[str, Any]:
-    return _allreduce(me, "Sum")
 
 
 def grouped_allreduce(me: Rank) -> dict[str, Any]:
@@ -141,8 +134,8 @@ def allgather_object(me: Rank) -> dict[str, Any]:
 
 CHECKS = {
     "ranks": ranks,
-    "allreduce_average": allreduce_average,
-    "allreduce_sum": allreduce_sum,
+    "allreduce_average": functools.partial(_allreduce, op_name="Average"),
+    "allreduce_sum": functools.partial(_allreduce, op_name="Sum"),
     "grouped_allreduce": grouped_allreduce,
     "broadcast_variables": broadcast_variables,
     "broadcast_object": broadcast_object,

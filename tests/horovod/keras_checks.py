@@ -4,6 +4,7 @@ learning-rate warmup callbacks, in ``model.fit`` on each rank's own data."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tests.horovod.common import (
@@ -40,7 +41,10 @@ def _averaged_gradient_steps(me: Rank, model: Any) -> list[float]:
     return flat(single.get_weights())
 
 
-def _optimizer_step(me: Rank, **options: Any) -> dict[str, Any]:
+def distributed_optimizer(me: Rank, **options: Any) -> dict[str, Any]:
+    """``hvd.DistributedOptimizer(Adam, **options)`` (fit.build_or_resume; ``groups=2``:
+    grouped allreduce, bench/variants.py's ``--groups``): STEPS steps on different data per
+    rank give identical weights, those of Adam on the averaged gradient."""
     model = small_model(me.keras, seed=7)  # the same initial weights on every rank
     initial = flat(model.get_weights())
     expected = _averaged_gradient_steps(me, model)
@@ -52,17 +56,6 @@ def _optimizer_step(me: Rank, **options: Any) -> dict[str, Any]:
         "expected": expected,
         "iterations": int(optimizer.iterations.numpy()),
     }
-
-
-def distributed_optimizer(me: Rank) -> dict[str, Any]:
-    """``hvd.DistributedOptimizer(Adam)`` (fit.build_or_resume): STEPS steps on different data
-    per rank give identical weights, those of Adam on the averaged gradient."""
-    return _optimizer_step(me)
-
-
-def distributed_optimizer_groups(me: Rank) -> dict[str, Any]:
-    """The same with ``groups=2`` (grouped allreduce; bench/variants.py's ``--groups``)."""
-    return _optimizer_step(me, groups=2)
 
 
 def broadcast_callback(me: Rank) -> dict[str, Any]:
@@ -133,7 +126,7 @@ def lr_warmup_callback(me: Rank) -> dict[str, Any]:
 
 CHECKS = {
     "distributed_optimizer": distributed_optimizer,
-    "distributed_optimizer_groups": distributed_optimizer_groups,
+    "distributed_optimizer_groups": functools.partial(distributed_optimizer, groups=2),
     "broadcast_callback": broadcast_callback,
     "metric_average_callback": metric_average_callback,
     "lr_warmup_callback": lr_warmup_callback,
