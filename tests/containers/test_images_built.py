@@ -61,8 +61,8 @@ for package in (components, pipeline):
         shipped += [os.path.relpath(os.path.join(folder, f), base) for f in files]
 for path in shipped:
     module = path.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
-    test = "/tests/" in path or os.path.basename(path).startswith(("test_", "conftest"))
-    if path.endswith(".py") and not test and module.startswith(tuple(sys.argv[1].split(","))):
+    skip = "/tests/" in path or os.path.basename(path).startswith(("test_", "conftest", "__main__"))
+    if path.endswith(".py") and not skip and module.startswith(tuple(sys.argv[1].split(","))):
         try:
             importlib.import_module(module)
         except Exception as exc:
@@ -93,8 +93,10 @@ def _run(client: Any, image: str, command: list[str], want: int = 0) -> tuple[st
     return out, err
 
 
-def _probe(client: Any, image: str, component: str) -> dict[str, Any]:
-    out, _ = _run(client, image, ["python", "-c", PROBE, ",".join(PROGRAMS[component]), *SEARCHED])
+def _probe(client: Any, image: str, programs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Who the image runs as, its files and tools, its distributions, the project's files it
+    holds, and the modules of `programs` (packages; ``__main__`` not run) that fail to import."""
+    out, _ = _run(client, image, ["python", "-c", PROBE, ",".join(programs) or "-", *SEARCHED])
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -113,7 +115,7 @@ def test_every_image_runs_as_a_non_root_user_and_carries_no_credential(
     image = require_images(docker_client, component)[component]
     config = docker_client.images.get(image).attrs["Config"]
     assert config["User"] not in ("", "root", "0"), f"{image} runs as {config['User'] or 'root'}"
-    probe = _probe(docker_client, image, component)
+    probe = _probe(docker_client, image)
     assert probe["uid"] != 0, probe
     env = [e.partition("=")[0] for e in config.get("Env") or []]
     assert not [n for n in env if CREDENTIAL_ENV.search(n)], env
@@ -131,7 +133,7 @@ def test_every_image_holds_its_pins_and_the_project_and_its_program_imports(
     data_prep and register images), Horovod in the trainers, every file of the project's
     packages (it installs the project's wheel), and every module of its program imports."""
     image = require_images(docker_client, component)[component]
-    probe = _probe(docker_client, image, component)
+    probe = _probe(docker_client, image, PROGRAMS[component])
     assert probe["import_errors"] == {}, probe["import_errors"]
     pins = {}
     for line in (ROOT / "images" / component / "requirements.txt").read_text().splitlines():
@@ -160,7 +162,7 @@ def test_trainer_runs_as_the_mpijob_user_with_open_mpi_and_sshd(
     component: str, docker_client: Any
 ) -> None:
     image = require_images(docker_client, component)[component]
-    probe = _probe(docker_client, image, component)
+    probe = _probe(docker_client, image)
     home = str(defaults.MPI_SSH_AUTH_MOUNT_PATH).rsplit("/", 1)[0]
     assert (probe["uid"], probe["home"], probe["cwd"]) == (
         defaults.MPI_USER_UID, home, defaults.TRAINER_WORKDIR
