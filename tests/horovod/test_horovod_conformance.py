@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.horovod import keras_checks
 from tests.horovod.jobs import CHECKS, CONTROLLERS, REPO, WORLD, Launch, launch
+from tests.horovod.keras_checks import STEPS, WARMUP_EPOCHS, WARMUP_LR, WARMUP_STEPS
 
 pytestmark = pytest.mark.conformance
 by_controller = pytest.mark.parametrize("controller", CONTROLLERS)
@@ -124,8 +124,10 @@ def test_ranks(launched: Launched, controller: str) -> None:
 
 @by_controller
 @pytest.mark.parametrize("op", ["average", "sum"])
-def test_allreduce_float32(launched: Launched, controller: str, op: str) -> None:
-    ranks = per_rank(launched, controller, f"allreduce_{op}")
+@pytest.mark.parametrize("kind", ["allreduce", "grouped_allreduce"])
+def test_allreduce_float32(launched: Launched, controller: str, kind: str, op: str) -> None:
+    """Each tensor (eagerly, in a tf.function, or all as one group) reduced over the ranks."""
+    ranks = per_rank(launched, controller, f"{kind}_{op}")
     reduce = np.mean if op == "average" else np.sum
     for key in ranks[0]["outputs"]:
         given = [r["inputs"][key.replace("_in_tf_function", "")] for r in ranks]
@@ -134,17 +136,6 @@ def test_allreduce_float32(launched: Launched, controller: str, op: str) -> None
         close(same, want, f"allreduce {op} of {key}")
         assert not np.allclose(given[0], given[1]), "the ranks' inputs must differ"
     assert {d for r in ranks for d in r["dtypes"]} == {"float32"}
-
-
-@by_controller
-def test_grouped_allreduce(launched: Launched, controller: str) -> None:
-    ranks = per_rank(launched, controller, "grouped_allreduce")
-    for i in range(len(ranks[0]["inputs"])):
-        given = np.asarray([r["inputs"][i] for r in ranks], dtype=np.float32)
-        avg = same_on_every_rank([r["average"][i] for r in ranks], f"grouped average {i}")
-        total = same_on_every_rank([r["sum"][i] for r in ranks], f"grouped sum {i}")
-        close(avg, given.mean(axis=0), f"grouped average, tensor {i}")
-        close(total, given.sum(axis=0), f"grouped sum, tensor {i}")
 
 
 @by_controller
@@ -188,7 +179,7 @@ def test_distributed_optimizer(launched: Launched, controller: str, check: str) 
     assert weights != ranks[0]["initial"], "the steps changed no weight"
     # Adam on the averaged gradient, computed by one process without Horovod.
     close(weights, ranks[0]["expected"], "weights vs Adam on the averaged gradient")
-    assert [r["iterations"] for r in ranks] == [keras_checks.STEPS] * WORLD
+    assert [r["iterations"] for r in ranks] == [STEPS] * WORLD
 
 
 @by_controller
@@ -216,21 +207,16 @@ def test_metric_average_callback(launched: Launched, controller: str) -> None:
 def warmup_lr(epoch: int, step: int, size: int) -> float:
     """The warmup Horovod documents: from lr / size to lr over the warmup epochs, linear in
     the fraction of epochs done after each step; lr itself once the warmup is over."""
-    lr, warmup, steps = (
-        keras_checks.WARMUP_LR,
-        keras_checks.WARMUP_EPOCHS,
-        keras_checks.WARMUP_STEPS,
-    )
-    if epoch >= warmup:
-        return lr
-    done = epoch + (step + 1) / steps
-    return lr / size * (1 + done * (size - 1) / warmup)
+    if epoch >= WARMUP_EPOCHS:
+        return WARMUP_LR
+    done = epoch + (step + 1) / WARMUP_STEPS
+    return WARMUP_LR / size * (1 + done * (size - 1) / WARMUP_EPOCHS)
 
 
 @by_controller
 def test_lr_warmup_callback(launched: Launched, controller: str) -> None:
     ranks = per_rank(launched, controller, "lr_warmup_callback")
-    epochs, steps = keras_checks.WARMUP_EPOCHS + 1, keras_checks.WARMUP_STEPS
+    epochs, steps = WARMUP_EPOCHS + 1, WARMUP_STEPS
     want = [warmup_lr(e, s, WORLD) for e in range(epochs) for s in range(steps)]
     used = same_on_every_rank([r["step_lr"] for r in ranks], "the learning rates used")
     close(used, want, "the learning rate of each step")
