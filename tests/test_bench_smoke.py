@@ -40,19 +40,14 @@ def _read(out: Path, name: str) -> dict[str, Any]:
     return record
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fast benchmarks' results, written once for this module."""
-    root = tmp_path_factory.mktemp("bench")
-    out, work = root / "results", root / "work"
-    common = ["--quick", "--out", str(out), "--work", str(work)]
+def test_data_prep_scaling_and_the_report(tmp_path: Path) -> None:
+    """Data prep's rows and fit; scaling's 1x1 and 2x1 with the machine's own ceiling (two 1x1
+    jobs at once, each its own run summary's throughput); the report and its plot."""
+    out = tmp_path / "results"
+    common = ["--quick", "--out", str(out), "--work", str(tmp_path / "work")]
     assert data_prep.main(common) == 0
     assert scaling.main([*common, "--layouts", "1x1,2x1"]) == 0
-    return out
-
-
-def test_data_prep_writes_rows_and_fit(results: Path) -> None:
-    record = _read(results, "data_prep")
+    record = _read(out, "data_prep")
     assert [r["train_samples"] for r in record["rows"]] == data_prep.QUICK_SIZES
     assert all(r["prepare_mb_s"] > 0 and r["copy_mb_s"] > 0 for r in record["rows"])
     assert set(record["linear_fit"]) == {
@@ -60,29 +55,19 @@ def test_data_prep_writes_rows_and_fit(results: Path) -> None:
         "microseconds_per_sample",
         "r_squared",
     }
-
-
-def test_scaling_reports_job_throughput(results: Path) -> None:
-    record = _read(results, "scaling")
+    record = _read(out, "scaling")
     assert record["median_examples_per_second"]["1x1"] > 0
     assert record["runs"]["1x1"][0]["steps_per_epoch"] >= 1
-    # The machine's own ceiling: two 1x1 jobs at once, each its own run summary's throughput.
     copies = record["runs"][scaling.COPIES][0]
     assert len(copies["per_copy"]) == 2 and all(rate > 0 for rate in copies["per_copy"])
     assert copies["examples_per_second"] == pytest.approx(sum(copies["per_copy"]))
-    ceiling = record["machine_ceiling"]
-    assert ceiling["efficiency_vs_machine"] == pytest.approx(
+    assert record["machine_ceiling"]["efficiency_vs_machine"] == pytest.approx(
         record["median_examples_per_second"]["2x1"] / copies["examples_per_second"], abs=1e-3
     )
     assert set(record["settings"]["layouts"]) == {"1x1", "2x1"}
-
-
-def test_report_writes_summary_and_plot(results: Path) -> None:
-    written = write_report(results)
-    summary = (results / "summary.md").read_text()
-    assert "| Target | Required | Measured | Verdict |" in summary
-    assert (results / "scaling.png").read_bytes()[:4] == b"\x89PNG"
-    assert len(written) == 2
+    assert len(write_report(out)) == 2
+    assert "| Target | Required | Measured | Verdict |" in (out / "summary.md").read_text()
+    assert (out / "scaling.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) -> None:

@@ -124,7 +124,7 @@ def run_checks(out: Path, controller: str) -> int:
     import tensorflow as tf
 
     hvd.init()
-    me = Rank(hvd=hvd, tf=tf, keras=keras, controller=controller)
+    me = Rank(hvd, tf, keras, controller, rank=hvd.rank(), size=hvd.size())
     failed = 0
     for name, check in CHECKS.items():
         start = time.monotonic()
