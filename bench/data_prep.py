@@ -10,13 +10,14 @@ least-squares line ``t = a + b n`` through the medians, and the per-sample time 
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from scipy.stats import linregress
 
 from bench.common import (
     base_parser,
@@ -35,38 +36,27 @@ SIZES = [5_000, 60_000, 600_000]
 QUICK_SIZES = [500, 2_000]
 
 
-def time_prepare(npz: Path, work: Path, label: str) -> float:
-    """Seconds for ``prepare()`` of `npz` into a fresh directory (removed afterwards)."""
-    out = work / f"out-{label}"
-    shutil.rmtree(out, ignore_errors=True)
+def timed(make: Any, target: Path) -> float:
+    """Seconds for ``make(target)`` (``prepare()`` into a directory, or a raw copy to a file);
+    `target` removed before and after."""
+    shutil.rmtree(target, ignore_errors=True)
     t0 = time.perf_counter()
-    prepare(str(npz), str(out), expected_sha256=None)
+    make(str(target))
     seconds = time.perf_counter() - t0
-    shutil.rmtree(out)
-    return seconds
-
-
-def time_copy(npz: Path, work: Path, label: str) -> float:
-    """Seconds for a raw copy of `npz` (removed afterwards)."""
-    target = work / f"copy-{label}.npz"
-    t0 = time.perf_counter()
-    shutil.copyfile(npz, target)
-    seconds = time.perf_counter() - t0
-    target.unlink()
+    if target.is_dir():
+        shutil.rmtree(target)
+    else:
+        target.unlink()
     return seconds
 
 
 def linear_fit(sizes: list[float], seconds: list[float]) -> dict[str, float]:
     """Least squares ``t = a + b n``: intercept, slope per sample and R^2."""
-    n, t = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
-    slope, intercept = np.polyfit(n, t, 1)
-    predicted = intercept + slope * n
-    residual = float(np.sum((t - predicted) ** 2))
-    spread = float(np.sum((t - t.mean()) ** 2)) or 1.0
+    fit = linregress(sizes, seconds)
     return {
-        "intercept_seconds": round(float(intercept), 4),
-        "microseconds_per_sample": round(float(slope) * 1e6, 4),
-        "r_squared": round(1 - residual / spread, 5),
+        "intercept_seconds": round(float(fit.intercept), 4),
+        "microseconds_per_sample": round(float(fit.slope) * 1e6, 4),
+        "r_squared": round(float(fit.rvalue) ** 2, 5),
     }
 
 
@@ -77,8 +67,10 @@ def run(sizes: list[int], repeats: int, work: Path) -> dict[str, Any]:
     nbytes = {n: write_mnist_npz(path, n, test=max(1, n // 6)) for n, path in inputs.items()}
     variants = {}
     for n, path in inputs.items():
-        variants[f"prepare_{n}"] = lambda r, p=path, n=n: {"seconds": time_prepare(p, work, str(n))}
-        variants[f"copy_{n}"] = lambda r, p=path, n=n: {"seconds": time_copy(p, work, str(n))}
+        prep = functools.partial(prepare, str(path), expected_sha256=None)
+        copy = functools.partial(shutil.copyfile, path)
+        variants[f"prepare_{n}"] = lambda r, f=prep, n=n: {"seconds": timed(f, work / f"out-{n}")}
+        variants[f"copy_{n}"] = lambda r, f=copy, n=n: {"seconds": timed(f, work / f"{n}.copy")}
     runs = interleave(variants, repeats)
     rows = []
     for n in sizes:

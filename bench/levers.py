@@ -122,11 +122,6 @@ def measure(setup: Setup, name: str, workers: int, threads: int, lever: Lever, r
     }
 
 
-def copies(setup: Setup, r: int) -> dict[str, Any]:
-    """`two_copies`: two independent 1-rank jobs at once."""
-    return two_copies(setup.data, setup.work, setup.epochs, BATCH_SIZE, f"two_copies-r{r}")
-
-
 def figures(medians: Mapping[str, float], lever: Lever, runs: Mapping[str, list]) -> dict:
     """A lever against the default of its rank count, its efficiency and ceiling ratio, and the
     run summary's estimate (median over rounds) beside the measured efficiency."""
@@ -151,12 +146,12 @@ def run(setup: Setup, levers: list[Lever], repeats: int) -> dict[str, Any]:
     variants: dict[str, Callable[[int], dict[str, Any]]] = {}
     for name, (workers, threads) in REFERENCES.items():
         variants[name] = functools.partial(measure, setup, name, workers, threads, BASELINE)
-    variants["two_copies"] = functools.partial(copies, setup)
+    variants["two_copies"] = lambda r: two_copies(  # two independent 1-rank jobs at once
+        setup.data, setup.work, setup.epochs, BATCH_SIZE, f"two_copies-r{r}"
+    )
     chosen = {lever.name: lever for lever in (BASELINE, *levers)}
-    for lever in chosen.values():
-        variants[lever.name] = functools.partial(
-            measure, setup, lever.name, lever.workers, 1, lever
-        )
+    for name, lever in chosen.items():
+        variants[name] = functools.partial(measure, setup, name, lever.workers, 1, lever)
     runs = interleave(variants, repeats)
     medians = {k: median([r["examples_per_second"] for r in v]) for k, v in runs.items()}
     table = {name: figures(medians, lever, runs) for name, lever in chosen.items()}

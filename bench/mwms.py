@@ -28,8 +28,6 @@ from bench.common import (
     add_model_option,
     base_parser,
     bench_dataset,
-    build_bench_model,
-    default_model,
     interleave,
     job_throughput,
     machine_state,
@@ -41,7 +39,7 @@ from bench.common import (
     trainer_args,
     write_result,
 )
-from components.common.defaults import BATCH_SIZE_PER_WORKER, SHUFFLE_SEED
+from components.common.defaults import BATCH_SIZE_PER_WORKER, MODEL, SHUFFLE_SEED
 
 NAME = "mwms"
 WORKERS = 2
@@ -90,6 +88,7 @@ def worker(
     """One MWMS worker: train the project's model on this worker's shard, write epoch times."""
     from components.common import dataset, keras_env
     from components.train.data import shard_range, steps_per_epoch
+    from components.train.model import build_model
 
     tf, keras = keras_env.tensorflow(), keras_env.keras()
     tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -110,7 +109,7 @@ def worker(
         return ds.shuffle(len(labels), seed=seed + index).repeat().batch(batch_size).prefetch(2)
 
     with strategy.scope():
-        model = build_bench_model(model_name, seed)
+        model = build_model(seed, model_name or MODEL)
         model.compile(
             optimizer=keras.optimizers.legacy.Adam(learning_rate=0.001 * size),
             loss="sparse_categorical_crossentropy",
@@ -207,7 +206,7 @@ def run(
     walls = {k: median([r["wall_seconds"] for r in v]) for k, v in runs.items()}
     return {
         "settings": {
-            "model": model or default_model(),
+            "model": model or MODEL,
             "workers": WORKERS,
             "threads_per_worker": 1,
             "batch_size_per_worker": BATCH_SIZE_PER_WORKER,

@@ -11,6 +11,7 @@ its start-of-training line and one checkpoint line per epoch. From those:
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -66,13 +67,11 @@ def segments(job: JobResult) -> dict[str, Any]:
     }
 
 
-def measure(
-    root: Path, workers: int, epochs: int, extra: list[str], round_no: int
-) -> dict[str, Any]:
-    """One ``python -m pipeline run-local`` run, split into segments."""
+def measure(root: Path, workers: int, flags: list[str], round_no: int) -> dict[str, Any]:
+    """One ``python -m pipeline run-local FLAGS`` run, split into segments."""
     command = [
         sys.executable, "-m", "pipeline", "run-local", "--root", str(root / f"r{round_no}"),
-        "--workers", str(workers), "--epochs", str(epochs), *extra,
+        "--workers", str(workers), *flags,
     ]  # fmt: skip
     return segments(run_job(command, timeout_s=1200))
 
@@ -100,11 +99,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def run(configs: dict[str, list[str]], workers: int, repeats: int, work: Path) -> dict[str, Any]:
     """Each configuration (name -> extra run-local flags incl. --epochs), interleaved."""
     machine_before = machine_state()
-    variants = {}
-    for name, flags in configs.items():
-        epochs = int(flags[flags.index("--epochs") + 1])
-        extra = [f for i, f in enumerate(flags) if f != "--epochs" and flags[i - 1] != "--epochs"]
-        variants[name] = lambda r, n=name, e=epochs, x=extra: measure(work / n, workers, e, x, r)
+    variants = {n: functools.partial(measure, work / n, workers, f) for n, f in configs.items()}
     return record(configs, workers, interleave(variants, repeats), machine_before)
 
 

@@ -1,9 +1,9 @@
 """``make bench``: every benchmark, then ``summary.md`` and ``scaling.png`` in bench/results.
 
-Every benchmark trains the trainer's default model (the small CNN is scaling's secondary
-row) at the project's defaults: local jobs on Open MPI with yielding waits, batch 64 per
-worker. ``--quick`` runs tiny sizes (minutes) to check that everything works; ``--only`` runs
-a subset. See bench/README.md for how long the full run takes.
+Every benchmark trains the trainer's default model at the project's defaults: local jobs on
+Open MPI with yielding waits, batch 64 per worker. ``--quick`` runs tiny sizes (minutes) to
+check that everything works; ``--only`` runs a subset. See bench/README.md for how long the
+full run takes.
 """
 
 from __future__ import annotations

@@ -14,10 +14,9 @@ Throughput is the trainer's own figure (``run_summary.json``: examples/s from th
 epoch time, first epoch excluded), for the whole job. Beside the measured efficiency stands the
 job's own estimate, from its run summary (``resource_use.estimated_efficiency``: compute's
 share of a step, each rank's own clock). The trainer's default model is measured (``--model``
-for another), and the small CNN as a secondary row (1x1, 2x1, 1x2). On a bigger machine or a
-GPU node::
+for another, e.g. ``small``). On a bigger machine or a GPU node::
 
-    python -m bench.scaling --workers 1,2,4 --out bench/results
+    python -m bench.scaling --layouts 1x1,2x1,4x1 --out bench/results
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from bench.common import (
     add_model_option,
     base_parser,
     bench_dataset,
-    default_model,
     horovod_command,
     interleave,
     job_throughput,
@@ -47,6 +45,7 @@ from bench.common import (
     trainer_args,
     write_result,
 )
+from components.common.defaults import MODEL
 from components.train import summary as run_summary
 from standins.jobs import collect, start_job
 
@@ -54,9 +53,6 @@ NAME = "scaling"
 DEFAULT_LAYOUTS = "1x1,2x1,1x2"
 # The machine's own ceiling for two ranks: two independent 1x1 jobs at once (not a layout).
 COPIES = "two_1x1_at_once"
-# The secondary row: the small CNN at the layouts of the two figures.
-SECONDARY_MODEL = "small"
-SECONDARY_LAYOUTS = ("1x1", "2x1", "1x2")
 
 
 Layout = tuple[int, int]
@@ -135,10 +131,8 @@ def run(
     work: Path,
     batch_size: int = 64,
     model: str | None = None,
-    secondary_model: str | None = None,
 ) -> dict[str, Any]:
-    """Measure every layout `repeats` times, interleaved (the secondary model's too); medians
-    and ratios."""
+    """Measure every layout `repeats` times, interleaved; medians and ratios."""
     data, machine_before = bench_dataset(work, train_samples), machine_state()
     variants: dict[str, Callable[[int], dict[str, Any]]] = {
         layout_name(*layout): functools.partial(
@@ -146,22 +140,17 @@ def run(
         )
         for layout in layouts
     }
-    second = [x for x in layouts if layout_name(*x) in SECONDARY_LAYOUTS] if secondary_model else []
-    for layout in second:
-        variants[f"{secondary_model}/{layout_name(*layout)}"] = functools.partial(
-            measure_layout, data, work, layout, epochs, batch_size, secondary_model
-        )
     if (2, 1) in layouts:
         variants[COPIES] = lambda r: two_copies(
             data, work, epochs, batch_size, f"{COPIES}-r{r}", model=model
         )
     runs = interleave(variants, repeats)
     medians = {name: median([r["examples_per_second"] for r in rs]) for name, rs in runs.items()}
-    main = {k: v for k, v in medians.items() if "/" not in k and k != COPIES}
+    main = {k: v for k, v in medians.items() if k != COPIES}
     result: dict[str, Any] = {
         "settings": {
-            "model": model or default_model(),
-            "layouts": [k for k in variants if "/" not in k and k != COPIES],
+            "model": model or MODEL,
+            "layouts": [k for k in variants if k != COPIES],
             "train_samples": train_samples,
             "epochs": epochs,
             "repeats": repeats,
@@ -178,14 +167,6 @@ def run(
     estimate = estimate_beside_measured(runs, result["ratios"])
     if estimate:
         result["estimate"] = estimate
-    if second:
-        prefix = f"{secondary_model}/"
-        rows = {k.removeprefix(prefix): v for k, v in medians.items() if k.startswith(prefix)}
-        result["secondary"] = {
-            "model": secondary_model,
-            "median_examples_per_second": rows,
-            "ratios": derived_ratios(rows),
-        }
     return result
 
 
@@ -233,48 +214,25 @@ def derived_ratios(medians: dict[str, float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m bench.scaling [--workers 1,2,4] [--layouts 1x1,2x1,1x2]``."""
+    """CLI: ``python -m bench.scaling [--layouts 1x1,2x1,1x2]``."""
     p = base_parser(__doc__ or NAME)
-    p.add_argument("--workers", default=None, help="e.g. 1,2,4: layouts Nx1 (plus --layouts)")
-    p.add_argument("--layouts", default=None, help=f"NxT list; default {DEFAULT_LAYOUTS}")
+    p.add_argument("--layouts", default=DEFAULT_LAYOUTS, help="NxT list, e.g. 1x1,2x1,4x1")
     p.add_argument("--train-samples", type=int, default=20000)
     p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
     p.add_argument("--batch-size", type=int, default=64, help="per worker")
     p.add_argument("--name", default=NAME, help="result file name (e.g. scaling_b256)")
     add_model_option(p)
-    p.add_argument(
-        "--secondary-model",
-        default=None,
-        help=f"also measure this model at {','.join(SECONDARY_LAYOUTS)} ('' for none; default "
-        f"{SECONDARY_MODEL}, none with --quick)",
-    )
     a = p.parse_args(argv)
-    layouts: list[Layout] = []
-    if a.workers:
-        layouts += [(int(w), 1) for w in a.workers.split(",")]
-    if a.layouts or not a.workers:
-        layouts += [parse_layout(x) for x in (a.layouts or DEFAULT_LAYOUTS).split(",")]
-    layouts = list(dict.fromkeys(layouts))
+    layouts = list(dict.fromkeys(parse_layout(x) for x in a.layouts.split(",")))
     if a.quick:
         a.train_samples, a.epochs, a.repeats = 600, 2, 1
     work = scratch(a.work, NAME)
     result = run(
-        layouts, a.train_samples, a.epochs, a.repeats, work, a.batch_size, a.model,
-        secondary_model(a.secondary_model, a.model, a.quick),
+        layouts, a.train_samples, a.epochs, a.repeats, work, a.batch_size, a.model
     )  # fmt: skip
     write_result(a.name, result, a.out)
     print(result["median_examples_per_second"], result["ratios"], result.get("machine_ceiling"))
     return 0
-
-
-def secondary_model(asked: str | None, model: str | None, quick: bool) -> str | None:
-    """The secondary row's model: as asked, else the small CNN unless it is the model measured
-    (or the trainer has only that one), or this is a quick run."""
-    if asked is not None:
-        return asked or None
-    if quick or (model or default_model()) == SECONDARY_MODEL:
-        return None
-    return SECONDARY_MODEL
 
 
 if __name__ == "__main__":

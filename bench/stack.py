@@ -39,10 +39,9 @@ from bench.common import (
     trainer_args,
     write_result,
 )
-from bench.scaling import two_copies
+from bench.scaling import COPIES, two_copies
 
 NAME = "stack"
-COPIES = "two_1x1_at_once"
 LAYOUTS = ("1x1", "2x1", COPIES)
 
 

@@ -119,74 +119,55 @@ def build(tmp_path: Path) -> Build:
 
 
 SUPPORTED = f"{SUPPORTED_TF[0]}.0"
-
-
-def test_a_patch_that_no_longer_applies_is_named_with_the_file(build: Build) -> None:
-    drifted = _before(FIRST).replace("xla_mpi_ops.cc", "xla_ops_v2.cc")
-    assert drifted != _before(FIRST)
-    sdist = build.sdist({_patched_file(FIRST): drifted})
-    build.pin(sdist)
-    proc = build.run(SUPPORTED, sdist)
-    assert proc.returncode == 1, proc.stderr
-    line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"horovod build: patch {FIRST.name} does not apply to "), line
-    assert f"{_patched_file(FIRST)} (Hunk #1 FAILED at " in line, line
-    assert build.wheels() == []
-
-
-def test_a_patch_whose_file_the_sdist_lacks_names_that_file(build: Build) -> None:
-    sdist = build.sdist({"setup.py": "raise SystemExit(1)\n"})
-    build.pin(sdist)
-    proc = build.run(SUPPORTED, sdist)
-    assert proc.returncode == 1, proc.stderr
-    line = proc.stderr.strip().splitlines()[-1]
-    assert f"patch {FIRST.name} does not apply to horovod-{VERSION}.tar.gz: " in line, line
-    assert line.endswith(f"{_patched_file(FIRST)} (not in the sdist)"), line
-
-
-def test_an_sdist_with_another_hash_is_refused_naming_both_hashes(build: Build) -> None:
-    sdist = build.sdist({_patched_file(FIRST): _before(FIRST)})
-    got = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    proc = build.run(SUPPORTED, sdist)  # SOURCE keeps the real release's hash
-    assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"horovod build: horovod-{VERSION}.tar.gz has sha256 {got}, expected "
-        f"{SOURCE['HOROVOD_SHA256']} (make/horovod/SOURCE)"
-    )
-    assert build.wheels() == []
-
-
-def test_a_tensorflow_the_series_was_not_made_for_is_refused_naming_the_supported(
-    build: Build,
-) -> None:
-    sdist = build.sdist({_patched_file(FIRST): _before(FIRST)})
-    build.pin(sdist)
-    proc = build.run("2.20.1", sdist)
-    assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
+FILE = _patched_file(FIRST)
+SDIST = f"horovod-{VERSION}.tar.gz"
+# name: (the sdist's files, or None for no sdist at all; whether SOURCE pins its hash; the
+# TensorFlow version the Python reports; what build.sh's last line must be, a regex in which
+# SDIST_SHA256 stands for the sdist's own sha256).
+CASES: dict[str, tuple[dict[str, str] | None, bool, str, str]] = {
+    "a patch that no longer applies is named with the file": (
+        {FILE: _before(FIRST).replace("xla_mpi_ops.cc", "xla_ops_v2.cc")}, True, SUPPORTED,
+        rf"horovod build: patch {FIRST.name} does not apply to .*{FILE} \(Hunk #1 FAILED at .*",
+    ),
+    "a patch whose file the sdist lacks names that file": (
+        {"setup.py": "raise SystemExit(1)\n"}, True, SUPPORTED,
+        rf"horovod build: patch {FIRST.name} does not apply to {SDIST}: "
+        rf".*{FILE} \(not in the sdist\)",
+    ),
+    "an sdist with another hash is refused naming both hashes": (
+        {FILE: _before(FIRST)}, False, SUPPORTED,
+        rf"horovod build: {SDIST} has sha256 SDIST_SHA256, expected "
+        rf"{SOURCE['HOROVOD_SHA256']} \(make/horovod/SOURCE\)",
+    ),
+    "a tensorflow the series was not made for is refused naming the supported": (
+        {FILE: _before(FIRST)}, True, "2.20.1",
         "horovod build: the patch series in make/horovod/patches was made for TensorFlow "
-        f"{SOURCE['HOROVOD_TENSORFLOW']}; {sys.executable} has TensorFlow 2.20.1"
-    )
+        + re.escape(f"{SOURCE['HOROVOD_TENSORFLOW']}; {sys.executable} has TensorFlow 2.20.1"),
+    ),
+    "a missing local sdist is named": (
+        None, False, SUPPORTED, r"horovod build: HOROVOD_SDIST=\S+/nowhere\.tar\.gz: no such file"
+    ),
+    # The control: the doctored runs above stop for their own cause, not for the fakes.
+    "with every input right the build gets to compiling": (
+        {FILE: _before(FIRST)}, True, SUPPORTED,
+        rf"horovod build: compiling Horovod {VERSION} failed \(above\)",
+    ),
+}  # fmt: skip
 
 
-def test_a_missing_local_sdist_is_named(build: Build) -> None:
-    proc = build.run(SUPPORTED, build.root / "nowhere.tar.gz")
+@pytest.mark.parametrize("case", CASES)
+def test_build_sh_stops_with_one_line_naming_what_is_wrong(build: Build, case: str) -> None:
+    files, pin, tf_version, last = CASES[case]
+    sdist = build.root / "nowhere.tar.gz" if files is None else build.sdist(files)
+    if pin:
+        build.pin(sdist)
+    proc = build.run(tf_version, sdist)
     assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"horovod build: HOROVOD_SDIST={build.root / 'nowhere.tar.gz'}: no such file"
-    )
-
-
-def test_with_every_input_right_the_build_gets_to_compiling(build: Build) -> None:
-    """The control: the doctored runs above stop for their own cause, not for the fakes."""
-    sdist = build.sdist({_patched_file(FIRST): _before(FIRST)})
-    build.pin(sdist)
-    proc = build.run(SUPPORTED, sdist)
-    assert proc.returncode == 1, proc.stderr
-    assert f"Horovod {VERSION} + {len(PATCHES)} patch(es) for TensorFlow {SUPPORTED}" in (
-        proc.stderr
-    )
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"horovod build: compiling Horovod {VERSION} failed (above)"
-    )
+    if files is not None:
+        last = last.replace("SDIST_SHA256", hashlib.sha256(sdist.read_bytes()).hexdigest())
+    assert re.fullmatch(last, proc.stderr.strip().splitlines()[-1]), proc.stderr
     assert build.wheels() == []
+    if case.startswith("with every input right"):
+        assert f"Horovod {VERSION} + {len(PATCHES)} patch(es) for TensorFlow {SUPPORTED}" in (
+            proc.stderr
+        )

@@ -18,19 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import base_parser, fresh, machine_state, median, scratch, write_result
-from bench.faults.cluster import cancel, gcs_transient, kfp_retry
-from bench.faults.local import (
-    checkpoint_deleted,
-    checkpoint_truncated,
-    elastic_sigkill,
-    latest_json_corrupt,
-    sigstop,
-    static_sigkill,
-)
-from bench.faults.runs import GCS_SHARE, STALL_ENV, TRAIN_LIMIT, Bench, progress_at, record
+from bench.faults import cluster, local
+from bench.faults.runs import GCS_SHARE, STALL_ENV, TRAIN_LIMIT, Bench
 from components.common.defaults import BATCH_SIZE_PER_WORKER
 
-__all__ = ["RUNNERS", "LABELS", "progress_at", "record", "summarise", "fault_table", "main"]
 NAME = "faults"
 
 
@@ -39,15 +30,15 @@ NAME = "faults"
 Runner = Callable[[Bench], dict[str, Any]]
 # One runner per fault, in the table's order.
 RUNNERS: dict[str, Runner] = {
-    "static_sigkill": static_sigkill,
-    "elastic_sigkill": elastic_sigkill,
-    "sigstop": sigstop,
-    "gcs_transient": gcs_transient,
-    "checkpoint_truncated": checkpoint_truncated,
-    "checkpoint_deleted": checkpoint_deleted,
-    "latest_json_corrupt": latest_json_corrupt,
-    "kfp_retry": kfp_retry,
-    "cancel": cancel,
+    "static_sigkill": local.static_sigkill,
+    "elastic_sigkill": local.elastic_sigkill,
+    "sigstop": local.sigstop,
+    "gcs_transient": cluster.gcs_transient,
+    "checkpoint_truncated": local.checkpoint_truncated,
+    "checkpoint_deleted": local.checkpoint_deleted,
+    "latest_json_corrupt": local.latest_json_corrupt,
+    "kfp_retry": cluster.kfp_retry,
+    "cancel": cluster.cancel,
 }
 LABELS = {
     "static_sigkill": ("rank SIGKILLed mid-epoch (static job)", "job fails; rerun resumes"),

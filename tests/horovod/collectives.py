@@ -9,6 +9,7 @@ carry int64 (the optimizer's ``iterations``) and the object collectives uint8 an
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -57,26 +58,18 @@ def _allreduce(me: Rank, op_name: str) -> dict[str, Any]:
     }
 
 
-def allreduce_average(me: Rank) -> dict[str, Any]:
-    return _allreduce(me, "Average")
-
-
-def allreduce_sum(me: Rank) -> dict[str, Any]:
-    return _allreduce(me, "Sum")
-
-
-def grouped_allreduce(me: Rank) -> dict[str, Any]:
-    """Three tensors as one group (``DistributedOptimizer(groups=N)``, bench/variants.py)."""
+def _grouped_allreduce(me: Rank, op_name: str) -> dict[str, Any]:
+    """The three inputs as one group (``DistributedOptimizer(groups=N)``, bench/variants.py)."""
     import horovod.tensorflow as hvt
 
     inputs = _inputs(me.rank)
     tensors = [me.tf.constant(v) for v in inputs.values()]
-    average = hvt.grouped_allreduce(tensors, op=hvt.Average, name="grouped.average")
-    total = hvt.grouped_allreduce(tensors, op=hvt.Sum, name="grouped.sum")
+    out = hvt.grouped_allreduce(tensors, op=getattr(hvt, op_name), name=f"grouped.{op_name}")
+    outputs = {k: t.numpy() for k, t in zip(inputs, out, strict=True)}
     return {
-        "inputs": list(inputs.values()),
-        "average": [t.numpy() for t in average],
-        "sum": [t.numpy() for t in total],
+        "inputs": inputs,
+        "outputs": outputs,
+        "dtypes": [str(v.dtype) for v in outputs.values()],
     }
 
 
@@ -141,9 +134,10 @@ def allgather_object(me: Rank) -> dict[str, Any]:
 
 CHECKS = {
     "ranks": ranks,
-    "allreduce_average": allreduce_average,
-    "allreduce_sum": allreduce_sum,
-    "grouped_allreduce": grouped_allreduce,
+    "allreduce_average": functools.partial(_allreduce, op_name="Average"),
+    "allreduce_sum": functools.partial(_allreduce, op_name="Sum"),
+    "grouped_allreduce_average": functools.partial(_grouped_allreduce, op_name="Average"),
+    "grouped_allreduce_sum": functools.partial(_grouped_allreduce, op_name="Sum"),
     "broadcast_variables": broadcast_variables,
     "broadcast_object": broadcast_object,
     "allgather": allgather,

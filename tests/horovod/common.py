@@ -14,20 +14,14 @@ FEATURES, CLASSES, BATCH = 8, 4, 16
 @dataclass(frozen=True)
 class Rank:
     """This process in the job: Horovod's Keras API (as the trainer imports it), TF, tf-keras,
-    and the launcher that started it (``mpi``, ``gloo`` or ``elastic``)."""
+    the launcher that started it (``mpi``, ``gloo`` or ``elastic``), its rank and the size."""
 
     hvd: Any
     tf: Any
     keras: Any
     controller: str
-
-    @property
-    def rank(self) -> int:
-        return int(self.hvd.rank())
-
-    @property
-    def size(self) -> int:
-        return int(self.hvd.size())
+    rank: int
+    size: int
 
 
 def small_model(keras: Any, seed: int) -> Any:

@@ -4,6 +4,7 @@ learning-rate warmup callbacks, in ``model.fit`` on each rank's own data."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tests.horovod.common import (
@@ -40,7 +41,10 @@ def _averaged_gradient_steps(me: Rank, model: Any) -> list[float]:
     return flat(single.get_weights())
 
 
-def _optimizer_step(me: Rank, **options: Any) -> dict[str, Any]:
+def distributed_optimizer(me: Rank, **options: Any) -> dict[str, Any]:
+    """``hvd.DistributedOptimizer(Adam, **options)`` (fit.build_or_resume; ``groups=2``:
+    grouped allreduce, bench/variants.py's ``--groups``): STEPS steps on different data per
+    rank give identical weights, those of Adam on the averaged gradient."""
     model = small_model(me.keras, seed=7)  # the same initial weights on every rank
     initial = flat(model.get_weights())
     expected = _averaged_gradient_steps(me, model)
@@ -54,19 +58,8 @@ def _optimizer_step(me: Rank, **options: Any) -> dict[str, Any]:
     }
 
 
-def distributed_optimizer(me: Rank) -> dict[str, Any]:
-    """``hvd.DistributedOptimizer(Adam)`` (fit.build_or_resume): STEPS steps on different data
-    per rank give identical weights, those of Adam on the averaged gradient."""
-    return _optimizer_step(me)
-
-
-def distributed_optimizer_groups(me: Rank) -> dict[str, Any]:
-    """The same with ``groups=2`` (grouped allreduce; bench/variants.py's ``--groups``)."""
-    return _optimizer_step(me, groups=2)
-
-
 def broadcast_callback(me: Rank) -> dict[str, Any]:
-    """BroadcastGlobalVariablesCallback(0) (fit.training_callbacks): ranks that start from
+    """BroadcastGlobalVariablesCallback(0) (trainer.callbacks): ranks that start from
     different weights hold rank 0's after the first step. The learning rate is 0, so a step
     leaves the weights as they are: every rank must end with rank 0's initial weights."""
     hvd = me.hvd
@@ -84,7 +77,7 @@ def broadcast_callback(me: Rank) -> dict[str, Any]:
 
 
 def metric_average_callback(me: Rank) -> dict[str, Any]:
-    """MetricAverageCallback (fit.training_callbacks): the callbacks after it see the epoch's
+    """MetricAverageCallback (trainer.callbacks): the callbacks after it see the epoch's
     metrics averaged over the ranks; those before it see this rank's own."""
     hvd = me.hvd
     model = small_model(me.keras, seed=7)
@@ -102,7 +95,7 @@ def metric_average_callback(me: Rank) -> dict[str, Any]:
 
 
 def lr_warmup_callback(me: Rank) -> dict[str, Any]:
-    """LearningRateWarmupCallback as fit.training_callbacks sets it up (after the metric
+    """LearningRateWarmupCallback as trainer.callbacks sets it up (after the metric
     average): the learning rate every step used, and the ``lr`` each epoch logged."""
     hvd, keras = me.hvd, me.keras
     model = small_model(keras, seed=7)
@@ -133,7 +126,7 @@ def lr_warmup_callback(me: Rank) -> dict[str, Any]:
 
 CHECKS = {
     "distributed_optimizer": distributed_optimizer,
-    "distributed_optimizer_groups": distributed_optimizer_groups,
+    "distributed_optimizer_groups": functools.partial(distributed_optimizer, groups=2),
     "broadcast_callback": broadcast_callback,
     "metric_average_callback": metric_average_callback,
     "lr_warmup_callback": lr_warmup_callback,

@@ -1,25 +1,67 @@
 """The Horovod the project ships, checked on values: every collective and Keras piece the trainer
 and the elastic path use, under each launcher (tests/horovod/README.md lists them, with where
-each is used). One real 2-rank job per launcher runs every check (tests/horovod/worker.py); each
-test asserts on what the ranks reported for one check, and shows the values when it fails.
+each is used). One real 2-rank job per launcher runs every check (tests/horovod/jobs.py); each
+test asserts on what the ranks reported for one check, and shows the values when it fails. And
+``horovodrun --check-build`` reports the pinned version, built with TensorFlow, MPI and Gloo.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.horovod import keras_checks
-from tests.horovod.jobs import CONTROLLERS, WORLD, Launch
-from tests.horovod.worker import CHECKS
+from tests.horovod.jobs import CHECKS, CONTROLLERS, REPO, WORLD, Launch, launch
+from tests.horovod.keras_checks import STEPS, WARMUP_EPOCHS, WARMUP_LR, WARMUP_STEPS
 
-pytestmark = [pytest.mark.conformance, pytest.mark.parametrize("controller", CONTROLLERS)]
+pytestmark = pytest.mark.conformance
+by_controller = pytest.mark.parametrize("controller", CONTROLLERS)
 
 Launched = Callable[[str], Launch]
+# The installed horovodrun script, run with horovod.tensorflow imported first: its check forks
+# one process per question (TensorFlow? MPI? Gloo? ...), and each fork would import TensorFlow
+# again; forks of this process have it already (7 s of CPU instead of 34 s here).
+CHECK_BUILD = """
+import runpy, sys
+import horovod.tensorflow
+sys.argv = [sys.argv[1], "--check-build"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="session")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Launched:
+    """``launched(controller)``: that launcher's job, run once per session on first use."""
+    done: dict[str, Launch] = {}
+
+    def get(controller: str) -> Launch:
+        if controller not in done:
+            done[controller] = launch(controller, tmp_path_factory.mktemp(controller))
+        return done[controller]
+
+    return get
+
+
+def test_horovodrun_check_build_lists_the_pinned_version_tensorflow_mpi_and_gloo() -> None:
+    horovodrun = Path(sys.executable).with_name("horovodrun")
+    assert horovodrun.exists(), f"{horovodrun}: no horovodrun next to this Python (make install)"
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK_BUILD, str(horovodrun)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    source = (REPO / "make" / "horovod" / "SOURCE").read_text()
+    version = re.search(r"^HOROVOD_VERSION=(\S+)$", source, re.M)
+    assert version is not None and f"Horovod v{version.group(1)}:" in proc.stdout, proc.stdout
+    marks = re.findall(r"^\s*\[(X| )\] (\w+)", proc.stdout, re.M)
+    assert {"TensorFlow", "MPI", "Gloo"} <= {n for mark, n in marks if mark == "X"}, proc.stdout
 
 
 def per_rank(launched: Launched, controller: str, check: str) -> list[Any]:
@@ -56,6 +98,7 @@ def close(got: Any, want: Any, what: str, rtol: float = 1e-6, atol: float = 1e-6
     )
 
 
+@by_controller
 def test_the_job_ran_every_check_and_ended_cleanly(launched: Launched, controller: str) -> None:
     run = launched(controller)
     assert run.returncode == 0, f"{run.command}\nexit code {run.returncode}:\n{run.tail()}"
@@ -66,6 +109,7 @@ def test_the_job_ran_every_check_and_ended_cleanly(launched: Launched, controlle
     assert missing == [], run.tail()
 
 
+@by_controller
 def test_ranks(launched: Launched, controller: str) -> None:
     ranks = per_rank(launched, controller, "ranks")
     assert [r["rank"] for r in ranks] == [0, 1] and {r["size"] for r in ranks} == {WORLD}, ranks
@@ -78,9 +122,12 @@ def test_ranks(launched: Launched, controller: str) -> None:
     assert local == ([(0, 1), (0, 1)] if controller == "elastic" else [(0, 2), (1, 2)]), local
 
 
+@by_controller
 @pytest.mark.parametrize("op", ["average", "sum"])
-def test_allreduce_float32(launched: Launched, controller: str, op: str) -> None:
-    ranks = per_rank(launched, controller, f"allreduce_{op}")
+@pytest.mark.parametrize("kind", ["allreduce", "grouped_allreduce"])
+def test_allreduce_float32(launched: Launched, controller: str, kind: str, op: str) -> None:
+    """Each tensor (eagerly, in a tf.function, or all as one group) reduced over the ranks."""
+    ranks = per_rank(launched, controller, f"{kind}_{op}")
     reduce = np.mean if op == "average" else np.sum
     for key in ranks[0]["outputs"]:
         given = [r["inputs"][key.replace("_in_tf_function", "")] for r in ranks]
@@ -91,16 +138,7 @@ def test_allreduce_float32(launched: Launched, controller: str, op: str) -> None
     assert {d for r in ranks for d in r["dtypes"]} == {"float32"}
 
 
-def test_grouped_allreduce(launched: Launched, controller: str) -> None:
-    ranks = per_rank(launched, controller, "grouped_allreduce")
-    for i in range(len(ranks[0]["inputs"])):
-        given = np.asarray([r["inputs"][i] for r in ranks], dtype=np.float32)
-        avg = same_on_every_rank([r["average"][i] for r in ranks], f"grouped average {i}")
-        total = same_on_every_rank([r["sum"][i] for r in ranks], f"grouped sum {i}")
-        close(avg, given.mean(axis=0), f"grouped average, tensor {i}")
-        close(total, given.sum(axis=0), f"grouped sum, tensor {i}")
-
-
+@by_controller
 def test_broadcast_variables(launched: Launched, controller: str) -> None:
     ranks = per_rank(launched, controller, "broadcast_variables")
     for root in (0, 1):
@@ -114,12 +152,17 @@ def test_broadcast_variables(launched: Launched, controller: str) -> None:
         assert {v[f"root{root}"]["dtype"] for v in ranks} == {"int64"}
 
 
-def test_broadcast_object(launched: Launched, controller: str) -> None:
-    ranks = per_rank(launched, controller, "broadcast_object")
+@by_controller
+@pytest.mark.parametrize("check", ["broadcast_object", "allgather_object"])
+def test_object_collectives(launched: Launched, controller: str, check: str) -> None:
+    """Rank 0's object on every rank; every rank's object, in rank order."""
+    ranks = per_rank(launched, controller, check)
+    want = ranks[0]["sent"] if check == "broadcast_object" else [r["sent"] for r in ranks]
     for r, values in enumerate(ranks):
-        assert values["got"] == ranks[0]["sent"], f"rank {r} got {values['got']}"
+        assert values["got"] == want, f"rank {r} got {values['got']}"
 
 
+@by_controller
 def test_allgather(launched: Launched, controller: str) -> None:
     ranks = per_rank(launched, controller, "allgather")
     for key in ranks[0]["inputs"]:
@@ -128,13 +171,7 @@ def test_allgather(launched: Launched, controller: str) -> None:
             assert values["outputs"][key] == want, f"rank {r}'s allgather of {key}"
 
 
-def test_allgather_object(launched: Launched, controller: str) -> None:
-    ranks = per_rank(launched, controller, "allgather_object")
-    want = [r["sent"] for r in ranks]
-    for r, values in enumerate(ranks):
-        assert values["got"] == want, f"rank {r} got {values['got']}"
-
-
+@by_controller
 @pytest.mark.parametrize("check", ["distributed_optimizer", "distributed_optimizer_groups"])
 def test_distributed_optimizer(launched: Launched, controller: str, check: str) -> None:
     ranks = per_rank(launched, controller, check)
@@ -142,9 +179,10 @@ def test_distributed_optimizer(launched: Launched, controller: str, check: str) 
     assert weights != ranks[0]["initial"], "the steps changed no weight"
     # Adam on the averaged gradient, computed by one process without Horovod.
     close(weights, ranks[0]["expected"], "weights vs Adam on the averaged gradient")
-    assert [r["iterations"] for r in ranks] == [keras_checks.STEPS] * WORLD
+    assert [r["iterations"] for r in ranks] == [STEPS] * WORLD
 
 
+@by_controller
 def test_broadcast_callback(launched: Launched, controller: str) -> None:
     ranks = per_rank(launched, controller, "broadcast_callback")
     assert ranks[0]["initial"] != ranks[1]["initial"], "the ranks must start apart"
@@ -154,6 +192,7 @@ def test_broadcast_callback(launched: Launched, controller: str) -> None:
     assert [r["iterations"] for r in ranks] == [2] * WORLD
 
 
+@by_controller
 def test_metric_average_callback(launched: Launched, controller: str) -> None:
     ranks = per_rank(launched, controller, "metric_average_callback")
     own = [r["own"] for r in ranks]
@@ -168,20 +207,16 @@ def test_metric_average_callback(launched: Launched, controller: str) -> None:
 def warmup_lr(epoch: int, step: int, size: int) -> float:
     """The warmup Horovod documents: from lr / size to lr over the warmup epochs, linear in
     the fraction of epochs done after each step; lr itself once the warmup is over."""
-    lr, warmup, steps = (
-        keras_checks.WARMUP_LR,
-        keras_checks.WARMUP_EPOCHS,
-        keras_checks.WARMUP_STEPS,
-    )
-    if epoch >= warmup:
-        return lr
-    done = epoch + (step + 1) / steps
-    return lr / size * (1 + done * (size - 1) / warmup)
+    if epoch >= WARMUP_EPOCHS:
+        return WARMUP_LR
+    done = epoch + (step + 1) / WARMUP_STEPS
+    return WARMUP_LR / size * (1 + done * (size - 1) / WARMUP_EPOCHS)
 
 
+@by_controller
 def test_lr_warmup_callback(launched: Launched, controller: str) -> None:
     ranks = per_rank(launched, controller, "lr_warmup_callback")
-    epochs, steps = keras_checks.WARMUP_EPOCHS + 1, keras_checks.WARMUP_STEPS
+    epochs, steps = WARMUP_EPOCHS + 1, WARMUP_STEPS
     want = [warmup_lr(e, s, WORLD) for e in range(epochs) for s in range(steps)]
     used = same_on_every_rank([r["step_lr"] for r in ranks], "the learning rates used")
     close(used, want, "the learning rate of each step")
@@ -189,6 +224,7 @@ def test_lr_warmup_callback(launched: Launched, controller: str) -> None:
     close(logged, [warmup_lr(e, steps - 1, WORLD) for e in range(epochs)], "lr logged per epoch")
 
 
+@by_controller
 def test_elastic_state_commit_restore(launched: Launched, controller: str) -> None:
     for r, values in enumerate(per_rank(launched, controller, "elastic_state_commit_restore")):
         committed, changed, restored = values["committed"], values["changed"], values["restored"]
@@ -200,6 +236,7 @@ def test_elastic_state_commit_restore(launched: Launched, controller: str) -> No
             )
 
 
+@by_controller
 def test_elastic_state_sync(launched: Launched, controller: str) -> None:
     ranks = per_rank(launched, controller, "elastic_state_sync")
     sent = ranks[0]["before"]
@@ -210,6 +247,7 @@ def test_elastic_state_sync(launched: Launched, controller: str) -> None:
             assert value == sent[key], f"rank {r} synced {key} = {str(value)[:200]}"
 
 
+@by_controller
 def test_elastic_commit_callback(launched: Launched, controller: str) -> None:
     ranks = per_rank(launched, controller, "elastic_commit_callback")
     trained = same_on_every_rank([r["trained"] for r in ranks], "the trained state")
