@@ -4,15 +4,15 @@ so ``pip install '.[pipeline]'`` is enough for ``python -m pipeline compile``.""
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import tomllib
 from packaging.requirements import Requirement
-
-from tests.test_images import distributions_for, normalize, requires, third_party
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,6 +29,27 @@ with tempfile.TemporaryDirectory() as tmp:
     compile_pipeline(str(Path(tmp) / "pipeline.yaml"), None, None)
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
+
+
+def normalize(name: str) -> str:
+    """PEP 503 distribution-name normalisation."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requires(dist: str) -> list[str]:
+    """Normalized names of what the installed `dist` needs (no extras; markers evaluated here)."""
+    reqs = (Requirement(spec) for spec in md.requires(dist) or [])
+    return [normalize(r.name) for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+def third_party(module: str) -> bool:
+    top = module.split(".")[0]
+    return top not in sys.stdlib_module_names and top not in ("components", "pipeline")
+
+
+def distributions_for(module: str) -> set[str]:
+    """The installed distributions that ship `module`'s top-level package."""
+    return {normalize(d) for d in md.packages_distributions().get(module.split(".")[0], [])}
 
 
 def declared(*extras: str) -> set[str]:
