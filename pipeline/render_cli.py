@@ -88,11 +88,9 @@ def render_command(backend: str, what: str) -> click.Command:
     @declared_options(TRAINER_OPTIONS)
     @declared_options(step_options(backend), {"run_name": "dry-run"})
     def command(**options: Any) -> None:
-        from components.train.cluster.crd import ManifestError
-
         try:
             click.echo(render(backend, **options), nl=False)
-        except (ValueError, ManifestError) as exc:
+        except ValueError as exc:  # ManifestError too
             raise click.UsageError(str(exc)) from exc
 
     return command

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from components.common import storage
 from components.train import summary
-from components.train.cluster.job import Choice, choose_backend
+from components.train.cluster.job import GPU_RESOURCE, Choice, PodConfig, choose_backend
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
 from components.train.launch import run_local_job
 from components.train.preflight import check_model_before_launch
@@ -52,10 +52,8 @@ def current_namespace() -> str:
 
 
 def train_locally(config: TrainConfig, dataset_path: str, model_path: str, log: Log) -> RunSummary:
-    """Run ``horovodrun -np workers`` here on the artifacts' local paths; return the summary.
-
-    One machine is the one worker host, so the world size is `config.workers`.
-    """
+    """Run ``mpirun -np workers`` here on the artifacts' local paths (one host: world size =
+    `config.workers`); return the summary."""
     config = dataclasses.replace(
         config,
         data=dataset_path,
@@ -78,14 +76,64 @@ def choose(step: TrainStep, api_client: Any, log: Log) -> Choice:
     return choice
 
 
+def pod_config(task_config: Any) -> PodConfig:
+    """The `PodConfig` of a ``kfp.dsl.TaskConfig`` (None: nothing passed through)."""
+    if task_config is None:
+        return PodConfig()
+    return PodConfig(
+        node_selector=dict(task_config.node_selector or {}),
+        tolerations=list(task_config.tolerations or []),
+        affinity=dict(task_config.affinity or {}),
+        env=list(task_config.env or []),
+        volumes=list(task_config.volumes or []),
+        volume_mounts=list(task_config.volume_mounts or []),
+    )
+
+
+def worker_resources(resources: Mapping[str, Any] | None, step: TrainStep, gpus: int) -> TrainStep:
+    """`step` with its workers' CPU and memory from the task config's `resources` (a limit,
+    else a request) where its parameters are at their defaults; a parameter set otherwise must
+    agree, as must `gpus` (``gpus_per_worker``); ValueError names each disagreement."""
+
+    def amount(name: str) -> str | None:
+        for part in ("limits", "requests"):
+            value = ((resources or {}).get(part) or {}).get(name)
+            if value not in (None, ""):
+                return str(value)
+        return None
+
+    chosen: dict[str, Any] = {}
+    problems: list[str] = []
+    for name, parameter in (("cpu", "cpu_per_worker"), ("memory", "memory_per_worker")):
+        passed, value = amount(name), getattr(step, parameter)
+        if passed is None or passed == str(value):
+            continue
+        if value != TrainStep.__dataclass_fields__[parameter].default:
+            problems.append(
+                f"{name}: the {parameter} parameter says {value!r}, the train task's config "
+                f"says {passed!r}"
+            )
+        else:
+            chosen[parameter] = passed
+    passed_gpus = amount(GPU_RESOURCE)
+    if passed_gpus not in (None, "0") and passed_gpus != str(gpus):
+        problems.append(
+            f"{GPU_RESOURCE}: the gpus_per_worker parameter says {gpus!r}, the train task's "
+            f"config says {passed_gpus!r}"
+        )
+    if problems:
+        raise ValueError(
+            "the train task's config and the pipeline's parameters disagree: " + "; ".join(problems)
+        )
+    return dataclasses.replace(step, **chosen)
+
+
 def train_on_cluster(
     config: TrainConfig, step: TrainStep, pipeline_run_id: str, log: Log, task_config: Any = None
 ) -> tuple[RunSummary, Choice]:
-    """Run the trainer as an MPIJob or a TrainJob (`step.training_backend`, ``auto``: the one
-    the cluster serves, `choose`); return its checked run summary and the backend. What the
-    train task's KFP task config passes through goes to the job's pods
-    (`components.train.cluster.podconfig`)."""
-    from components.train.cluster import job, podconfig
+    """Run the trainer as an MPIJob or a TrainJob (``auto``: `choose`), with what the train
+    task's KFP task config passes through on its pods; return its run summary and backend."""
+    from components.train.cluster import job
     from components.train.cluster.run import default_api_client, run_job
 
     api_client = default_api_client() if step.training_backend == "auto" else None
@@ -103,11 +151,11 @@ def train_on_cluster(
     resources = getattr(task_config, "resources", None)
     params = job.ClusterJobParams(
         train=config,
-        step=podconfig.worker_resources(resources, step, config.gpus_per_worker),
+        step=worker_resources(resources, step, config.gpus_per_worker),
         run_name=f"train-{pipeline_run_id}" if pipeline_run_id else "train",
         pipeline_run_id=pipeline_run_id,
         owner_pod_name=os.environ.get("HOSTNAME") or None,
-        task_config=podconfig.from_task_config(task_config),
+        task_config=pod_config(task_config),
     )
     backend = job.backend(chosen.backend)
     record = run_job(backend, params, namespace=namespace, api_client=api_client, log=log)

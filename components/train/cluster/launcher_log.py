@@ -16,43 +16,26 @@ from components.train.mpiwatch import RankLines
 LOG_TAIL_LINES = 50
 
 
-def _has_labels(pod: Any, labels: Mapping[str, str]) -> bool:
-    have = pod.metadata.labels or {}
-    return all(have.get(key) == value for key, value in labels.items())
-
-
-def _selector(labels: Mapping[str, str]) -> str:
-    return ",".join(f"{key}={value}" for key, value in labels.items())
+def _labelled(core: client.CoreV1Api, namespace: str, *choices: Mapping[str, str]) -> list[Any]:
+    """The pods with one of `choices`' labels (listed by the first; also checked here, in case
+    a server ignores the selector)."""
+    selector = ",".join(f"{key}={value}" for key, value in choices[0].items())
+    return [
+        pod
+        for pod in core.list_namespaced_pod(namespace, label_selector=selector).items
+        if any(all((pod.metadata.labels or {}).get(k) == v for k, v in c.items()) for c in choices)
+    ]
 
 
 def pods_of(core: client.CoreV1Api, backend: Backend, namespace: str, name: str) -> list[Any]:
-    """The job's pods; the label selector is also applied here in case a server ignores it."""
-    labels = backend.pod_labels(name)
-    pods = core.list_namespaced_pod(namespace, label_selector=_selector(labels)).items
-    return [p for p in pods if _has_labels(p, labels)]
-
-
-def find_launcher_pod(
-    core: client.CoreV1Api, backend: Backend, namespace: str, name: str
-) -> Any | None:
-    """The newest launcher pod of job `name`, or None before it exists."""
-    choices = backend.launcher_labels(name)
-    pods = [
-        p
-        for p in core.list_namespaced_pod(namespace, label_selector=_selector(choices[0])).items
-        if any(_has_labels(p, labels) for labels in choices)
-    ]
-    if not pods:
-        return None
-    return max(pods, key=lambda p: (str(p.metadata.creation_timestamp or ""), p.metadata.name))
+    """The job's pods."""
+    return _labelled(core, namespace, backend.pod_labels(name))
 
 
 class LauncherLog:
-    """Copies new lines of the launcher pod's log into `log`, and keeps the last ones.
-
-    Each poll reads the launcher container's whole log and emits the lines past those already
-    emitted; a new launcher pod (or a restarted container whose log is shorter) starts over.
-    """
+    """Copies new lines of the launcher pod's log into `log`, and keeps the last ones: each poll
+    reads the whole log of the newest launcher pod and emits the lines past those already
+    emitted; a new launcher pod (or a restarted container whose log is shorter) starts over."""
 
     def __init__(
         self,
@@ -71,9 +54,10 @@ class LauncherLog:
 
     def poll(self) -> None:
         """Emit the launcher's new lines (no-op until its container has started)."""
-        pod = find_launcher_pod(self.core, self.backend, self.namespace, self.name)
-        if pod is None:
+        pods = _labelled(self.core, self.namespace, *self.backend.launcher_labels(self.name))
+        if not pods:
             return
+        pod = max(pods, key=lambda p: (str(p.metadata.creation_timestamp or ""), p.metadata.name))
         self.pod_reason = (pod.status.reason or "") if pod.status else ""
         if pod.metadata.name != self.pod_name:
             if self.pod_name is not None:

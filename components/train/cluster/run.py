@@ -1,17 +1,12 @@
 """Run one cluster job through the official ``kubernetes`` client, the same steps for every
 backend (`cluster.job.Backend`): `run_job`.
 
-1. check that the cluster serves the backend's APIs (else say which operator to install);
-   ``training_backend=auto`` picks the backend from the same discovery (`job.choose_backend`);
-2. make the objects the job shares with other runs unless they are there (the TrainingRuntime);
-3. create the job, or reattach to the one an earlier attempt of the same task created
-   (a job that already *failed* is replaced, so a KFP retry really retries);
-4. poll the job's conditions and copy the launcher pod's new log lines into the component's log;
-5. on Failed (eviction and the operator's deadline included), or when the client-side deadline
-   backstop passes, raise `JobFailed` with the reason and the launcher log's last lines;
-6. on SIGTERM (the KFP task is cancelled), delete the job with foreground propagation, wait
-   for its pods to go, and raise `JobCancelled`;
-7. on success, check the run summary and the model at their URIs and the world size.
+A job that an earlier attempt of the same task created is reattached to, unless it already
+failed: that one is replaced, so a KFP retry really retries. Failure (eviction and the
+operator's deadline included, and a client-side deadline backstop) raises `JobFailed` with the
+launcher log's last lines; SIGTERM (the KFP task is cancelled) deletes the job with foreground
+propagation and waits for its pods to go; success is checked against the run summary and the
+model at their URIs.
 """
 
 from __future__ import annotations
@@ -38,7 +33,6 @@ from components.train.cluster.job import (
     JobCancelled,
     JobError,
     JobFailed,
-    RunCheckError,
     owner_reference,
     serves,
     validated,
@@ -79,16 +73,17 @@ def get_object(
         raise
 
 
-def _check_same_run(what: str, existing: dict[str, Any], manifest: dict[str, Any]) -> None:
-    """Refuse to adopt a job of the same name that belongs to another run."""
-    want = manifest["metadata"]["annotations"]
-    have = existing.get("metadata", {}).get("annotations") or {}
-    for key in (ANNOTATION_RUN_ID, ANNOTATION_RUN_NAME):
-        if have.get(key) != want.get(key):
-            raise JobError(
-                f"{what} exists but belongs to another run ({key}={have.get(key)!r}, expected "
-                f"{want.get(key)!r}); refusing to reattach"
-            )
+def create(api: client.CustomObjectsApi, crd: Crd, manifest: dict[str, Any]) -> bool:
+    """Create `manifest` as `crd`'s kind; False if one of that name is there (409)."""
+    try:
+        api.create_namespaced_custom_object(
+            crd.group, crd.version, manifest["metadata"]["namespace"], crd.plural, manifest
+        )
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        return False
+    return True
 
 
 def create_or_reattach(
@@ -98,32 +93,30 @@ def create_or_reattach(
     *,
     log: Log = print,
     cleanup_timeout_s: float = 60.0,
-) -> tuple[dict[str, Any], bool]:
-    """Create the job, or return the existing one of the same run; ``(job, reattached)``.
-
-    An existing job that already failed is deleted and created anew, so a retried task retries.
-    """
-    crd, namespace = backend.crd, manifest["metadata"]["namespace"]
-    name = manifest["metadata"]["name"]
+) -> None:
+    """Create the job, or reattach to the existing one of the same run (by its annotations);
+    one that already failed is deleted and created anew."""
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     what = backend.what(namespace, name)
     for _ in range(2):
-        try:
-            job = api.create_namespaced_custom_object(
-                crd.group, crd.version, namespace, crd.plural, manifest
-            )
+        if create(api, backend.crd, manifest):
             log(f"created {what}")
-            return dict(job), False
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-        existing = get_object(api, crd, namespace, name)
+            return
+        existing = get_object(api, backend.crd, namespace, name)
         if existing is None:
             continue  # deleted between our create and get: create again
-        _check_same_run(what, existing, manifest)
+        want = manifest["metadata"]["annotations"]
+        have = existing.get("metadata", {}).get("annotations") or {}
+        for key in (ANNOTATION_RUN_ID, ANNOTATION_RUN_NAME):
+            if have.get(key) != want.get(key):
+                raise JobError(
+                    f"{what} exists but belongs to another run ({key}={have.get(key)!r}, "
+                    f"expected {want.get(key)!r}); refusing to reattach"
+                )
         state = backend.state(existing)
         if state.phase != "Failed":
             log(f"reattached to {what} ({state.phase}) from an earlier attempt")
-            return existing, True
+            return
         log(f"{what} from an earlier attempt failed ({state.reason}); replacing it")
         delete_job(
             api, None, backend, namespace, name,
@@ -139,15 +132,12 @@ def follow(
     namespace: str,
     name: str,
     *,
-    deadline_s: float | None,
+    deadline_s: float,
     poll_interval_s: float = 5.0,
     log: Log = print,
-) -> dict[str, Any]:
-    """Poll the job until it succeeds (return it) or fails (raise `JobFailed`).
-
-    `deadline_s` is a client-side backstop on top of the job's own activeDeadlineSeconds:
-    if it passes with the job still unfinished, the job is deleted and the task fails.
-    """
+) -> None:
+    """Poll the job until it succeeds, or raise `JobFailed`; past `deadline_s` (a backstop on
+    top of the job's own activeDeadlineSeconds) the job is deleted and the task fails."""
     launcher = LauncherLog(core, backend, namespace, name, log)
     what = backend.what(namespace, name)
     start = time.monotonic()
@@ -162,17 +152,16 @@ def follow(
         state = backend.state(job)
         if state.phase != last_phase:
             said = ": ".join(part for part in (state.reason, state.message) if part)
-            detail = f" ({said})" if said else ""
-            log(f"{what}: {state.phase}{detail}")
+            log(f"{what}: {state.phase}" + (f" ({said})" if said else ""))
             last_phase = state.phase
         if state.phase == "Succeeded":
-            return job
+            return
         if state.phase == "Failed":
             reason = state.reason or "Failed"
             if launcher.pod_reason == "Evicted" and "Evict" not in reason:
                 reason = f"{reason} (launcher pod Evicted)"
             raise JobFailed(what, reason, state.message, list(launcher.tail))
-        if deadline_s is not None and time.monotonic() - start > deadline_s:
+        if time.monotonic() - start > deadline_s:
             delete_job(api, core, backend, namespace, name, log=log)
             raise JobFailed(
                 what, "DeadlineExceeded",
@@ -193,11 +182,8 @@ def delete_job(
     timeout_s: float = 60.0,
     poll_interval_s: float = 1.0,
 ) -> list[str]:
-    """Delete the job (foreground: its pods go first) and wait for it and its pods to go.
-
-    Returns the names of pods still present after `timeout_s` (empty when clean); with
-    `core` None only the job itself is waited for.
-    """
+    """Delete the job (foreground: its pods go first) and wait for it and its pods (with `core`)
+    to go; return the names of pods still present after `timeout_s`."""
     crd, what = backend.crd, backend.what(namespace, name)
     try:
         api.delete_namespaced_custom_object(
@@ -224,27 +210,24 @@ def delete_job(
 
 
 def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSummary:
-    """Check the finished run's outputs; return its run summary.
-
-    The summary and the SavedModel must exist at the expected URIs, and the Horovod world size
-    must equal workers x slots per worker.
-    """
+    """The finished run's summary, once it, the SavedModel and the world size (workers x slots
+    per worker) are as expected; `JobError` names what is not."""
     train = params.train
     try:
         record = summary.read(train.summary_uri)
     except ValueError as exc:
-        raise RunCheckError(f"the {kind} succeeded but its {exc}") from exc
+        raise JobError(f"the {kind} succeeded but its {exc}") from exc
     if str(record.get("model_uri", "")).rstrip("/") != train.model_uri.rstrip("/"):
-        raise RunCheckError(
+        raise JobError(
             f"run summary {train.summary_uri} names model_uri {record.get('model_uri')!r}, "
             f"expected {train.model_uri!r}"
         )
     saved_model = storage.join(train.model_uri, "saved_model.pb")
     if not storage.exists(saved_model):
-        raise RunCheckError(f"the {kind} succeeded but there is no model at {saved_model}")
+        raise JobError(f"the {kind} succeeded but there is no model at {saved_model}")
     for key in ("world_size", "expected_workers"):
         if record.get(key) != train.world_size:
-            raise RunCheckError(
+            raise JobError(
                 f"run summary {train.summary_uri} has {key}={record.get(key)!r}, expected "
                 f"workers x slots = {train.workers} x {train.slots_per_worker} = "
                 f"{train.world_size}"
@@ -262,9 +245,8 @@ def add_owner(
     """Make the task's pod the job's owner when only the pod's name is known (reads its uid)."""
     if not params.owner_pod_name or params.owner_pod_uid:
         return  # no owner, or the manifest already has it
-    namespace = manifest["metadata"]["namespace"]
     try:
-        pod = core.read_namespaced_pod(params.owner_pod_name, namespace)
+        pod = core.read_namespaced_pod(params.owner_pod_name, manifest["metadata"]["namespace"])
     except ApiException as exc:
         log(
             f"WARNING: cannot read owner pod {params.owner_pod_name} ({exc.status}); "
@@ -296,23 +278,16 @@ def _sigterm_raises() -> Iterator[None]:
 def ensure_shared(
     api: client.CustomObjectsApi, crd: Crd, manifest: dict[str, Any], log: Log
 ) -> None:
-    """Create the shared object `manifest` (the TrainingRuntime) unless it is there already: its
-    name is the hash of its spec, so one that is there is the same, unless someone changed it,
-    which is refused."""
+    """Create the shared object `manifest` (the TrainingRuntime) unless it is there: its name is
+    its spec's hash, so one that is there is the same, unless someone changed it (refused)."""
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     what = f"{crd.kind} {namespace}/{name}"
     existing = get_object(api, crd, namespace, name)
     if existing is None:
-        try:
-            api.create_namespaced_custom_object(
-                crd.group, crd.version, namespace, crd.plural, manifest
-            )
+        if create(api, crd, manifest):
             log(f"created {what}")
             return
-        except ApiException as exc:
-            if exc.status != 409:  # 409: another run made it just now
-                raise
-        existing = get_object(api, crd, namespace, name) or manifest
+        existing = get_object(api, crd, namespace, name) or manifest  # another run made it
     want = manifest["metadata"]["annotations"][SPEC_ANNOTATION]
     have = (existing.get("metadata", {}).get("annotations") or {}).get(SPEC_ANNOTATION)
     if have != want:
@@ -337,10 +312,9 @@ def run_job(
 ) -> RunSummary:
     """Run the trainer as backend `b`'s job in `namespace`; return its checked run summary.
 
-    ValueError (what `b` cannot do) and `ManifestError` (a manifest its CRD refuses, checked
-    against the files of `crd_dir` if given) come before any request; then `JobError` if the
-    cluster does not serve `b`'s APIs, `JobFailed` if the job fails, `JobCancelled` on SIGTERM
-    (after deleting the job), and `RunCheckError` if it succeeded without the expected outputs.
+    ValueError (what `b` cannot do, or a manifest its CRD refuses) comes before any request;
+    then `JobError` (the cluster does not serve `b`'s APIs, or the outputs are wrong),
+    `JobFailed` and `JobCancelled` (on SIGTERM, after deleting the job).
     """
     if not namespace:
         raise ValueError("namespace is empty")

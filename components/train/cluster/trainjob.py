@@ -1,6 +1,5 @@
 """The TrainJob backend: the same Horovod job as the MPIJob's, run by Kubeflow Trainer v2
-(``trainer.kubeflow.org/v1alpha1``) on the project's own TrainingRuntime: its manifests, its CRDs
-and its API.
+(``trainer.kubeflow.org/v1alpha1``) on the project's own TrainingRuntime.
 
 Kubeflow Trainer v2.3 runs an MPI TrainJob as a JobSet of two replicated jobs (read from
 kubeflow/trainer at v2.3.0: ``pkg/runtime/framework/plugins/mpi/mpi.go``,
@@ -18,8 +17,7 @@ image reaches the launcher alone, so the project ships its own TrainingRuntime w
 trainer image on both jobs. Everything the TrainJob API cannot say per run (the image on the
 nodes, the pods' identity, scheduling and security, TTL, restarts) is in that runtime, whose
 name is a hash of its spec: runs with the same settings share one, and no run ever changes a
-runtime another run uses: the shared run (`cluster.run`) makes it unless it is there, and
-refuses one of that name with another spec. Nothing here talks to a cluster.
+runtime another run uses (`cluster.run` refuses one of that name with another spec).
 """
 
 from __future__ import annotations
@@ -174,12 +172,15 @@ def build_runtime(p: ClusterJobParams, namespace: str | None = None) -> dict[str
             "metadata": metadata, "spec": spec}  # fmt: skip
 
 
-def build_trainjob(
-    p: ClusterJobParams, runtime: dict[str, Any], namespace: str | None = None
-) -> dict[str, Any]:
-    """The TrainJob of `p` on `runtime`: `p.train.workers` nodes of `slots_per_worker`
-    processes, node 0 running the launcher's ``mpiwatch -- mpirun ...`` line."""
-    return {
+def build_manifests(p: ClusterJobParams, namespace: str | None = None) -> list[dict[str, Any]]:
+    """``[TrainingRuntime, TrainJob]`` for `p`: `p.train.workers` nodes of `slots_per_worker`
+    processes, node 0 running the launcher's command; ValueError names what a TrainJob cannot
+    do."""
+    problems = trainjob_problems(p)
+    if problems:
+        raise ValueError("invalid TrainJob parameters: " + "; ".join(problems))
+    runtime = build_runtime(p, namespace)
+    trainjob = {
         "apiVersion": TRAINJOB.api_version,
         "kind": TRAINJOB.kind,
         "metadata": job_metadata(p, namespace),
@@ -200,15 +201,7 @@ def build_trainjob(
             },
         },
     }
-
-
-def build_manifests(p: ClusterJobParams, namespace: str | None = None) -> list[dict[str, Any]]:
-    """``[TrainingRuntime, TrainJob]`` for `p`; ValueError names what a TrainJob cannot do."""
-    problems = trainjob_problems(p)
-    if problems:
-        raise ValueError("invalid TrainJob parameters: " + "; ".join(problems))
-    runtime = build_runtime(p, namespace)
-    return [runtime, build_trainjob(p, runtime, namespace)]
+    return [runtime, trainjob]
 
 
 # A TrainJob's conditions (trainjob_types.go): Suspended while it is, then Complete or Failed.

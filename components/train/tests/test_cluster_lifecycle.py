@@ -24,13 +24,7 @@ import yaml
 from components.common import defaults, storage
 from components.train.cluster import job as jobs
 from components.train.cluster.crd import Crd, ManifestError, find_crd
-from components.train.cluster.job import (
-    Backend,
-    JobCancelled,
-    JobError,
-    JobFailed,
-    RunCheckError,
-)
+from components.train.cluster.job import Backend, JobCancelled, JobError, JobFailed
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.run import check_run
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
@@ -358,7 +352,7 @@ def test_success_checks(
         write_outputs(p, world_size)
     if drop == "model":
         storage.remove_tree(p.train.model_uri)
-    with pytest.raises(RunCheckError, match=message):
+    with pytest.raises(JobError, match=message):
         check_run(p, "MPIJob", log=lambda _: None)
     good = make_params(bucket, model_dir=f"{bucket}/models/m")
     write_outputs(good)

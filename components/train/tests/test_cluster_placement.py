@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from components.train.cluster.job import ClusterJobParams, backend, check_manifests
+from components.train.cluster.job import ClusterJobParams, PodConfig, backend, check_manifests
 from components.train.cluster.mpijob import build_manifest
-from components.train.cluster.podconfig import PodConfig
 from components.train.cluster.trainjob import build_manifests
 from components.train.step import TrainStep
 from components.train.tests.cluster_jobs import make_params, pair
@@ -136,7 +135,7 @@ def test_the_operators_pods_carry_the_placement(name: str, count: int) -> None:
 
 
 def test_the_task_configs_resources_size_the_workers_unless_a_parameter_says_otherwise() -> None:
-    from components.train.cluster.podconfig import worker_resources
+    from components.train.task import worker_resources
 
     step = TrainStep()
     limits = {"limits": {"cpu": "8", "memory": "30Gi", "nvidia.com/gpu": "1"}}
