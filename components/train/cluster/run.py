@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -86,127 +87,105 @@ def create(api: client.CustomObjectsApi, crd: Crd, manifest: dict[str, Any]) -> 
     return True
 
 
-def create_or_reattach(
-    api: client.CustomObjectsApi,
-    backend: Backend,
-    manifest: dict[str, Any],
-    *,
-    log: Log = print,
-    cleanup_timeout_s: float = 60.0,
-) -> None:
-    """Create the job, or reattach to the existing one of the same run (by its annotations);
-    one that already failed is deleted and created anew."""
-    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    what = backend.what(namespace, name)
-    for _ in range(2):
-        if create(api, backend.crd, manifest):
-            log(f"created {what}")
-            return
-        existing = get_object(api, backend.crd, namespace, name)
-        if existing is None:
-            continue  # deleted between our create and get: create again
-        want = manifest["metadata"]["annotations"]
-        have = existing.get("metadata", {}).get("annotations") or {}
-        for key in (ANNOTATION_RUN_ID, ANNOTATION_RUN_NAME):
-            if have.get(key) != want.get(key):
-                raise JobError(
-                    f"{what} exists but belongs to another run ({key}={have.get(key)!r}, "
-                    f"expected {want.get(key)!r}); refusing to reattach"
-                )
-        state = backend.state(existing)
-        if state.phase != "Failed":
-            log(f"reattached to {what} ({state.phase}) from an earlier attempt")
-            return
-        log(f"{what} from an earlier attempt failed ({state.reason}); replacing it")
-        delete_job(
-            api, None, backend, namespace, name,
-            log=log, timeout_s=cleanup_timeout_s, poll_interval_s=0.5,
-        )  # fmt: skip
-    raise JobError(f"could not create {what}: it keeps reappearing")
+@dataclass(frozen=True)
+class _Job:
+    """One job of backend `b` on the API, and the log its steps write to."""
 
+    api: client.CustomObjectsApi
+    core: client.CoreV1Api
+    b: Backend
+    namespace: str
+    name: str
+    log: Log
 
-def follow(
-    api: client.CustomObjectsApi,
-    core: client.CoreV1Api,
-    backend: Backend,
-    namespace: str,
-    name: str,
-    *,
-    deadline_s: float,
-    poll_interval_s: float = 5.0,
-    log: Log = print,
-) -> None:
-    """Poll the job until it succeeds, or raise `JobFailed`; past `deadline_s` (a backstop on
-    top of the job's own activeDeadlineSeconds) the job is deleted and the task fails."""
-    launcher = LauncherLog(core, backend, namespace, name, log)
-    what = backend.what(namespace, name)
-    start = time.monotonic()
-    last_phase = ""
-    while True:
-        job = get_object(api, backend.crd, namespace, name)
-        launcher.poll()
-        if job is None:
-            raise JobFailed(
-                what, "Deleted", "the job was deleted while running", list(launcher.tail)
-            )
-        state = backend.state(job)
-        if state.phase != last_phase:
-            said = ": ".join(part for part in (state.reason, state.message) if part)
-            log(f"{what}: {state.phase}" + (f" ({said})" if said else ""))
-            last_phase = state.phase
-        if state.phase == "Succeeded":
-            return
-        if state.phase == "Failed":
-            reason = state.reason or "Failed"
-            if launcher.pod_reason == "Evicted" and "Evict" not in reason:
-                reason = f"{reason} (launcher pod Evicted)"
-            raise JobFailed(what, reason, state.message, list(launcher.tail))
-        if time.monotonic() - start > deadline_s:
-            delete_job(api, core, backend, namespace, name, log=log)
-            raise JobFailed(
-                what, "DeadlineExceeded",
-                f"still {state.phase} after {deadline_s:.0f}s; the job was deleted",
-                list(launcher.tail),
+    @property
+    def what(self) -> str:
+        return self.b.what(self.namespace, self.name)
+
+    def create_or_reattach(self, manifest: dict[str, Any], cleanup_timeout_s: float) -> None:
+        """Create the job, or reattach to the existing one of the same run (by its
+        annotations); one that already failed is deleted and created anew."""
+        for _ in range(2):
+            if create(self.api, self.b.crd, manifest):
+                self.log(f"created {self.what}")
+                return
+            existing = get_object(self.api, self.b.crd, self.namespace, self.name)
+            if existing is None:
+                continue  # deleted between our create and get: create again
+            want = manifest["metadata"]["annotations"]
+            have = existing.get("metadata", {}).get("annotations") or {}
+            for key in (ANNOTATION_RUN_ID, ANNOTATION_RUN_NAME):
+                if have.get(key) != want.get(key):
+                    raise JobError(
+                        f"{self.what} exists but belongs to another run ({key}="
+                        f"{have.get(key)!r}, expected {want.get(key)!r}); refusing to reattach"
+                    )
+            state = self.b.state(existing)
+            if state.phase != "Failed":
+                self.log(f"reattached to {self.what} ({state.phase}) from an earlier attempt")
+                return
+            self.log(f"{self.what} from an earlier attempt failed ({state.reason}); replacing it")
+            self.delete(cleanup_timeout_s, poll_interval_s=0.5, pods=False)
+        raise JobError(f"could not create {self.what}: it keeps reappearing")
+
+    def follow(self, deadline_s: float, poll_interval_s: float) -> None:
+        """Poll the job until it succeeds, or raise `JobFailed`; past `deadline_s` (a backstop
+        on top of the job's own activeDeadlineSeconds) the job is deleted and the task fails."""
+        launcher = LauncherLog(self.core, self.b, self.namespace, self.name, self.log)
+        start = time.monotonic()
+        last_phase = ""
+        while True:
+            job = get_object(self.api, self.b.crd, self.namespace, self.name)
+            launcher.poll()
+            tail = list(launcher.tail)
+            if job is None:
+                raise JobFailed(self.what, "Deleted", "the job was deleted while running", tail)
+            state = self.b.state(job)
+            if state.phase != last_phase:
+                said = ": ".join(part for part in (state.reason, state.message) if part)
+                self.log(f"{self.what}: {state.phase}" + (f" ({said})" if said else ""))
+                last_phase = state.phase
+            if state.phase == "Succeeded":
+                return
+            if state.phase == "Failed":
+                reason = state.reason or "Failed"
+                if launcher.pod_reason == "Evicted" and "Evict" not in reason:
+                    reason = f"{reason} (launcher pod Evicted)"
+                raise JobFailed(self.what, reason, state.message, tail)
+            if time.monotonic() - start > deadline_s:
+                self.delete()
+                still = f"still {state.phase} after {deadline_s:.0f}s; the job was deleted"
+                raise JobFailed(self.what, "DeadlineExceeded", still, tail)
+            time.sleep(poll_interval_s)
+
+    def delete(
+        self, timeout_s: float = 60.0, poll_interval_s: float = 1.0, pods: bool = True
+    ) -> list[str]:
+        """Delete the job (foreground: its pods go first) and wait for it (and with `pods`, its
+        pods) to go; return the names of pods still present after `timeout_s`."""
+        crd, namespace, name = self.b.crd, self.namespace, self.name
+        try:
+            self.api.delete_namespaced_custom_object(
+                crd.group, crd.version, namespace, crd.plural, name,
+                body=client.V1DeleteOptions(propagation_policy="Foreground"),
             )  # fmt: skip
-        time.sleep(poll_interval_s)
-
-
-def delete_job(
-    api: client.CustomObjectsApi,
-    core: client.CoreV1Api | None,
-    backend: Backend,
-    namespace: str,
-    name: str,
-    *,
-    log: Log = print,
-    timeout_s: float = 60.0,
-    poll_interval_s: float = 1.0,
-) -> list[str]:
-    """Delete the job (foreground: its pods go first) and wait for it and its pods (with `core`)
-    to go; return the names of pods still present after `timeout_s`."""
-    crd, what = backend.crd, backend.what(namespace, name)
-    try:
-        api.delete_namespaced_custom_object(
-            crd.group, crd.version, namespace, crd.plural, name,
-            body=client.V1DeleteOptions(propagation_policy="Foreground"),
-        )  # fmt: skip
-        log(f"deleted {what} (foreground propagation)")
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-    end = time.monotonic() + timeout_s
-    while True:
-        job_gone = get_object(api, crd, namespace, name) is None
-        remaining = (
-            [p.metadata.name for p in pods_of(core, backend, namespace, name)] if core else []
-        )
-        if job_gone and not remaining:
-            return []
-        if time.monotonic() >= end:
-            left = f"the {crd.kind}" if not job_gone else f"pods {', '.join(sorted(remaining))}"
-            log(f"WARNING: {left} of {namespace}/{name} still present after {timeout_s:.0f}s")
-            return sorted(remaining)
-        time.sleep(poll_interval_s)
+            self.log(f"deleted {self.what} (foreground propagation)")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        end = time.monotonic() + timeout_s
+        while True:
+            job_gone = get_object(self.api, crd, namespace, name) is None
+            found = pods_of(self.core, self.b, namespace, name) if pods else []
+            remaining = sorted(p.metadata.name for p in found)
+            if job_gone and not remaining:
+                return []
+            if time.monotonic() >= end:
+                left = f"the {crd.kind}" if not job_gone else f"pods {', '.join(remaining)}"
+                self.log(
+                    f"WARNING: {left} of {namespace}/{name} still present after {timeout_s:.0f}s"
+                )
+                return remaining
 
 
 def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSummary:
@@ -319,9 +298,9 @@ def run_job(
     if not namespace:
         raise ValueError("namespace is empty")
     *shared, manifest = validated(b, params, namespace, crd_dir)
-    name, what = manifest["metadata"]["name"], b.what(namespace, manifest["metadata"]["name"])
     api_client = api_client or default_api_client()
     custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
+    job = _Job(custom, core, b, namespace, manifest["metadata"]["name"], log)
     for crd in (b.crd, *b.shared):
         if not serves(custom, crd):
             raise JobError(
@@ -333,17 +312,11 @@ def run_job(
             for crd, obj in zip(b.shared, shared, strict=True):
                 ensure_shared(custom, crd, obj, log)
             add_owner(core, params, manifest, log)
-            create_or_reattach(custom, b, manifest, log=log, cleanup_timeout_s=cleanup_timeout_s)
-            follow(
-                custom, core, b, namespace, name,
-                deadline_s=params.step.active_deadline_seconds + deadline_grace_s,
-                poll_interval_s=poll_interval_s, log=log,
-            )  # fmt: skip
+            job.create_or_reattach(manifest, cleanup_timeout_s)
+            job.follow(params.step.active_deadline_seconds + deadline_grace_s, poll_interval_s)
         except (_Terminated, KeyboardInterrupt) as exc:
-            log(f"task cancelled: deleting {what}")
-            left = delete_job(
-                custom, core, b, namespace, name, log=log, timeout_s=cleanup_timeout_s
-            )
+            log(f"task cancelled: deleting {job.what}")
+            left = job.delete(cleanup_timeout_s)
             suffix = f"; pods still present: {', '.join(left)}" if left else ""
-            raise JobCancelled(f"cancelled; {what} deleted{suffix}") from exc
+            raise JobCancelled(f"cancelled; {job.what} deleted{suffix}") from exc
     return check_run(params, b.crd.kind, log)
