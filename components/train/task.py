@@ -14,6 +14,7 @@ the coordination report.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
@@ -43,14 +44,6 @@ def work_uri(model_uri: str) -> str:
     return storage.join(model_uri.rstrip("/").rsplit("/", 1)[0], "train-work")
 
 
-def current_namespace() -> str:
-    """The namespace of this pod (from its service account), or '' outside Kubernetes."""
-    try:
-        return Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
-    except OSError:
-        return ""
-
-
 def train_locally(config: TrainConfig, dataset_path: str, model_path: str, log: Log) -> RunSummary:
     """Run ``mpirun -np workers`` here on the artifacts' local paths (one host: world size =
     `config.workers`); return the summary."""
@@ -63,17 +56,6 @@ def train_locally(config: TrainConfig, dataset_path: str, model_path: str, log: 
     )
     run_local_job(config, log=log)  # raises, naming why, if the job fails
     return summary.read(config.summary_uri)
-
-
-def choose(step: TrainStep, api_client: Any, log: Log) -> Choice:
-    """`step.training_backend`, or for ``auto`` what the cluster serves (said first)."""
-    if step.training_backend != "auto":
-        return Choice(step.training_backend, FORCED)
-    from kubernetes import client
-
-    choice = choose_backend(client.CustomObjectsApi(api_client))
-    log(choice.line)
-    return choice
 
 
 def pod_config(task_config: Any) -> PodConfig:
@@ -131,20 +113,29 @@ def worker_resources(resources: Mapping[str, Any] | None, step: TrainStep, gpus:
 def train_on_cluster(
     config: TrainConfig, step: TrainStep, pipeline_run_id: str, log: Log, task_config: Any = None
 ) -> tuple[RunSummary, Choice]:
-    """Run the trainer as an MPIJob or a TrainJob (``auto``: `choose`), with what the train
-    task's KFP task config passes through on its pods; return its run summary and backend."""
+    """Run the trainer as an MPIJob or a TrainJob (``auto``: the one the cluster serves, said
+    first), with what the train task's KFP task config passes through on its pods; return its
+    run summary and backend."""
+    from kubernetes import client
+
     from components.train.cluster import job
     from components.train.cluster.run import default_api_client, run_job
 
-    api_client = default_api_client() if step.training_backend == "auto" else None
-    chosen = choose(step, api_client, log)
+    api_client = None
+    chosen = Choice(step.training_backend, FORCED)
+    if step.training_backend == "auto":
+        api_client = default_api_client()
+        chosen = choose_backend(client.CustomObjectsApi(api_client))
+        log(chosen.line)
     problems = job.uri_problems(config.data, config.output, config.model_dir)
     if problems:
         raise ValueError(
             f"training_backend={step.training_backend!r} needs gs:// artifacts: set the pipeline "
             "root to a gs:// bucket (" + "; ".join(problems) + ")"
         )
-    namespace = step.namespace or current_namespace()
+    namespace = step.namespace
+    with contextlib.suppress(OSError):  # this pod's (from its service account), if it has one
+        namespace = namespace or Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
     if not namespace:
         raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")
     check_model_before_launch(config.model)  # this pod runs the trainer's image, as the ranks do

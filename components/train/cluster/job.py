@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from components.common import defaults, storage
 from components.common.declare import Declared, declared, param
-from components.common.placement import node_selector_problem, parse_node_selector
+from components.common.placement import parse_node_selector
 from components.train.config import TrainConfig
 from components.train.mpiwatch import HEARTBEAT_ENV
 from components.train.step import TrainStep
@@ -53,8 +53,8 @@ MAX_NAME_LENGTH = 40
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 GPU_RESOURCE = "nvidia.com/gpu"
-# What the job sets in its ranks' environment itself (`cluster.pods.launcher_env`; Open MPI's OMPI_*
-# too), which the task config may not: unbuffered output, Horovod's stall bound, the heartbeat.
+# What the job sets in its ranks' environment itself (`cluster.pods.launcher_env`, and Open MPI's
+# OMPI_*), which the task config may not: unbuffered output, Horovod's stall bound, the heartbeat.
 UNBUFFERED, STALL_BOUND = "PYTHONUNBUFFERED", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 JOB_ENV = ("PATH", UNBUFFERED, STALL_BOUND, HEARTBEAT_ENV)
 
@@ -126,9 +126,7 @@ def param_problems(p: ClusterJobParams) -> list[str]:
     if p.owner_pod_uid and not p.owner_pod_name:
         problems.append("owner_pod_uid is set but owner_pod_name is not")
     passed = p.task_config.node_selector
-    selector = (
-        {} if node_selector_problem(step.node_selector) else parse_node_selector(step.node_selector)
-    )
+    selector = parse_node_selector(step.node_selector)
     problems += [
         f"node selector label {key!r}: the node_selector parameter says {selector[key]!r}, "
         f"the train task's config says {passed[key]!r}"
