@@ -244,7 +244,8 @@ class Backend:
     `build` makes a run's manifests, the objects of the `shared` CRDs (shared by every run of
     the same settings) first, and raises ValueError naming what the backend cannot do;
     `problems` checks what the CRD cannot say; `terminal` maps terminal condition types to
-    Failed or Succeeded; the launcher pod has one of `launcher_labels(name)`.
+    Failed or Succeeded; the launcher pod has one of `launcher_labels(name)`; `refused` names
+    the train step's parameters it cannot take (set otherwise than their default), and why.
     """
 
     name: str
@@ -257,6 +258,7 @@ class Backend:
     launcher_container: str
     pod_labels: Callable[[str], dict[str, str]]
     install: str
+    refused: Mapping[str, str] = field(default_factory=dict)
 
     def what(self, namespace: str, name: str) -> str:
         """``<Kind> <namespace>/<name>``, as every message names the job."""

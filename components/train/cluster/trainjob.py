@@ -39,6 +39,7 @@ from components.train.cluster.job import (
     ClusterJobParams,
     job_metadata,
 )
+from components.train.step import TrainStep
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = "v1alpha1"
@@ -64,6 +65,16 @@ RESERVED_ENV = (
     "OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args",
     "OMPI_MCA_orte_keep_fqdn_hostnames", "OMPI_MCA_orte_set_default_slots",
 )  # fmt: skip
+# What a TrainJob cannot take: its launcher is node 0 (sized as a worker), and its gang
+# scheduling is the runtime's.
+GANG = "is an MPIJob scheduling policy; a TrainJob is gang-scheduled through its runtime's "
+REFUSED = {
+    "queue": GANG + "podGroupPolicy or Kueue, not by this parameter",
+    "min_available": GANG + "podGroupPolicy or Kueue, not by this parameter",
+    "launcher_cpu": "does not apply to a TrainJob: its launcher is node 0 and gets cpu_per_worker",
+    "launcher_memory": "does not apply to a TrainJob: its launcher is node 0 and gets "
+    "memory_per_worker",
+}
 # JobSet's labels on every pod it makes.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
@@ -73,21 +84,12 @@ def trainjob_problems(p: ClusterJobParams) -> list[str]:
     """What `p` asks for that a TrainJob cannot do, each naming the parameter."""
     elastic = elastic_backend_problem("trainjob", p.train.min_workers)
     problems = [elastic] if elastic else []
-    for name in ("queue", "min_available"):
-        if getattr(p.step, name) is not None:
-            problems.append(
-                f"{name} is an MPIJob scheduling policy; a TrainJob is gang-scheduled through "
-                "its runtime's podGroupPolicy or Kueue, not by this parameter"
-            )
-    for name, default, instead in (
-        ("launcher_cpu", defaults.LAUNCHER_CPU, "cpu_per_worker"),
-        ("launcher_memory", defaults.LAUNCHER_MEMORY, "memory_per_worker"),
-    ):
-        if getattr(p.step, name) != default:
-            problems.append(
-                f"{name} does not apply to a TrainJob: its launcher is node 0 and gets {instead}"
-            )
-    return problems
+    fields = TrainStep.__dataclass_fields__
+    return problems + [
+        f"{name} {why}"
+        for name, why in REFUSED.items()
+        if getattr(p.step, name) != fields[name].default
+    ]
 
 
 def env_problems(manifest: dict[str, Any]) -> list[str]:
@@ -217,4 +219,5 @@ BACKEND = Backend(
     pod_labels=lambda name: {JOBSET_NAME_LABEL: name},
     install=f"install Kubeflow Trainer {defaults.TRAINER_VERSION} (its CRDs, controller and "
     "JobSet; docs/cluster.md), or choose training_backend=mpijob on a cluster with mpi-operator",
+    refused=REFUSED,
 )
