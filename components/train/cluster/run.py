@@ -45,10 +45,6 @@ Log = Callable[[str], None]
 DEADLINE_GRACE_S = 300.0
 
 
-class _Terminated(BaseException):
-    """Raised from the SIGTERM handler; a BaseException so no `except Exception` swallows it."""
-
-
 def default_api_client() -> client.ApiClient:
     """An API client from the in-cluster service account, else from ``~/.kube/config``."""
     from kubernetes import config
@@ -238,16 +234,13 @@ def add_owner(
 
 
 @contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises `_Terminated` (only the main thread can set handlers)."""
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt as Ctrl-C does, which no `except
+    Exception` swallows (only the main thread can set handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         yield
     finally:
@@ -307,14 +300,14 @@ def run_job(
                 f"this cluster does not serve {crd.kind} ({crd.plural}.{crd.api_version}): "
                 f"{b.install}"
             )
-    with _sigterm_raises():
+    with _sigterm_interrupts():
         try:
             for crd, obj in zip(b.shared, shared, strict=True):
                 ensure_shared(custom, crd, obj, log)
             add_owner(core, params, manifest, log)
             job.create_or_reattach(manifest, cleanup_timeout_s)
             job.follow(params.step.active_deadline_seconds + deadline_grace_s, poll_interval_s)
-        except (_Terminated, KeyboardInterrupt) as exc:
+        except KeyboardInterrupt as exc:
             log(f"task cancelled: deleting {job.what}")
             left = job.delete(cleanup_timeout_s)
             suffix = f"; pods still present: {', '.join(left)}" if left else ""
