@@ -6,16 +6,17 @@ failed: that one is replaced, so a KFP retry really retries. Failure (eviction a
 operator's deadline included, and a client-side deadline backstop) raises `JobFailed` with the
 launcher log's last lines; SIGTERM (the KFP task is cancelled) deletes the job with foreground
 propagation and waits for its pods to go; success is checked against the run summary and the
-model at their URIs.
+model at their URIs. The launcher pod's log is copied into the step's log as it grows.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,11 +39,72 @@ from components.train.cluster.job import (
     serves,
     validated,
 )
-from components.train.cluster.launcher_log import LauncherLog, pods_of
+from components.train.mpiwatch import RankLines
 from components.train.summary import RunSummary
 
 Log = Callable[[str], None]
 DEADLINE_GRACE_S = 300.0
+LOG_TAIL_LINES = 50
+
+
+def _labelled(core: client.CoreV1Api, namespace: str, *choices: Mapping[str, str]) -> list[Any]:
+    """The pods with one of `choices`' labels (listed by the first; also checked here, in case
+    a server ignores the selector)."""
+    selector = ",".join(f"{key}={value}" for key, value in choices[0].items())
+    return [
+        pod
+        for pod in core.list_namespaced_pod(namespace, label_selector=selector).items
+        if any(all((pod.metadata.labels or {}).get(k) == v for k, v in c.items()) for c in choices)
+    ]
+
+
+class LauncherLog:
+    """Copies new lines of the launcher pod's log into `log`, and keeps the last ones: each poll
+    reads the whole log of the newest launcher pod and emits the lines past those already
+    emitted; a new launcher pod (or a restarted container whose log is shorter) starts over."""
+
+    def __init__(
+        self,
+        core: client.CoreV1Api,
+        backend: Backend,
+        namespace: str,
+        name: str,
+        log: Log,
+    ) -> None:
+        self.core, self.backend, self.namespace, self.name = core, backend, namespace, name
+        self.log = RankLines(log)  # each line once: components.train.mpiwatch
+        self.pod_name: str | None = None
+        self.emitted = 0
+        self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self.pod_reason = ""
+
+    def poll(self) -> None:
+        """Emit the launcher's new lines (no-op until its container has started)."""
+        pods = _labelled(self.core, self.namespace, *self.backend.launcher_labels(self.name))
+        if not pods:
+            return
+        pod = max(pods, key=lambda p: (str(p.metadata.creation_timestamp or ""), p.metadata.name))
+        self.pod_reason = (pod.status.reason or "") if pod.status else ""
+        if pod.metadata.name != self.pod_name:
+            if self.pod_name is not None:
+                self.log(f"--- new launcher pod {pod.metadata.name} ---")
+            self.pod_name, self.emitted = pod.metadata.name, 0
+        try:
+            text = self.core.read_namespaced_pod_log(
+                pod.metadata.name, self.namespace, container=self.backend.launcher_container
+            )
+        except ApiException as exc:
+            if exc.status in (400, 404):  # container not started yet, or pod gone
+                return
+            raise
+        lines = str(text or "").splitlines()
+        if len(lines) < self.emitted:
+            self.log("--- launcher container restarted ---")
+            self.emitted = 0
+        for line in lines[self.emitted :]:
+            self.log(line)
+            self.tail.append(line)
+        self.emitted = len(lines)
 
 
 def default_api_client() -> client.ApiClient:
@@ -172,7 +234,7 @@ class _Job:
         end = time.monotonic() + timeout_s
         while True:
             job_gone = get_object(self.api, crd, namespace, name) is None
-            found = pods_of(self.core, self.b, namespace, name) if pods else []
+            found = _labelled(self.core, namespace, self.b.pod_labels(name)) if pods else []
             remaining = sorted(p.metadata.name for p in found)
             if job_gone and not remaining:
                 return []
