@@ -126,7 +126,7 @@ def train_on_cluster(
     if step.training_backend == "auto":
         api_client = default_api_client()
         chosen = choose_backend(client.CustomObjectsApi(api_client))
-        log(chosen.line)
+        log(f"training_backend=auto chose {chosen.backend}: {chosen.reason}")
     problems = job.uri_problems(config.data, config.output, config.model_dir)
     if problems:
         raise ValueError(

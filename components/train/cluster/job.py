@@ -234,9 +234,6 @@ class JobState:
     message: str = ""
 
 
-Manifests = Callable[[ClusterJobParams, "str | None"], list[dict[str, Any]]]
-
-
 @dataclass(frozen=True)
 class Backend:
     """One kind of cluster job: what its operator serves and how its job looks on the API.
@@ -251,7 +248,7 @@ class Backend:
     name: str
     crd: Crd
     shared: tuple[Crd, ...]
-    build: Manifests
+    build: Callable[[ClusterJobParams, str | None], list[dict[str, Any]]]
     problems: Callable[[dict[str, Any]], list[str]]
     terminal: Mapping[str, str]
     launcher_labels: Callable[[str], list[dict[str, str]]]
@@ -334,11 +331,6 @@ class Choice:
 
     backend: str
     reason: str
-
-    @property
-    def line(self) -> str:
-        """The train step's first line."""
-        return f"training_backend=auto chose {self.backend}: {self.reason}"
 
 
 def choose_backend(api: CustomObjectsApi) -> Choice:
