@@ -1,15 +1,7 @@
-"""The train component's program: run the job on the chosen backend, return its outputs.
-
-- ``auto`` (the compiled default): the MPIJob or the TrainJob, whichever the cluster serves
-  (`components.train.cluster.job.choose_backend`), said in the step's first line;
-- ``local``: ``mpirun -np workers`` inside the component's own container (or machine).
-- ``mpijob``: a Kubeflow MPIJob across pods (mpi-operator); the trainer reads and writes GCS
-  directly.
-- ``trainjob``: the same job as a Kubeflow Trainer v2 TrainJob, on the project's own
-  TrainingRuntime.
-
-Either way the component ends with one SavedModel at the Model artifact, the run summary and
-the coordination report.
+"""The train component's program: run the job on the chosen backend (``auto``: the MPIJob or
+the TrainJob, whichever the cluster serves, said in the step's first line; ``local``: mpirun in
+the component's own pod; ``mpijob``; ``trainjob``), and end with one SavedModel at the Model
+artifact, the run summary and the coordination report.
 """
 
 from __future__ import annotations
@@ -163,13 +155,9 @@ def run_train_task(
     log: Log = print,
     task_config: Any = None,
 ) -> RunSummary:
-    """Train on `step`'s backend; write the run summary and coordination report files.
-
-    `config` names the artifacts by URI (what the cluster job's pods read and write); the local
-    backend uses their local paths `dataset_path` and `model_path` instead. `outputs` are the
-    paths of the run summary and the coordination report. `task_config` is the train task's
-    KFP task config (``dsl.TaskConfig``), forwarded to a cluster job's pods.
-    """
+    """Train on `step`'s backend; write the run summary and coordination report to `outputs`.
+    `config` names the artifacts by URI (what a cluster job's pods read and write); the local
+    backend uses their local paths `dataset_path` and `model_path` instead."""
     if step.training_backend != "local":
         record, backend = train_on_cluster(config, step, pipeline_run_id, log, task_config)
     else:
@@ -201,9 +189,8 @@ def run_step(
     task_config: Any = None,
     **values: Any,
 ) -> None:
-    """The train step (KFP artifacts `dataset`, `saved_model`, `run_summary`,
-    `coordination_report`): `values` are its declared parameters, by name; `task_config` the
-    train task's KFP task config (``dsl.TaskConfig``), which KFP's driver fills in."""
+    """The train step on its KFP artifacts: `values` are its declared parameters, by name;
+    `task_config` the train task's ``dsl.TaskConfig``, which KFP's driver fills in."""
     trainer = {p.name: values.pop(p.name) for p in PIPELINE_TRAIN_PARAMETERS}
     config = TrainConfig(
         data=dataset.uri, output=work_uri(saved_model.uri), model_dir=saved_model.uri, **trainer
