@@ -20,18 +20,16 @@ from pipeline.cli_options import declared_options
 EXAMPLE_BUCKET = "gs://YOUR_BUCKET/kfp-horovod"
 # The trainer's fields, less its URIs (options of their own, defaulting to the example bucket).
 TRAINER_OPTIONS = [p for p in TRAIN_PARAMETERS if p.name not in ("data", "output", "model_dir")]
-# What a TrainJob cannot take: its launcher is node 0 (sized as a worker), and its gang
-# scheduling is the runtime's.
-MPIJOB_ONLY = ("launcher_cpu", "launcher_memory", "queue", "min_available")
 
 
 def step_options(backend: str) -> list[Any]:
     """The train step's and the run's declared fields the render command of `backend` takes:
-    all but the backend, the namespace (an option of its own) and what it cannot take."""
+    all but the backend, the namespace (an option of its own) and what it refuses."""
     from components.common.declare import declared
     from components.train.cluster.job import CLUSTER_JOB_PARAMETERS
+    from components.train.cluster.job import backend as backend_of
 
-    skip = ("training_backend", "namespace", *(MPIJOB_ONLY if backend == "trainjob" else ()))
+    skip = ("training_backend", "namespace", *backend_of(backend).refused)
     return [*CLUSTER_JOB_PARAMETERS, *(p for p in declared(TrainStep) if p.name not in skip)]
 
 
@@ -88,11 +86,9 @@ def render_command(backend: str, what: str) -> click.Command:
     @declared_options(TRAINER_OPTIONS)
     @declared_options(step_options(backend), {"run_name": "dry-run"})
     def command(**options: Any) -> None:
-        from components.train.cluster.crd import ManifestError
-
         try:
             click.echo(render(backend, **options), nl=False)
-        except (ValueError, ManifestError) as exc:
+        except ValueError as exc:  # ManifestError too
             raise click.UsageError(str(exc)) from exc
 
     return command

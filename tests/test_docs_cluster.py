@@ -17,6 +17,7 @@ their repository files and rights are checked.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -117,8 +118,6 @@ def test_each_render_command_prints_manifests_valid_against_the_vendored_crds(
     assert [d["kind"] for d in docs] == expected_kinds[args[0]]
     for doc in docs:
         assert crd_problems(doc) == [], doc["kind"]
-    import json
-
     selector = json.loads(_flag(args, "--node-selector") or "{}")
     tolerations = json.loads(_flag(args, "--tolerations") or "[]")
     specs = [spec for doc in docs for spec in pod_specs(doc)]
@@ -178,16 +177,11 @@ def _kubectl_commands() -> list[list[str]]:
     return [shlex.split(c.split(" | ")[0], comments=True) for c in every]
 
 
-def _granted() -> tuple[str, set[tuple[str, str]]]:
-    """deploy/rbac.yaml's namespace and its (resource, verb) rights."""
+def test_kubectl_commands_that_follow_a_run_ask_for_what_deploy_rbac_grants() -> None:
     role = next(d for d in yaml.safe_load_all((ROOT / "deploy/rbac.yaml").read_text())
                 if d["kind"] == "Role")  # fmt: skip
     rights = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
-    return role["metadata"]["namespace"], rights
-
-
-def test_kubectl_commands_that_follow_a_run_ask_for_what_deploy_rbac_grants() -> None:
-    namespace, rights = _granted()
+    namespace = role["metadata"]["namespace"]
     checked = 0
     for words in _kubectl_commands():
         for flag in ("-f", "-k"):  # a file of this repository must exist
@@ -228,7 +222,7 @@ def test_the_versions_it_names_are_the_projects() -> None:
     assert "export PIPELINE_VERSION=2.16.0" in TEXT and "--branch 26.03" in TEXT
 
 
-def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes() -> None:
+def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes(tmp_path: Path) -> None:
     """The Python example's kfp-kubernetes calls, applied to the real train task, compile into
     its platform config (the task config the train step forwards)."""
     from kfp import compiler, dsl
@@ -254,23 +248,15 @@ def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes() -> None:
         exec(calls, {"kubernetes": kubernetes, "train": train})
 
     placed.__annotations__ = {"dataset_uri": str, "return": None}  # not strings (PEP 563)
-    spec = _compiled(compiler, dsl.pipeline(name="placed")(placed))
-    executors = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    path = tmp_path / "p.yaml"
+    compiler.Compiler().compile(dsl.pipeline(name="placed")(placed), str(path))
+    platforms = list(yaml.safe_load_all(path.read_text()))[1]["platforms"]
+    executors = platforms["kubernetes"]["deploymentSpec"]["executors"]
     (config,) = executors.values()
     assert config["nodeSelector"]["labels"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
     assert config["tolerations"] == [
         {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
     ]
-
-
-def _compiled(compiler: Any, pipeline: Any) -> dict[str, Any]:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "p.yaml"
-        compiler.Compiler().compile(pipeline, str(path))
-        docs = list(yaml.safe_load_all(path.read_text()))
-    return {"platforms": docs[1]["platforms"]}
 
 
 def test_the_inferenceservice_command_serves_the_aliass_serving_folder(gcs_uri: str) -> None:

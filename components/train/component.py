@@ -8,7 +8,7 @@ holds that name.
 The component declares KFP's task-config passthroughs (kfp >= 2.15, `PASSTHROUGHS`): what a
 pipeline author sets on the train task with kfp-kubernetes (resources, environment, node
 selector, tolerations, affinity, volumes) reaches ``task_config`` (``dsl.TaskConfig``), and
-the step forwards it to the job's pods (`components.train.cluster.podconfig`). The environment
+the step forwards it to the job's pods (`components.train.cluster.job.PodConfig`). The environment
 and the resources apply to the train task's own pod too: the ``local`` backend trains there
 (its GPUs are the task's), and an environment is safe on both. Placement and volumes go to the
 job's pods only: the task that launches a cluster job needs no GPU node.

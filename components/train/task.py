@@ -1,28 +1,21 @@
-"""The train component's program: run the job on the chosen backend, return its outputs.
-
-- ``auto`` (the compiled default): the MPIJob or the TrainJob, whichever the cluster serves
-  (`components.train.cluster.job.choose_backend`), said in the step's first line;
-- ``local``: ``mpirun -np workers`` inside the component's own container (or machine).
-- ``mpijob``: a Kubeflow MPIJob across pods (mpi-operator); the trainer reads and writes GCS
-  directly.
-- ``trainjob``: the same job as a Kubeflow Trainer v2 TrainJob, on the project's own
-  TrainingRuntime.
-
-Either way the component ends with one SavedModel at the Model artifact, the run summary and
-the coordination report.
+"""The train component's program: run the job on the chosen backend (``auto``: the MPIJob or
+the TrainJob, whichever the cluster serves, said in the step's first line; ``local``: mpirun in
+the component's own pod; ``mpijob``; ``trainjob``), and end with one SavedModel at the Model
+artifact, the run summary and the coordination report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from components.common import storage
 from components.train import summary
-from components.train.cluster.job import Choice, choose_backend
+from components.train.cluster.job import GPU_RESOURCE, Choice, PodConfig, choose_backend
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
 from components.train.launch import run_local_job
 from components.train.preflight import check_model_before_launch
@@ -42,19 +35,9 @@ def work_uri(model_uri: str) -> str:
     return storage.join(model_uri.rstrip("/").rsplit("/", 1)[0], "train-work")
 
 
-def current_namespace() -> str:
-    """The namespace of this pod (from its service account), or '' outside Kubernetes."""
-    try:
-        return Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
-    except OSError:
-        return ""
-
-
 def train_locally(config: TrainConfig, dataset_path: str, model_path: str, log: Log) -> RunSummary:
-    """Run ``horovodrun -np workers`` here on the artifacts' local paths; return the summary.
-
-    One machine is the one worker host, so the world size is `config.workers`.
-    """
+    """Run ``mpirun -np workers`` here on the artifacts' local paths (one host: world size =
+    `config.workers`); return the summary."""
     config = dataclasses.replace(
         config,
         data=dataset_path,
@@ -66,47 +49,95 @@ def train_locally(config: TrainConfig, dataset_path: str, model_path: str, log: 
     return summary.read(config.summary_uri)
 
 
-def choose(step: TrainStep, api_client: Any, log: Log) -> Choice:
-    """`step.training_backend`, or for ``auto`` what the cluster serves (said first)."""
-    if step.training_backend != "auto":
-        return Choice(step.training_backend, FORCED)
-    from kubernetes import client
+def pod_config(task_config: Any) -> PodConfig:
+    """The `PodConfig` of a ``kfp.dsl.TaskConfig`` (None: nothing passed through)."""
+    if task_config is None:
+        return PodConfig()
+    return PodConfig(
+        node_selector=dict(task_config.node_selector or {}),
+        tolerations=list(task_config.tolerations or []),
+        affinity=dict(task_config.affinity or {}),
+        env=list(task_config.env or []),
+        volumes=list(task_config.volumes or []),
+        volume_mounts=list(task_config.volume_mounts or []),
+    )
 
-    choice = choose_backend(client.CustomObjectsApi(api_client))
-    log(choice.line)
-    return choice
+
+def worker_resources(resources: Mapping[str, Any] | None, step: TrainStep, gpus: int) -> TrainStep:
+    """`step` with its workers' CPU and memory from the task config's `resources` (a limit,
+    else a request) where its parameters are at their defaults; a parameter set otherwise must
+    agree, as must `gpus` (``gpus_per_worker``); ValueError names each disagreement."""
+
+    def amount(name: str) -> str | None:
+        for part in ("limits", "requests"):
+            value = ((resources or {}).get(part) or {}).get(name)
+            if value not in (None, ""):
+                return str(value)
+        return None
+
+    chosen: dict[str, Any] = {}
+    problems: list[str] = []
+    for name, parameter in (("cpu", "cpu_per_worker"), ("memory", "memory_per_worker")):
+        passed, value = amount(name), getattr(step, parameter)
+        if passed is None or passed == str(value):
+            continue
+        if value != TrainStep.__dataclass_fields__[parameter].default:
+            problems.append(
+                f"{name}: the {parameter} parameter says {value!r}, the train task's config "
+                f"says {passed!r}"
+            )
+        else:
+            chosen[parameter] = passed
+    passed_gpus = amount(GPU_RESOURCE)
+    if passed_gpus not in (None, "0") and passed_gpus != str(gpus):
+        problems.append(
+            f"{GPU_RESOURCE}: the gpus_per_worker parameter says {gpus!r}, the train task's "
+            f"config says {passed_gpus!r}"
+        )
+    if problems:
+        raise ValueError(
+            "the train task's config and the pipeline's parameters disagree: " + "; ".join(problems)
+        )
+    return dataclasses.replace(step, **chosen)
 
 
 def train_on_cluster(
     config: TrainConfig, step: TrainStep, pipeline_run_id: str, log: Log, task_config: Any = None
 ) -> tuple[RunSummary, Choice]:
-    """Run the trainer as an MPIJob or a TrainJob (`step.training_backend`, ``auto``: the one
-    the cluster serves, `choose`); return its checked run summary and the backend. What the
-    train task's KFP task config passes through goes to the job's pods
-    (`components.train.cluster.podconfig`)."""
-    from components.train.cluster import job, podconfig
+    """Run the trainer as an MPIJob or a TrainJob (``auto``: the one the cluster serves, said
+    first), with what the train task's KFP task config passes through on its pods; return its
+    run summary and backend."""
+    from kubernetes import client
+
+    from components.train.cluster import job
     from components.train.cluster.run import default_api_client, run_job
 
-    api_client = default_api_client() if step.training_backend == "auto" else None
-    chosen = choose(step, api_client, log)
+    api_client = None
+    chosen = Choice(step.training_backend, FORCED)
+    if step.training_backend == "auto":
+        api_client = default_api_client()
+        chosen = choose_backend(client.CustomObjectsApi(api_client))
+        log(f"training_backend=auto chose {chosen.backend}: {chosen.reason}")
     problems = job.uri_problems(config.data, config.output, config.model_dir)
     if problems:
         raise ValueError(
             f"training_backend={step.training_backend!r} needs gs:// artifacts: set the pipeline "
             "root to a gs:// bucket (" + "; ".join(problems) + ")"
         )
-    namespace = step.namespace or current_namespace()
+    namespace = step.namespace
+    with contextlib.suppress(OSError):  # this pod's (from its service account), if it has one
+        namespace = namespace or Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
     if not namespace:
         raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")
     check_model_before_launch(config.model)  # this pod runs the trainer's image, as the ranks do
     resources = getattr(task_config, "resources", None)
     params = job.ClusterJobParams(
         train=config,
-        step=podconfig.worker_resources(resources, step, config.gpus_per_worker),
+        step=worker_resources(resources, step, config.gpus_per_worker),
         run_name=f"train-{pipeline_run_id}" if pipeline_run_id else "train",
         pipeline_run_id=pipeline_run_id,
         owner_pod_name=os.environ.get("HOSTNAME") or None,
-        task_config=podconfig.from_task_config(task_config),
+        task_config=pod_config(task_config),
     )
     backend = job.backend(chosen.backend)
     record = run_job(backend, params, namespace=namespace, api_client=api_client, log=log)
@@ -123,13 +154,9 @@ def run_train_task(
     log: Log = print,
     task_config: Any = None,
 ) -> RunSummary:
-    """Train on `step`'s backend; write the run summary and coordination report files.
-
-    `config` names the artifacts by URI (what the cluster job's pods read and write); the local
-    backend uses their local paths `dataset_path` and `model_path` instead. `outputs` are the
-    paths of the run summary and the coordination report. `task_config` is the train task's
-    KFP task config (``dsl.TaskConfig``), forwarded to a cluster job's pods.
-    """
+    """Train on `step`'s backend; write the run summary and coordination report to `outputs`.
+    `config` names the artifacts by URI (what a cluster job's pods read and write); the local
+    backend uses their local paths `dataset_path` and `model_path` instead."""
     if step.training_backend != "local":
         record, backend = train_on_cluster(config, step, pipeline_run_id, log, task_config)
     else:
@@ -162,9 +189,8 @@ def run_step(
     task_config: Any = None,
     **values: Any,
 ) -> None:
-    """The train step (KFP artifacts `dataset`, `saved_model`, `run_summary`,
-    `coordination_report`): `values` are its declared parameters, by name; `task_config` the
-    train task's KFP task config (``dsl.TaskConfig``), which KFP's driver fills in."""
+    """The train step on its KFP artifacts: `values` are its declared parameters, by name;
+    `task_config` the train task's ``dsl.TaskConfig``, which KFP's driver fills in."""
     trainer = {p.name: values.pop(p.name) for p in PIPELINE_TRAIN_PARAMETERS}
     config = TrainConfig(
         data=dataset.uri, output=work_uri(saved_model.uri), model_dir=saved_model.uri, **trainer

@@ -1,9 +1,6 @@
-"""Check a manifest against its CustomResourceDefinition's schema before anything is sent.
-
-Each backend names its CRDs as `Crd`s: the vendored file under ``deploy/crd/`` (SOURCE.md
-there says from where) and a copy of its schema packaged beside the backend for the trainer
-image, which has no ``deploy/`` folder (a test keeps each copy identical to its CRD). The check
-is jsonschema's, with two differences from the API server made on purpose:
+"""Check a manifest against its CustomResourceDefinition's schema (vendored under ``deploy/crd/``;
+a copy packaged beside the backend for the trainer image, which has no ``deploy/``) before
+anything is sent. The check is jsonschema's, with two differences from the API server:
 
 * The API server *prunes* unknown fields of a structural schema silently; here an unknown field
   is an error (a typo like ``slotPerWorker`` would otherwise vanish on the way in).
@@ -13,17 +10,13 @@ is jsonschema's, with two differences from the API server made on purpose:
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
-
-if TYPE_CHECKING:
-    import jsonschema
 
 
 class ManifestError(ValueError):
@@ -33,14 +26,14 @@ class ManifestError(ValueError):
 @dataclass(frozen=True)
 class Crd:
     """One custom resource: its API coordinates, its vendored CRD file (relative to the
-    repository's root) and the packaged copy of its schema."""
+    repository's root) and the packaged copy of its schema (None: used only in a checkout)."""
 
     group: str
     version: str
     kind: str
     plural: str
     relative_path: Path
-    packaged_schema: Path | None = None  # None: used only in a checkout (or with a CRD path)
+    packaged_schema: Path | None = None
 
     @property
     def api_version(self) -> str:
@@ -49,11 +42,8 @@ class Crd:
 
 
 def find_crd(crd: Crd, start: Path | None = None) -> Path:
-    """Find `crd`'s vendored file in `start` or a folder above it.
-
-    In a checkout that is the repository's root, so the search walks up from this module by
-    default; an installed package (the trainer image) has none.
-    """
+    """`crd`'s vendored file in `start` (default: this module) or a folder above it: in a
+    checkout, the repository's root."""
     here = (start or Path(__file__)).resolve()
     for folder in [here, *here.parents]:
         candidate = folder / crd.relative_path
@@ -109,7 +99,7 @@ def load_schema(crd: Crd, crd_path: str | None = None) -> dict[str, Any]:
                 raise
             schema = json.loads(crd.packaged_schema.read_text())
     # The CRD leaves `metadata` open (the API server validates ObjectMeta itself).
-    return dict(_close_objects(copy.deepcopy(schema)))
+    return dict(_close_objects(schema))  # it copies as it goes
 
 
 def write_packaged_schema(crd: Crd) -> None:
@@ -118,10 +108,6 @@ def write_packaged_schema(crd: Crd) -> None:
     if crd.packaged_schema is None:
         raise ValueError(f"{crd.kind} has no packaged schema")
     crd.packaged_schema.write_text(json.dumps(schema, sort_keys=True, separators=(",", ":")))
-
-
-def _path(error: jsonschema.ValidationError) -> str:
-    return ".".join(str(part) for part in error.absolute_path) or "<root>"
 
 
 def manifest_problems(manifest: dict[str, Any], crd: Crd, crd_path: str | None = None) -> list[str]:
@@ -137,7 +123,8 @@ def manifest_problems(manifest: dict[str, Any], crd: Crd, crd_path: str | None =
 
     validator = jsonschema.Draft7Validator(load_schema(crd, crd_path))
     for error in sorted(validator.iter_errors(manifest), key=lambda e: list(e.absolute_path)):
-        problems.append(f"{_path(error)}: {error.message}")
+        path = ".".join(str(part) for part in error.absolute_path) or "<root>"
+        problems.append(f"{path}: {error.message}")
     return problems
 
 

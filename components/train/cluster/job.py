@@ -1,13 +1,14 @@
-"""One cluster run of the trainer, whichever operator runs it: its parameters, its name and
-labels, and what a backend is.
+"""One cluster run of the trainer, whichever operator runs it: its parameters (`ClusterJobParams`),
+its name and labels, and what a backend is (`Backend`: its manifests, its CRDs and what its
+operator's API looks like; one run function runs them all, `cluster.run.run_job`).
 
-`ClusterJobParams` is what every backend builds its manifests from: the trainer's `TrainConfig`,
-the train step's `TrainStep` (pods, placement, identity, run policy), the run's identity and
-what the train task's KFP task config passes through. A `Backend` (`cluster/mpijob.py`,
-`cluster/trainjob.py`) is its manifests, its CRDs and what its operator's API looks like; one
-run function runs them all (`components.train.cluster.run`). Nothing here reads the environment
-or imports ``kubernetes`` when it is imported; only `serves` and `choose_backend` (which backend
-``training_backend=auto`` takes) ask a cluster, through the client they are given.
+What a pipeline author sets on the train task with kfp-kubernetes reaches the step as a
+``dsl.TaskConfig`` (KFP >= 2.15, pipelines#12185) and every pod that runs a rank as `PodConfig`:
+a node selector label the ``node_selector`` parameter sets too must agree, tolerations add up,
+and the environment reaches the ranks (``mpirun -x``), so a name the job sets itself is refused.
+
+Nothing here reads the environment or imports ``kubernetes`` when it is imported; only `serves`
+and `choose_backend` ask a cluster, through the client they are given.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from components.common import defaults, storage
 from components.common.declare import Declared, declared, param
-from components.common.placement import node_selector_problem, parse_node_selector
-from components.train.cluster.podconfig import PodConfig, env_conflicts, node_selector_conflicts
+from components.common.placement import parse_node_selector
 from components.train.config import TrainConfig
+from components.train.mpiwatch import HEARTBEAT_ENV
 from components.train.step import TrainStep
 
 if TYPE_CHECKING:
@@ -51,18 +52,30 @@ APP_LABELS = {
 MAX_NAME_LENGTH = 40
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+GPU_RESOURCE = "nvidia.com/gpu"
+# What the job sets in its ranks' environment itself (`cluster.pods.launcher_env`, and Open MPI's
+# OMPI_*), which the task config may not: unbuffered output, Horovod's stall bound, the heartbeat.
+UNBUFFERED, STALL_BOUND = "PYTHONUNBUFFERED", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
+JOB_ENV = ("PATH", UNBUFFERED, STALL_BOUND, HEARTBEAT_ENV)
+
+
+@dataclass(frozen=True)
+class PodConfig:
+    """The task config's part that the job's rank pods get (empty: nothing set)."""
+
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    affinity: dict[str, Any] = field(default_factory=dict)
+    env: list[dict[str, Any]] = field(default_factory=list)
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterJobParams:
-    """One cluster run of the trainer: `train` (what it trains), `step` (where and how its pods
-    run), the run's name and KFP id, the pod that owns the job, and `task_config`, what the
-    train task's KFP task config passes through to the pods (`cluster.podconfig`).
-
-    The trainer's URIs must be ``gs://``: the job's pods are not the component's pod and cannot
-    see its disk. The job has `train.workers` worker pods (the TrainJob's nodes) of
-    `train.slots_per_worker` ranks each.
-    """
+    """One cluster run of the trainer: what it trains, where and how its pods run, the run's name
+    and KFP id, the pod that owns the job, and what the train task's config passes through.
+    The trainer's URIs must be ``gs://``: the job's pods cannot see the component's disk."""
 
     train: TrainConfig
     step: TrainStep = field(default_factory=TrainStep)
@@ -112,29 +125,33 @@ def param_problems(p: ClusterJobParams) -> list[str]:
         )
     if p.owner_pod_uid and not p.owner_pod_name:
         problems.append("owner_pod_uid is set but owner_pod_name is not")
-    if not node_selector_problem(step.node_selector):
-        selector = parse_node_selector(step.node_selector)
-        problems += node_selector_conflicts(selector, p.task_config.node_selector)
-    problems += env_conflicts(p.task_config.env)
+    passed = p.task_config.node_selector
+    selector = parse_node_selector(step.node_selector)
+    problems += [
+        f"node selector label {key!r}: the node_selector parameter says {selector[key]!r}, "
+        f"the train task's config says {passed[key]!r}"
+        for key in sorted(set(selector) & set(passed))
+        if selector[key] != passed[key]
+    ]
+    problems += [
+        f"env {e.get('name')!r} from the train task's config: the job sets it itself"
+        for e in p.task_config.env
+        if e.get("name") in JOB_ENV or str(e.get("name", "")).startswith("OMPI_")
+    ]
     return problems
 
 
 def sanitize_name(text: str, max_length: int = MAX_NAME_LENGTH) -> str:
-    """Lower-case `text` into a DNS-1035 label (letters, digits, '-'; starts with a letter).
-
-    Returns ``""`` when nothing usable is left; the caller adds a prefix.
-    """
+    """Lower-case `text` into a DNS-1035 label; ``""`` when nothing usable is left."""
     slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
     slug = re.sub(r"^[^a-z]+", "", slug)  # must start with a letter
     return slug[:max_length].rstrip("-")
 
 
 def job_name(run_name: str, pipeline_run_id: str = "") -> str:
-    """The job's name: ``hvd-<run name slug>-<hash>``, a DNS-1035 label of <= 40 chars.
-
-    Deterministic, so a retried KFP task finds the job its first attempt created; the hash of
-    the full run name and run id keeps runs whose slugs collide apart.
-    """
+    """``hvd-<run name slug>-<hash>``, a DNS-1035 label of <= 40 chars: deterministic, so a
+    retried KFP task finds the job its first attempt created; the hash keeps colliding slugs
+    apart."""
     digest = hashlib.sha256(f"{pipeline_run_id}\0{run_name}".encode()).hexdigest()[:8]
     prefix = defaults.JOB_NAME_PREFIX
     room = MAX_NAME_LENGTH - len(prefix) - len(digest) - 2
@@ -187,7 +204,8 @@ def owner_reference(pod_name: str, pod_uid: str) -> dict[str, object]:
 
 
 class JobError(RuntimeError):
-    """Base class of the cluster backends' run-time errors."""
+    """A cluster job could not run, or succeeded without the expected outputs; the message
+    names why."""
 
 
 class JobFailed(JobError):
@@ -206,10 +224,6 @@ class JobCancelled(JobError):
     """The task was cancelled (SIGTERM); the job was deleted."""
 
 
-class RunCheckError(JobError):
-    """The job succeeded but its outputs are missing or wrong; the message names which."""
-
-
 @dataclass(frozen=True)
 class JobState:
     """Where the job is: Pending (no condition yet), Created, Running, Restarting, Suspended,
@@ -220,88 +234,67 @@ class JobState:
     message: str = ""
 
 
-Manifests = Callable[[ClusterJobParams, "str | None"], list[dict[str, Any]]]
-
-
 @dataclass(frozen=True)
 class Backend:
     """One kind of cluster job: what its operator serves and how its job looks on the API.
 
-    `build` makes the validated-to-be manifests of a run: the objects the job needs beside it
-    (of the `shared` CRDs: created once, shared by every run of the same settings), then the job
-    of `crd`; it raises ValueError naming what the backend cannot do. `problems` adds the
-    checks of a manifest its CRD cannot say. `terminal` maps the job's terminal condition types
-    to Failed or Succeeded; the launcher pod is the pod whose labels include one of
-    `launcher_labels(name)`, its log is container `launcher_container`'s; the job's pods carry
-    `pod_labels(name)`; `install` says what to install when the cluster does not serve it.
+    `build` makes a run's manifests, the objects of the `shared` CRDs (shared by every run of
+    the same settings) first, and raises ValueError naming what the backend cannot do;
+    `problems` checks what the CRD cannot say; `terminal` maps terminal condition types to
+    Failed or Succeeded; the launcher pod has one of `launcher_labels(name)`; `refused` names
+    the train step's parameters it cannot take (set otherwise than their default), and why.
     """
 
     name: str
     crd: Crd
     shared: tuple[Crd, ...]
-    build: Manifests
+    build: Callable[[ClusterJobParams, str | None], list[dict[str, Any]]]
     problems: Callable[[dict[str, Any]], list[str]]
     terminal: Mapping[str, str]
     launcher_labels: Callable[[str], list[dict[str, str]]]
     launcher_container: str
     pod_labels: Callable[[str], dict[str, str]]
     install: str
+    refused: Mapping[str, str] = field(default_factory=dict)
 
     def what(self, namespace: str, name: str) -> str:
         """``<Kind> <namespace>/<name>``, as every message names the job."""
         return f"{self.crd.kind} {namespace}/{name}"
 
     def state(self, job: Mapping[str, Any]) -> JobState:
-        """The job's state from its true ``status.conditions``: a terminal one wins (Failed
-        first), else the newest by ``lastTransitionTime`` (the later listed on a tie), else
-        what `jobs_state` reads from ``status.jobsStatus``."""
-        conditions = [
-            c
-            for c in (job.get("status") or {}).get("conditions") or []
-            if c.get("status") == "True"
-        ]
+        """From the true ``status.conditions``: a terminal one (Failed first), else the newest
+        by ``lastTransitionTime`` (the later listed on a tie). With none, from
+        ``status.jobsStatus`` (Trainer sets no condition while a TrainJob runs, only the
+        JobSet's counts): Running while a child job has an active pod, else Pending."""
+        status = job.get("status") or {}
+        conditions = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
         by_type = {c.get("type"): c for c in conditions}
-        for kind, phase in sorted(self.terminal.items(), key=lambda kp: kp[1] != "Failed"):
-            if kind in by_type:
-                return JobState(
-                    phase, by_type[kind].get("reason", ""), by_type[kind].get("message", "")
-                )
-        if not conditions:
-            return jobs_state(job)
-        latest = max(
-            enumerate(conditions), key=lambda ic: (ic[1].get("lastTransitionTime") or "", ic[0])
-        )[1]
-        return JobState(
-            latest.get("type", "Unknown"), latest.get("reason", ""), latest.get("message", "")
+        failed_first = sorted(self.terminal.items(), key=lambda kp: kp[1] != "Failed")
+        ends = [(phase, by_type[kind]) for kind, phase in failed_first if kind in by_type]
+        if conditions:
+            newest = max(reversed(conditions), key=lambda c: c.get("lastTransitionTime") or "")
+            phase, c = ends[0] if ends else (newest.get("type", "Unknown"), newest)
+            return JobState(phase, c.get("reason", ""), c.get("message", ""))
+        jobs = status.get("jobsStatus") or []
+        if not any(j.get("active") for j in jobs):
+            return JobState("Pending")
+        counts = ", ".join(
+            f"{j.get('name')}: {j.get('ready') or 0} ready of {j.get('active') or 0} active"
+            for j in jobs
         )
-
-
-def jobs_state(job: Mapping[str, Any]) -> JobState:
-    """Running while one of the job's child jobs has an active pod, else Pending, from
-    ``status.jobsStatus`` (a TrainJob's: Trainer sets no condition while it runs, only the
-    JobSet's replicated jobs' counts); the message counts each one's ready and active pods."""
-    jobs = (job.get("status") or {}).get("jobsStatus") or []
-    if not any(j.get("active") for j in jobs):
-        return JobState("Pending")
-    counts = ", ".join(
-        f"{j.get('name')}: {j.get('ready') or 0} ready of {j.get('active') or 0} active"
-        for j in jobs
-    )
-    return JobState("Running", "", counts)
+        return JobState("Running", "", counts)
 
 
 def backend(name: str) -> Backend:
-    """The backend `name` (``mpijob``, ``trainjob``): module ``cluster/<name>.py``'s
-    ``BACKEND``."""
+    """The backend `name` (``mpijob``, ``trainjob``): ``cluster/<name>.py``'s ``BACKEND``."""
     return importlib.import_module(f"components.train.cluster.{name}").BACKEND  # type: ignore[no-any-return]
 
 
 def check_manifests(
     b: Backend, manifests: list[dict[str, Any]], crd_dir: str | None = None
 ) -> None:
-    """Check `b`'s `manifests` (its shared objects, then its job) against their CRDs (the
-    vendored ones, or the files of the same names in `crd_dir`) and `b.problems`, before
-    anything is printed or sent; `ManifestError` names every bad field."""
+    """Check `b`'s `manifests` against their CRDs (vendored, or of the same names in `crd_dir`)
+    and `b.problems`; `ManifestError` names every bad field."""
     from components.train.cluster.crd import manifest_problems, raise_problems
 
     for manifest, crd in zip(manifests, (*b.shared, b.crd), strict=True):
@@ -319,8 +312,7 @@ def validated(
 
 
 def serves(api: CustomObjectsApi, crd: Crd) -> bool:
-    """Whether the cluster serves `crd`'s resource (its group and version's discovery, which
-    every authenticated user may read)."""
+    """Whether the cluster serves `crd`'s resource (from discovery, which any user may read)."""
     from kubernetes.client.exceptions import ApiException
 
     try:
@@ -340,17 +332,10 @@ class Choice:
     backend: str
     reason: str
 
-    @property
-    def line(self) -> str:
-        """The train step's first line."""
-        return f"training_backend=auto chose {self.backend}: {self.reason}"
-
 
 def choose_backend(api: CustomObjectsApi) -> Choice:
     """The backend for ``training_backend=auto``: the MPIJob where the cluster serves it (the
-    stable API, and the one that runs elastic jobs), else the TrainJob (a stock Kubeflow
-    platform has Kubeflow Trainer); `JobError` naming both installs when it serves neither.
-    What the chosen one cannot do is refused by the backend itself (an elastic TrainJob)."""
+    stable API, which runs elastic jobs), else the TrainJob; `JobError` when it serves neither."""
     crds = backend("mpijob").crd, backend("trainjob").crd
     mpijob, trainjob = (f"{c.kind} {c.api_version}" for c in crds)
     served = serves(api, crds[0]), serves(api, crds[1])

@@ -1,10 +1,7 @@
 """The MPIJob backend: mpi-operator's ``kubeflow.org/v2beta1`` MPIJob, its CRD and its API.
 
-`build` maps a `ClusterJobParams` to the MPIJob that the shared run (`cluster.run`) submits and
-``python -m pipeline render-mpijob`` prints: one launcher running the job's command, ``workers``
-sshd workers. The CRD is ``deploy/crd/kubeflow.org_mpijobs.yaml`` (vendored; its schema is
-packaged beside this module for the trainer image); one check it does not spell out is added:
-``launcherCreationPolicy`` is one of the operator's two values.
+One launcher running the job's command, ``workers`` sshd workers. One check the CRD does not
+spell out is added: ``launcherCreationPolicy`` is one of the operator's two values.
 """
 
 from __future__ import annotations
@@ -46,18 +43,6 @@ def _pod_template(
     }
 
 
-def _launcher(p: ClusterJobParams) -> dict[str, Any]:
-    return {
-        "name": "launcher",
-        "image": p.image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": pods.launcher_command(p),
-        "env": pods.launcher_env(p),
-        "resources": pods.resources(p.step.launcher_cpu, p.step.launcher_memory, 0),
-        "securityContext": pods.security_context(),
-    }
-
-
 def _run_policy(p: ClusterJobParams) -> dict[str, Any]:
     step = p.step
     run_policy: dict[str, Any] = {
@@ -80,11 +65,16 @@ def _run_policy(p: ClusterJobParams) -> dict[str, Any]:
 
 
 def build_manifest(p: ClusterJobParams, namespace: str | None = None) -> dict[str, Any]:
-    """The MPIJob for `p`: one launcher running the job's command, ``p.train.workers`` sshd
-    workers."""
+    """The MPIJob for `p`."""
     metadata = job_metadata(p, namespace)
     name = str(metadata["name"])
     worker = {**pods.sshd_container("worker", p.image), "resources": pods.worker_resources(p)}
+    launcher = {
+        "name": "launcher", "image": p.image, "imagePullPolicy": "IfNotPresent",
+        "command": pods.launcher_command(p), "env": pods.launcher_env(p),
+        "resources": pods.resources(p.step.launcher_cpu, p.step.launcher_memory, 0),
+        "securityContext": pods.security_context(),
+    }  # fmt: skip
     return {
         "apiVersion": MPIJOB.api_version,
         "kind": MPIJOB.kind,
@@ -99,7 +89,7 @@ def build_manifest(p: ClusterJobParams, namespace: str | None = None) -> dict[st
                 "Launcher": {
                     "replicas": 1,
                     "restartPolicy": "OnFailure",
-                    "template": _pod_template(p, name, "launcher", _launcher(p)),
+                    "template": _pod_template(p, name, "launcher", launcher),
                 },
                 "Worker": {
                     "replicas": p.train.workers,

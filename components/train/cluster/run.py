@@ -1,26 +1,23 @@
 """Run one cluster job through the official ``kubernetes`` client, the same steps for every
 backend (`cluster.job.Backend`): `run_job`.
 
-1. check that the cluster serves the backend's APIs (else say which operator to install);
-   ``training_backend=auto`` picks the backend from the same discovery (`job.choose_backend`);
-2. make the objects the job shares with other runs unless they are there (the TrainingRuntime);
-3. create the job, or reattach to the one an earlier attempt of the same task created
-   (a job that already *failed* is replaced, so a KFP retry really retries);
-4. poll the job's conditions and copy the launcher pod's new log lines into the component's log;
-5. on Failed (eviction and the operator's deadline included), or when the client-side deadline
-   backstop passes, raise `JobFailed` with the reason and the launcher log's last lines;
-6. on SIGTERM (the KFP task is cancelled), delete the job with foreground propagation, wait
-   for its pods to go, and raise `JobCancelled`;
-7. on success, check the run summary and the model at their URIs and the world size.
+A job that an earlier attempt of the same task created is reattached to, unless it already
+failed: that one is replaced, so a KFP retry really retries. Failure (eviction and the
+operator's deadline included, and a client-side deadline backstop) raises `JobFailed` with the
+launcher log's last lines; SIGTERM (the KFP task is cancelled) deletes the job with foreground
+propagation and waits for its pods to go; success is checked against the run summary and the
+model at their URIs. The launcher pod's log is copied into the step's log as it grows.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -38,20 +35,76 @@ from components.train.cluster.job import (
     JobCancelled,
     JobError,
     JobFailed,
-    RunCheckError,
     owner_reference,
     serves,
     validated,
 )
-from components.train.cluster.launcher_log import LauncherLog, pods_of
+from components.train.mpiwatch import RankLines
 from components.train.summary import RunSummary
 
 Log = Callable[[str], None]
 DEADLINE_GRACE_S = 300.0
+LOG_TAIL_LINES = 50
 
 
-class _Terminated(BaseException):
-    """Raised from the SIGTERM handler; a BaseException so no `except Exception` swallows it."""
+def _labelled(core: client.CoreV1Api, namespace: str, *choices: Mapping[str, str]) -> list[Any]:
+    """The pods with one of `choices`' labels (listed by the first; also checked here, in case
+    a server ignores the selector)."""
+    selector = ",".join(f"{key}={value}" for key, value in choices[0].items())
+    return [
+        pod
+        for pod in core.list_namespaced_pod(namespace, label_selector=selector).items
+        if any(all((pod.metadata.labels or {}).get(k) == v for k, v in c.items()) for c in choices)
+    ]
+
+
+class LauncherLog:
+    """Copies new lines of the launcher pod's log into `log`, and keeps the last ones: each poll
+    reads the whole log of the newest launcher pod and emits the lines past those already
+    emitted; a new launcher pod (or a restarted container whose log is shorter) starts over."""
+
+    def __init__(
+        self,
+        core: client.CoreV1Api,
+        backend: Backend,
+        namespace: str,
+        name: str,
+        log: Log,
+    ) -> None:
+        self.core, self.backend, self.namespace, self.name = core, backend, namespace, name
+        self.log = RankLines(log)  # each line once: components.train.mpiwatch
+        self.pod_name: str | None = None
+        self.emitted = 0
+        self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self.pod_reason = ""
+
+    def poll(self) -> None:
+        """Emit the launcher's new lines (no-op until its container has started)."""
+        pods = _labelled(self.core, self.namespace, *self.backend.launcher_labels(self.name))
+        if not pods:
+            return
+        pod = max(pods, key=lambda p: (str(p.metadata.creation_timestamp or ""), p.metadata.name))
+        self.pod_reason = (pod.status.reason or "") if pod.status else ""
+        if pod.metadata.name != self.pod_name:
+            if self.pod_name is not None:
+                self.log(f"--- new launcher pod {pod.metadata.name} ---")
+            self.pod_name, self.emitted = pod.metadata.name, 0
+        try:
+            text = self.core.read_namespaced_pod_log(
+                pod.metadata.name, self.namespace, container=self.backend.launcher_container
+            )
+        except ApiException as exc:
+            if exc.status in (400, 404):  # container not started yet, or pod gone
+                return
+            raise
+        lines = str(text or "").splitlines()
+        if len(lines) < self.emitted:
+            self.log("--- launcher container restarted ---")
+            self.emitted = 0
+        for line in lines[self.emitted :]:
+            self.log(line)
+            self.tail.append(line)
+        self.emitted = len(lines)
 
 
 def default_api_client() -> client.ApiClient:
@@ -79,172 +132,139 @@ def get_object(
         raise
 
 
-def _check_same_run(what: str, existing: dict[str, Any], manifest: dict[str, Any]) -> None:
-    """Refuse to adopt a job of the same name that belongs to another run."""
-    want = manifest["metadata"]["annotations"]
-    have = existing.get("metadata", {}).get("annotations") or {}
-    for key in (ANNOTATION_RUN_ID, ANNOTATION_RUN_NAME):
-        if have.get(key) != want.get(key):
-            raise JobError(
-                f"{what} exists but belongs to another run ({key}={have.get(key)!r}, expected "
-                f"{want.get(key)!r}); refusing to reattach"
-            )
-
-
-def create_or_reattach(
-    api: client.CustomObjectsApi,
-    backend: Backend,
-    manifest: dict[str, Any],
-    *,
-    log: Log = print,
-    cleanup_timeout_s: float = 60.0,
-) -> tuple[dict[str, Any], bool]:
-    """Create the job, or return the existing one of the same run; ``(job, reattached)``.
-
-    An existing job that already failed is deleted and created anew, so a retried task retries.
-    """
-    crd, namespace = backend.crd, manifest["metadata"]["namespace"]
-    name = manifest["metadata"]["name"]
-    what = backend.what(namespace, name)
-    for _ in range(2):
-        try:
-            job = api.create_namespaced_custom_object(
-                crd.group, crd.version, namespace, crd.plural, manifest
-            )
-            log(f"created {what}")
-            return dict(job), False
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-        existing = get_object(api, crd, namespace, name)
-        if existing is None:
-            continue  # deleted between our create and get: create again
-        _check_same_run(what, existing, manifest)
-        state = backend.state(existing)
-        if state.phase != "Failed":
-            log(f"reattached to {what} ({state.phase}) from an earlier attempt")
-            return existing, True
-        log(f"{what} from an earlier attempt failed ({state.reason}); replacing it")
-        delete_job(
-            api, None, backend, namespace, name,
-            log=log, timeout_s=cleanup_timeout_s, poll_interval_s=0.5,
-        )  # fmt: skip
-    raise JobError(f"could not create {what}: it keeps reappearing")
-
-
-def follow(
-    api: client.CustomObjectsApi,
-    core: client.CoreV1Api,
-    backend: Backend,
-    namespace: str,
-    name: str,
-    *,
-    deadline_s: float | None,
-    poll_interval_s: float = 5.0,
-    log: Log = print,
-) -> dict[str, Any]:
-    """Poll the job until it succeeds (return it) or fails (raise `JobFailed`).
-
-    `deadline_s` is a client-side backstop on top of the job's own activeDeadlineSeconds:
-    if it passes with the job still unfinished, the job is deleted and the task fails.
-    """
-    launcher = LauncherLog(core, backend, namespace, name, log)
-    what = backend.what(namespace, name)
-    start = time.monotonic()
-    last_phase = ""
-    while True:
-        job = get_object(api, backend.crd, namespace, name)
-        launcher.poll()
-        if job is None:
-            raise JobFailed(
-                what, "Deleted", "the job was deleted while running", list(launcher.tail)
-            )
-        state = backend.state(job)
-        if state.phase != last_phase:
-            said = ": ".join(part for part in (state.reason, state.message) if part)
-            detail = f" ({said})" if said else ""
-            log(f"{what}: {state.phase}{detail}")
-            last_phase = state.phase
-        if state.phase == "Succeeded":
-            return job
-        if state.phase == "Failed":
-            reason = state.reason or "Failed"
-            if launcher.pod_reason == "Evicted" and "Evict" not in reason:
-                reason = f"{reason} (launcher pod Evicted)"
-            raise JobFailed(what, reason, state.message, list(launcher.tail))
-        if deadline_s is not None and time.monotonic() - start > deadline_s:
-            delete_job(api, core, backend, namespace, name, log=log)
-            raise JobFailed(
-                what, "DeadlineExceeded",
-                f"still {state.phase} after {deadline_s:.0f}s; the job was deleted",
-                list(launcher.tail),
-            )  # fmt: skip
-        time.sleep(poll_interval_s)
-
-
-def delete_job(
-    api: client.CustomObjectsApi,
-    core: client.CoreV1Api | None,
-    backend: Backend,
-    namespace: str,
-    name: str,
-    *,
-    log: Log = print,
-    timeout_s: float = 60.0,
-    poll_interval_s: float = 1.0,
-) -> list[str]:
-    """Delete the job (foreground: its pods go first) and wait for it and its pods to go.
-
-    Returns the names of pods still present after `timeout_s` (empty when clean); with
-    `core` None only the job itself is waited for.
-    """
-    crd, what = backend.crd, backend.what(namespace, name)
+def create(api: client.CustomObjectsApi, crd: Crd, manifest: dict[str, Any]) -> bool:
+    """Create `manifest` as `crd`'s kind; False if one of that name is there (409)."""
     try:
-        api.delete_namespaced_custom_object(
-            crd.group, crd.version, namespace, crd.plural, name,
-            body=client.V1DeleteOptions(propagation_policy="Foreground"),
-        )  # fmt: skip
-        log(f"deleted {what} (foreground propagation)")
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-    end = time.monotonic() + timeout_s
-    while True:
-        job_gone = get_object(api, crd, namespace, name) is None
-        remaining = (
-            [p.metadata.name for p in pods_of(core, backend, namespace, name)] if core else []
+        api.create_namespaced_custom_object(
+            crd.group, crd.version, manifest["metadata"]["namespace"], crd.plural, manifest
         )
-        if job_gone and not remaining:
-            return []
-        if time.monotonic() >= end:
-            left = f"the {crd.kind}" if not job_gone else f"pods {', '.join(sorted(remaining))}"
-            log(f"WARNING: {left} of {namespace}/{name} still present after {timeout_s:.0f}s")
-            return sorted(remaining)
-        time.sleep(poll_interval_s)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One job of backend `b` on the API, and the log its steps write to."""
+
+    api: client.CustomObjectsApi
+    core: client.CoreV1Api
+    b: Backend
+    namespace: str
+    name: str
+    log: Log
+
+    @property
+    def what(self) -> str:
+        return self.b.what(self.namespace, self.name)
+
+    def create_or_reattach(self, manifest: dict[str, Any], cleanup_timeout_s: float) -> None:
+        """Create the job, or reattach to the existing one of the same run (by its
+        annotations); one that already failed is deleted and created anew."""
+        for _ in range(2):
+            if create(self.api, self.b.crd, manifest):
+                self.log(f"created {self.what}")
+                return
+            existing = get_object(self.api, self.b.crd, self.namespace, self.name)
+            if existing is None:
+                continue  # deleted between our create and get: create again
+            want = manifest["metadata"]["annotations"]
+            have = existing.get("metadata", {}).get("annotations") or {}
+            for key in (ANNOTATION_RUN_ID, ANNOTATION_RUN_NAME):
+                if have.get(key) != want.get(key):
+                    raise JobError(
+                        f"{self.what} exists but belongs to another run ({key}="
+                        f"{have.get(key)!r}, expected {want.get(key)!r}); refusing to reattach"
+                    )
+            state = self.b.state(existing)
+            if state.phase != "Failed":
+                self.log(f"reattached to {self.what} ({state.phase}) from an earlier attempt")
+                return
+            self.log(f"{self.what} from an earlier attempt failed ({state.reason}); replacing it")
+            self.delete(cleanup_timeout_s, poll_interval_s=0.5, pods=False)
+        raise JobError(f"could not create {self.what}: it keeps reappearing")
+
+    def follow(self, deadline_s: float, poll_interval_s: float) -> None:
+        """Poll the job until it succeeds, or raise `JobFailed`; past `deadline_s` (a backstop
+        on top of the job's own activeDeadlineSeconds) the job is deleted and the task fails."""
+        launcher = LauncherLog(self.core, self.b, self.namespace, self.name, self.log)
+        start = time.monotonic()
+        last_phase = ""
+        while True:
+            job = get_object(self.api, self.b.crd, self.namespace, self.name)
+            launcher.poll()
+            tail = list(launcher.tail)
+            if job is None:
+                raise JobFailed(self.what, "Deleted", "the job was deleted while running", tail)
+            state = self.b.state(job)
+            if state.phase != last_phase:
+                said = ": ".join(part for part in (state.reason, state.message) if part)
+                self.log(f"{self.what}: {state.phase}" + (f" ({said})" if said else ""))
+                last_phase = state.phase
+            if state.phase == "Succeeded":
+                return
+            if state.phase == "Failed":
+                reason = state.reason or "Failed"
+                if launcher.pod_reason == "Evicted" and "Evict" not in reason:
+                    reason = f"{reason} (launcher pod Evicted)"
+                raise JobFailed(self.what, reason, state.message, tail)
+            if time.monotonic() - start > deadline_s:
+                self.delete()
+                still = f"still {state.phase} after {deadline_s:.0f}s; the job was deleted"
+                raise JobFailed(self.what, "DeadlineExceeded", still, tail)
+            time.sleep(poll_interval_s)
+
+    def delete(
+        self, timeout_s: float = 60.0, poll_interval_s: float = 1.0, pods: bool = True
+    ) -> list[str]:
+        """Delete the job (foreground: its pods go first) and wait for it (and with `pods`, its
+        pods) to go; return the names of pods still present after `timeout_s`."""
+        crd, namespace, name = self.b.crd, self.namespace, self.name
+        try:
+            self.api.delete_namespaced_custom_object(
+                crd.group, crd.version, namespace, crd.plural, name,
+                body=client.V1DeleteOptions(propagation_policy="Foreground"),
+            )  # fmt: skip
+            self.log(f"deleted {self.what} (foreground propagation)")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        end = time.monotonic() + timeout_s
+        while True:
+            job_gone = get_object(self.api, crd, namespace, name) is None
+            found = _labelled(self.core, namespace, self.b.pod_labels(name)) if pods else []
+            remaining = sorted(p.metadata.name for p in found)
+            if job_gone and not remaining:
+                return []
+            if time.monotonic() >= end:
+                left = f"the {crd.kind}" if not job_gone else f"pods {', '.join(remaining)}"
+                self.log(
+                    f"WARNING: {left} of {namespace}/{name} still present after {timeout_s:.0f}s"
+                )
+                return remaining
 
 
 def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSummary:
-    """Check the finished run's outputs; return its run summary.
-
-    The summary and the SavedModel must exist at the expected URIs, and the Horovod world size
-    must equal workers x slots per worker.
-    """
+    """The finished run's summary, once it, the SavedModel and the world size (workers x slots
+    per worker) are as expected; `JobError` names what is not."""
     train = params.train
     try:
         record = summary.read(train.summary_uri)
     except ValueError as exc:
-        raise RunCheckError(f"the {kind} succeeded but its {exc}") from exc
+        raise JobError(f"the {kind} succeeded but its {exc}") from exc
     if record.model_uri.rstrip("/") != train.model_uri.rstrip("/"):
-        raise RunCheckError(
+        raise JobError(
             f"run summary {train.summary_uri} names model_uri {record.model_uri!r}, "
             f"expected {train.model_uri!r}"
         )
     saved_model = storage.join(train.model_uri, "saved_model.pb")
     if not storage.exists(saved_model):
-        raise RunCheckError(f"the {kind} succeeded but there is no model at {saved_model}")
+        raise JobError(f"the {kind} succeeded but there is no model at {saved_model}")
     for key, value in (("world_size", record.world_size), ("workers", record.config.world_size)):
         if value != train.world_size:
-            raise RunCheckError(
+            raise JobError(
                 f"run summary {train.summary_uri} has {key}={value!r}, expected "
                 f"workers x slots = {train.workers} x {train.slots_per_worker} = "
                 f"{train.world_size}"
@@ -262,9 +282,8 @@ def add_owner(
     """Make the task's pod the job's owner when only the pod's name is known (reads its uid)."""
     if not params.owner_pod_name or params.owner_pod_uid:
         return  # no owner, or the manifest already has it
-    namespace = manifest["metadata"]["namespace"]
     try:
-        pod = core.read_namespaced_pod(params.owner_pod_name, namespace)
+        pod = core.read_namespaced_pod(params.owner_pod_name, manifest["metadata"]["namespace"])
     except ApiException as exc:
         log(
             f"WARNING: cannot read owner pod {params.owner_pod_name} ({exc.status}); "
@@ -277,16 +296,13 @@ def add_owner(
 
 
 @contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises `_Terminated` (only the main thread can set handlers)."""
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt as Ctrl-C does, which no `except
+    Exception` swallows (only the main thread can set handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         yield
     finally:
@@ -296,23 +312,16 @@ def _sigterm_raises() -> Iterator[None]:
 def ensure_shared(
     api: client.CustomObjectsApi, crd: Crd, manifest: dict[str, Any], log: Log
 ) -> None:
-    """Create the shared object `manifest` (the TrainingRuntime) unless it is there already: its
-    name is the hash of its spec, so one that is there is the same, unless someone changed it,
-    which is refused."""
+    """Create the shared object `manifest` (the TrainingRuntime) unless it is there: its name is
+    its spec's hash, so one that is there is the same, unless someone changed it (refused)."""
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     what = f"{crd.kind} {namespace}/{name}"
     existing = get_object(api, crd, namespace, name)
     if existing is None:
-        try:
-            api.create_namespaced_custom_object(
-                crd.group, crd.version, namespace, crd.plural, manifest
-            )
+        if create(api, crd, manifest):
             log(f"created {what}")
             return
-        except ApiException as exc:
-            if exc.status != 409:  # 409: another run made it just now
-                raise
-        existing = get_object(api, crd, namespace, name) or manifest
+        existing = get_object(api, crd, namespace, name) or manifest  # another run made it
     want = manifest["metadata"]["annotations"][SPEC_ANNOTATION]
     have = (existing.get("metadata", {}).get("annotations") or {}).get(SPEC_ANNOTATION)
     if have != want:
@@ -337,39 +346,32 @@ def run_job(
 ) -> RunSummary:
     """Run the trainer as backend `b`'s job in `namespace`; return its checked run summary.
 
-    ValueError (what `b` cannot do) and `ManifestError` (a manifest its CRD refuses, checked
-    against the files of `crd_dir` if given) come before any request; then `JobError` if the
-    cluster does not serve `b`'s APIs, `JobFailed` if the job fails, `JobCancelled` on SIGTERM
-    (after deleting the job), and `RunCheckError` if it succeeded without the expected outputs.
+    ValueError (what `b` cannot do, or a manifest its CRD refuses) comes before any request;
+    then `JobError` (the cluster does not serve `b`'s APIs, or the outputs are wrong),
+    `JobFailed` and `JobCancelled` (on SIGTERM, after deleting the job).
     """
     if not namespace:
         raise ValueError("namespace is empty")
     *shared, manifest = validated(b, params, namespace, crd_dir)
-    name, what = manifest["metadata"]["name"], b.what(namespace, manifest["metadata"]["name"])
     api_client = api_client or default_api_client()
     custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
+    job = _Job(custom, core, b, namespace, manifest["metadata"]["name"], log)
     for crd in (b.crd, *b.shared):
         if not serves(custom, crd):
             raise JobError(
                 f"this cluster does not serve {crd.kind} ({crd.plural}.{crd.api_version}): "
                 f"{b.install}"
             )
-    with _sigterm_raises():
+    with _sigterm_interrupts():
         try:
             for crd, obj in zip(b.shared, shared, strict=True):
                 ensure_shared(custom, crd, obj, log)
             add_owner(core, params, manifest, log)
-            create_or_reattach(custom, b, manifest, log=log, cleanup_timeout_s=cleanup_timeout_s)
-            follow(
-                custom, core, b, namespace, name,
-                deadline_s=params.step.active_deadline_seconds + deadline_grace_s,
-                poll_interval_s=poll_interval_s, log=log,
-            )  # fmt: skip
-        except (_Terminated, KeyboardInterrupt) as exc:
-            log(f"task cancelled: deleting {what}")
-            left = delete_job(
-                custom, core, b, namespace, name, log=log, timeout_s=cleanup_timeout_s
-            )
+            job.create_or_reattach(manifest, cleanup_timeout_s)
+            job.follow(params.step.active_deadline_seconds + deadline_grace_s, poll_interval_s)
+        except KeyboardInterrupt as exc:
+            log(f"task cancelled: deleting {job.what}")
+            left = job.delete(cleanup_timeout_s)
             suffix = f"; pods still present: {', '.join(left)}" if left else ""
-            raise JobCancelled(f"cancelled; {what} deleted{suffix}") from exc
+            raise JobCancelled(f"cancelled; {job.what} deleted{suffix}") from exc
     return check_run(params, b.crd.kind, log)

@@ -1,6 +1,5 @@
 """The TrainJob backend: the same Horovod job as the MPIJob's, run by Kubeflow Trainer v2
-(``trainer.kubeflow.org/v1alpha1``) on the project's own TrainingRuntime: its manifests, its CRDs
-and its API.
+(``trainer.kubeflow.org/v1alpha1``) on the project's own TrainingRuntime.
 
 Kubeflow Trainer v2.3 runs an MPI TrainJob as a JobSet of two replicated jobs (read from
 kubeflow/trainer at v2.3.0: ``pkg/runtime/framework/plugins/mpi/mpi.go``,
@@ -18,8 +17,7 @@ image reaches the launcher alone, so the project ships its own TrainingRuntime w
 trainer image on both jobs. Everything the TrainJob API cannot say per run (the image on the
 nodes, the pods' identity, scheduling and security, TTL, restarts) is in that runtime, whose
 name is a hash of its spec: runs with the same settings share one, and no run ever changes a
-runtime another run uses: the shared run (`cluster.run`) makes it unless it is there, and
-refuses one of that name with another spec. Nothing here talks to a cluster.
+runtime another run uses (`cluster.run` refuses one of that name with another spec).
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ from components.train.cluster.job import (
     ClusterJobParams,
     job_metadata,
 )
+from components.train.step import TrainStep
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = "v1alpha1"
@@ -66,6 +65,16 @@ RESERVED_ENV = (
     "OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args",
     "OMPI_MCA_orte_keep_fqdn_hostnames", "OMPI_MCA_orte_set_default_slots",
 )  # fmt: skip
+# What a TrainJob cannot take: its launcher is node 0 (sized as a worker), and its gang
+# scheduling is the runtime's.
+GANG = "is an MPIJob scheduling policy; a TrainJob is gang-scheduled through its runtime's "
+REFUSED = {
+    "queue": GANG + "podGroupPolicy or Kueue, not by this parameter",
+    "min_available": GANG + "podGroupPolicy or Kueue, not by this parameter",
+    "launcher_cpu": "does not apply to a TrainJob: its launcher is node 0 and gets cpu_per_worker",
+    "launcher_memory": "does not apply to a TrainJob: its launcher is node 0 and gets "
+    "memory_per_worker",
+}
 # JobSet's labels on every pod it makes.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
@@ -75,21 +84,12 @@ def trainjob_problems(p: ClusterJobParams) -> list[str]:
     """What `p` asks for that a TrainJob cannot do, each naming the parameter."""
     elastic = elastic_backend_problem("trainjob", p.train.min_workers)
     problems = [elastic] if elastic else []
-    for name in ("queue", "min_available"):
-        if getattr(p.step, name) is not None:
-            problems.append(
-                f"{name} is an MPIJob scheduling policy; a TrainJob is gang-scheduled through "
-                "its runtime's podGroupPolicy or Kueue, not by this parameter"
-            )
-    for name, default, instead in (
-        ("launcher_cpu", defaults.LAUNCHER_CPU, "cpu_per_worker"),
-        ("launcher_memory", defaults.LAUNCHER_MEMORY, "memory_per_worker"),
-    ):
-        if getattr(p.step, name) != default:
-            problems.append(
-                f"{name} does not apply to a TrainJob: its launcher is node 0 and gets {instead}"
-            )
-    return problems
+    fields = TrainStep.__dataclass_fields__
+    return problems + [
+        f"{name} {why}"
+        for name, why in REFUSED.items()
+        if getattr(p.step, name) != fields[name].default
+    ]
 
 
 def env_problems(manifest: dict[str, Any]) -> list[str]:
@@ -174,12 +174,15 @@ def build_runtime(p: ClusterJobParams, namespace: str | None = None) -> dict[str
             "metadata": metadata, "spec": spec}  # fmt: skip
 
 
-def build_trainjob(
-    p: ClusterJobParams, runtime: dict[str, Any], namespace: str | None = None
-) -> dict[str, Any]:
-    """The TrainJob of `p` on `runtime`: `p.train.workers` nodes of `slots_per_worker`
-    processes, node 0 running the launcher's ``mpiwatch -- mpirun ...`` line."""
-    return {
+def build_manifests(p: ClusterJobParams, namespace: str | None = None) -> list[dict[str, Any]]:
+    """``[TrainingRuntime, TrainJob]`` for `p`: `p.train.workers` nodes of `slots_per_worker`
+    processes, node 0 running the launcher's command; ValueError names what a TrainJob cannot
+    do."""
+    problems = trainjob_problems(p)
+    if problems:
+        raise ValueError("invalid TrainJob parameters: " + "; ".join(problems))
+    runtime = build_runtime(p, namespace)
+    trainjob = {
         "apiVersion": TRAINJOB.api_version,
         "kind": TRAINJOB.kind,
         "metadata": job_metadata(p, namespace),
@@ -200,15 +203,7 @@ def build_trainjob(
             },
         },
     }
-
-
-def build_manifests(p: ClusterJobParams, namespace: str | None = None) -> list[dict[str, Any]]:
-    """``[TrainingRuntime, TrainJob]`` for `p`; ValueError names what a TrainJob cannot do."""
-    problems = trainjob_problems(p)
-    if problems:
-        raise ValueError("invalid TrainJob parameters: " + "; ".join(problems))
-    runtime = build_runtime(p, namespace)
-    return [runtime, build_trainjob(p, runtime, namespace)]
+    return [runtime, trainjob]
 
 
 # A TrainJob's conditions (trainjob_types.go): Suspended while it is, then Complete or Failed.
@@ -224,4 +219,5 @@ BACKEND = Backend(
     pod_labels=lambda name: {JOBSET_NAME_LABEL: name},
     install=f"install Kubeflow Trainer {defaults.TRAINER_VERSION} (its CRDs, controller and "
     "JobSet; docs/cluster.md), or choose training_backend=mpijob on a cluster with mpi-operator",
+    refused=REFUSED,
 )

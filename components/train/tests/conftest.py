@@ -56,9 +56,3 @@ def cluster() -> Iterator[Any]:
 
     with Cluster() as c:
         yield c
-
-
-@pytest.fixture
-def bucket(gcs_uri: str) -> str:
-    """A fresh bucket in the suite's fake-gcs-server (see tests/conftest.py), as ``gs://...``."""
-    return gcs_uri

@@ -24,13 +24,7 @@ import yaml
 from components.common import defaults, storage
 from components.train.cluster import job as jobs
 from components.train.cluster.crd import Crd, ManifestError, find_crd
-from components.train.cluster.job import (
-    Backend,
-    JobCancelled,
-    JobError,
-    JobFailed,
-    RunCheckError,
-)
+from components.train.cluster.job import Backend, JobCancelled, JobError, JobFailed
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.run import check_run
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
@@ -69,9 +63,9 @@ def wait_for(lines: list[str], text: str, timeout: float = 10.0) -> None:
 
 
 @BOTH
-def test_create_follow_and_succeed(cluster: Cluster, bucket: str, name: str) -> None:
+def test_create_follow_and_succeed(cluster: Cluster, gcs_uri: str, name: str) -> None:
     b, kind = pair(name)
-    p, lines = make_params(bucket), []
+    p, lines = make_params(gcs_uri), []
     what = b.what(NS, NAME)
 
     def script(op: Operator) -> None:
@@ -122,7 +116,7 @@ def test_create_follow_and_succeed(cluster: Cluster, bucket: str, name: str) -> 
     ],
 )  # fmt: skip
 def test_failure_carries_reason_and_log_tail(
-    cluster: Cluster, bucket: str, name: str, reason: str, message: str, pod_reason: str | None,
+    cluster: Cluster, gcs_uri: str, name: str, reason: str, message: str, pod_reason: str | None,
     expect: str,
 ) -> None:  # fmt: skip
     b, kind = pair(name)
@@ -139,7 +133,7 @@ def test_failure_carries_reason_and_log_tail(
     op = Operator(cluster, kind)
     op.play(script)
     with pytest.raises(JobFailed) as info:
-        run(cluster, b, make_params(bucket), lambda _: None)
+        run(cluster, b, make_params(gcs_uri), lambda _: None)
     op.join()
 
     err = info.value
@@ -153,7 +147,9 @@ def test_failure_carries_reason_and_log_tail(
 
 
 @BOTH
-def test_client_side_deadline_deletes_a_stuck_job(cluster: Cluster, bucket: str, name: str) -> None:
+def test_client_side_deadline_deletes_a_stuck_job(
+    cluster: Cluster, gcs_uri: str, name: str
+) -> None:
     b, kind = pair(name)
 
     def script(op: Operator) -> None:
@@ -163,7 +159,7 @@ def test_client_side_deadline_deletes_a_stuck_job(cluster: Cluster, bucket: str,
     op = Operator(cluster, kind)
     op.play(script)
     with pytest.raises(JobFailed, match="DeadlineExceeded") as info:
-        run(cluster, b, make_params(bucket, active_deadline_seconds=1), lambda _: None,
+        run(cluster, b, make_params(gcs_uri, active_deadline_seconds=1), lambda _: None,
             deadline_grace_s=0.5)  # fmt: skip
     op.join()
     assert "still Running after 2s; the job was deleted" in str(info.value)
@@ -173,7 +169,7 @@ def test_client_side_deadline_deletes_a_stuck_job(cluster: Cluster, bucket: str,
 @pytest.mark.parametrize("collected", [True, False], ids=["collected", "pods-left"])
 @BOTH
 def test_sigterm_deletes_the_job_and_waits_for_its_pods(
-    cluster: Cluster, bucket: str, name: str, collected: bool
+    cluster: Cluster, gcs_uri: str, name: str, collected: bool
 ) -> None:
     b, kind = pair(name)
     lines: list[str] = []
@@ -197,7 +193,7 @@ def test_sigterm_deletes_the_job_and_waits_for_its_pods(
         run(
             cluster,
             b,
-            make_params(bucket),
+            make_params(gcs_uri),
             lines.append,
             cleanup_timeout_s=10 if collected else 0.5,
         )
@@ -213,9 +209,9 @@ def test_sigterm_deletes_the_job_and_waits_for_its_pods(
 
 
 @BOTH
-def test_retry_reattaches_to_the_same_run_job(cluster: Cluster, bucket: str, name: str) -> None:
+def test_retry_reattaches_to_the_same_run_job(cluster: Cluster, gcs_uri: str, name: str) -> None:
     b, kind = pair(name)
-    p, lines = make_params(bucket), []
+    p, lines = make_params(gcs_uri), []
     store(cluster, b, b.build(p, NS))  # the first attempt's; its pod died, the job runs on
     op = Operator(cluster, kind)
     pod_name = op.start(NAME)
@@ -239,9 +235,11 @@ def test_retry_reattaches_to_the_same_run_job(cluster: Cluster, bucket: str, nam
 
 
 @BOTH
-def test_retry_replaces_a_job_that_already_failed(cluster: Cluster, bucket: str, name: str) -> None:
+def test_retry_replaces_a_job_that_already_failed(
+    cluster: Cluster, gcs_uri: str, name: str
+) -> None:
     b, kind = pair(name)
-    p, lines = make_params(bucket), []
+    p, lines = make_params(gcs_uri), []
     store(cluster, b, b.build(p, NS))
     Operator(cluster, kind).finish(NAME, 1)
     what = b.what(NS, NAME)
@@ -262,20 +260,20 @@ def test_retry_replaces_a_job_that_already_failed(cluster: Cluster, bucket: str,
 
 @BOTH
 def test_a_same_named_job_of_another_run_is_not_adopted(
-    cluster: Cluster, bucket: str, name: str
+    cluster: Cluster, gcs_uri: str, name: str
 ) -> None:
     b, _ = pair(name)
-    manifests = b.build(make_params(bucket), NS)
+    manifests = b.build(make_params(gcs_uri), NS)
     manifests[-1]["metadata"]["annotations"]["kfp-horovod/pipeline-run-id"] = "someone-else"
     store(cluster, b, manifests)
     with pytest.raises(JobError, match="belongs to another run"):
-        run(cluster, b, make_params(bucket), lambda _: None)
+        run(cluster, b, make_params(gcs_uri), lambda _: None)
     assert not cluster.requests("DELETE", f"/{b.crd.plural}")
 
 
 @BOTH
 def test_the_task_pods_owns_the_job_and_the_manifests_are_built_and_checked_once(
-    cluster: Cluster, bucket: str, name: str, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, gcs_uri: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b, kind = pair(name)
     calls = {"build": 0, "check": 0}
@@ -289,7 +287,7 @@ def test_the_task_pods_owns_the_job_and_the_manifests_are_built_and_checked_once
 
     monkeypatch.setattr(jobs, "check_manifests", counted("check", jobs.check_manifests))
     cluster.core.create_namespaced_pod(NS, pod("train-task-pod", {}, uid="uid-42"))
-    p = make_params(bucket, owner_pod_name="train-task-pod")
+    p = make_params(gcs_uri, owner_pod_name="train-task-pod")
     op = Operator(cluster, kind)
     op.play(lambda op: complete(op, NAME, op.start(op.wait_for_job())))
     counting = jobs.Backend(**{**b.__dict__, "build": counted("build", b.build)})
@@ -307,7 +305,7 @@ def test_the_task_pods_owns_the_job_and_the_manifests_are_built_and_checked_once
     [("mpijob", "launcherCreationPolicy"), ("trainjob", "activeDeadlineSeconds")],
 )
 def test_a_job_an_older_crd_lacks_a_field_for_is_refused_before_any_request(
-    cluster: Cluster, bucket: str, tmp_path: Path, name: str, field: str
+    cluster: Cluster, gcs_uri: str, tmp_path: Path, name: str, field: str
 ) -> None:
     b, _ = pair(name)
     for crd in (b.crd, *b.shared):
@@ -318,7 +316,7 @@ def test_a_job_an_older_crd_lacks_a_field_for_is_refused_before_any_request(
         (tmp_path / crd.relative_path.name).write_text(yaml.safe_dump(doc))
     sent_before = len(list(cluster.emu))
     with pytest.raises(ManifestError, match=rf"spec: .*'{field}' was unexpected"):
-        run(cluster, b, make_params(bucket), lambda _: None, crd_dir=str(tmp_path))
+        run(cluster, b, make_params(gcs_uri), lambda _: None, crd_dir=str(tmp_path))
     assert len(list(cluster.emu)) == sent_before  # nothing was sent
 
 
@@ -333,10 +331,10 @@ def test_a_job_an_older_crd_lacks_a_field_for_is_refused_before_any_request(
     ],
 )  # fmt: skip
 def test_a_cluster_without_the_backends_api_names_what_to_install(
-    bucket: str, name: str, served: tuple[Crd, ...], missing: Crd, install: str
+    gcs_uri: str, name: str, served: tuple[Crd, ...], missing: Crd, install: str
 ) -> None:
     with Cluster(kinds=served) as cluster, pytest.raises(JobError) as info:
-        run(cluster, pair(name)[0], make_params(bucket), lambda _: None)
+        run(cluster, pair(name)[0], make_params(gcs_uri), lambda _: None)
     assert f"does not serve {missing.kind} " in str(info.value) and install in str(info.value)
     assert not cluster.requests("POST", "/apis/")  # nothing was created
 
@@ -351,15 +349,15 @@ def test_a_cluster_without_the_backends_api_names_what_to_install(
     ],
 )  # fmt: skip
 def test_success_checks(
-    bucket: str, world_size: int | None, drop: str | None, message: str
+    gcs_uri: str, world_size: int | None, drop: str | None, message: str
 ) -> None:
-    p = make_params(bucket)
+    p = make_params(gcs_uri)
     if drop != "summary":
         write_outputs(p, world_size)
     if drop == "model":
         storage.remove_tree(p.train.model_uri)
-    with pytest.raises(RunCheckError, match=message):
+    with pytest.raises(JobError, match=message):
         check_run(p, "MPIJob", log=lambda _: None)
-    good = make_params(bucket, model_dir=f"{bucket}/models/m")
+    good = make_params(gcs_uri, model_dir=f"{gcs_uri}/models/m")
     write_outputs(good)
     assert check_run(good, "MPIJob", log=lambda _: None).config.world_size == 4

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from components.train.cluster.job import ClusterJobParams, backend, check_manifests
+from components.train.cluster.job import ClusterJobParams, PodConfig, backend, check_manifests
 from components.train.cluster.mpijob import build_manifest
-from components.train.cluster.podconfig import PodConfig
 from components.train.cluster.trainjob import build_manifests
 from components.train.step import TrainStep
 from components.train.tests.cluster_jobs import make_params, pair
@@ -35,14 +34,6 @@ def params(gpus: int = 1, **overrides: Any) -> ClusterJobParams:
     )  # fmt: skip
 
 
-def validate_manifest(manifest: dict[str, Any]) -> None:
-    check_manifests(backend("mpijob"), [manifest])
-
-
-def validate_manifests(*manifests: dict[str, Any]) -> None:
-    check_manifests(backend("trainjob"), list(manifests))
-
-
 def mpijob_pods(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     replicas = manifest["spec"]["mpiReplicaSpecs"]
     return {role: replicas[role]["template"]["spec"] for role in ("Launcher", "Worker")}
@@ -55,7 +46,7 @@ def trainjob_pods(runtime: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_the_mpijob_places_workers_and_launcher_and_tolerates_the_gpu_taint_once() -> None:
     manifest = build_manifest(params(), NS)
-    validate_manifest(manifest)  # the vendored CRD
+    check_manifests(backend("mpijob"), [manifest])  # the vendored CRD
     pods = mpijob_pods(manifest)
     assert pods["Worker"]["nodeSelector"] == SELECTOR
     assert pods["Worker"]["tolerations"] == [TEAM, GPU]  # the user's GPU toleration, once
@@ -68,7 +59,7 @@ def test_the_mpijob_places_workers_and_launcher_and_tolerates_the_gpu_taint_once
 
 def test_the_trainjob_places_its_nodes_and_node_0_the_launcher() -> None:
     runtime, trainjob = build_manifests(params(), NS)
-    validate_manifests(runtime, trainjob)  # the vendored CRDs
+    check_manifests(backend("trainjob"), [runtime, trainjob])  # the vendored CRDs
     for name, spec in trainjob_pods(runtime).items():
         assert spec["nodeSelector"] == SELECTOR, name
         assert spec["tolerations"] == [TEAM, GPU], name
@@ -89,9 +80,9 @@ def test_the_task_config_reaches_every_rank_pod_of_both_backends() -> None:
     )  # fmt: skip
     p = params(task_config=passed)
     runtime, trainjob = build_manifests(p, NS)
-    validate_manifests(runtime, trainjob)
+    check_manifests(backend("trainjob"), [runtime, trainjob])
     mpijob = build_manifest(p, NS)
-    validate_manifest(mpijob)
+    check_manifests(backend("mpijob"), [mpijob])
     for spec in [*trainjob_pods(runtime).values(), *mpijob_pods(mpijob).values()]:
         assert spec["nodeSelector"] == {**SELECTOR, "pool": "gpu"}
         assert spec["tolerations"] == [TEAM, GPU, spot]
@@ -136,7 +127,7 @@ def test_the_operators_pods_carry_the_placement(name: str, count: int) -> None:
 
 
 def test_the_task_configs_resources_size_the_workers_unless_a_parameter_says_otherwise() -> None:
-    from components.train.cluster.podconfig import worker_resources
+    from components.train.task import worker_resources
 
     step = TrainStep()
     limits = {"limits": {"cpu": "8", "memory": "30Gi", "nvidia.com/gpu": "1"}}

@@ -3,9 +3,6 @@ manifests the train step would submit, as YAML; bad input is a usage error namin
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +13,6 @@ from components.common import defaults
 from components.train.cluster.job import backend, check_manifests, job_name
 from components.train.tests.cluster_jobs import make_params
 from pipeline.cli import cli
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def render(command: str, *args: str) -> tuple[int, str]:
@@ -114,14 +109,3 @@ def test_bad_input_is_a_usage_error_naming_it(
 ) -> None:
     code, out = render(command, *args)
     assert code == 2 and all(m in out for m in messages), out
-
-
-def test_module_entry_point_prints_yaml() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", "render-mpijob", "--workers", "4", "--run-name", "x"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    m = yaml.safe_load(proc.stdout)
-    check_manifests(backend("mpijob"), [m])
-    assert m["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4

@@ -121,16 +121,18 @@ def test_report_answers_one_model_or_n() -> None:
 BAD_ENTRY_POINT = "components.train.tests.user_model:five_classes"
 
 
-def test_local_launcher_checks_the_model_before_starting_horovodrun(
+def test_both_launchers_check_the_model_before_starting_a_rank(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from components.train import launch
+    from components.train.cluster import run
     from components.train.preflight import PreflightError
 
-    def no_horovodrun(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("horovodrun must not start")
+    def must_not_start(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("no mpirun and no cluster job may start")
 
-    monkeypatch.setattr(launch, "local_command", no_horovodrun)
+    monkeypatch.setattr(launch, "local_command", must_not_start)
+    monkeypatch.setattr(run, "run_job", must_not_start)
     config = TrainConfig(data="/d", output=str(tmp_path), workers=3, model=BAD_ENTRY_POINT)
     with pytest.raises(PreflightError) as info:
         launch.run_local(config)
@@ -138,18 +140,6 @@ def test_local_launcher_checks_the_model_before_starting_horovodrun(
         f"kfp-horovod preflight failed: model '{BAD_ENTRY_POINT}' returns outputs of shape "
         "(None, 5); the trainer needs (None, 10): one probability per class. No rank was started."
     )
-
-
-def test_mpijob_launcher_checks_the_model_before_creating_the_job(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from components.train.cluster import run
-    from components.train.preflight import PreflightError
-
-    def no_job(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("no MPIJob may be created")
-
-    monkeypatch.setattr(run, "run_job", no_job)
     with pytest.raises(PreflightError, match="returns outputs of shape"):
         run_train_task(
             _config(model=BAD_ENTRY_POINT), TrainStep(trainer_image="reg/trainer:9",

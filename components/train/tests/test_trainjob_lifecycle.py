@@ -28,7 +28,7 @@ REASON = "4 of 4 ranks cannot train: kfp-horovod/data/manifest.json: missing"
 
 
 def test_a_failed_trainjob_says_each_shared_line_once_and_fails_in_one_line(
-    cluster: Cluster, bucket: str, capsys: pytest.CaptureFixture[str]
+    cluster: Cluster, gcs_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def script(op: Operator) -> None:
         name = op.wait_for_job(timeout=60)  # a loaded machine creates the runtime slowly
@@ -41,7 +41,7 @@ def test_a_failed_trainjob_says_each_shared_line_once_and_fails_in_one_line(
     op = Operator(cluster, KINDS["trainjob"])
     op.play(script)
     with pytest.raises(SystemExit) as exit_info, one_line_failures():
-        run(cluster, pair("trainjob")[0], make_params(bucket), print)
+        run(cluster, pair("trainjob")[0], make_params(gcs_uri), print)
     op.join()
 
     assert exit_info.value.code == EXIT_EXPECTED
@@ -53,10 +53,10 @@ def test_a_failed_trainjob_says_each_shared_line_once_and_fails_in_one_line(
 
 
 def test_the_runtime_is_created_when_absent_reused_when_present_refused_when_changed(
-    cluster: Cluster, bucket: str
+    cluster: Cluster, gcs_uri: str
 ) -> None:
     b, kind = pair("trainjob")
-    p, lines = make_params(bucket), []
+    p, lines = make_params(gcs_uri), []
     runtime = b.build(p, NS)[0]
     op = Operator(cluster, kind)
     op.play(lambda op: complete(op, NAME, op.start(op.wait_for_job())))
@@ -67,7 +67,7 @@ def test_the_runtime_is_created_when_absent_reused_when_present_refused_when_cha
     assert lines[0] == f"created TrainingRuntime {NS}/{runtime['metadata']['name']}"
 
     # another run with the same settings shares the runtime: no second create
-    other = make_params(bucket, run_name="weekly", pipeline_run_id="run-456")
+    other = make_params(gcs_uri, run_name="weekly", pipeline_run_id="run-456")
     assert b.build(other, NS)[0] == runtime
     weekly = job_name("weekly", "run-456")
     op.play(lambda op: complete(op, weekly, op.start(op.wait_for_job(name=weekly))))
@@ -85,29 +85,29 @@ def test_the_runtime_is_created_when_absent_reused_when_present_refused_when_cha
         TRAINING_RUNTIME.group, TRAINING_RUNTIME.version, NS, TRAINING_RUNTIME.plural,
         runtime["metadata"]["name"], {"metadata": changed["metadata"]},
     )  # fmt: skip
-    third = make_params(bucket, run_name="third")
+    third = make_params(gcs_uri, run_name="third")
     with pytest.raises(JobError, match="exists but was not made from this spec"):
         run(cluster, b, third, lambda _: None)
     assert posts(cluster, TRAINJOB) == 2
 
 
-def test_an_elastic_trainjob_is_refused_before_any_request(cluster: Cluster, bucket: str) -> None:
+def test_an_elastic_trainjob_is_refused_before_any_request(cluster: Cluster, gcs_uri: str) -> None:
     sent_before = len(list(cluster.emu))
     with pytest.raises(ValueError, match="min_workers=1: elastic training needs mpi-operator"):
-        run(cluster, pair("trainjob")[0], make_params(bucket, min_workers=1), lambda _: None)
+        run(cluster, pair("trainjob")[0], make_params(gcs_uri, min_workers=1), lambda _: None)
     assert len(list(cluster.emu)) == sent_before
 
 
 @pytest.mark.horovod
-def test_the_stored_trainjob_trains_one_model(cluster: Cluster, bucket: str) -> None:
+def test_the_stored_trainjob_trains_one_model(cluster: Cluster, gcs_uri: str) -> None:
     """The TrainJob's own command line (2 nodes x 1 process, the small model, 1 epoch on 400
     digits) run by horovodrun here: one model, the world size the run check wants."""
     from components.data_prep.prep import prepare
     from standins.kmock_cluster import TrainerOperator
 
-    prepare("bundled", f"{bucket}/data", shard_size=200, limit=400)
+    prepare("bundled", f"{gcs_uri}/data", shard_size=200, limit=400)
     p = make_params(
-        bucket, slots_per_worker=1, epochs=1, model="small", threads_per_worker=1,
+        gcs_uri, slots_per_worker=1, epochs=1, model="small", threads_per_worker=1,
         batch_size_per_worker=32, warmup_epochs=0,
     )  # fmt: skip
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}  # STORAGE_EMULATOR_HOST included
