@@ -22,7 +22,8 @@ cannot emulate is played here, and said so:
   pods once the job is gone, as Kubernetes' garbage collector would;
 * the pods themselves: `TrainerOperator` runs the launcher's trainer command line with
   horovodrun on this machine instead of mpirun across pods (and without the heartbeat watch);
-  where no real training is needed, `Operator.write_outputs` leaves what rank 0 would;
+  where a test trains nothing, `Operator.write_outputs` leaves a placeholder of rank 0's
+  outputs that claims no training outcome (`standins.kmock_jobs.write_rank0_outputs`);
 * kmock ignores label selectors, so an unrelated pod is always present to prove that the code
   filters pods itself.
 """
@@ -239,7 +240,8 @@ class Operator:
         self.conditions(name, *self.kind.running, done)
 
     def write_outputs(self, name: str, world_size: int | None = None) -> TrainConfig:
-        """What rank 0 leaves behind on success, where job `name`'s trainer command says."""
+        """A placeholder of rank 0's outputs (no training outcome), where job `name`'s trainer
+        command says."""
         from components.train.config import from_argv
 
         _, args, _ = local_equivalent(self.kind.launcher(self.job(name))[0])

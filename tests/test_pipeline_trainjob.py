@@ -11,8 +11,9 @@ kubeconfig, and the suite's fake-gcs-server for the artifacts (``gs://``).
 Stand-ins, said so:
 
 * Kubeflow Trainer, JobSet, the kubelet and the garbage collector: `standins.kmock_cluster`'s
-  `Operator` with the TrainJob kind, which writes what rank 0 would leave instead of training
-  (a real training of a TrainJob's command is in test_trainjob_lifecycle.py);
+  operators with the TrainJob kind. Where a test asserts what training did, the job's own
+  command runs the real trainer on this machine (`TrainerOperator`); elsewhere a placeholder of
+  rank 0's outputs stands in, and only what the step itself computed is asserted;
 * the ``/gcs/`` mount: kfp maps a ``gs://`` artifact to a local path under ``/gcs/``
   (``kfp.dsl.types.artifact_types._GCS_LOCAL_MOUNT_PREFIX``), which KFP's launcher mounts in
   the task's pod; here a ``sitecustomize`` on the executor's ``PYTHONPATH`` points that prefix
@@ -49,7 +50,15 @@ from components.train.config import PIPELINE_TRAIN_PARAMETERS, from_argv
 from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
 from pipeline.build import compile_pipeline
 from pipeline.checks import check_step
-from standins.kmock_cluster import NS, TRAINJOB_KIND, Cluster, Operator, local_equivalent, pod
+from standins.kmock_cluster import (
+    NS,
+    TRAINJOB_KIND,
+    Cluster,
+    Operator,
+    TrainerOperator,
+    local_equivalent,
+    pod,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -215,61 +224,64 @@ class Step:
         return self.gcs / uri.removeprefix("gs://")
 
 
+# A run small enough to train here: 2 nodes x 1 process, the small model, on 400 digits.
+TINY = {"workers": 2, "slots_per_worker": 1, "epochs": 3, "model": "small", "warmup_epochs": 0,
+        "batch_size_per_worker": 32, "threads_per_worker": 1}  # fmt: skip
+
+
+@pytest.mark.horovod
+@pytest.mark.timeout(600)
 def test_the_train_step_creates_a_trainjob_and_its_retry_reattaches(
     compiled: dict[str, Any], cluster: Cluster, gcs_uri: str, tmp_path: Path
 ) -> None:
     """The first attempt creates the TrainJob with the run's parameters, then its pod is lost;
-    the job runs on and completes; KFP's retry (same run id) reattaches, shows the launcher's
-    log and writes the step's outputs."""
-    op = Operator(cluster, TRAINJOB_KIND)
-    first = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-1")
+    the job runs on to its end (the real trainer, from the stored TrainJob's command); KFP's
+    retry (same run id) reattaches, streams the launcher's log and writes the step's outputs
+    from what the trainer wrote: one model, its weights identical on both ranks."""
+    from components.data_prep.prep import prepare
+
+    prepare(
+        "bundled", f"{gcs_uri}/pipeline-root/run-7/prepare-data/dataset", shard_size=200, limit=400
+    )
+    op = TrainerOperator(cluster, {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, TRAINJOB_KIND)
+    first = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-1", **TINY)
     first.wait_for("created TrainJob")
     name = op.wait_for_job()
     os.killpg(first.proc.pid, signal.SIGKILL)  # the task's pod is lost; nothing cleans up
     assert first.wait(10) == -signal.SIGKILL
 
-    job = cluster.job(name, TRAINJOB)
-    assert job is not None
-    values, parameters = run_values(compiled, gcs_uri), first.input["inputs"]["parameterValues"]
+    job = op.job(name)
+    values = run_values(compiled, gcs_uri, **TINY)
     trainer = job["spec"]["trainer"]
     config = from_argv(local_equivalent(trainer["command"])[1])
     assert {p.name: getattr(config, p.name) for p in PIPELINE_TRAIN_PARAMETERS} == {
         p.name: values[p.name] for p in PIPELINE_TRAIN_PARAMETERS
     }
-    assert config.epochs == 3
-    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (
-        values["workers"], values["slots_per_worker"]
-    )  # fmt: skip
-    assert trainer["image"] == parameters["trainer_image"]
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 1)
+    assert trainer["image"] == first.input["inputs"]["parameterValues"]["trainer_image"]
     assert trainer["resourcesPerNode"]["limits"] == {
         "cpu": values["cpu_per_worker"], "memory": values["memory_per_worker"],
     }  # fmt: skip
     assert job["metadata"]["annotations"]["kfp-horovod/pipeline-run-id"] == "run-7"
     assert job["metadata"]["ownerReferences"][0]["uid"] == TASK_POD_UID
-    # the job runs on without its task, to the end
-    launcher = op.start(name)
-    op.say(launcher, "[1,0]<stdout>:[rank 0/4] Epoch 1/3 - loss 0.9")
-    op.say(launcher, "[1,0]<stdout>:[rank 0/4] Epoch 3/3 - loss 0.3")
-    op.write_outputs(name)
-    op.finish(name, 0)
+    assert op.serve(name) == 0  # the job runs on without its task, to the end
 
-    retry = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-2")
-    assert retry.wait() == 0, "\n".join(retry.lines)
+    retry = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-2", **TINY)
+    assert retry.wait(120) == 0, "\n".join(retry.lines)
     assert f"reattached to TrainJob {NS}/{name} (Succeeded) from an earlier attempt" in retry.lines
-    assert [line for line in retry.lines if "<stdout>:[rank 0/4]" in line] == [
-        "[1,0]<stdout>:[rank 0/4] Epoch 1/3 - loss 0.9",
-        "[1,0]<stdout>:[rank 0/4] Epoch 3/3 - loss 0.3",
-    ]
-    assert cluster.job_names(TRAINJOB) == [name]
+    served = [line for _, line in op.lines if "<stdout>:[rank 0/2]" in line]
+    assert any(line.startswith("[1,0]<stdout>:[rank 0/2] Epoch 3/3 - loss") for line in served)
+    assert [line for line in retry.lines if "<stdout>:[rank 0/2]" in line] == served
+    assert cluster.job_names(TRAINJOB) == [name] and op.starts == 1
     assert len(cluster.requests("POST", "/trainjobs")) == 2  # created once, then a 409
-    world = values["workers"] * values["slots_per_worker"]
     summary = json.loads(retry.output("run_summary").read_text())
-    assert (summary["world_size"], summary["model_uri"]) == (world, config.model_dir)
+    assert (summary["world_size"], summary["model_uri"]) == (2, config.model_dir)
+    assert summary["weights_identical_across_ranks"] is True  # the trainer's finding
     report = retry.output("coordination_report").read_text()
-    assert f"**{world} workers formed ONE Horovod job and trained ONE model**" in report
+    assert "**identical on all 2 ranks**" in report
     metadata = json.loads((tmp_path / "attempt-2" / "out" / "executor_output.json").read_text())
     model = metadata["artifacts"]["saved_model"]["artifacts"][0]["metadata"]
-    assert (model["world_size"], model["epochs"]) == (world, 3)
+    assert (model["world_size"], model["epochs"]) == (2, 3)
 
 
 def test_sigterm_to_the_train_step_deletes_its_trainjob(
