@@ -38,8 +38,8 @@ class RunningJob:
     lines: list[tuple[float, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -67,7 +67,7 @@ def collect(job: RunningJob, timeout_s: float = 600) -> JobResult:
     except subprocess.TimeoutExpired:
         job.proc.kill()
         code = job.proc.wait()
-    job._reader.join()
+    job.reader.join()
     result = JobResult(code, time.monotonic() - job.started, job.lines, job.started)
     if code != 0:
         tail = "\n".join(line for _, line in job.lines[-30:])

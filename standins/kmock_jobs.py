@@ -81,15 +81,10 @@ def _mpijob_pods(lookup: Lookup, job: dict[str, Any]) -> list[PodSpec]:
     ]
 
 
-def launcher_command(job: dict[str, Any]) -> list[str]:
-    """The launcher container's command in a stored MPIJob."""
-    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
-    return list(launcher["containers"][0]["command"])
-
-
 def _mpijob_launcher(job: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The launcher container's command and environment in a stored MPIJob."""
     container = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    return launcher_command(job), {e["name"]: e["value"] for e in container.get("env", [])}
+    return list(container["command"]), {e["name"]: e["value"] for e in container.get("env", [])}
 
 
 MPIJOB_KIND = Kind(

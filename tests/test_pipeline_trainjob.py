@@ -36,7 +36,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +49,7 @@ from components.train.config import PIPELINE_TRAIN_PARAMETERS, from_argv
 from components.train.trainjob.manifest import TRAINING_RUNTIME, TRAINJOB
 from pipeline.build import compile_pipeline
 from pipeline.checks import check_step
+from standins.jobs import RunningJob
 from standins.kmock_cluster import (
     NS,
     TRAINJOB_KIND,
@@ -74,12 +74,23 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
 
 
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    with Cluster() as c:
+def _cluster(*kinds: Any) -> Iterator[Cluster]:
+    with Cluster(*kinds) as c:
         c.core.create_namespaced_pod(NS, pod(TASK_POD, {}, uid=TASK_POD_UID))  # the step's pod
         yield c
     Step.stop_all()
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """A cluster serving MPIJob, TrainJob and TrainingRuntime."""
+    yield from _cluster()
+
+
+@pytest.fixture
+def trainer_cluster() -> Iterator[Cluster]:
+    """A stock Kubeflow platform: Kubeflow Trainer, no mpi-operator."""
+    yield from _cluster((TRAINJOB, TRAINING_RUNTIME))
 
 
 def run_values(compiled: dict[str, Any], bucket: str, **overrides: Any) -> dict[str, Any]:
@@ -154,14 +165,16 @@ class Step:
         self.input = executor_input(compiled, bucket, run_id, work / "out", **driver)
         container = compiled["deploymentSpec"]["executors"]["exec-train"]["container"]
         args = [json.dumps(self.input) if a == "{{$}}" else a for a in container["args"]]
-        self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [*container["command"], *args], cwd=REPO, env=self._env(cluster),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
+        self.job = RunningJob(self.proc, time.monotonic())
         Step.started.append(self)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+
+    @property
+    def lines(self) -> list[str]:
+        return [line for _, line in self.job.lines]
 
     @classmethod
     def stop_all(cls) -> None:
@@ -193,21 +206,16 @@ class Step:
             "KUBECONFIG": str(kubeconfig), "HOSTNAME": TASK_POD,  # and gcs_uri's emulator host
         }  # fmt: skip
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
     def wait_for(self, text: str, timeout: float = 60.0) -> None:
         end = time.monotonic() + timeout
         while not any(text in line for line in self.lines):
-            assert self.proc.poll() is None or self._reader.is_alive(), "\n".join(self.lines)
+            assert self.proc.poll() is None or self.job.reader.is_alive(), "\n".join(self.lines)
             assert time.monotonic() < end, f"no {text!r} in:\n" + "\n".join(self.lines)
             time.sleep(0.05)
 
     def wait(self, timeout: float = 60.0) -> int:
         code = self.proc.wait(timeout)
-        self._reader.join(10)
+        self.job.reader.join(10)
         return code
 
     def executor(self) -> psutil.Process:
@@ -324,15 +332,6 @@ TASK_CONFIG = {  # what kfp-kubernetes' add_node_selector, add_toleration, ... s
 }  # fmt: skip
 PLACED = {"training_backend": "auto", "node_selector": '{"pool": "training"}',
           "tolerations": json.dumps([TEAM])}  # fmt: skip
-
-
-@pytest.fixture
-def trainer_cluster() -> Iterator[Cluster]:
-    """A stock Kubeflow platform: Kubeflow Trainer, no mpi-operator."""
-    with Cluster((TRAINJOB, TRAINING_RUNTIME)) as c:
-        c.core.create_namespaced_pod(NS, pod(TASK_POD, {}, uid=TASK_POD_UID))  # the step's pod
-        yield c
-    Step.stop_all()
 
 
 def test_auto_picks_the_trainjob_and_the_task_config_reaches_every_rank_pod(
