@@ -21,13 +21,6 @@ class JobResult:
     lines: list[tuple[float, str]] = field(default_factory=list)
     started: float = 0.0
 
-    def first_time(self, needle: str) -> float | None:
-        """Seconds after launch at which a line containing `needle` first arrived."""
-        for t, line in self.lines:
-            if needle in line:
-                return t - self.started
-        return None
-
 
 @dataclass
 class RunningJob:
