@@ -32,15 +32,8 @@ def local_image(component: str) -> str:
     return f"{registry}/{component}:{tag}"
 
 
-def unavailable(why: str) -> None:
-    """Skip; in CI (``CI`` set) fail instead, so a green CI run always ran these tests."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{why} (CI must run the container tests: `make test-containers`)")
-    pytest.skip(why)
-
-
 def require_images(client: Any, *components: str) -> dict[str, str]:
-    """The local references of `components`' images; skip (fail in CI) if one is not built."""
+    """The local references of `components`' images; fail if one is not built."""
     import docker
 
     refs = {c: local_image(c) for c in components}
@@ -48,7 +41,7 @@ def require_images(client: Any, *components: str) -> dict[str, str]:
         try:
             client.images.get(ref)
         except docker.errors.ImageNotFound:
-            unavailable(
+            pytest.fail(
                 f"image {ref} is not built; run `make images-local gcs-emulator-image"
                 + (f" LOCAL_TAG={local_tag()}`" if local_tag() != defaults.LOCAL_IMAGE_TAG else "`")
             )
