@@ -18,15 +18,13 @@ Stand-ins, said so:
   (``kfp.dsl.types.artifact_types._GCS_LOCAL_MOUNT_PREFIX``), which KFP's launcher mounts in
   the task's pod; here a ``sitecustomize`` on the executor's ``PYTHONPATH`` points that prefix
   at a temporary folder instead (nothing is written under ``/``);
-* KFP's driver: the values it resolves (the run's parameters: the compiled defaults, with
-  ``training_backend=trainjob``, the namespace and the registry a user fills in; the check
-  step's chosen image, from its own program ``pipeline.checks.check_step``; the artifacts'
-  URIs and the run id), and the task config it injects: for each input of type
-  ``TASK_CONFIG`` (the compiled ``task_config``), the JSON of the driver's ``TaskConfig``
-  (``affinity``, ``tolerations``, ``nodeSelector``, ``env``, ``volumes``, ``volumeMounts``,
-  ``resources``) of the passthroughs the component declares, as a struct in
-  ``inputs.parameterValues`` (kubeflow/pipelines ``backend/src/v2/driver``, read for
-  pipelines#12185; kfp's executor reads it back into ``dsl.TaskConfig``).
+* KFP's driver: the values it resolves (the run's parameters: the compiled defaults and what a
+  user fills in; the check step's chosen image, from its own program
+  ``pipeline.checks.check_step``; the artifacts' URIs and the run id), and the task config it
+  injects for each input of type ``TASK_CONFIG``: the JSON of its ``TaskConfig`` of the
+  passthroughs the component declares, in ``inputs.parameterValues`` (kubeflow/pipelines
+  ``backend/src/v2/driver``, read for pipelines#12185; kfp's executor reads it back into
+  ``dsl.TaskConfig``).
 """
 
 from __future__ import annotations
