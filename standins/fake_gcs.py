@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -57,18 +57,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_until_serving(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + EMULATOR_START_S
+def _wait_until_serving(url: str, exited: Callable[[], str | None], timeout: float) -> None:
+    """Wait until the emulator at `url` lists buckets; raise naming `exited`'s reason if it
+    stops first (it says why, or None while it runs), or if `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"fake-gcs-server exited ({proc.returncode}): {log.read_text()}")
+        if (why := exited()) is not None:
+            raise RuntimeError(f"the GCS emulator stopped: {why}")
         try:
             with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2):
                 return
         except (urllib.error.URLError, OSError):
             time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"fake-gcs-server not serving {url} after {EMULATOR_START_S}s: {log}")
+    raise RuntimeError(f"the GCS emulator is not serving {url} after {timeout:g} s")
 
 
 @contextlib.contextmanager
@@ -88,8 +89,12 @@ def fake_gcs_server(log: Path) -> Iterator[str]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+
+    def exited() -> str | None:
+        return None if proc.poll() is None else f"exit {proc.returncode}: {log.read_text()}"
+
     try:
-        _wait_until_serving(proc, url, log)
+        _wait_until_serving(url, exited, EMULATOR_START_S)
         yield url
     finally:
         proc.terminate()
@@ -284,17 +289,12 @@ def fake_gcs_container(docker_client: Any, image: str) -> Iterator[tuple[Any, st
         container.reload()
         port = container.attrs["NetworkSettings"]["Ports"]["9023/tcp"][0]["HostPort"]
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"GCS emulator not up: {container.logs().decode()}"
-                    ) from None
-                time.sleep(0.5)
+
+        def stopped() -> str | None:
+            container.reload()
+            return None if container.status == "running" else container.logs().decode()
+
+        _wait_until_serving(url, stopped, 60)
         yield container, url
     finally:
         container.remove(force=True)

@@ -21,13 +21,6 @@ class JobResult:
     lines: list[tuple[float, str]] = field(default_factory=list)
     started: float = 0.0
 
-    def first_time(self, needle: str) -> float | None:
-        """Seconds after launch at which a line containing `needle` first arrived."""
-        for t, line in self.lines:
-            if needle in line:
-                return t - self.started
-        return None
-
 
 @dataclass
 class RunningJob:
@@ -38,8 +31,8 @@ class RunningJob:
     lines: list[tuple[float, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -67,7 +60,7 @@ def collect(job: RunningJob, timeout_s: float = 600) -> JobResult:
     except subprocess.TimeoutExpired:
         job.proc.kill()
         code = job.proc.wait()
-    job._reader.join()
+    job.reader.join()
     result = JobResult(code, time.monotonic() - job.started, job.lines, job.started)
     if code != 0:
         tail = "\n".join(line for _, line in job.lines[-30:])

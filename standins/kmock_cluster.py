@@ -6,23 +6,18 @@ TrainJob and TrainingRuntime APIs (discovery included), or the ones a test names
 cannot emulate is played here, and said so:
 
 * the controllers: an `Operator` thread plays the controller of one `Kind` of job
-  (`standins.kmock_jobs`), moving its conditions by patching its status through the API and
-  creating its pods. `MPIJOB_KIND` is
-  mpi-operator (Created, Running, Succeeded or Failed; pods ``<name>-launcher-xxxxx`` and
-  ``<name>-worker-<i>``). `TRAINJOB_KIND` is Kubeflow Trainer v2.3 with JobSet under it: no
-  condition while the job runs (Trainer has no Created or Running), then JobSet's terminal
-  condition copied as ``Complete`` or ``Failed``; JobSet's pods ``<name>-launcher-0-0-xxxxx``
-  and ``<name>-node-0-<i>-xxxxx`` with JobSet's labels, as many nodes as the TrainJob's
-  TrainingRuntime makes (which must exist, as Trainer needs it). Each pod is made from its pod
-  template's spec (the MPIJob's replica spec, the runtime's replicated job), as the
-  controllers do, so it carries the template's placement;
+  (`standins.kmock_jobs`: `MPIJOB_KIND` for mpi-operator, `TRAINJOB_KIND` for Kubeflow Trainer
+  v2.3 with JobSet, whose docstring says how each shows), moving its conditions by patching its
+  status through the API and creating its pods from their templates' specs, as the
+  controllers do, so that each carries its template's placement;
 * pod logs: kmock has no kubelet, so a reaction serves ``pods/<name>/log`` from a dict the
   operator thread appends to, for the pod's launcher container only;
 * garbage collection: kmock does not cascade deletes, so `Operator.collect` deletes the job's
   pods once the job is gone, as Kubernetes' garbage collector would;
-* the pods themselves: `TrainerOperator` runs the launcher's trainer command line with
-  horovodrun on this machine instead of mpirun across pods (and without the heartbeat watch);
-  where no real training is needed, `Operator.write_outputs` leaves what rank 0 would;
+* the pods themselves: `TrainerOperator` runs the launcher's trainer command line on this
+  machine (`launch.local_command`) instead of mpirun across pods (without the heartbeat watch);
+  where a test trains nothing, `Operator.write_outputs` leaves a placeholder of rank 0's
+  outputs that claims no training outcome (`standins.kmock_jobs.write_rank0_outputs`);
 * kmock ignores label selectors, so an unrelated pod is always present to prove that the code
   filters pods itself.
 """
@@ -51,14 +46,13 @@ from standins.kmock_jobs import (
     TRAINJOB_KIND,
     Condition,
     Kind,
-    launcher_command,
     local_equivalent,
     write_rank0_outputs,
 )
 
 __all__ = [
     "MPIJOB_KIND", "NS", "TRAINJOB_KIND", "Cluster", "Kind", "Operator", "TrainerOperator",
-    "launcher_command", "local_equivalent", "pod", "write_rank0_outputs",
+    "local_equivalent", "pod", "write_rank0_outputs",
 ]  # fmt: skip
 
 NS = "kubeflow-user"
@@ -239,7 +233,8 @@ class Operator:
         self.conditions(name, *self.kind.running, done)
 
     def write_outputs(self, name: str, world_size: int | None = None) -> TrainConfig:
-        """What rank 0 leaves behind on success, where job `name`'s trainer command says."""
+        """A placeholder of rank 0's outputs (no training outcome), where job `name`'s trainer
+        command says."""
         from components.train.config import from_argv
 
         _, args, _ = local_equivalent(self.kind.launcher(self.job(name))[0])

@@ -1,6 +1,6 @@
 """The jobs `standins.kmock_cluster`'s operators play: what a controller makes of each kind of
-job on the API (`Kind`), the launcher's command read back from a stored job, and what rank 0
-of the trainer leaves behind where no real trainer runs.
+job on the API (`Kind`), the launcher's command read back from a stored job, and a placeholder
+for rank 0's outputs where a test trains nothing (it claims no training outcome).
 
 * `MPIJOB_KIND`, mpi-operator: conditions Created, Running, then Succeeded or Failed; pods
   ``<name>-launcher-xxxxx`` and ``<name>-worker-<i>`` with the manifest's own labels.
@@ -17,13 +17,14 @@ of the trainer leaves behind where no real trainer runs.
 
 from __future__ import annotations
 
-import json
+import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from components.common import storage
+from components.train import summary
 from components.train.cluster.crd import Crd
 from components.train.cluster.job import LABEL_ROLE
 from components.train.cluster.mpijob import LABEL_JOB, MPIJOB
@@ -80,15 +81,10 @@ def _mpijob_pods(lookup: Lookup, job: dict[str, Any]) -> list[PodSpec]:
     ]
 
 
-def launcher_command(job: dict[str, Any]) -> list[str]:
-    """The launcher container's command in a stored MPIJob."""
-    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
-    return list(launcher["containers"][0]["command"])
-
-
 def _mpijob_launcher(job: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The launcher container's command and environment in a stored MPIJob."""
     container = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    return launcher_command(job), {e["name"]: e["value"] for e in container.get("env", [])}
+    return list(container["command"]), {e["name"]: e["value"] for e in container.get("env", [])}
 
 
 MPIJOB_KIND = Kind(
@@ -174,29 +170,19 @@ def local_equivalent(command: list[str]) -> tuple[int, list[str], dict[str, str]
 
 
 def write_rank0_outputs(train: TrainConfig, world_size: int | None = None) -> None:
-    """What rank 0 of the trainer leaves behind on success: a SavedModel file and the run
-    summary (every field the train step reads), at `train`'s URIs."""
+    """A placeholder for what rank 0 leaves behind on success, at `train`'s URIs, for tests
+    of a job's lifecycle that train nothing: a stand-in ``saved_model.pb`` and a run summary
+    holding only what the operator knows (the world size it ran, `world_size` or the job's,
+    and the config the command says). It claims no training outcome: no rank records, weights
+    not shown identical, no metrics, nothing covered. A test that needs an outcome runs the
+    real trainer (`standins.kmock_cluster.TrainerOperator`)."""
     size = train.world_size if world_size is None else world_size
-    storage.write_bytes(storage.join(train.model_uri, "saved_model.pb"), b"pb")
-    hosts = [f"node-{r // train.slots_per_worker}" for r in range(size)]
-    per_rank = [
-        {"rank": r, "host": hosts[r], "device": "CPU", "threads": 1,
-         "sample_range": [100 * r, 100 * (r + 1)], "samples_per_epoch": 100,
-         "steps_per_epoch": 4, "examples_per_second": 100.0, "weights_sha256": "ab" * 32}
-        for r in range(size)
-    ]  # fmt: skip
-    summary = {
-        "world_size": size, "expected_workers": train.world_size, "controller": "mpi",
-        "hosts": sorted(set(hosts)), "epochs": train.epochs,
-        "resumed_from_epoch": 0, "batch_size_per_worker": train.batch_size_per_worker,
-        "global_batch_size": train.batch_size_per_worker * size,
-        "base_learning_rate": train.learning_rate, "learning_rate": train.learning_rate * size,
-        "lr_scaling": "linear", "warmup_epochs": train.warmup_epochs, "model": train.model,
-        "augment": train.augment, "model_parameters": 1000, "per_rank": per_rank,
-        "coverage": {"samples": 100 * size, "seen_per_epoch": 100 * size, "disjoint": True,
-                     "covers_all": True},
-        "weights_identical_across_ranks": True, "final_metrics": {"accuracy": 0.97},
-        "model_uri": train.model_uri, "saved_model_sha256": "ef" * 32,
-        "tensorboard_uri": train.tensorboard_uri,
-    }  # fmt: skip
-    storage.write_text(train.summary_uri, json.dumps(summary))
+    model = b"placeholder: no model was trained"
+    storage.write_bytes(storage.join(train.model_uri, "saved_model.pb"), model)
+    summary.write(train.summary_uri, summary.RunSummary(
+        config=train, world_size=size, hosts=[], controller="mpi", gradient_allreduce="host",
+        resumed_from_epoch=0, adam={}, model_parameters=0, dataset={}, per_rank=[],
+        coverage={"samples": 0, "seen_per_epoch": 0, "disjoint": False, "covers_all": False},
+        weights_identical_across_ranks=False, final_metrics={},
+        saved_model_sha256=hashlib.sha256(model).hexdigest(),
+    ))  # fmt: skip

@@ -11,21 +11,20 @@ kubeconfig, and the suite's fake-gcs-server for the artifacts (``gs://``).
 Stand-ins, said so:
 
 * Kubeflow Trainer, JobSet, the kubelet and the garbage collector: `standins.kmock_cluster`'s
-  `Operator` with the TrainJob kind, which writes what rank 0 would leave instead of training
-  (a real training of a TrainJob's command is in test_trainjob_lifecycle.py);
+  operators with the TrainJob kind. Where a test asserts what training did, the job's own
+  command runs the real trainer on this machine (`TrainerOperator`); elsewhere a placeholder of
+  rank 0's outputs stands in, and only what the step itself computed is asserted;
 * the ``/gcs/`` mount: kfp maps a ``gs://`` artifact to a local path under ``/gcs/``
   (``kfp.dsl.types.artifact_types._GCS_LOCAL_MOUNT_PREFIX``), which KFP's launcher mounts in
   the task's pod; here a ``sitecustomize`` on the executor's ``PYTHONPATH`` points that prefix
   at a temporary folder instead (nothing is written under ``/``);
-* KFP's driver: the values it resolves (the run's parameters: the compiled defaults, with
-  ``training_backend=trainjob``, the namespace and the registry a user fills in; the check
-  step's chosen image, from its own program ``pipeline.checks.check_step``; the artifacts'
-  URIs and the run id), and the task config it injects: for each input of type
-  ``TASK_CONFIG`` (the compiled ``task_config``), the JSON of the driver's ``TaskConfig``
-  (``affinity``, ``tolerations``, ``nodeSelector``, ``env``, ``volumes``, ``volumeMounts``,
-  ``resources``) of the passthroughs the component declares, as a struct in
-  ``inputs.parameterValues`` (kubeflow/pipelines ``backend/src/v2/driver``, read for
-  pipelines#12185; kfp's executor reads it back into ``dsl.TaskConfig``).
+* KFP's driver: the values it resolves (the run's parameters: the compiled defaults and what a
+  user fills in; the check step's chosen image, from its own program
+  ``pipeline.checks.check_step``; the artifacts' URIs and the run id), and the task config it
+  injects for each input of type ``TASK_CONFIG``: the JSON of its ``TaskConfig`` of the
+  passthroughs the component declares, in ``inputs.parameterValues`` (kubeflow/pipelines
+  ``backend/src/v2/driver``, read for pipelines#12185; kfp's executor reads it back into
+  ``dsl.TaskConfig``).
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,7 +48,16 @@ from components.train.config import PIPELINE_TRAIN_PARAMETERS, from_argv
 from components.train.summary import parse
 from pipeline.build import compile_pipeline
 from pipeline.checks import check_step
-from standins.kmock_cluster import NS, TRAINJOB_KIND, Cluster, Operator, local_equivalent, pod
+from standins.jobs import RunningJob
+from standins.kmock_cluster import (
+    NS,
+    TRAINJOB_KIND,
+    Cluster,
+    Operator,
+    TrainerOperator,
+    local_equivalent,
+    pod,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,12 +73,23 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
 
 
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    with Cluster() as c:
+def _cluster(*kinds: Any) -> Iterator[Cluster]:
+    with Cluster(*kinds) as c:
         c.core.create_namespaced_pod(NS, pod(TASK_POD, {}, uid=TASK_POD_UID))  # the step's pod
         yield c
     Step.stop_all()
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """A cluster serving MPIJob, TrainJob and TrainingRuntime."""
+    yield from _cluster()
+
+
+@pytest.fixture
+def trainer_cluster() -> Iterator[Cluster]:
+    """A stock Kubeflow platform: Kubeflow Trainer, no mpi-operator."""
+    yield from _cluster((TRAINJOB, TRAINING_RUNTIME))
 
 
 def run_values(compiled: dict[str, Any], bucket: str, **overrides: Any) -> dict[str, Any]:
@@ -146,14 +164,16 @@ class Step:
         self.input = executor_input(compiled, bucket, run_id, work / "out", **driver)
         container = compiled["deploymentSpec"]["executors"]["exec-train"]["container"]
         args = [json.dumps(self.input) if a == "{{$}}" else a for a in container["args"]]
-        self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [*container["command"], *args], cwd=REPO, env=self._env(cluster),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
+        self.job = RunningJob(self.proc, time.monotonic())
         Step.started.append(self)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+
+    @property
+    def lines(self) -> list[str]:
+        return [line for _, line in self.job.lines]
 
     @classmethod
     def stop_all(cls) -> None:
@@ -185,21 +205,16 @@ class Step:
             "KUBECONFIG": str(kubeconfig), "HOSTNAME": TASK_POD,  # and gcs_uri's emulator host
         }  # fmt: skip
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
     def wait_for(self, text: str, timeout: float = 60.0) -> None:
         end = time.monotonic() + timeout
         while not any(text in line for line in self.lines):
-            assert self.proc.poll() is None or self._reader.is_alive(), "\n".join(self.lines)
+            assert self.proc.poll() is None or self.job.reader.is_alive(), "\n".join(self.lines)
             assert time.monotonic() < end, f"no {text!r} in:\n" + "\n".join(self.lines)
             time.sleep(0.05)
 
     def wait(self, timeout: float = 60.0) -> int:
         code = self.proc.wait(timeout)
-        self._reader.join(10)
+        self.job.reader.join(10)
         return code
 
     def executor(self) -> psutil.Process:
@@ -216,61 +231,64 @@ class Step:
         return self.gcs / uri.removeprefix("gs://")
 
 
+# A run small enough to train here: 2 nodes x 1 process, the small model, on 400 digits.
+TINY = {"workers": 2, "slots_per_worker": 1, "epochs": 3, "model": "small", "warmup_epochs": 0,
+        "batch_size_per_worker": 32, "threads_per_worker": 1}  # fmt: skip
+
+
+@pytest.mark.horovod
+@pytest.mark.timeout(600)
 def test_the_train_step_creates_a_trainjob_and_its_retry_reattaches(
     compiled: dict[str, Any], cluster: Cluster, gcs_uri: str, tmp_path: Path
 ) -> None:
     """The first attempt creates the TrainJob with the run's parameters, then its pod is lost;
-    the job runs on and completes; KFP's retry (same run id) reattaches, shows the launcher's
-    log and writes the step's outputs."""
-    op = Operator(cluster, TRAINJOB_KIND)
-    first = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-1")
+    the job runs on to its end (the real trainer, from the stored TrainJob's command); KFP's
+    retry (same run id) reattaches, streams the launcher's log and writes the step's outputs
+    from what the trainer wrote: one model, its weights identical on both ranks."""
+    from components.data_prep.prep import prepare
+
+    prepare(
+        "bundled", f"{gcs_uri}/pipeline-root/run-7/prepare-data/dataset", shard_size=200, limit=400
+    )
+    op = TrainerOperator(cluster, {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, TRAINJOB_KIND)
+    first = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-1", **TINY)
     first.wait_for("created TrainJob")
     name = op.wait_for_job()
     os.killpg(first.proc.pid, signal.SIGKILL)  # the task's pod is lost; nothing cleans up
     assert first.wait(10) == -signal.SIGKILL
 
-    job = cluster.job(name, TRAINJOB)
-    assert job is not None
-    values, parameters = run_values(compiled, gcs_uri), first.input["inputs"]["parameterValues"]
+    job = op.job(name)
+    values = run_values(compiled, gcs_uri, **TINY)
     trainer = job["spec"]["trainer"]
     config = from_argv(local_equivalent(trainer["command"])[1])
     assert {p.name: getattr(config, p.name) for p in PIPELINE_TRAIN_PARAMETERS} == {
         p.name: values[p.name] for p in PIPELINE_TRAIN_PARAMETERS
     }
-    assert config.epochs == 3
-    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (
-        values["workers"], values["slots_per_worker"]
-    )  # fmt: skip
-    assert trainer["image"] == parameters["trainer_image"]
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 1)
+    assert trainer["image"] == first.input["inputs"]["parameterValues"]["trainer_image"]
     assert trainer["resourcesPerNode"]["limits"] == {
         "cpu": values["cpu_per_worker"], "memory": values["memory_per_worker"],
     }  # fmt: skip
     assert job["metadata"]["annotations"]["kfp-horovod/pipeline-run-id"] == "run-7"
     assert job["metadata"]["ownerReferences"][0]["uid"] == TASK_POD_UID
-    # the job runs on without its task, to the end
-    launcher = op.start(name)
-    op.say(launcher, "[1,0]<stdout>:[rank 0/4] Epoch 1/3 - loss 0.9")
-    op.say(launcher, "[1,0]<stdout>:[rank 0/4] Epoch 3/3 - loss 0.3")
-    op.write_outputs(name)
-    op.finish(name, 0)
+    assert op.serve(name) == 0  # the job runs on without its task, to the end
 
-    retry = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-2")
-    assert retry.wait() == 0, "\n".join(retry.lines)
+    retry = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-2", **TINY)
+    assert retry.wait(120) == 0, "\n".join(retry.lines)
     assert f"reattached to TrainJob {NS}/{name} (Succeeded) from an earlier attempt" in retry.lines
-    assert [line for line in retry.lines if "<stdout>:[rank 0/4]" in line] == [
-        "[1,0]<stdout>:[rank 0/4] Epoch 1/3 - loss 0.9",
-        "[1,0]<stdout>:[rank 0/4] Epoch 3/3 - loss 0.3",
-    ]
-    assert cluster.job_names(TRAINJOB) == [name]
+    served = [line for _, line in op.lines if "<stdout>:[rank 0/2]" in line]
+    assert any(line.startswith("[1,0]<stdout>:[rank 0/2] Epoch 3/3 - loss") for line in served)
+    assert [line for line in retry.lines if "<stdout>:[rank 0/2]" in line] == served
+    assert cluster.job_names(TRAINJOB) == [name] and op.starts == 1
     assert len(cluster.requests("POST", "/trainjobs")) == 2  # created once, then a 409
-    world = values["workers"] * values["slots_per_worker"]
     summary = parse(retry.output("run_summary").read_text())
-    assert (summary.world_size, summary.model_uri) == (world, config.model_dir)
+    assert (summary.world_size, summary.model_uri) == (2, config.model_dir)
+    assert summary.weights_identical_across_ranks is True  # the trainer's finding
     report = retry.output("coordination_report").read_text()
-    assert f"**{world} workers formed ONE Horovod job and trained ONE model**" in report
+    assert "**identical on all 2 ranks**" in report
     metadata = json.loads((tmp_path / "attempt-2" / "out" / "executor_output.json").read_text())
     model = metadata["artifacts"]["saved_model"]["artifacts"][0]["metadata"]
-    assert (model["world_size"], model["epochs"]) == (world, 3)
+    assert (model["world_size"], model["epochs"]) == (2, 3)
 
 
 def test_sigterm_to_the_train_step_deletes_its_trainjob(
@@ -313,15 +331,6 @@ TASK_CONFIG = {  # what kfp-kubernetes' add_node_selector, add_toleration, ... s
 }  # fmt: skip
 PLACED = {"training_backend": "auto", "node_selector": '{"pool": "training"}',
           "tolerations": json.dumps([TEAM])}  # fmt: skip
-
-
-@pytest.fixture
-def trainer_cluster() -> Iterator[Cluster]:
-    """A stock Kubeflow platform: Kubeflow Trainer, no mpi-operator."""
-    with Cluster((TRAINJOB, TRAINING_RUNTIME)) as c:
-        c.core.create_namespaced_pod(NS, pod(TASK_POD, {}, uid=TASK_POD_UID))  # the step's pod
-        yield c
-    Step.stop_all()
 
 
 def test_auto_picks_the_trainjob_and_the_task_config_reaches_every_rank_pod(

@@ -1,9 +1,8 @@
 """Fixtures of the container tests: the Docker engine, the locally built images, and a GCS
 emulator container that the jobs' networks reach as ``gcs`` and the tests reach on 127.0.0.1.
 
-Where Docker or an image is missing these tests skip with the command that provides it; in CI
-(``CI`` set) they fail instead, so a green CI run always ran them. `make test-containers`
-installs Docker, builds the images and runs them.
+Where Docker or an image is missing these tests fail, naming the command that provides it:
+`make test-containers` installs Docker, builds the images and runs them.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.containers.support import new_bucket, require_images, unavailable
+from tests.containers.support import new_bucket, require_images
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +24,7 @@ def docker_client() -> Iterator[Any]:
         client = docker.from_env()
         client.ping()
     except Exception as exc:  # docker.errors.DockerException, requests' ConnectionError
-        unavailable(f"no Docker engine answers ({exc}); `make docker-ready` starts one")
+        pytest.fail(f"no Docker engine answers ({exc}); `make docker-ready` starts one")
     yield client
     client.close()
 
