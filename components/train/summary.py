@@ -182,10 +182,15 @@ def coordination_report(summary: RunSummary) -> str:
         "nccl": "GPU to GPU (NCCL)",
         "host": "through host memory (Horovod's CPU operations)",
     }
+    outcome = (
+        "and trained ONE model"
+        if s.weights_identical_across_ranks
+        else "but their final weights differ: not one model"
+    )
     lines = [
         "# Coordination report",
         "",
-        f"**{size} workers formed ONE Horovod job and trained ONE model** (formed by the "
+        f"**{size} workers formed ONE Horovod job {outcome}** (formed by the "
         f"{s.controller} controller; expected workers: {c.world_size}; hosts: "
         f"{', '.join(s.hosts)}).",
         "",

@@ -108,6 +108,13 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_report_answers_one_model_or_n() -> None:
     text = coordination_report(_summary())
     assert "**3 workers formed ONE Horovod job and trained ONE model**" in text
+    differ = coordination_report(
+        dataclasses.replace(_summary(), weights_identical_across_ranks=False)
+    )
+    assert (
+        "**3 workers formed ONE Horovod job but their final weights differ: not one model**"
+        in differ
+    )
     assert "formed by the mpi controller" in text
     assert "Global batch: **96** = 3 workers x 32 per worker" in text
     assert "Learning rate: **0.003** = 0.001 x 3 workers" in text
