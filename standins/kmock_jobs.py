@@ -37,6 +37,7 @@ from components.train.cluster.trainjob import (
     TRAINJOB,
 )
 from components.train.config import TrainConfig
+from components.train.trainer import adam_settings
 
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -173,15 +174,17 @@ def write_rank0_outputs(train: TrainConfig, world_size: int | None = None) -> No
     """A placeholder for what rank 0 leaves behind on success, at `train`'s URIs, for tests
     of a job's lifecycle that train nothing: a stand-in ``saved_model.pb`` and a run summary
     holding only what the operator knows (the world size it ran, `world_size` or the job's,
-    and the config the command says). It claims no training outcome: no rank records, weights
-    not shown identical, no metrics, nothing covered. A test that needs an outcome runs the
+    the config the command says, and the Adam settings the trainer's rule gives them). It
+    claims no training outcome: no rank records, weights not shown identical, no metrics,
+    nothing covered. A test that needs an outcome runs the
     real trainer (`standins.kmock_cluster.TrainerOperator`)."""
     size = train.world_size if world_size is None else world_size
     model = b"placeholder: no model was trained"
     storage.write_bytes(storage.join(train.model_uri, "saved_model.pb"), model)
     summary.write(train.summary_uri, summary.RunSummary(
         config=train, world_size=size, hosts=[], controller="mpi", gradient_allreduce="host",
-        resumed_from_epoch=0, adam={}, model_parameters=0, dataset={}, per_rank=[],
+        resumed_from_epoch=0, adam=adam_settings(train.lr_scaling, train.learning_rate, size),
+        model_parameters=0, dataset={}, per_rank=[],
         coverage={"samples": 0, "seen_per_epoch": 0, "disjoint": False, "covers_all": False},
         weights_identical_across_ranks=False, final_metrics={},
         saved_model_sha256=hashlib.sha256(model).hexdigest(),

@@ -130,18 +130,24 @@ def trained_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -
     return train_small(tiny_dataset, 7, 3, tmp_path_factory.mktemp("trained-model") / "model")
 
 
+def summary_json(saved_model_sha256: str, world_size: int = 2) -> str:
+    """A run summary as the trainer writes it, for a model of `world_size` ranks whose
+    ``saved_model.pb`` hashes to `saved_model_sha256` (what registration checks)."""
+    config = TrainConfig(data="/d", output="/o", workers=world_size, epochs=1, model="small")
+    record = RunSummary(
+        config=config, world_size=world_size, hosts=["h"], controller="mpi",
+        gradient_allreduce="host", resumed_from_epoch=0, adam={}, model_parameters=0, dataset={},
+        per_rank=[], coverage={}, weights_identical_across_ranks=True,
+        final_metrics={"loss": 0.5}, saved_model_sha256=saved_model_sha256,
+    )  # fmt: skip
+    return to_json(record)
+
+
 @pytest.fixture
 def trained_summary(trained_model: TrainedModel, tmp_path: Path) -> str:
     """A run summary as the trainer writes it for `trained_model`, recording its digest."""
     path = tmp_path / "run_summary.json"
-    config = TrainConfig(data="/d", output="/o", workers=2, epochs=1, model="small")
-    record = RunSummary(
-        config=config, world_size=2, hosts=["h"], controller="mpi", gradient_allreduce="host",
-        resumed_from_epoch=0, adam={}, model_parameters=0, dataset={}, per_rank=[], coverage={},
-        weights_identical_across_ranks=True, final_metrics={"loss": 0.5},
-        saved_model_sha256=trained_model.saved_model_sha256,
-    )  # fmt: skip
-    path.write_text(to_json(record))
+    path.write_text(summary_json(trained_model.saved_model_sha256))
     return str(path)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import re
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import pytest
 
 from components.common import dataset, storage
 from standins.fake_gcs import FaultProxy, create_bucket
+from tests.conftest import summary_json
 
 SHARE = 0.2  # of the requests answered with a fault
 STORAGE_LOGGER = "components.common.storage"
@@ -156,10 +156,7 @@ def test_register_retries_and_publishes_one_version(faulty: Faulty, trained_mode
 
     model_uri, data_uri = _upload_inputs(faulty, trained_model)
     summary_uri = f"{faulty.root}/run/run_summary.json"
-    summary = {
-        "world_size": 1, "model": "small", "saved_model_sha256": trained_model.saved_model_sha256
-    }  # fmt: skip
-    storage.write_text(summary_uri, json.dumps(summary))
+    storage.write_text(summary_uri, summary_json(trained_model.saved_model_sha256, world_size=1))
     with faulty.faults():
         decision = register(
             model_uri, summary_uri, data_uri, trained_model.accuracy, trained_model.loss,

@@ -126,15 +126,22 @@ def _mpijob_params(b: Bench, bucket: str, run_id: str) -> Any:
     return ClusterJobParams(run_name="faults", train=train, pipeline_run_id=run_id)
 
 
+def _run_mpijob(cluster: Any, p: Any, log: Any) -> Any:
+    """`run_job` of the MPIJob backend against the kmock `cluster`."""
+    from components.train.cluster.mpijob import BACKEND
+    from components.train.cluster.run import run_job
+    from standins.kmock_cluster import NS
+
+    return run_job(BACKEND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2, log=log)
+
+
 class _PodLost(BaseException):
     """The train task's pod is gone (raised from its log callback, as nothing catches it)."""
 
 
 def kfp_retry(b: Bench) -> dict[str, Any]:
     """The train task's pod lost after the first epoch; KFP's retry reattaches to its MPIJob."""
-    from components.train.cluster.mpijob import BACKEND
-    from components.train.cluster.run import run_job
-    from standins.kmock_cluster import NS, Cluster, TrainerOperator
+    from standins.kmock_cluster import Cluster, TrainerOperator
 
     bucket = b.bucket()
     with gcs_host(b.emulator), Cluster() as cluster:
@@ -149,14 +156,9 @@ def kfp_retry(b: Bench) -> dict[str, Any]:
                 raise _PodLost()
 
         with contextlib.suppress(_PodLost):
-            run_job(
-                BACKEND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2, log=lose_pod
-            )
+            _run_mpijob(cluster, p, lose_pod)
         lines: list[tuple[float, str]] = []
-        summary = run_job(
-            BACKEND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2,
-            log=stamped(lines),
-        )  # fmt: skip
+        summary = _run_mpijob(cluster, p, stamped(lines))
         op.join(JOB_TIMEOUT_S)
         back = next((t for t, line in lines if line.startswith("reattached to MPIJob")), None)
         jobs, posts = cluster.job_names(), len(cluster.requests("POST", "/mpijobs"))
@@ -197,9 +199,6 @@ def _alive(pid: int) -> bool:
 def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
     """Run the job and cancel it mid-training; what was left, and when it was all gone."""
     from components.train.cluster.job import JobCancelled
-    from components.train.cluster.mpijob import BACKEND
-    from components.train.cluster.run import run_job
-    from standins.kmock_cluster import NS
 
     sent: list[float] = []
 
@@ -211,10 +210,7 @@ def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
     op.play(script)
     gone_at = None
     with contextlib.suppress(JobCancelled):
-        run_job(
-            BACKEND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2,
-            log=lambda _: None,
-        )  # fmt: skip
+        _run_mpijob(cluster, p, lambda _: None)
     if sent:
         gone_at = time.monotonic()
     op.join(60)
@@ -232,9 +228,7 @@ def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
 
 def cancel(b: Bench) -> dict[str, Any]:
     """SIGTERM to the train task: the MPIJob deleted, nothing left; the retried run resumes."""
-    from components.train.cluster.mpijob import BACKEND
-    from components.train.cluster.run import run_job
-    from standins.kmock_cluster import NS, Cluster, TrainerOperator
+    from standins.kmock_cluster import Cluster, TrainerOperator
 
     bucket = b.bucket()
     previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a late SIGTERM stops nothing
@@ -245,10 +239,7 @@ def cancel(b: Bench) -> dict[str, Any]:
             cancelled = _cancel_once(b, cluster, op, p)
             progress = progress_at(op.lines, op.killed_at or cancelled["sent"])
             op.play(_serve_one)
-            summary = run_job(
-                BACKEND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2,
-                log=lambda _: None,
-            )  # fmt: skip
+            summary = _run_mpijob(cluster, p, lambda _: None)
             op.join(JOB_TIMEOUT_S)
             models, half = models_exported(p.train.output), half_written(bucket)
     finally:

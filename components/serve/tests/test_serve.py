@@ -21,9 +21,10 @@ import pytest
 
 from components.common.dataset import load_split
 from components.common.defaults import EVAL_BATCH_SIZE
-from components.common.model_files import DIGEST_KEY, load_serving
+from components.common.model_files import load_serving
 from components.register.tests.registering import register_run
 from components.serve import server
+from tests.conftest import summary_json
 
 MODEL = "mnist-cnn"
 
@@ -40,7 +41,7 @@ def challenger_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory
 def register_model(model: Any, root: str, run_id: str, accuracy: float, tmp_path: Path) -> Any:
     """Register `model` (a `TrainedModel`) under `root` with a run summary recording its digest."""
     summary = tmp_path / f"{run_id}-summary.json"
-    summary.write_text(json.dumps({"world_size": 1, DIGEST_KEY: model.saved_model_sha256}))
+    summary.write_text(summary_json(model.saved_model_sha256, world_size=1))
     return register_run(model, str(summary), root, run_id, accuracy)
 
 
