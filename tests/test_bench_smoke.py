@@ -138,7 +138,7 @@ def test_faults_benchmark_runs_and_writes_its_table(tmp_path: Path) -> None:
     why the suite does not run them all again here: a killed rank (static,
     components/train/tests/test_trainer_resume.py; elastic, test_trainer_elastic.py), a frozen
     rank (test_mpiwatch.py), GCS errors (tests/test_gcs_faults.py), damaged checkpoints
-    (test_trainer_resume.py), KFP retry and cancel (test_mpijob_lifecycle.py)."""
+    (test_trainer_resume.py), KFP retry and cancel (test_cluster_lifecycle.py)."""
     out, work = tmp_path / "results", tmp_path / "work"
     assert (
         faults.main(["--quick", "--only", "kfp_retry", "--out", str(out), "--work", str(work)]) == 0

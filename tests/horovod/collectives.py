@@ -28,7 +28,7 @@ def _inputs(rank: int) -> dict[str, np.ndarray]:
 
 
 def ranks(me: Rank) -> dict[str, Any]:
-    """``hvd.init()`` and who this rank is (trainer.py; job.py's `controller`)."""
+    """``hvd.init()`` and who this rank is (trainer.py; telemetry.py's run summary `controller`)."""
     hvd = me.hvd
     return {
         "rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
@@ -91,7 +91,7 @@ def broadcast_variables(me: Rank) -> dict[str, Any]:
 
 
 def broadcast_object(me: Rank) -> dict[str, Any]:
-    """Rank 0's object on every rank (fit.build_or_resume: rank 0's checkpoint marker, or the
+    """Rank 0's object on every rank (trainer.build_or_resume: rank 0's checkpoint marker, or the
     error every rank then stops with, or None)."""
     from horovod.tensorflow import broadcast_object as bcast
 
@@ -120,8 +120,8 @@ def allgather(me: Rank) -> dict[str, Any]:
 
 
 def allgather_object(me: Rank) -> dict[str, Any]:
-    """Every rank's object, in rank order (job.agree's errors, the epoch costs, export's per-rank
-    records and sample ids)."""
+    """Every rank's object, in rank order (trainer.agree's errors; telemetry.py's epoch costs,
+    the run summary's per-rank records and sample ids)."""
     from horovod.tensorflow import allgather_object as gather
 
     mine = {

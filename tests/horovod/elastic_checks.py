@@ -85,7 +85,7 @@ def state_sync(me: Rank) -> dict[str, Any]:
 
 def commit_callback(me: Rank) -> dict[str, Any]:
     """``CommitStateCallback(state, COMMIT_AT_EPOCH_ENDS_ONLY)`` after a record-the-epoch
-    callback (elastic._state_callbacks), in ``fit`` inside ``hvd.elastic.run``: it commits once
+    callback (elastic._attempt), in ``fit`` inside ``hvd.elastic.run``: it commits once
     per epoch, after the record; a restore then gives back the trained weights and records."""
     hvd, keras = me.hvd, me.keras
     model, optimizer = _trainee(me, seed=7)

@@ -42,7 +42,7 @@ def _averaged_gradient_steps(me: Rank, model: Any) -> list[float]:
 
 
 def distributed_optimizer(me: Rank, **options: Any) -> dict[str, Any]:
-    """``hvd.DistributedOptimizer(Adam, **options)`` (fit.build_or_resume; ``groups=2``:
+    """``hvd.DistributedOptimizer(Adam, **options)`` (trainer.build_or_resume; ``groups=2``:
     grouped allreduce, bench/variants.py's ``--groups``): STEPS steps on different data per
     rank give identical weights, those of Adam on the averaged gradient."""
     model = small_model(me.keras, seed=7)  # the same initial weights on every rank

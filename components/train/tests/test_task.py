@@ -66,7 +66,7 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     """What the component hands to the MPIJob lifecycle, and what it writes back.
 
     The cluster itself is replaced here (no Kubernetes runs on this machine); the lifecycle
-    against a real HTTP Kubernetes API is covered in test_mpijob_lifecycle.py.
+    against a real HTTP Kubernetes API is covered in test_cluster_lifecycle.py.
     """
     from components.train.cluster import run
 
