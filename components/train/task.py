@@ -15,7 +15,8 @@ from typing import Any
 
 from components.common import storage
 from components.train import summary
-from components.train.cluster.job import GPU_RESOURCE, Choice, PodConfig, choose_backend
+from components.train.cluster import job
+from components.train.cluster.job import GPU_RESOURCE, Choice, PodConfig
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
 from components.train.launch import run_local_job
 from components.train.preflight import check_model_before_launch
@@ -36,8 +37,7 @@ def work_uri(model_uri: str) -> str:
 
 
 def train_locally(config: TrainConfig, dataset_path: str, model_path: str, log: Log) -> RunSummary:
-    """Run ``mpirun -np workers`` here on the artifacts' local paths (one host: world size =
-    `config.workers`); return the summary."""
+    """Run ``mpirun -np workers`` here on the artifacts' local paths (one host, one slot each)."""
     config = dataclasses.replace(
         config,
         data=dataset_path,
@@ -51,22 +51,14 @@ def train_locally(config: TrainConfig, dataset_path: str, model_path: str, log: 
 
 def pod_config(task_config: Any) -> PodConfig:
     """The `PodConfig` of a ``kfp.dsl.TaskConfig`` (None: nothing passed through)."""
-    if task_config is None:
-        return PodConfig()
-    return PodConfig(
-        node_selector=dict(task_config.node_selector or {}),
-        tolerations=list(task_config.tolerations or []),
-        affinity=dict(task_config.affinity or {}),
-        env=list(task_config.env or []),
-        volumes=list(task_config.volumes or []),
-        volume_mounts=list(task_config.volume_mounts or []),
-    )
+    passed = {f.name: getattr(task_config, f.name, None) for f in dataclasses.fields(PodConfig)}
+    return PodConfig(**{name: value for name, value in passed.items() if value})
 
 
 def worker_resources(resources: Mapping[str, Any] | None, step: TrainStep, gpus: int) -> TrainStep:
     """`step` with its workers' CPU and memory from the task config's `resources` (a limit,
-    else a request) where its parameters are at their defaults; a parameter set otherwise must
-    agree, as must `gpus` (``gpus_per_worker``); ValueError names each disagreement."""
+    else a request) where its parameters are at their defaults; a parameter set otherwise, and
+    `gpus`, must agree (ValueError names each disagreement)."""
 
     def amount(name: str) -> str | None:
         for part in ("limits", "requests"):
@@ -109,14 +101,13 @@ def train_on_cluster(
     run summary and backend."""
     from kubernetes import client
 
-    from components.train.cluster import job
     from components.train.cluster.run import default_api_client, run_job
 
     api_client = None
     chosen = Choice(step.training_backend, FORCED)
     if step.training_backend == "auto":
         api_client = default_api_client()
-        chosen = choose_backend(client.CustomObjectsApi(api_client))
+        chosen = job.choose_backend(client.CustomObjectsApi(api_client))
         log(f"training_backend=auto chose {chosen.backend}: {chosen.reason}")
     problems = job.uri_problems(config.data, config.output, config.model_dir)
     if problems:
@@ -139,8 +130,8 @@ def train_on_cluster(
         owner_pod_name=os.environ.get("HOSTNAME") or None,
         task_config=pod_config(task_config),
     )
-    backend = job.backend(chosen.backend)
-    record = run_job(backend, params, namespace=namespace, api_client=api_client, log=log)
+    b = job.backend(chosen.backend)
+    record = run_job(b, params, namespace=namespace, api_client=api_client, log=log)
     return record, chosen
 
 
@@ -175,8 +166,8 @@ def run_train_task(
     record.training_backend = backend.backend
     record.training_backend_reason = backend.reason
     summary_path, report_path = outputs
-    _write(summary_path, summary.to_json(record))
-    _write(report_path, coordination_report(record))
+    storage.write_text(summary_path, summary.to_json(record))
+    storage.write_text(report_path, coordination_report(record))
     return record
 
 
@@ -218,8 +209,3 @@ def artifact_metadata(record: RunSummary) -> tuple[dict[str, Any], dict[str, Any
         "training_backend": record.training_backend,
     }
     return model, run
-
-
-def _write(path: str, text: str) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text)

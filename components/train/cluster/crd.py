@@ -37,7 +37,6 @@ class Crd:
 
     @property
     def api_version(self) -> str:
-        """``<group>/<version>``, as a manifest's ``apiVersion``."""
         return f"{self.group}/{self.version}"
 
 
@@ -70,7 +69,7 @@ def crd_schema(crd: Crd, path: Path) -> dict[str, Any]:
 
 
 def _close_objects(schema: Any) -> Any:
-    """Forbid properties the schema does not declare (where it declares some and allows no more)."""
+    """Forbid the properties a schema does not declare where it declares some."""
     if isinstance(schema, dict):
         out = {key: _close_objects(value) for key, value in schema.items()}
         if (
@@ -87,8 +86,8 @@ def _close_objects(schema: Any) -> Any:
 
 @lru_cache(maxsize=8)
 def load_schema(crd: Crd, crd_path: str | None = None) -> dict[str, Any]:
-    """The strict jsonschema of `crd`: from the CRD file at `crd_path`; if None, from the
-    repository's vendored file, or else (inside the trainer image) from the packaged copy."""
+    """The strict jsonschema of `crd` from the CRD file at `crd_path`, else the vendored one,
+    else (inside the trainer image) the packaged copy."""
     if crd_path:
         schema = crd_schema(crd, Path(crd_path))
     else:
@@ -104,9 +103,8 @@ def load_schema(crd: Crd, crd_path: str | None = None) -> dict[str, Any]:
 
 def write_packaged_schema(crd: Crd) -> None:
     """Refresh `crd`'s packaged schema from its vendored file (``make crd``)."""
+    assert crd.packaged_schema is not None, f"{crd.kind} has no packaged schema"
     schema = crd_schema(crd, find_crd(crd))
-    if crd.packaged_schema is None:
-        raise ValueError(f"{crd.kind} has no packaged schema")
     crd.packaged_schema.write_text(json.dumps(schema, sort_keys=True, separators=(",", ":")))
 
 

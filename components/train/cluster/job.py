@@ -1,14 +1,11 @@
 """One cluster run of the trainer, whichever operator runs it: its parameters (`ClusterJobParams`),
-its name and labels, and what a backend is (`Backend`: its manifests, its CRDs and what its
-operator's API looks like; one run function runs them all, `cluster.run.run_job`).
+its name and labels, and what a backend is (`Backend`; `cluster.run.run_job` runs them all).
 
 What a pipeline author sets on the train task with kfp-kubernetes reaches the step as a
 ``dsl.TaskConfig`` (KFP >= 2.15, pipelines#12185) and every pod that runs a rank as `PodConfig`:
 a node selector label the ``node_selector`` parameter sets too must agree, tolerations add up,
 and the environment reaches the ranks (``mpirun -x``), so a name the job sets itself is refused.
-
-Nothing here reads the environment or imports ``kubernetes`` when it is imported; only `serves`
-and `choose_backend` ask a cluster, through the client they are given.
+Nothing here imports ``kubernetes``; only `serves` and `choose_backend` ask a cluster.
 """
 
 from __future__ import annotations
@@ -74,7 +71,7 @@ class PodConfig:
 @dataclass(frozen=True, kw_only=True)
 class ClusterJobParams:
     """One cluster run of the trainer: what it trains, where and how its pods run, the run's name
-    and KFP id, the pod that owns the job, and what the train task's config passes through.
+    and KFP id, the task's pod (the job's owner) and what the train task's config passes through.
     The trainer's URIs must be ``gs://``: the job's pods cannot see the component's disk."""
 
     train: TrainConfig
@@ -82,7 +79,6 @@ class ClusterJobParams:
     run_name: str = param(help="names the job")
     pipeline_run_id: str = param("", "the KFP run id (a label, and part of the name)")
     owner_pod_name: str | None = None
-    owner_pod_uid: str | None = None
     task_config: PodConfig = field(default_factory=PodConfig)
 
     def __post_init__(self) -> None:
@@ -92,8 +88,7 @@ class ClusterJobParams:
 
     @property
     def image(self) -> str:
-        """The image every pod runs: `step.trainer_image`, else this version's trainer image
-        (the GPU one for a job that asks for GPUs)."""
+        """`step.trainer_image`, else this version's trainer image (GPU one if GPUs are asked)."""
         return defaults.trainer_image(self.train.gpus_per_worker, override=self.step.trainer_image)
 
 
@@ -113,20 +108,17 @@ def uri_problems(data: str, output: str, model_dir: str | None) -> list[str]:
 
 
 def param_problems(p: ClusterJobParams) -> list[str]:
-    """Every problem with `p` across its parts, each naming the parameter; empty if it is valid
-    (`p.train` and `p.step` checked their own fields when they were made)."""
+    """Every problem with `p` across its parts, each naming the parameter (`p.train` and
+    `p.step` checked their own fields when they were made)."""
     problems = [] if p.run_name.strip() else ["run_name is empty"]
     problems += uri_problems(p.train.data, p.train.output, p.train.model_dir)
-    step = p.step
-    if step.min_available is not None and step.min_available > p.train.workers + 1:
+    if p.step.min_available is not None and p.step.min_available > p.train.workers + 1:
         problems.append(
             f"min_available must be <= workers + 1 launcher = {p.train.workers + 1}, "
-            f"got {step.min_available}"
+            f"got {p.step.min_available}"
         )
-    if p.owner_pod_uid and not p.owner_pod_name:
-        problems.append("owner_pod_uid is set but owner_pod_name is not")
     passed = p.task_config.node_selector
-    selector = parse_node_selector(step.node_selector)
+    selector = parse_node_selector(p.step.node_selector)
     problems += [
         f"node selector label {key!r}: the node_selector parameter says {selector[key]!r}, "
         f"the train task's config says {passed[key]!r}"
@@ -154,8 +146,7 @@ def job_name(run_name: str, pipeline_run_id: str = "") -> str:
     apart."""
     digest = hashlib.sha256(f"{pipeline_run_id}\0{run_name}".encode()).hexdigest()[:8]
     prefix = defaults.JOB_NAME_PREFIX
-    room = MAX_NAME_LENGTH - len(prefix) - len(digest) - 2
-    slug = sanitize_name(run_name, room)
+    slug = sanitize_name(run_name, MAX_NAME_LENGTH - len(prefix) - len(digest) - 2)
     name = f"{prefix}-{slug}-{digest}" if slug else f"{prefix}-{digest}"
     assert _DNS_1035.match(name) and len(name) <= MAX_NAME_LENGTH, name
     return name
@@ -178,7 +169,8 @@ def run_labels(p: ClusterJobParams) -> dict[str, str]:
 
 
 def job_metadata(p: ClusterJobParams, namespace: str | None) -> dict[str, object]:
-    """The job's metadata: its name, labels, the run's annotations and the owner reference."""
+    """The job's metadata: its name, labels and the run's annotations (the owner reference is
+    the run's: `cluster.run` reads the owner pod's uid)."""
     metadata: dict[str, object] = {
         "name": job_name(p.run_name, p.pipeline_run_id),
         "labels": run_labels(p),
@@ -186,21 +178,7 @@ def job_metadata(p: ClusterJobParams, namespace: str | None) -> dict[str, object
     }
     if namespace:
         metadata["namespace"] = namespace
-    if p.owner_pod_name and p.owner_pod_uid:
-        metadata["ownerReferences"] = [owner_reference(p.owner_pod_name, p.owner_pod_uid)]
     return metadata
-
-
-def owner_reference(pod_name: str, pod_uid: str) -> dict[str, object]:
-    """An owner reference to the component's pod: the job is garbage-collected with it."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "name": pod_name,
-        "uid": pod_uid,
-        "controller": False,
-        "blockOwnerDeletion": False,
-    }
 
 
 class JobError(RuntimeError):
@@ -226,8 +204,8 @@ class JobCancelled(JobError):
 
 @dataclass(frozen=True)
 class JobState:
-    """Where the job is: Pending (no condition yet), Created, Running, Restarting, Suspended,
-    Succeeded or Failed, with the condition's reason and message."""
+    """Pending (no condition yet), Created, Running, Restarting, Suspended, Succeeded or
+    Failed, with the condition's reason and message."""
 
     phase: str
     reason: str = ""
@@ -241,8 +219,9 @@ class Backend:
     `build` makes a run's manifests, the objects of the `shared` CRDs (shared by every run of
     the same settings) first, and raises ValueError naming what the backend cannot do;
     `problems` checks what the CRD cannot say; `terminal` maps terminal condition types to
-    Failed or Succeeded; the launcher pod has one of `launcher_labels(name)`; `refused` names
-    the train step's parameters it cannot take (set otherwise than their default), and why.
+    Failed or Succeeded; the job's pods carry ``pod_label: <job name>``, its launcher pod
+    `launcher_label` too; `refused` names the train step's parameters it cannot take (set
+    otherwise than their default), and why.
     """
 
     name: str
@@ -251,9 +230,9 @@ class Backend:
     build: Callable[[ClusterJobParams, str | None], list[dict[str, Any]]]
     problems: Callable[[dict[str, Any]], list[str]]
     terminal: Mapping[str, str]
-    launcher_labels: Callable[[str], list[dict[str, str]]]
+    pod_label: str
+    launcher_label: tuple[str, str]
     launcher_container: str
-    pod_labels: Callable[[str], dict[str, str]]
     install: str
     refused: Mapping[str, str] = field(default_factory=dict)
 
@@ -336,21 +315,22 @@ class Choice:
 def choose_backend(api: CustomObjectsApi) -> Choice:
     """The backend for ``training_backend=auto``: the MPIJob where the cluster serves it (the
     stable API, which runs elastic jobs), else the TrainJob; `JobError` when it serves neither."""
-    crds = backend("mpijob").crd, backend("trainjob").crd
-    mpijob, trainjob = (f"{c.kind} {c.api_version}" for c in crds)
-    served = serves(api, crds[0]), serves(api, crds[1])
-    if served == (True, True):
-        return Choice(
-            "mpijob", f"this cluster serves both {mpijob} (mpi-operator) and {trainjob} "
-            "(Kubeflow Trainer); the MPIJob is the stable API and runs elastic jobs",
-        )  # fmt: skip
-    if served == (False, False):
+    kinds = {name: backend(name).crd for name in ("mpijob", "trainjob")}
+    api_of = {name: f"{crd.kind} {crd.api_version}" for name, crd in kinds.items()}
+    mpijob, trainjob = api_of.values()
+    served = [name for name, crd in kinds.items() if serves(api, crd)]
+    if not served:
         raise JobError(
             f"training_backend=auto: this cluster serves neither {mpijob} nor {trainjob}: "
             f"install mpi-operator {defaults.MPI_OPERATOR_VERSION} (it also runs elastic jobs) "
             f"or Kubeflow Trainer {defaults.TRAINER_VERSION.rsplit('.', 1)[0]} "
             "(docs/cluster.md); nothing was created"
         )
-    chosen, other = (mpijob, trainjob) if served[0] else (trainjob, mpijob)
-    name = "mpijob" if served[0] else "trainjob"
-    return Choice(name, f"this cluster serves {chosen} and not {other}")
+    if len(served) == 2:
+        return Choice(
+            "mpijob", f"this cluster serves both {mpijob} (mpi-operator) and {trainjob} "
+            "(Kubeflow Trainer); the MPIJob is the stable API and runs elastic jobs",
+        )  # fmt: skip
+    (name,) = served
+    other = trainjob if name == "mpijob" else mpijob
+    return Choice(name, f"this cluster serves {api_of[name]} and not {other}")

@@ -1,8 +1,5 @@
-"""The MPIJob backend: mpi-operator's ``kubeflow.org/v2beta1`` MPIJob, its CRD and its API.
-
-One launcher running the job's command, ``workers`` sshd workers. One check the CRD does not
-spell out is added: ``launcherCreationPolicy`` is one of the operator's two values.
-"""
+"""The MPIJob backend: mpi-operator's ``kubeflow.org/v2beta1`` MPIJob (one launcher running
+the job's command, ``workers`` sshd workers), its CRD and its API."""
 
 from __future__ import annotations
 
@@ -19,17 +16,15 @@ from components.train.cluster.job import (
     job_metadata,
     run_labels,
 )
+from components.train.step import TrainStep
 
 MPIJOB = Crd(
     "kubeflow.org", "v2beta1", "MPIJob", "mpijobs",
     relative_path=Path("deploy") / "crd" / "kubeflow.org_mpijobs.yaml",
     packaged_schema=Path(__file__).with_name("mpijob-v2beta1.schema.json"),
 )  # fmt: skip
-# The pods' own labels, which is how the run finds the launcher pod; mpi-operator's own labels
-# are the fallback when our template labels are absent.
+# The pods' own label (mpi-operator copies the templates' labels), how the run finds them.
 LABEL_JOB = "kfp-horovod/mpijob"
-OPERATOR_JOB_LABEL = "training.kubeflow.org/job-name"
-OPERATOR_ROLE_LABEL = "training.kubeflow.org/job-role"
 LAUNCHER_CREATION_POLICIES = ("AtStartup", "WaitForWorkersReady")
 
 
@@ -43,23 +38,16 @@ def _pod_template(
     }
 
 
-def _run_policy(p: ClusterJobParams) -> dict[str, Any]:
-    step = p.step
+def _run_policy(step: TrainStep) -> dict[str, Any]:
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": "Running",
         "ttlSecondsAfterFinished": step.ttl_seconds_after_finished,
         "backoffLimit": step.backoff_limit,
         "activeDeadlineSeconds": step.active_deadline_seconds,
     }
-    scheduling = {
-        key: value
-        for key, value in (
-            ("queue", step.queue), ("priorityClass", step.priority_class),
-            ("minAvailable", step.min_available),
-        )
-        if value is not None
-    }  # fmt: skip
-    if scheduling:
+    gang = {"queue": step.queue, "priorityClass": step.priority_class,
+            "minAvailable": step.min_available}  # fmt: skip
+    if scheduling := {key: value for key, value in gang.items() if value is not None}:
         run_policy["schedulingPolicy"] = scheduling
     return run_policy
 
@@ -69,12 +57,10 @@ def build_manifest(p: ClusterJobParams, namespace: str | None = None) -> dict[st
     metadata = job_metadata(p, namespace)
     name = str(metadata["name"])
     worker = {**pods.sshd_container("worker", p.image), "resources": pods.worker_resources(p)}
-    launcher = {
-        "name": "launcher", "image": p.image, "imagePullPolicy": "IfNotPresent",
-        "command": pods.launcher_command(p), "env": pods.launcher_env(p),
-        "resources": pods.resources(p.step.launcher_cpu, p.step.launcher_memory, 0),
-        "securityContext": pods.security_context(),
-    }  # fmt: skip
+    launcher = pods.container(
+        "launcher", p.image, command=pods.launcher_command(p), env=pods.launcher_env(p),
+        resources=pods.resources(p.step.launcher_cpu, p.step.launcher_memory, 0),
+    )  # fmt: skip
     return {
         "apiVersion": MPIJOB.api_version,
         "kind": MPIJOB.kind,
@@ -84,7 +70,7 @@ def build_manifest(p: ClusterJobParams, namespace: str | None = None) -> dict[st
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiImplementation": "OpenMPI",
             "sshAuthMountPath": defaults.MPI_SSH_AUTH_MOUNT_PATH,
-            "runPolicy": _run_policy(p),
+            "runPolicy": _run_policy(p.step),
             "mpiReplicaSpecs": {
                 "Launcher": {
                     "replicas": 1,
@@ -120,12 +106,9 @@ BACKEND = Backend(
     build=lambda p, namespace: [build_manifest(p, namespace)],
     problems=problems,
     terminal={"Failed": "Failed", "Succeeded": "Succeeded"},
-    launcher_labels=lambda name: [
-        {LABEL_JOB: name, LABEL_ROLE: "launcher"},
-        {OPERATOR_JOB_LABEL: name, OPERATOR_ROLE_LABEL: "launcher"},
-    ],
+    pod_label=LABEL_JOB,
+    launcher_label=(LABEL_ROLE, "launcher"),
     launcher_container="launcher",
-    pod_labels=lambda name: {LABEL_JOB: name},
     install=f"install mpi-operator {defaults.MPI_OPERATOR_VERSION} (docs/cluster.md), or choose "
     "training_backend=trainjob on a cluster with Kubeflow Trainer v2",
 )

@@ -26,7 +26,6 @@ DISCOVER_HOSTS = "/etc/mpi/discover_hosts.sh"
 
 
 def trainer_command(p: ClusterJobParams) -> list[str]:
-    """The trainer's command line (``python -m components.train ...``) for these parameters."""
     return ["python", "-m", "components.train", *to_argv(p.train)]
 
 
@@ -45,9 +44,8 @@ def launcher_command(p: ClusterJobParams) -> list[str]:
 
 
 def elastic_command(p: ClusterJobParams) -> list[str]:
-    """Elastic ``horovodrun`` over ssh to the workers, found with the operator's
-    `DISCOVER_HOSTS` (``--slots``: it gives no slot counts); the ranks inherit the launcher's
-    environment (`launcher_env`)."""
+    """Elastic ``horovodrun`` over ssh to the workers the operator's `DISCOVER_HOSTS` finds
+    (``--slots``: it gives no slot counts); the ranks inherit the launcher's environment."""
     t = p.train
     return [
         "python", "-m", "components.train.launch",
@@ -59,25 +57,25 @@ def elastic_command(p: ClusterJobParams) -> list[str]:
 
 
 def launcher_env(p: ClusterJobParams) -> list[dict[str, str]]:
-    """The launcher's environment, which reaches the ranks (``mpirun -x``, horovodrun):
-    unbuffered output, so that the launcher's log streams, and Horovod's stall bound."""
+    """The launcher's environment, which reaches the ranks: unbuffered output, so that the
+    launcher's log streams, and Horovod's stall bound."""
     env = {UNBUFFERED: "1", STALL_BOUND: str(p.step.stall_shutdown_seconds)}
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
 def mpirun_command(p: ClusterJobParams) -> list[str]:
-    """The local launcher's ``mpirun`` over the operator's hostfile, forwarding (``-x``; ssh
-    sessions do not inherit the worker container's environment) the launcher's environment and
-    the heartbeat period the watch needs. No ``btl`` selection: the image's Open MPI (Debian
-    4.1.4) already sets ``btl = ^uct,openib,ofi`` in ``/etc/openmpi/openmpi-mca-params.conf``,
-    and a command-line list would replace it (``-mca btl ^openib`` re-enabled uct and ofi, and
-    ``MPI_Init`` failed in containers with it).
+    """``mpirun`` over the operator's hostfile, forwarding (``-x``; ssh sessions do not inherit
+    the worker container's environment) the launcher's environment, the task config's and the
+    heartbeat period. No ``btl`` selection: the image's Open MPI (Debian 4.1.4) already sets
+    ``btl = ^uct,openib,ofi`` in ``/etc/openmpi/openmpi-mca-params.conf``, and a command-line
+    list would replace it (``-mca btl ^openib`` re-enabled uct and ofi, and ``MPI_Init`` failed
+    in containers with it).
     """
     forward = [
         "PATH",
         *(f"{e['name']}={e['value']}" for e in launcher_env(p)),
         f"{HEARTBEAT_ENV}={period_for(p.step.stall_shutdown_seconds):g}",
-        *(str(e["name"]) for e in p.task_config.env),  # the task config's, set on the launcher
+        *(str(e["name"]) for e in p.task_config.env),  # set on the launcher by `pod_spec`
     ]
     return launch.mpirun_command(
         p.train.world_size, trainer_command(p), forward=forward, workdir=defaults.TRAINER_WORKDIR
@@ -93,7 +91,6 @@ def resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
 
 
 def worker_resources(p: ClusterJobParams) -> dict[str, Any]:
-    """A worker pod's (a TrainJob node's) resources."""
     return resources(p.step.cpu_per_worker, p.step.memory_per_worker, p.train.gpus_per_worker)
 
 
@@ -108,16 +105,33 @@ def security_context() -> dict[str, Any]:
     }
 
 
-def pod_spec(p: ClusterJobParams, container: dict[str, Any], gpus: bool) -> dict[str, Any]:
-    """A pod spec of one container with the job's fsGroup, identity and scheduling, the node
+def container(name: str, image: str, **fields: Any) -> dict[str, Any]:
+    """A container of `image` with `fields`, as every container of the job runs: non-root."""
+    return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent", **fields,
+            "securityContext": security_context()}  # fmt: skip
+
+
+def sshd_container(name: str, image: str) -> dict[str, Any]:
+    """A worker's container: the image's non-root sshd on its unprivileged port, ready once it
+    accepts a TCP connection (the caller sets its resources)."""
+    port = defaults.MPI_SSHD_PORT
+    return container(
+        name, image, command=["/usr/sbin/sshd"], args=["-De", "-f", defaults.MPI_SSHD_CONFIG],
+        ports=[{"name": "ssh", "containerPort": port, "protocol": "TCP"}],
+        readinessProbe={"tcpSocket": {"port": port}, "initialDelaySeconds": 2, "periodSeconds": 2},
+    )  # fmt: skip
+
+
+def pod_spec(p: ClusterJobParams, one: dict[str, Any], gpus: bool) -> dict[str, Any]:
+    """A pod spec of container `one` with the job's fsGroup, identity and scheduling, the node
     selector and tolerations of the parameters and the task config (each once; with `gpus`,
     the usual GPU taint's too), and the task config's affinity, environment and volumes."""
     tc = p.task_config
-    container = dict(container)
+    one = dict(one)
     if tc.env:
-        container["env"] = [*container.get("env", []), *tc.env]
+        one["env"] = [*one.get("env", []), *tc.env]
     if tc.volume_mounts:
-        container["volumeMounts"] = [*container.get("volumeMounts", []), *tc.volume_mounts]
+        one["volumeMounts"] = [*one.get("volumeMounts", []), *tc.volume_mounts]
     own, gpu = parse_tolerations(p.step.tolerations), [GPU_TOLERATION] if gpus else []
     optional = {
         "serviceAccountName": p.step.trainer_service_account,
@@ -129,26 +143,7 @@ def pod_spec(p: ClusterJobParams, container: dict[str, Any], gpus: bool) -> dict
         "volumes": list(tc.volumes),
     }
     return {
-        "containers": [container],
+        "containers": [one],
         "securityContext": {"fsGroup": defaults.MPI_USER_UID},
         **{key: value for key, value in optional.items() if value},
-    }
-
-
-def sshd_container(name: str, image: str) -> dict[str, Any]:
-    """A worker's container: the image's non-root sshd on its unprivileged port, ready once it
-    accepts a TCP connection (the caller sets its resources)."""
-    return {
-        "name": name,
-        "image": image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["/usr/sbin/sshd"],
-        "args": ["-De", "-f", defaults.MPI_SSHD_CONFIG],
-        "ports": [{"name": "ssh", "containerPort": defaults.MPI_SSHD_PORT, "protocol": "TCP"}],
-        "readinessProbe": {
-            "tcpSocket": {"port": defaults.MPI_SSHD_PORT},
-            "initialDelaySeconds": 2,
-            "periodSeconds": 2,
-        },
-        "securityContext": security_context(),
     }

@@ -16,7 +16,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,6 @@ from components.train.cluster.job import (
     JobCancelled,
     JobError,
     JobFailed,
-    owner_reference,
     serves,
     validated,
 )
@@ -45,66 +44,6 @@ from components.train.summary import RunSummary
 Log = Callable[[str], None]
 DEADLINE_GRACE_S = 300.0
 LOG_TAIL_LINES = 50
-
-
-def _labelled(core: client.CoreV1Api, namespace: str, *choices: Mapping[str, str]) -> list[Any]:
-    """The pods with one of `choices`' labels (listed by the first; also checked here, in case
-    a server ignores the selector)."""
-    selector = ",".join(f"{key}={value}" for key, value in choices[0].items())
-    return [
-        pod
-        for pod in core.list_namespaced_pod(namespace, label_selector=selector).items
-        if any(all((pod.metadata.labels or {}).get(k) == v for k, v in c.items()) for c in choices)
-    ]
-
-
-class LauncherLog:
-    """Copies new lines of the launcher pod's log into `log`, and keeps the last ones: each poll
-    reads the whole log of the newest launcher pod and emits the lines past those already
-    emitted; a new launcher pod (or a restarted container whose log is shorter) starts over."""
-
-    def __init__(
-        self,
-        core: client.CoreV1Api,
-        backend: Backend,
-        namespace: str,
-        name: str,
-        log: Log,
-    ) -> None:
-        self.core, self.backend, self.namespace, self.name = core, backend, namespace, name
-        self.log = RankLines(log)  # each line once: components.train.mpiwatch
-        self.pod_name: str | None = None
-        self.emitted = 0
-        self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-        self.pod_reason = ""
-
-    def poll(self) -> None:
-        """Emit the launcher's new lines (no-op until its container has started)."""
-        pods = _labelled(self.core, self.namespace, *self.backend.launcher_labels(self.name))
-        if not pods:
-            return
-        pod = max(pods, key=lambda p: (str(p.metadata.creation_timestamp or ""), p.metadata.name))
-        self.pod_reason = (pod.status.reason or "") if pod.status else ""
-        if pod.metadata.name != self.pod_name:
-            if self.pod_name is not None:
-                self.log(f"--- new launcher pod {pod.metadata.name} ---")
-            self.pod_name, self.emitted = pod.metadata.name, 0
-        try:
-            text = self.core.read_namespaced_pod_log(
-                pod.metadata.name, self.namespace, container=self.backend.launcher_container
-            )
-        except ApiException as exc:
-            if exc.status in (400, 404):  # container not started yet, or pod gone
-                return
-            raise
-        lines = str(text or "").splitlines()
-        if len(lines) < self.emitted:
-            self.log("--- launcher container restarted ---")
-            self.emitted = 0
-        for line in lines[self.emitted :]:
-            self.log(line)
-            self.tail.append(line)
-        self.emitted = len(lines)
 
 
 def default_api_client() -> client.ApiClient:
@@ -118,35 +57,19 @@ def default_api_client() -> client.ApiClient:
     return client.ApiClient()
 
 
-def get_object(
-    api: client.CustomObjectsApi, crd: Crd, namespace: str, name: str
-) -> dict[str, Any] | None:
-    """The object `name` of `crd`'s kind, or None if there is none."""
-    try:
-        return dict(
-            api.get_namespaced_custom_object(crd.group, crd.version, namespace, crd.plural, name)
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
-def create(api: client.CustomObjectsApi, crd: Crd, manifest: dict[str, Any]) -> bool:
-    """Create `manifest` as `crd`'s kind; False if one of that name is there (409)."""
-    try:
-        api.create_namespaced_custom_object(
-            crd.group, crd.version, manifest["metadata"]["namespace"], crd.plural, manifest
-        )
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        return False
-    return True
+def _differs(existing: dict[str, Any], manifest: dict[str, Any], *keys: str) -> str:
+    """``key=<existing's>, expected <manifest's>`` of the first annotation of `keys` that
+    `existing` has otherwise than `manifest`; empty if none."""
+    want = manifest["metadata"]["annotations"]
+    have = existing.get("metadata", {}).get("annotations") or {}
+    for key in keys:
+        if have.get(key) != want.get(key):
+            return f"{key}={have.get(key)!r}, expected {want.get(key)!r}"
+    return ""
 
 
 @dataclass(frozen=True)
-class _Job:
+class _Run:
     """One job of backend `b` on the API, and the log its steps write to."""
 
     api: client.CustomObjectsApi
@@ -160,24 +83,88 @@ class _Job:
     def what(self) -> str:
         return self.b.what(self.namespace, self.name)
 
+    def get(self, crd: Crd, name: str) -> dict[str, Any] | None:
+        """The object `name` of `crd`'s kind, or None if there is none."""
+        try:
+            return dict(self.api.get_namespaced_custom_object(
+                crd.group, crd.version, self.namespace, crd.plural, name
+            ))  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create(self, crd: Crd, manifest: dict[str, Any]) -> bool:
+        """Create `manifest` as `crd`'s kind; False if one of that name is there (409)."""
+        try:
+            self.api.create_namespaced_custom_object(
+                crd.group, crd.version, self.namespace, crd.plural, manifest
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return False
+        return True
+
+    def pods(self, launcher: bool = False) -> list[Any]:
+        """The job's pods (or its launcher's), by label: also checked here, in case a server
+        ignores the selector."""
+        labels = {self.b.pod_label: self.name}
+        if launcher:
+            labels.update([self.b.launcher_label])
+        selector = ",".join(f"{key}={value}" for key, value in labels.items())
+        found = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        return [p for p in found if labels.items() <= (p.metadata.labels or {}).items()]
+
+    def ensure_shared(self, crd: Crd, manifest: dict[str, Any]) -> None:
+        """Create the shared object `manifest` (the TrainingRuntime) unless it is there: its
+        name is its spec's hash, so one that is there is the same, unless someone changed it."""
+        name = manifest["metadata"]["name"]
+        what = f"{crd.kind} {self.namespace}/{name}"
+        existing = self.get(crd, name)
+        if existing is None:
+            if self.create(crd, manifest):
+                self.log(f"created {what}")
+                return
+            existing = self.get(crd, name) or manifest  # another run made it
+        if differs := _differs(existing, manifest, SPEC_ANNOTATION):
+            raise JobError(
+                f"{what} exists but was not made from this spec ({differs}); delete it or leave "
+                "the name to kfp-horovod"
+            )
+        self.log(f"using {what}")
+
+    def add_owner(self, pod_name: str | None, manifest: dict[str, Any]) -> None:
+        """Make the task's pod `pod_name` the job's owner: the job is garbage-collected with it."""
+        if not pod_name:
+            return
+        try:
+            uid = self.core.read_namespaced_pod(pod_name, self.namespace).metadata.uid
+        except ApiException as exc:
+            self.log(
+                f"WARNING: cannot read owner pod {pod_name} ({exc.status}); no owner reference"
+            )
+            return
+        manifest["metadata"]["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": uid,
+             "controller": False, "blockOwnerDeletion": False}
+        ]  # fmt: skip
+
     def create_or_reattach(self, manifest: dict[str, Any], cleanup_timeout_s: float) -> None:
         """Create the job, or reattach to the existing one of the same run (by its
         annotations); one that already failed is deleted and created anew."""
         for _ in range(2):
-            if create(self.api, self.b.crd, manifest):
+            if self.create(self.b.crd, manifest):
                 self.log(f"created {self.what}")
                 return
-            existing = get_object(self.api, self.b.crd, self.namespace, self.name)
+            existing = self.get(self.b.crd, self.name)
             if existing is None:
                 continue  # deleted between our create and get: create again
-            want = manifest["metadata"]["annotations"]
-            have = existing.get("metadata", {}).get("annotations") or {}
-            for key in (ANNOTATION_RUN_ID, ANNOTATION_RUN_NAME):
-                if have.get(key) != want.get(key):
-                    raise JobError(
-                        f"{self.what} exists but belongs to another run ({key}="
-                        f"{have.get(key)!r}, expected {want.get(key)!r}); refusing to reattach"
-                    )
+            if differs := _differs(existing, manifest, ANNOTATION_RUN_ID, ANNOTATION_RUN_NAME):
+                raise JobError(
+                    f"{self.what} exists but belongs to another run ({differs}); refusing to "
+                    "reattach"
+                )
             state = self.b.state(existing)
             if state.phase != "Failed":
                 self.log(f"reattached to {self.what} ({state.phase}) from an earlier attempt")
@@ -189,11 +176,11 @@ class _Job:
     def follow(self, deadline_s: float, poll_interval_s: float) -> None:
         """Poll the job until it succeeds, or raise `JobFailed`; past `deadline_s` (a backstop
         on top of the job's own activeDeadlineSeconds) the job is deleted and the task fails."""
-        launcher = LauncherLog(self.core, self.b, self.namespace, self.name, self.log)
+        launcher = LauncherLog(self)
         start = time.monotonic()
         last_phase = ""
         while True:
-            job = get_object(self.api, self.b.crd, self.namespace, self.name)
+            job = self.get(self.b.crd, self.name)
             launcher.poll()
             tail = list(launcher.tail)
             if job is None:
@@ -221,10 +208,10 @@ class _Job:
     ) -> list[str]:
         """Delete the job (foreground: its pods go first) and wait for it (and with `pods`, its
         pods) to go; return the names of pods still present after `timeout_s`."""
-        crd, namespace, name = self.b.crd, self.namespace, self.name
+        crd = self.b.crd
         try:
             self.api.delete_namespaced_custom_object(
-                crd.group, crd.version, namespace, crd.plural, name,
+                crd.group, crd.version, self.namespace, crd.plural, self.name,
                 body=client.V1DeleteOptions(propagation_policy="Foreground"),
             )  # fmt: skip
             self.log(f"deleted {self.what} (foreground propagation)")
@@ -233,17 +220,59 @@ class _Job:
                 raise
         end = time.monotonic() + timeout_s
         while True:
-            job_gone = get_object(self.api, crd, namespace, name) is None
-            found = _labelled(self.core, namespace, self.b.pod_labels(name)) if pods else []
-            remaining = sorted(p.metadata.name for p in found)
+            job_gone = self.get(crd, self.name) is None
+            remaining = sorted(p.metadata.name for p in self.pods()) if pods else []
             if job_gone and not remaining:
                 return []
             if time.monotonic() >= end:
                 left = f"the {crd.kind}" if not job_gone else f"pods {', '.join(remaining)}"
                 self.log(
-                    f"WARNING: {left} of {namespace}/{name} still present after {timeout_s:.0f}s"
+                    f"WARNING: {left} of {self.namespace}/{self.name} still present after "
+                    f"{timeout_s:.0f}s"
                 )
                 return remaining
+            time.sleep(poll_interval_s)
+
+
+class LauncherLog:
+    """Copies new lines of the launcher pod's log into the run's log, and keeps the last ones:
+    each poll reads the whole log of the newest launcher pod and emits the lines past those
+    already emitted; a new launcher pod (or a restarted container whose log is shorter) starts
+    over."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run, self.log = run, RankLines(run.log)  # each line once: components.train.mpiwatch
+        self.pod_name: str | None = None
+        self.emitted, self.pod_reason = 0, ""
+        self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+
+    def poll(self) -> None:
+        """Emit the launcher's new lines (no-op until its container has started)."""
+        pods = self.run.pods(launcher=True)
+        if not pods:
+            return
+        pod = max(pods, key=lambda p: (str(p.metadata.creation_timestamp or ""), p.metadata.name))
+        self.pod_reason = (pod.status.reason or "") if pod.status else ""
+        if pod.metadata.name != self.pod_name:
+            if self.pod_name is not None:
+                self.log(f"--- new launcher pod {pod.metadata.name} ---")
+            self.pod_name, self.emitted = pod.metadata.name, 0
+        try:
+            text = self.run.core.read_namespaced_pod_log(
+                pod.metadata.name, self.run.namespace, container=self.run.b.launcher_container
+            )
+        except ApiException as exc:
+            if exc.status in (400, 404):  # container not started yet, or pod gone
+                return
+            raise
+        lines = str(text or "").splitlines()
+        if len(lines) < self.emitted:
+            self.log("--- launcher container restarted ---")
+            self.emitted = 0
+        for line in lines[self.emitted :]:
+            self.log(line)
+            self.tail.append(line)
+        self.emitted = len(lines)
 
 
 def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSummary:
@@ -269,30 +298,9 @@ def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSumma
                 f"workers x slots = {train.workers} x {train.slots_per_worker} = "
                 f"{train.world_size}"
             )
-    log(
-        f"run summary at {train.summary_uri}: world_size {record.world_size}, "
-        f"model {train.model_uri}"
-    )
+    said = f"world_size {record.world_size}, model {train.model_uri}"
+    log(f"run summary at {train.summary_uri}: {said}")
     return record
-
-
-def add_owner(
-    core: client.CoreV1Api, params: ClusterJobParams, manifest: dict[str, Any], log: Log
-) -> None:
-    """Make the task's pod the job's owner when only the pod's name is known (reads its uid)."""
-    if not params.owner_pod_name or params.owner_pod_uid:
-        return  # no owner, or the manifest already has it
-    try:
-        pod = core.read_namespaced_pod(params.owner_pod_name, manifest["metadata"]["namespace"])
-    except ApiException as exc:
-        log(
-            f"WARNING: cannot read owner pod {params.owner_pod_name} ({exc.status}); "
-            "no owner reference"
-        )
-        return
-    manifest["metadata"]["ownerReferences"] = [
-        owner_reference(params.owner_pod_name, pod.metadata.uid)
-    ]
 
 
 @contextlib.contextmanager
@@ -307,29 +315,6 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def ensure_shared(
-    api: client.CustomObjectsApi, crd: Crd, manifest: dict[str, Any], log: Log
-) -> None:
-    """Create the shared object `manifest` (the TrainingRuntime) unless it is there: its name is
-    its spec's hash, so one that is there is the same, unless someone changed it (refused)."""
-    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    what = f"{crd.kind} {namespace}/{name}"
-    existing = get_object(api, crd, namespace, name)
-    if existing is None:
-        if create(api, crd, manifest):
-            log(f"created {what}")
-            return
-        existing = get_object(api, crd, namespace, name) or manifest  # another run made it
-    want = manifest["metadata"]["annotations"][SPEC_ANNOTATION]
-    have = (existing.get("metadata", {}).get("annotations") or {}).get(SPEC_ANNOTATION)
-    if have != want:
-        raise JobError(
-            f"{what} exists but was not made from this spec ({SPEC_ANNOTATION}={have!r}, "
-            f"expected {want!r}); delete it or leave the name to kfp-horovod"
-        )
-    log(f"using {what}")
 
 
 def run_job(
@@ -355,7 +340,7 @@ def run_job(
     *shared, manifest = validated(b, params, namespace, crd_dir)
     api_client = api_client or default_api_client()
     custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
-    job = _Job(custom, core, b, namespace, manifest["metadata"]["name"], log)
+    run = _Run(custom, core, b, namespace, manifest["metadata"]["name"], log)
     for crd in (b.crd, *b.shared):
         if not serves(custom, crd):
             raise JobError(
@@ -365,13 +350,13 @@ def run_job(
     with _sigterm_interrupts():
         try:
             for crd, obj in zip(b.shared, shared, strict=True):
-                ensure_shared(custom, crd, obj, log)
-            add_owner(core, params, manifest, log)
-            job.create_or_reattach(manifest, cleanup_timeout_s)
-            job.follow(params.step.active_deadline_seconds + deadline_grace_s, poll_interval_s)
+                run.ensure_shared(crd, obj)
+            run.add_owner(params.owner_pod_name, manifest)
+            run.create_or_reattach(manifest, cleanup_timeout_s)
+            run.follow(params.step.active_deadline_seconds + deadline_grace_s, poll_interval_s)
         except KeyboardInterrupt as exc:
-            log(f"task cancelled: deleting {job.what}")
-            left = job.delete(cleanup_timeout_s)
+            log(f"task cancelled: deleting {run.what}")
+            left = run.delete(cleanup_timeout_s)
             suffix = f"; pods still present: {', '.join(left)}" if left else ""
-            raise JobCancelled(f"cancelled; {job.what} deleted{suffix}") from exc
+            raise JobCancelled(f"cancelled; {run.what} deleted{suffix}") from exc
     return check_run(params, b.crd.kind, log)

@@ -1,23 +1,13 @@
 """The TrainJob backend: the same Horovod job as the MPIJob's, run by Kubeflow Trainer v2
-(``trainer.kubeflow.org/v1alpha1``) on the project's own TrainingRuntime.
+(``trainer.kubeflow.org/v1alpha1``) on the project's own TrainingRuntime (trainjob.md says how
+Trainer v2.3 runs it, as read from its source).
 
-Kubeflow Trainer v2.3 runs an MPI TrainJob as a JobSet of two replicated jobs (read from
-kubeflow/trainer at v2.3.0: ``pkg/runtime/framework/plugins/mpi/mpi.go``,
-``pkg/runtime/framework/plugins/jobset/builder.go``, ``pkg/constants/constants.go``):
-
-- ``node``: the workers, here the trainer image's non-root sshd;
-- ``launcher``: labelled as the TrainJob's trainer ancestor, so the TrainJob's image and command
-  land there (and only there: kubeflow/trainer#4030), started once the nodes are ready. With
-  ``runLauncherAsNode`` it is node 0 too: the nodes are ``numNodes - 1`` pods, and the hostfile
-  lists each node pod, then the launcher.
-
-The trainer's containers must be named ``node``: only those get the SSH Secret, the hostfile
-and Open MPI's variables. Trainer's built-in MPI runtimes run other images, and a TrainJob's
-image reaches the launcher alone, so the project ships its own TrainingRuntime with the
-trainer image on both jobs. Everything the TrainJob API cannot say per run (the image on the
-nodes, the pods' identity, scheduling and security, TTL, restarts) is in that runtime, whose
-name is a hash of its spec: runs with the same settings share one, and no run ever changes a
-runtime another run uses (`cluster.run` refuses one of that name with another spec).
+Trainer's built-in MPI runtimes run other images, and a TrainJob's image reaches its launcher
+alone (kubeflow/trainer#4030), so the project ships its own runtime with the trainer image on
+both of its jobs (``node``: the sshd workers; ``launcher``: node 0 too, started once the nodes
+are ready). What the TrainJob API cannot say per run (the image on the nodes, the pods'
+identity, scheduling and security, TTL, restarts) is in that runtime, named by its spec's hash:
+runs with the same settings share one, and no run changes one another run uses.
 """
 
 from __future__ import annotations
@@ -58,7 +48,7 @@ TRAINING_RUNTIME = Crd(
 # Kubeflow Trainer's names (pkg/constants/constants.go at v2.3.0).
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 ANCESTOR_TRAINER = "trainer"
-NODE = "node"  # the node job, and every trainer container's name
+NODE = "node"  # the node job, and every container's (only those get Trainer's SSH files)
 LAUNCHER = "launcher"
 # Trainer sets these on the launcher itself and refuses a TrainJob that sets one (MPI plugin).
 RESERVED_ENV = (
@@ -125,10 +115,6 @@ def _replicated_job(name: str, container: dict[str, Any], p: ClusterJobParams) -
 
 def runtime_spec(p: ClusterJobParams) -> dict[str, Any]:
     """The TrainingRuntime's spec: the MPI policy and the JobSet of nodes and launcher."""
-    launcher = {
-        "name": NODE, "image": p.image, "imagePullPolicy": "IfNotPresent",
-        "securityContext": pods.security_context(),
-    }  # fmt: skip
     return {
         "mlPolicy": {
             "numNodes": 1,  # the launcher's count; the TrainJob's numNodes sizes the nodes
@@ -147,7 +133,7 @@ def runtime_spec(p: ClusterJobParams) -> dict[str, Any]:
                 "ttlSecondsAfterFinished": p.step.ttl_seconds_after_finished,
                 "replicatedJobs": [
                     _replicated_job(NODE, pods.sshd_container(NODE, p.image), p),
-                    _replicated_job(LAUNCHER, launcher, p),
+                    _replicated_job(LAUNCHER, pods.container(NODE, p.image), p),
                 ],
             }
         },
@@ -214,9 +200,9 @@ BACKEND = Backend(
     build=build_manifests,
     problems=env_problems,
     terminal={"Failed": "Failed", "Complete": "Succeeded"},
-    launcher_labels=lambda name: [{JOBSET_NAME_LABEL: name, REPLICATED_JOB_LABEL: LAUNCHER}],
+    pod_label=JOBSET_NAME_LABEL,
+    launcher_label=(REPLICATED_JOB_LABEL, LAUNCHER),
     launcher_container=NODE,
-    pod_labels=lambda name: {JOBSET_NAME_LABEL: name},
     install=f"install Kubeflow Trainer {defaults.TRAINER_VERSION} (its CRDs, controller and "
     "JobSet; docs/cluster.md), or choose training_backend=mpijob on a cluster with mpi-operator",
     refused=REFUSED,
