@@ -30,6 +30,7 @@ from click.testing import CliRunner
 
 from components.common import defaults
 from components.common.declare import field_problems
+from components.train.tests.cluster_jobs import pod_specs
 from pipeline.checks import PIPELINE_PARAMETERS
 from pipeline.cli import cli
 
@@ -71,16 +72,6 @@ RENDERS = pipeline_commands("render-mpijob") + pipeline_commands("render-trainjo
 
 def _flag(args: list[str], flag: str) -> str | None:
     return args[args.index(flag) + 1] if flag in args else None
-
-
-def pod_specs(doc: Any) -> list[dict[str, Any]]:
-    """Every pod spec (a mapping with ``containers``) inside `doc`."""
-    if isinstance(doc, dict):
-        own = [doc] if "containers" in doc else []
-        return own + [spec for value in doc.values() for spec in pod_specs(value)]
-    if isinstance(doc, list):
-        return [spec for item in doc for spec in pod_specs(item)]
-    return []
 
 
 def crd_problems(doc: dict[str, Any]) -> list[str]:

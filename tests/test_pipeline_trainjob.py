@@ -2,29 +2,17 @@
 KFP runs it, against a Kubernetes API with Kubeflow Trainer: create, log stream, completion,
 retry, cancel, and the task config a pipeline author sets on the train task.
 
-Real parts: the compiled pipeline (``pipeline.build.compile_pipeline``), the train executor's
-own container command and arguments from it, run in a subprocess with this environment's
-Python (kfp's ``executor_main`` calling ``components.train.task.run_step``), the real
-``kubernetes`` client reaching kmock's API emulator (`standins.kmock_cluster.Cluster`) through a
-kubeconfig, and the suite's fake-gcs-server for the artifacts (``gs://``).
-
-Stand-ins, said so:
-
-* Kubeflow Trainer, JobSet, the kubelet and the garbage collector: `standins.kmock_cluster`'s
-  operators with the TrainJob kind. Where a test asserts what training did, the job's own
-  command runs the real trainer on this machine (`TrainerOperator`); elsewhere a placeholder of
-  rank 0's outputs stands in, and only what the step itself computed is asserted;
-* the ``/gcs/`` mount: kfp maps a ``gs://`` artifact to a local path under ``/gcs/``
-  (``kfp.dsl.types.artifact_types._GCS_LOCAL_MOUNT_PREFIX``), which KFP's launcher mounts in
-  the task's pod; here a ``sitecustomize`` on the executor's ``PYTHONPATH`` points that prefix
-  at a temporary folder instead (nothing is written under ``/``);
-* KFP's driver: the values it resolves (the run's parameters: the compiled defaults and what a
-  user fills in; the check step's chosen image, from its own program
-  ``pipeline.checks.check_step``; the artifacts' URIs and the run id), and the task config it
-  injects for each input of type ``TASK_CONFIG``: the JSON of its ``TaskConfig`` of the
-  passthroughs the component declares, in ``inputs.parameterValues`` (kubeflow/pipelines
-  ``backend/src/v2/driver``, read for pipelines#12185; kfp's executor reads it back into
-  ``dsl.TaskConfig``).
+Real: the compiled pipeline, the train executor's own command and arguments from it run in a
+subprocess (kfp's ``executor_main`` calling ``components.train.task.run_step``), the
+``kubernetes`` client reaching kmock's API emulator through a kubeconfig, fake-gcs-server.
+Stood in, said so: Trainer, JobSet, the kubelet and the garbage collector
+(`standins.kmock_cluster`'s operators; the real trainer runs the job's own command where a test
+asserts what training did, elsewhere a placeholder of rank 0's outputs); the ``/gcs/`` mount
+KFP's launcher gives the task's pod (a ``sitecustomize`` points kfp's
+``artifact_types._GCS_LOCAL_MOUNT_PREFIX`` at a temporary folder); and KFP's driver: the values
+it resolves (the run's parameters, the check step's image, the artifacts' URIs, the run id) and
+the task config it injects for each ``TASK_CONFIG`` input, the JSON of its ``TaskConfig`` in
+``inputs.parameterValues`` (kubeflow/pipelines ``backend/src/v2/driver``, pipelines#12185).
 """
 
 from __future__ import annotations

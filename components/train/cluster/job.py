@@ -108,8 +108,7 @@ def uri_problems(data: str, output: str, model_dir: str | None) -> list[str]:
 
 
 def param_problems(p: ClusterJobParams) -> list[str]:
-    """Every problem with `p` across its parts, each naming the parameter (`p.train` and
-    `p.step` checked their own fields when they were made)."""
+    """Every problem of `p` across its parts, by name (each part checked its own fields)."""
     problems = [] if p.run_name.strip() else ["run_name is empty"]
     problems += uri_problems(p.train.data, p.train.output, p.train.model_dir)
     if p.step.min_available is not None and p.step.min_available > p.train.workers + 1:
@@ -169,8 +168,7 @@ def run_labels(p: ClusterJobParams) -> dict[str, str]:
 
 
 def job_metadata(p: ClusterJobParams, namespace: str | None) -> dict[str, object]:
-    """The job's metadata: its name, labels and the run's annotations (the owner reference is
-    the run's: `cluster.run` reads the owner pod's uid)."""
+    """The job's name, labels and annotations (`cluster.run` adds the owner reference)."""
     metadata: dict[str, object] = {
         "name": job_name(p.run_name, p.pipeline_run_id),
         "labels": run_labels(p),
@@ -182,8 +180,7 @@ def job_metadata(p: ClusterJobParams, namespace: str | None) -> dict[str, object
 
 
 class JobError(RuntimeError):
-    """A cluster job could not run, or succeeded without the expected outputs; the message
-    names why."""
+    """A cluster job could not run, or succeeded without the expected outputs."""
 
 
 class JobFailed(JobError):
@@ -272,8 +269,8 @@ def backend(name: str) -> Backend:
 def check_manifests(
     b: Backend, manifests: list[dict[str, Any]], crd_dir: str | None = None
 ) -> None:
-    """Check `b`'s `manifests` against their CRDs (vendored, or of the same names in `crd_dir`)
-    and `b.problems`; `ManifestError` names every bad field."""
+    """`ManifestError` naming every field of `manifests` that their CRDs (vendored, or of the
+    same names in `crd_dir`) or `b.problems` refuse."""
     from components.train.cluster.crd import manifest_problems, raise_problems
 
     for manifest, crd in zip(manifests, (*b.shared, b.crd), strict=True):
@@ -284,7 +281,6 @@ def check_manifests(
 def validated(
     b: Backend, p: ClusterJobParams, namespace: str | None = None, crd_dir: str | None = None
 ) -> list[dict[str, Any]]:
-    """`b`'s manifests of `p`, checked (`check_manifests`)."""
     manifests = b.build(p, namespace)
     check_manifests(b, manifests, crd_dir)
     return manifests
@@ -305,8 +301,7 @@ def serves(api: CustomObjectsApi, crd: Crd) -> bool:
 
 @dataclass(frozen=True)
 class Choice:
-    """The backend a run used (``training_backend``'s choice, or what ``auto`` chose) and why:
-    recorded in the run summary and the coordination report."""
+    """The backend a run used and why (for the run summary and the coordination report)."""
 
     backend: str
     reason: str

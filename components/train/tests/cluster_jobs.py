@@ -56,6 +56,16 @@ def run(cluster: Cluster, b: Backend, p: Any, log: Callable[[str], None], **kw: 
     return run_job(b, p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=log, **kw)
 
 
+def pod_specs(doc: Any) -> list[dict[str, Any]]:
+    """Every pod spec (a mapping with ``containers``) inside `doc`."""
+    if isinstance(doc, dict):
+        own = [doc] if "containers" in doc else []
+        return own + [spec for value in doc.values() for spec in pod_specs(value)]
+    if isinstance(doc, list):
+        return [spec for item in doc for spec in pod_specs(item)]
+    return []
+
+
 def posts(cluster: Cluster, crd: Crd) -> int:
     return len(cluster.requests("POST", f"/{crd.plural}"))
 

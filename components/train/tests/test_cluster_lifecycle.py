@@ -301,22 +301,28 @@ def test_the_task_pods_owns_the_job_and_the_manifests_are_built_and_checked_once
 
 
 @pytest.mark.parametrize(
-    ("name", "field"),
-    [("mpijob", "launcherCreationPolicy"), ("trainjob", "activeDeadlineSeconds")],
-)
-def test_a_job_an_older_crd_lacks_a_field_for_is_refused_before_any_request(
-    cluster: Cluster, gcs_uri: str, tmp_path: Path, name: str, field: str
-) -> None:
+    ("name", "field", "train", "error"),
+    [("mpijob", "launcherCreationPolicy", {}, ManifestError),
+     ("trainjob", "activeDeadlineSeconds", {}, ManifestError),
+     ("trainjob", None, {"min_workers": 1}, ValueError)],  # the TrainJob cannot be elastic
+)  # fmt: skip
+def test_what_an_older_crd_or_the_backend_refuses_is_refused_before_any_request(
+    cluster: Cluster, gcs_uri: str, tmp_path: Path, name: str, field: str | None,
+    train: dict[str, Any], error: type[Exception],
+) -> None:  # fmt: skip
     b, _ = pair(name)
     for crd in (b.crd, *b.shared):
         doc = yaml.safe_load(find_crd(crd).read_text())
-        if crd is b.crd:
+        if crd is b.crd and field:
             spec = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
             del spec["properties"][field]
         (tmp_path / crd.relative_path.name).write_text(yaml.safe_dump(doc))
     sent_before = len(list(cluster.emu))
-    with pytest.raises(ManifestError, match=rf"spec: .*'{field}' was unexpected"):
-        run(cluster, b, make_params(gcs_uri), lambda _: None, crd_dir=str(tmp_path))
+    said = (
+        rf"spec: .*'{field}' was unexpected" if field else "min_workers=1: elastic training needs"
+    )
+    with pytest.raises(error, match=said):
+        run(cluster, b, make_params(gcs_uri, **train), lambda _: None, crd_dir=str(tmp_path))
     assert len(list(cluster.emu)) == sent_before  # nothing was sent
 
 

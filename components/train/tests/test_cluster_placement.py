@@ -14,11 +14,9 @@ from typing import Any
 
 import pytest
 
-from components.train.cluster.job import ClusterJobParams, PodConfig, backend, check_manifests
-from components.train.cluster.mpijob import build_manifest
-from components.train.cluster.trainjob import build_manifests
+from components.train.cluster.job import ClusterJobParams, PodConfig, backend, validated
 from components.train.step import TrainStep
-from components.train.tests.cluster_jobs import make_params, pair
+from components.train.tests.cluster_jobs import BOTH, make_params, pair, pod_specs
 from standins.kmock_cluster import NS, Cluster, Operator
 
 SELECTOR = {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true"}
@@ -34,37 +32,16 @@ def params(gpus: int = 1, **overrides: Any) -> ClusterJobParams:
     )  # fmt: skip
 
 
-def mpijob_pods(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    replicas = manifest["spec"]["mpiReplicaSpecs"]
-    return {role: replicas[role]["template"]["spec"] for role in ("Launcher", "Worker")}
-
-
-def trainjob_pods(runtime: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
-    return {j["name"]: j["template"]["spec"]["template"]["spec"] for j in jobs}
-
-
-def test_the_mpijob_places_workers_and_launcher_and_tolerates_the_gpu_taint_once() -> None:
-    manifest = build_manifest(params(), NS)
-    check_manifests(backend("mpijob"), [manifest])  # the vendored CRD
-    pods = mpijob_pods(manifest)
-    assert pods["Worker"]["nodeSelector"] == SELECTOR
-    assert pods["Worker"]["tolerations"] == [TEAM, GPU]  # the user's GPU toleration, once
-    # the launcher runs no rank but goes to the same pool; it asks for no GPU
-    assert pods["Launcher"]["nodeSelector"] == SELECTOR
-    assert pods["Launcher"]["tolerations"] == [TEAM, GPU]
-    plain = mpijob_pods(build_manifest(params(gpus=0, tolerations="[]", node_selector="{}")))
-    assert "nodeSelector" not in plain["Worker"] and "tolerations" not in plain["Worker"]
-
-
-def test_the_trainjob_places_its_nodes_and_node_0_the_launcher() -> None:
-    runtime, trainjob = build_manifests(params(), NS)
-    check_manifests(backend("trainjob"), [runtime, trainjob])  # the vendored CRDs
-    for name, spec in trainjob_pods(runtime).items():
-        assert spec["nodeSelector"] == SELECTOR, name
-        assert spec["tolerations"] == [TEAM, GPU], name
-    other, _ = build_manifests(params(node_selector="{}"), NS)
-    assert other["metadata"]["name"] != runtime["metadata"]["name"]  # its own runtime
+@BOTH
+def test_every_pod_is_placed_and_tolerates_the_gpu_taint_once(name: str) -> None:
+    """The launcher (the MPIJob's runs no rank) goes to the same pool; it asks for no GPU."""
+    specs = pod_specs(validated(backend(name), params(), NS))  # the vendored CRDs
+    assert len(specs) == 2
+    for spec in specs:
+        assert spec["nodeSelector"] == SELECTOR
+        assert spec["tolerations"] == [TEAM, GPU]  # the user's GPU toleration, once
+    for spec in pod_specs(backend(name).build(params(0, tolerations="[]", node_selector="{}"), NS)):
+        assert "nodeSelector" not in spec and "tolerations" not in spec
 
 
 def test_the_task_config_reaches_every_rank_pod_of_both_backends() -> None:
@@ -79,11 +56,10 @@ def test_the_task_config_reaches_every_rank_pod_of_both_backends() -> None:
         volume_mounts=[{"name": "scratch", "mountPath": "/scratch"}],
     )  # fmt: skip
     p = params(task_config=passed)
-    runtime, trainjob = build_manifests(p, NS)
-    check_manifests(backend("trainjob"), [runtime, trainjob])
-    mpijob = build_manifest(p, NS)
-    check_manifests(backend("mpijob"), [mpijob])
-    for spec in [*trainjob_pods(runtime).values(), *mpijob_pods(mpijob).values()]:
+    runtime, trainjob = validated(backend("trainjob"), p, NS)
+    specs = pod_specs([runtime, *validated(backend("mpijob"), p, NS)])
+    assert len(specs) == 4
+    for spec in specs:
         assert spec["nodeSelector"] == {**SELECTOR, "pool": "gpu"}
         assert spec["tolerations"] == [TEAM, GPU, spot]
         assert spec["affinity"] == affinity and spec["volumes"] == passed.volumes

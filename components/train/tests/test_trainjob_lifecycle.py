@@ -1,15 +1,14 @@
 """What only the TrainJob backend has, with the real ``kubernetes`` client against kmock's API
-emulator as in test_cluster_lifecycle.py: its runtime (made once, shared, refused when changed),
-no elastic job, the real trainer from the stored TrainJob's command (`TrainerOperator`), and a
-failed TrainJob in the train step's log: each line the ranks share once, then one ``FAILED:``
-line, no traceback and no second copy of the launcher log (the step's program runs under
-`one_line_failures`, as the train component's executor runs it).
+emulator as in test_cluster_lifecycle.py (which refuses its elastic job): its runtime (made
+once, shared, refused when changed), and a failed TrainJob in the train step's log: each line
+the ranks share once, then one ``FAILED:`` line, no traceback and no second copy of the
+launcher log (the step's program runs under `one_line_failures`, as its executor runs it).
+The real trainer from the stored TrainJob's command: tests/test_pipeline_trainjob.py.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 import time
 
 import pytest
@@ -89,36 +88,3 @@ def test_the_runtime_is_created_when_absent_reused_when_present_refused_when_cha
     with pytest.raises(JobError, match="exists but was not made from this spec"):
         run(cluster, b, third, lambda _: None)
     assert posts(cluster, TRAINJOB) == 2
-
-
-def test_an_elastic_trainjob_is_refused_before_any_request(cluster: Cluster, gcs_uri: str) -> None:
-    sent_before = len(list(cluster.emu))
-    with pytest.raises(ValueError, match="min_workers=1: elastic training needs mpi-operator"):
-        run(cluster, pair("trainjob")[0], make_params(gcs_uri, min_workers=1), lambda _: None)
-    assert len(list(cluster.emu)) == sent_before
-
-
-@pytest.mark.horovod
-def test_the_stored_trainjob_trains_one_model(cluster: Cluster, gcs_uri: str) -> None:
-    """The TrainJob's own command line (2 nodes x 1 process, the small model, 1 epoch on 400
-    digits) run by horovodrun here: one model, the world size the run check wants."""
-    from components.data_prep.prep import prepare
-    from standins.kmock_cluster import TrainerOperator
-
-    prepare("bundled", f"{gcs_uri}/data", shard_size=200, limit=400)
-    p = make_params(
-        gcs_uri, slots_per_worker=1, epochs=1, model="small", threads_per_worker=1,
-        batch_size_per_worker=32, warmup_epochs=0,
-    )  # fmt: skip
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}  # STORAGE_EMULATOR_HOST included
-    op = TrainerOperator(cluster, env, KINDS["trainjob"])
-    codes: list[int | None] = []
-    op.play(lambda op: codes.append(op.serve(op.wait_for_job())))
-    lines: list[str] = []
-    summary = run(cluster, pair("trainjob")[0], p, lines.append)
-    op.join(300)
-
-    assert codes == [0] and op.starts == 1
-    assert summary.world_size == 2 and summary.weights_identical_across_ranks
-    # the launcher's own lines, streamed from its pod's log
-    assert any(line.startswith("[1,0]<stdout>:[rank 0/2] Epoch 1/1 - loss") for line in lines)
