@@ -1,9 +1,6 @@
-"""The train step's own parameters: where and how the Horovod job runs (the trainer's are
-`TrainConfig`'s), declared once, as `TrainConfig`'s are.
-
-The pipeline exposes the first ones (`TRAIN_STEP_PARAMETERS`); the job's own settings after
-them keep their defaults in a pipeline run and are options of the render commands. A cluster
-job's pods are made from these fields (`components.train.cluster.job.ClusterJobParams`).
+"""The train step's own parameters, declared once as `TrainConfig`'s are: where and how the
+Horovod job runs. The pipeline exposes the first ones (`TRAIN_STEP_PARAMETERS`); the job's own
+settings after them keep their defaults in a pipeline run and are options of the render commands.
 """
 
 from __future__ import annotations
@@ -104,4 +101,3 @@ class TrainStep(Validated):
 
 
 TRAIN_STEP_PARAMETERS: list[Declared] = declared(TrainStep, pipeline_only=True)
-JOB_SETTINGS: list[Declared] = [p for p in declared(TrainStep) if not p.pipeline]

@@ -1,7 +1,3 @@
-"""The train step's cluster backends: one job module (`job`: parameters, names, what a backend
-is; `pods`: the launcher's command and the pods' pieces; `crd`: the CRD-schema check), one
-module per backend (`mpijob`: mpi-operator's MPIJob; `trainjob`: Kubeflow Trainer v2's TrainJob
-and its runtime), and one run (`run`: create or reattach, follow the launcher's log, cancel,
-check the outputs). Nothing is imported eagerly: ``kubernetes`` and ``jsonschema`` load only
-where a manifest is validated or a job is run.
-"""
+"""The train step's cluster backends, one module each (`mpijob`, `trainjob`), and what they share:
+the job (`job`), its pods (`pods`), the CRD check (`crd`) and the one run (`run`); mpijob.md and
+trainjob.md describe them. Nothing is imported eagerly."""

@@ -2,11 +2,8 @@
 backend (`cluster.job.Backend`): `run_job`.
 
 A job that an earlier attempt of the same task created is reattached to, unless it already
-failed: that one is replaced, so a KFP retry really retries. Failure (eviction and the
-operator's deadline included, and a client-side deadline backstop) raises `JobFailed` with the
-launcher log's last lines; SIGTERM (the KFP task is cancelled) deletes the job with foreground
-propagation and waits for its pods to go; success is checked against the run summary and the
-model at their URIs. The launcher pod's log is copied into the step's log as it grows.
+failed: that one is replaced, so a KFP retry really retries. SIGTERM (the KFP task is
+cancelled) deletes the job with foreground propagation and waits for its pods to go.
 """
 
 from __future__ import annotations
@@ -70,7 +67,7 @@ def _differs(existing: dict[str, Any], manifest: dict[str, Any], *keys: str) -> 
 
 @dataclass(frozen=True)
 class _Run:
-    """One job of backend `b` on the API, and the log its steps write to."""
+    """Job `name` of backend `b` on the API, and the log its steps write to."""
 
     api: client.CustomObjectsApi
     core: client.CoreV1Api
@@ -84,18 +81,16 @@ class _Run:
         return self.b.what(self.namespace, self.name)
 
     def get(self, crd: Crd, name: str) -> dict[str, Any] | None:
-        """The object `name` of `crd`'s kind, or None if there is none."""
+        where = (crd.group, crd.version, self.namespace, crd.plural, name)
         try:
-            return dict(self.api.get_namespaced_custom_object(
-                crd.group, crd.version, self.namespace, crd.plural, name
-            ))  # fmt: skip
+            return dict(self.api.get_namespaced_custom_object(*where))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
     def create(self, crd: Crd, manifest: dict[str, Any]) -> bool:
-        """Create `manifest` as `crd`'s kind; False if one of that name is there (409)."""
+        """False if one of that name is there (409)."""
         try:
             self.api.create_namespaced_custom_object(
                 crd.group, crd.version, self.namespace, crd.plural, manifest
@@ -174,8 +169,8 @@ class _Run:
         raise JobError(f"could not create {self.what}: it keeps reappearing")
 
     def follow(self, deadline_s: float, poll_interval_s: float) -> None:
-        """Poll the job until it succeeds, or raise `JobFailed`; past `deadline_s` (a backstop
-        on top of the job's own activeDeadlineSeconds) the job is deleted and the task fails."""
+        """Poll the job until it succeeds, or raise `JobFailed` (with the launcher log's last
+        lines); past `deadline_s`, a backstop to the job's own deadline, delete it first."""
         launcher = LauncherLog(self)
         start = time.monotonic()
         last_phase = ""
@@ -247,7 +242,6 @@ class LauncherLog:
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
 
     def poll(self) -> None:
-        """Emit the launcher's new lines (no-op until its container has started)."""
         pods = self.run.pods(launcher=True)
         if not pods:
             return
