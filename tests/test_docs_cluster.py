@@ -1,18 +1,10 @@
-"""Every command and manifest of docs/cluster.md, checked against the repository.
-
-- each ``python -m pipeline render-*`` command is run (the real CLI) and what it prints is
-  validated against the vendored CRDs (deploy/crd/), its ``--node-selector`` and
-  ``--tolerations`` found on every pod it describes; ``render-inferenceservice`` against a
-  registry on fake-gcs-server whose production alias exists;
-- each ``submit --param`` is a pipeline parameter with a value its rule accepts;
-- each fenced YAML manifest is of a kind this checks (a vendored CRD's, or deploy/rbac.yaml's
-  as the doc's ``sed`` command rewrites it, run with the real sed);
-- each ``kubectl`` command that follows a run asks for what deploy/rbac.yaml grants, in its
-  namespace; each file a command or the text names exists in the repository;
-- the versions it names are the project's (the lock's kfp, the vendored Trainer CRDs').
-
-The kubectl commands that install operators or talk to a live cluster cannot run here; only
-their repository files and rights are checked.
+"""Every command and manifest of docs/cluster.md, checked against the repository: each
+``render-*`` command run (its output valid against the vendored CRDs, its placement on every
+pod; ``render-inferenceservice`` against a registry on fake-gcs-server); each ``submit --param``
+a pipeline parameter its rule accepts; each YAML manifest against a vendored CRD or
+deploy/rbac.yaml as the doc's ``sed`` rewrites it; each ``kubectl`` command that follows a run
+asks for what deploy/rbac.yaml grants (those that install operators or need a live cluster
+cannot run here); each file it names exists; the versions it names are the project's.
 """
 
 from __future__ import annotations

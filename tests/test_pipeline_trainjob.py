@@ -34,6 +34,7 @@ import yaml
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, from_argv
 from components.train.summary import parse
+from components.train.tests.cluster_jobs import write_kubeconfig
 from pipeline.build import compile_pipeline
 from pipeline.checks import check_step
 from standins.jobs import RunningJob
@@ -179,13 +180,7 @@ class Step:
             "from kfp.dsl.types import artifact_types\n"
             f"artifact_types._GCS_LOCAL_MOUNT_PREFIX = {str(self.gcs) + '/'!r}\n"
         )
-        kubeconfig = self.work / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
-            "users": [{"name": "task", "user": {"token": "t"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "task"}}],
-        }))  # fmt: skip
+        kubeconfig = write_kubeconfig(self.work / "kubeconfig", cluster)
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
         return env | {
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",  # its python3

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from components.train.cluster.crd import Crd
 from components.train.cluster.job import Backend, ClusterJobParams, backend, job_name
@@ -64,6 +66,17 @@ def pod_specs(doc: Any) -> list[dict[str, Any]]:
     if isinstance(doc, list):
         return [spec for item in doc for spec in pod_specs(item)]
     return []
+
+
+def write_kubeconfig(path: Path, cluster: Cluster) -> Path:
+    """A kubeconfig at `path` that reaches `cluster` with a token, as the step's does."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
+        "users": [{"name": "step", "user": {"token": "t"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "step"}}],
+    }))  # fmt: skip
+    return path
 
 
 def posts(cluster: Cluster, crd: Crd) -> int:

@@ -1,11 +1,10 @@
 """``training_backend=auto``: the train step asks the cluster's API discovery which job operator
 it serves, says its choice first, runs the job there and records the backend.
 
-Real parts: the train step's program (`components.train.task.run_train_task`), the real
-``kubernetes`` client, reaching kmock's API emulator through a kubeconfig as the step does,
-with the APIs a cluster serves chosen per test (`standins.kmock_cluster.Cluster`'s kinds), and
-the suite's fake-gcs-server for the outputs. Stood in: mpi-operator and Kubeflow Trainer
-(`standins.kmock_cluster.Operator`), which write what rank 0 would leave instead of training.
+Real: the train step's program (`components.train.task.run_train_task`), the ``kubernetes``
+client reaching kmock's API emulator through a kubeconfig (the APIs served chosen per test),
+fake-gcs-server. Stood in: the operators (`standins.kmock_cluster.Operator`), which write what
+rank 0 would leave instead of training.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes.config import kube_config
 
 from components.train.cluster.crd import Crd
@@ -27,6 +25,7 @@ from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig
 from components.train.step import TrainStep
 from components.train.task import run_train_task
+from components.train.tests.cluster_jobs import write_kubeconfig
 from standins.kmock_cluster import MPIJOB_KIND, NS, TRAINJOB_KIND, Cluster, Kind, Operator
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,13 +39,7 @@ def served(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
     """A cluster serving the APIs the test is parametrized with, which the step reaches through
     its kubeconfig (as outside a pod: no in-cluster service account here)."""
     with Cluster(request.param) as cluster:
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
-            "users": [{"name": "step", "user": {"token": "t"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "step"}}],
-        }))  # fmt: skip
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", cluster)
         # what the client reads from $KUBECONFIG when it is imported, as in the step's process
         monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)

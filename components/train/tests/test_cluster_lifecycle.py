@@ -1,13 +1,10 @@
 """The one run of a cluster job (`components.train.cluster.run.run_job`), on both backends, with
-the real ``kubernetes`` client against kmock's API emulator.
+the real ``kubernetes`` client against kmock's API emulator and the suite's fake-gcs-server.
 
-Real parts: the kubernetes client over HTTP, kmock's ``KubernetesEmulator`` (stores, lists,
-patches and deletes objects), and the suite's in-memory fake-gcs-server for the run's outputs.
 What kmock cannot emulate (mpi-operator; Kubeflow Trainer with JobSet; pod logs, garbage
 collection, label selectors) is played through the API by `standins.kmock_cluster.Operator`
-with the backend's `Kind`, which says how; one test runs the real trainer from the stored
-TrainJob's command (`TrainerOperator`). A difference between the backends is written where it
-is: in the parameters of a test, or in a test of one backend.
+with the backend's `Kind`. A difference between the backends is written where it is: in the
+parameters of a test, or in a test of one backend.
 """
 
 from __future__ import annotations
