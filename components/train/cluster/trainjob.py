@@ -113,9 +113,15 @@ def _replicated_job(name: str, container: dict[str, Any], p: ClusterJobParams) -
     return job
 
 
-def runtime_spec(p: ClusterJobParams) -> dict[str, Any]:
-    """The TrainingRuntime's spec: the MPI policy and the JobSet of nodes and launcher."""
-    return {
+def spec_digest(spec: dict[str, Any]) -> str:
+    """The sha256 of a runtime spec's canonical JSON."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def build_runtime(p: ClusterJobParams, namespace: str | None = None) -> dict[str, Any]:
+    """The project's TrainingRuntime for `p` (the MPI policy, the JobSet of nodes and launcher),
+    named ``kfp-horovod-<hash of its spec>``."""
+    spec = {
         "mlPolicy": {
             "numNodes": 1,  # the launcher's count; the TrainJob's numNodes sizes the nodes
             "mpi": {
@@ -138,16 +144,6 @@ def runtime_spec(p: ClusterJobParams) -> dict[str, Any]:
             }
         },
     }
-
-
-def spec_digest(spec: dict[str, Any]) -> str:
-    """The sha256 of a runtime spec's canonical JSON."""
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-
-
-def build_runtime(p: ClusterJobParams, namespace: str | None = None) -> dict[str, Any]:
-    """The project's TrainingRuntime for `p`, named ``kfp-horovod-<hash of its spec>``."""
-    spec = runtime_spec(p)
     digest = spec_digest(spec)
     metadata: dict[str, Any] = {
         "name": f"{defaults.TRAINING_RUNTIME_PREFIX}-{digest[:10]}",
