@@ -20,10 +20,11 @@ from components.train.cluster.job import (
     check_manifests,
     job_name,
     sanitize_name,
+    validated,
 )
 from components.train.cluster.mpijob import LABEL_JOB, build_manifest
 from components.train.cluster.pods import launcher_command
-from components.train.cluster.trainjob import ANCESTOR_LABEL, build_manifests, spec_digest
+from components.train.cluster.trainjob import ANCESTOR_LABEL, spec_digest
 from components.train.tests.cluster_jobs import make_params
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -45,16 +46,13 @@ def container(manifest: dict[str, Any], role: str) -> dict[str, Any]:
 
 def mpijob(**overrides: Any) -> dict[str, Any]:
     """The MPIJob of `params(**overrides)`, checked against its CRD."""
-    (manifest,) = backend("mpijob").build(params(**overrides), None)
-    check_manifests(backend("mpijob"), [manifest])
+    (manifest,) = validated(backend("mpijob"), params(**overrides))
     return manifest
 
 
 def trainjob(**overrides: Any) -> list[dict[str, Any]]:
     """The TrainingRuntime and TrainJob of `params(**overrides)` in team-a, checked."""
-    manifests = build_manifests(params(**overrides), "team-a")
-    check_manifests(backend("trainjob"), manifests)
-    return manifests
+    return validated(backend("trainjob"), params(**overrides), "team-a")
 
 
 def flag(command: list[str], name: str, default: str | None = None) -> str | None:
