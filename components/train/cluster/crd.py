@@ -1,6 +1,6 @@
 """Check a manifest against its CustomResourceDefinition's schema (vendored under ``deploy/crd/``;
-a copy packaged beside the backend for the trainer image, which has no ``deploy/``) before
-anything is sent. The check is jsonschema's, with two differences from the API server:
+for a backend, the copy packaged beside it, which the trainer image has too) before anything
+is sent. The check is jsonschema's, with two differences from the API server:
 
 * The API server *prunes* unknown fields of a structural schema silently; here an unknown field
   is an error (a typo like ``slotPerWorker`` would otherwise vanish on the way in).
