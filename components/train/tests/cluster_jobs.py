@@ -79,6 +79,12 @@ def write_kubeconfig(path: Path, cluster: Cluster) -> Path:
     return path
 
 
+def store(cluster: Cluster, b: Backend, manifests: list[dict[str, Any]]) -> None:
+    """Store `manifests` (`b`'s shared objects, then its job) as an earlier attempt left them."""
+    for crd, m in zip((*b.shared, b.crd), manifests, strict=True):
+        cluster.custom.create_namespaced_custom_object(crd.group, crd.version, NS, crd.plural, m)
+
+
 def posts(cluster: Cluster, crd: Crd) -> int:
     return len(cluster.requests("POST", f"/{crd.plural}"))
 

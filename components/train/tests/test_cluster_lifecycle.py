@@ -21,7 +21,7 @@ import yaml
 from components.common import defaults, storage
 from components.train.cluster import job as jobs
 from components.train.cluster.crd import Crd, ManifestError, find_crd
-from components.train.cluster.job import Backend, JobCancelled, JobError, JobFailed
+from components.train.cluster.job import JobCancelled, JobError, JobFailed
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.run import check_run
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
@@ -33,6 +33,7 @@ from components.train.tests.cluster_jobs import (
     pair,
     posts,
     run,
+    store,
     write_outputs,
 )
 from standins.kmock_cluster import NS, Cluster, Operator, pod
@@ -44,12 +45,6 @@ RUNNING = {
     "mpijob": "Running (MPIJobRunning: launcher is running)",
     "trainjob": "Running (launcher: 1 ready of 1 active, node: 1 ready of 1 active)",
 }
-
-
-def store(cluster: Cluster, b: Backend, manifests: list[dict[str, Any]]) -> None:
-    """Store `manifests` (`b`'s shared objects, then its job) as an earlier attempt left them."""
-    for crd, m in zip((*b.shared, b.crd), manifests, strict=True):
-        cluster.custom.create_namespaced_custom_object(crd.group, crd.version, NS, crd.plural, m)
 
 
 def wait_for(lines: list[str], text: str, timeout: float = 10.0) -> None:

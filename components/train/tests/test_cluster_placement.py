@@ -16,7 +16,7 @@ import pytest
 
 from components.train.cluster.job import ClusterJobParams, PodConfig, backend, validated
 from components.train.step import TrainStep
-from components.train.tests.cluster_jobs import BOTH, make_params, pair, pod_specs
+from components.train.tests.cluster_jobs import BOTH, make_params, pair, pod_specs, store
 from standins.kmock_cluster import NS, Cluster, Operator
 
 SELECTOR = {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true"}
@@ -86,10 +86,7 @@ def test_a_label_both_set_differently_is_refused_naming_both() -> None:
 def test_the_operators_pods_carry_the_placement(name: str, count: int) -> None:
     b, kind = pair(name)
     with Cluster() as cluster:
-        for crd, manifest in zip((*b.shared, b.crd), b.build(params(), NS), strict=True):
-            cluster.custom.create_namespaced_custom_object(
-                crd.group, crd.version, NS, crd.plural, manifest
-            )
+        store(cluster, b, b.build(params(), NS))
         op = Operator(cluster, kind)
         op.launcher(op.wait_for_job())
         pods = [p for p in cluster.core.list_namespaced_pod(NS).items
