@@ -361,18 +361,3 @@ def test_auto_picks_the_trainjob_and_the_task_config_reaches_every_rank_pod(
     metadata = json.loads((tmp_path / "a" / "out" / "executor_output.json").read_text())
     run = metadata["artifacts"]["run_summary"]["artifacts"][0]["metadata"]
     assert run["training_backend"] == "trainjob"
-
-
-def test_a_label_the_parameter_and_the_task_config_set_differently_is_refused(
-    compiled: dict[str, Any], trainer_cluster: Cluster, gcs_uri: str, tmp_path: Path
-) -> None:
-    clash = {**TASK_CONFIG, "nodeSelector": {"pool": "other"}}
-    step = Step(compiled, trainer_cluster, gcs_uri, "run-10", tmp_path / "a", task_config=clash,
-                **PLACED)  # fmt: skip
-    assert step.wait() != 0
-    assert any(
-        "node selector label 'pool': the node_selector parameter says 'training', the train "
-        "task's config says 'other'" in line
-        for line in step.lines
-    ), "\n".join(step.lines)
-    assert trainer_cluster.requests("POST", "/apis/") == []  # nothing was created
