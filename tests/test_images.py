@@ -9,12 +9,12 @@ tests/containers/test_images_built.py.
 from __future__ import annotations
 
 import importlib.metadata as md
-import importlib.util
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 
 import tomllib
 from packaging.requirements import Requirement
@@ -30,18 +30,8 @@ DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
 SUPPORT_IMAGE_DIRS = {"base", "component", "gcs-emulator"}
 
 
-def _pins_module() -> ModuleType:
-    """images/pin_requirements.py, which writes the images' pins: its readers of the locks."""
-    spec = importlib.util.spec_from_file_location(
-        "pin_requirements", IMAGES / "pin_requirements.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PINS = _pins_module()
+# images/pin_requirements.py, which writes the images' pins: its readers of the locks.
+PINS = SimpleNamespace(**runpy.run_path(str(IMAGES / "pin_requirements.py")))
 
 
 def _pins(path: Path) -> dict[str, str]:
