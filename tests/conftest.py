@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,23 +55,36 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def gcs_bucket(gcs_emulator: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A new, empty bucket in the emulator; yields its name (use ``f"gs://{gcs_bucket}/..."``)."""
+@contextmanager
+def storage_emulator(url: str) -> Iterator[None]:
+    """Point this process's storage client, and the subprocesses it starts, at the GCS emulator
+    at `url`."""
+    from components.common import storage
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STORAGE_EMULATOR_HOST", url)
+        mp.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
+        storage._client.cache_clear()
+        try:
+            yield
+        finally:
+            storage._client.cache_clear()
+
+
+def create_bucket(name: str) -> str:
+    """A new bucket `name` in the emulator `storage_emulator` points at."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage as gcs
 
-    from components.common import storage
-
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
-    storage._client.cache_clear()
-    name = f"test-bucket-{next(_bucket_ids)}"
     gcs.Client(project="emulator", credentials=AnonymousCredentials()).create_bucket(name)
-    try:
-        yield name
-    finally:
-        storage._client.cache_clear()
+    return name
+
+
+@pytest.fixture
+def gcs_bucket(gcs_emulator: str) -> Iterator[str]:
+    """A new, empty bucket in the emulator; yields its name (use ``f"gs://{gcs_bucket}/..."``)."""
+    with storage_emulator(gcs_emulator):
+        yield create_bucket(f"test-bucket-{next(_bucket_ids)}")
 
 
 @pytest.fixture
@@ -78,18 +93,17 @@ def gcs_uri(gcs_bucket: str) -> str:
     return f"gs://{gcs_bucket}"
 
 
+@dataclass(frozen=True)
 class TrainedModel:
-    """A real exported model for tests: `path` (SavedModel dir), `dataset` (dataset dir), the
-    `accuracy`/`loss` Keras itself reports for the in-memory model on the test split, and
-    `saved_model_sha256`, the digest of its saved_model.pb (what the trainer records)."""
+    """A real exported model for tests: its SavedModel dir, its dataset dir, the accuracy and loss
+    Keras reports for it on the test split, and its saved_model.pb's sha256 (what the trainer
+    records)."""
 
-    def __init__(self, path: str, dataset: str, accuracy: float, loss: float) -> None:
-        self.path = path
-        self.dataset = dataset
-        self.accuracy = accuracy
-        self.loss = loss
-        pb = Path(path) / "saved_model.pb"
-        self.saved_model_sha256 = hashlib.sha256(pb.read_bytes()).hexdigest()
+    path: str
+    dataset: str
+    accuracy: float
+    loss: float
+    saved_model_sha256: str
 
 
 @pytest.fixture(scope="session")
@@ -121,7 +135,8 @@ def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedMode
     model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
     loss, accuracy = model.evaluate(x_test, y_test, batch_size=400, verbose=0)
     model.save(str(path), include_optimizer=False)
-    return TrainedModel(str(path), dataset, float(accuracy), float(loss))
+    digest = hashlib.sha256((path / "saved_model.pb").read_bytes()).hexdigest()
+    return TrainedModel(str(path), dataset, float(accuracy), float(loss), digest)
 
 
 @pytest.fixture(scope="session")
@@ -184,8 +199,6 @@ class LocalRun:
 def run_local_pipeline(root: Path, *extra: str) -> LocalRun:
     """Run ``python -m pipeline run-local`` at `root` with `LOCAL_RUN_FLAGS` and `extra`; raises
     with the output's tail if it fails."""
-    import sys
-
     from standins.jobs import run_job
 
     command = [sys.executable, "-m", "pipeline", "run-local", "--root", str(root)]
