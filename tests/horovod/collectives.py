@@ -59,7 +59,7 @@ def allreduce(me: Rank, op_name: str, grouped: bool = False) -> dict[str, Any]:
         assert value.dtype == tf.float32, f"{key}: {value.dtype}"
         want = reduce(np.asarray(given), axis=0)
         np.testing.assert_allclose(value.numpy(), want, **TOLERANCE, err_msg=f"{op_name} {key}")
-    return {"same": {k: v.numpy() for k, v in out.items()}}
+    return {"same": {k: v.numpy().tolist() for k, v in out.items()}}
 
 
 def broadcast_variables(me: Rank) -> dict[str, Any]:

@@ -92,9 +92,6 @@ def flat(arrays: Any) -> list[float]:
 
 def recorder(keras: Any, into: list[dict[str, float]]) -> Any:
     """A callback that appends a copy of each epoch's logs to `into`."""
-
-    class Recorder(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            into.append({k: float(v) for k, v in (logs or {}).items()})
-
-    return Recorder()
+    return keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: into.append({k: float(v) for k, v in logs.items()})
+    )

@@ -111,11 +111,6 @@ def lr_warmup_callback(me: Rank) -> dict[str, Any]:
     model = small_model(keras, seed=7)
     compile_distributed(me, model, WARMUP_LR)
     used: list[float] = []
-
-    class StepLR(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
-        def on_train_batch_begin(self, step: int, logs: Any = None) -> None:
-            used.append(float(keras.backend.get_value(self.model.optimizer.lr)))
-
     logged: list[dict[str, float]] = []
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -123,7 +118,9 @@ def lr_warmup_callback(me: Rank) -> dict[str, Any]:
         hvd.callbacks.LearningRateWarmupCallback(
             initial_lr=WARMUP_LR, warmup_epochs=WARMUP_EPOCHS, steps_per_epoch=WARMUP_STEPS
         ),
-        StepLR(),
+        keras.callbacks.LambdaCallback(
+            on_batch_begin=lambda step, logs: used.append(float(model.optimizer.lr.numpy()))
+        ),
         recorder(keras, logged),
     ]
     epochs, steps = WARMUP_EPOCHS + 1, WARMUP_STEPS
