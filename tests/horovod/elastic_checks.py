@@ -41,7 +41,7 @@ def _snapshot(model: Any, optimizer: Any, state: Any) -> dict[str, Any]:
     }
 
 
-def _assert_restored(got: dict[str, Any], want: dict[str, Any]) -> None:
+def _assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
     for key, value in got.items():
         assert value == want[key], f"{key} = {str(value)[:200]}, not {str(want[key])[:200]}"
 
@@ -65,7 +65,7 @@ def state_commit_restore(me: Rank) -> dict[str, Any]:
     state.restore()
     for key in committed:
         assert changed[key] != committed[key], f"{key} was not changed after the commit"
-    _assert_restored(_snapshot(model, optimizer, state), committed)
+    _assert_same_state(_snapshot(model, optimizer, state), committed)
     return {}
 
 
@@ -89,7 +89,7 @@ def state_sync(me: Rank) -> dict[str, Any]:
     synced = attempt(state)
     for key in before[0]:
         assert before[1][key] != before[0][key], f"the ranks must start with different {key}"
-    _assert_restored(synced, before[0])
+    _assert_same_state(synced, before[0])
     return {}
 
 
@@ -131,7 +131,7 @@ def commit_callback(me: Rank) -> dict[str, Any]:
     state.restore()
     assert commits == [1, 2], f"committed at epochs {commits}"
     assert [e["epoch"] for e in trained["epochs"]] == [1, 2] and trained["epoch"] == 2, trained
-    _assert_restored(_snapshot(model, optimizer, state), trained)
+    _assert_same_state(_snapshot(model, optimizer, state), trained)
     return {"same": {"trained": trained}}
 
 
