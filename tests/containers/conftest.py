@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import storage_emulator
 from tests.containers.support import new_bucket, require_images
 
 
@@ -42,14 +43,8 @@ def gcs_container(docker_client: Any) -> Iterator[tuple[Any, str]]:
 @pytest.fixture(scope="module")
 def gcs_host(gcs_container: tuple[Any, str]) -> Iterator[str]:
     """Point this process's storage client at the emulator container (module-wide)."""
-    from components.common import storage
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STORAGE_EMULATOR_HOST", gcs_container[1])
-        mp.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
-        storage._client.cache_clear()
+    with storage_emulator(gcs_container[1]):
         yield gcs_container[1]
-    storage._client.cache_clear()
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,7 @@
-"""What the built images are, checked by running them: the user each runs as, that none carries
-a credential, that it holds exactly its pinned packages and the project's code and that its
-program imports there, the trainer's Horovod (MPI and Gloo, built against the locked
-TensorFlow), its Open MPI and its sshd and ssh client as the MPIJob uses them, and the GPU
-trainer built on the CPU trainer's layers. The Dockerfiles themselves are linted by hadolint
-(tests/test_images.py); what counts here is what the images hold and do.
+"""What the built images are, checked by running them: their user, no credential, exactly their
+pinned packages and the project's code, their program imports, the trainer's Horovod, Open MPI,
+sshd and ssh as the MPIJob uses them, and the GPU trainer built on the CPU trainer's layers.
+The Dockerfiles themselves are linted in tests/test_images.py.
 """
 
 from __future__ import annotations
@@ -16,7 +14,10 @@ from typing import Any
 import pytest
 
 from components.common import defaults
+from components.train import cuda
 from tests.containers.support import require_images
+from tests.horovod.common import CHECK_BUILD, built_with
+from tests.test_images import pinned
 
 pytestmark = pytest.mark.containers
 
@@ -93,13 +94,6 @@ def _run(client: Any, image: str, command: list[str], want: int = 0) -> tuple[st
     return out, err
 
 
-def _probe(client: Any, image: str, programs: tuple[str, ...]) -> dict[str, Any]:
-    """Who the image runs as, its files and tools, its distributions, the project's files it
-    holds, and the modules of `programs` (packages; ``__main__`` not run) that fail to import."""
-    out, _ = _run(client, image, ["python", "-c", PROBE, ",".join(programs), *SEARCHED])
-    return dict(json.loads(out.strip().splitlines()[-1]))
-
-
 def test_every_component_package_runs_in_an_image() -> None:
     """A new components/<pkg>/ must be given an image here, or its imports go unchecked."""
     served = {p.split(".")[1] for programs in PROGRAMS.values() for p in programs}
@@ -117,7 +111,10 @@ def test_every_image_as_built(component: str, docker_client: Any) -> None:
     image = require_images(docker_client, component)[component]
     config = docker_client.images.get(image).attrs["Config"]
     assert config["User"] not in ("", "root", "0"), f"{image} runs as {config['User'] or 'root'}"
-    probe = _probe(docker_client, image, PROGRAMS[component])
+    # Who the image runs as, its files and tools, its distributions, the project's files it
+    # holds, and the modules of its program (``__main__`` not run) that fail to import.
+    command = ["python", "-c", PROBE, ",".join(PROGRAMS[component]), *SEARCHED]
+    probe = json.loads(_run(docker_client, image, command)[0].strip().splitlines()[-1])
     assert probe["uid"] != 0, probe
     env = [e.partition("=")[0] for e in config.get("Env") or []]
     assert not [n for n in env if CREDENTIAL_ENV.search(n)], env
@@ -126,11 +123,7 @@ def test_every_image_as_built(component: str, docker_client: Any) -> None:
     # The trainer's ~/.ssh is where the MPIJob mounts its Secret: the image has none of its own.
     assert not [f for f in probe["files"] if f.endswith("/.ssh")], probe["files"]
     assert probe["import_errors"] == {}, probe["import_errors"]
-    pins = {}
-    for line in (ROOT / "images" / component / "requirements.txt").read_text().splitlines():
-        name, _, version = line.split("#", 1)[0].strip().partition("==")
-        if name:
-            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    pins = pinned(ROOT / "images" / component / "requirements.txt")
     own = {"kfp-horovod": defaults.PACKAGE_VERSION}
     if component in TRAINERS:
         own["horovod"] = defaults.HOROVOD_VERSION
@@ -175,16 +168,8 @@ def test_trainer_horovod_has_mpi_and_gloo_and_runs_on_the_locked_tensorflow(
     assert built["protobuf"].startswith("6."), "kfp 2.17 and TF 2.21 both need protobuf 6"
     # Every package is installed --no-deps: pip's own check finds nothing missing or clashing.
     assert "No broken requirements found" in _run(docker_client, image, ["pip", "check"])[0]
-    # horovodrun --check-build, in a Python that has imported horovod.tensorflow: the check forks
-    # once per question, and the forks then do not import TensorFlow again.
-    check_build = (
-        "import runpy, shutil, sys, horovod.tensorflow; "
-        "sys.argv = ['horovodrun', '--check-build']; "
-        "runpy.run_path(shutil.which('horovodrun'), run_name='__main__')"
-    )
-    out, _ = _run(docker_client, image, ["python", "-c", check_build])
-    marks = dict((name, mark) for mark, name in re.findall(r"^\s*\[(X| )\] (\w+)", out, re.M))
-    assert [marks.get(n) for n in ("TensorFlow", "MPI", "Gloo")] == ["X"] * 3, out
+    out, _ = _run(docker_client, image, ["python", "-c", CHECK_BUILD])
+    assert {"TensorFlow", "MPI", "Gloo"} <= built_with(out), out
 
 
 @pytest.mark.parametrize("component", TRAINERS)
@@ -263,16 +248,12 @@ def _cuda_check(client: Any, image: str, allreduce: str, want: int) -> tuple[str
 
 
 def _label(docker_client: Any, image: str) -> str:
-    from components.train import cuda
-
     value = (docker_client.images.get(image).labels or {}).get(cuda.GRADIENT_ALLREDUCE_LABEL)
     assert value in cuda.GRADIENT_ALLREDUCE, f"{image}: gradient-allreduce label {value!r}"
     return str(value)
 
 
 def test_gpu_trainer_image_loads_every_cuda_library_from_its_wheels(docker_client: Any) -> None:
-    from components.train import cuda
-
     image = require_images(docker_client, "trainer_gpu")["trainer_gpu"]
     allreduce = _label(docker_client, image)
     out, err = _cuda_check(docker_client, image, allreduce, want=0)
@@ -289,8 +270,6 @@ def test_gpu_trainer_image_loads_every_cuda_library_from_its_wheels(docker_clien
 
 
 def test_cpu_trainer_image_reports_the_cuda_libraries_missing(docker_client: Any) -> None:
-    from components.train import cuda
-
     image = require_images(docker_client, "trainer")["trainer"]
     assert _label(docker_client, image) == "host"
     out, err = _cuda_check(docker_client, image, "host", want=1)

@@ -1,14 +1,36 @@
 """What the conformance checks share: the rank they run on, a small Keras model, each rank's own
-data, and weights as one flat list (what the tests compare)."""
+data, and weights as one flat list.
+
+Every input is a function of a seed or a rank, so any rank computes what every other rank holds,
+and from that what a collective must give it: each check asserts on its own rank, after its last
+collective (a rank that fails early would leave the other waiting in a collective).
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+WORLD = 2
 FEATURES, CLASSES, BATCH = 8, 4, 16
+# Horovod's float32 results against the same sums and steps computed here.
+TOLERANCE = {"rtol": 1e-6, "atol": 1e-6}
+# ``horovodrun --check-build`` in a Python that has imported horovod.tensorflow: the check forks
+# once per question (TensorFlow? MPI? Gloo? ...), and the forks then do not import TensorFlow
+# again (7 s of CPU instead of 34 s). Also run in the trainer images (tests/containers).
+CHECK_BUILD = (
+    "import runpy, shutil, sys, horovod.tensorflow; sys.argv = ['horovodrun', '--check-build']; "
+    "runpy.run_path(shutil.which('horovodrun'), run_name='__main__')"
+)
+
+
+def built_with(check_build_output: str) -> set[str]:
+    """What ``horovodrun --check-build`` marks as built: frameworks, controllers, operations."""
+    marks = re.findall(r"^\s*\[(X| )\] (\w+)", check_build_output, re.M)
+    return {name for mark, name in marks if mark == "X"}
 
 
 @dataclass(frozen=True)
@@ -45,17 +67,16 @@ def batch(step: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dataset(me: Rank, steps: int) -> Any:
-    """This rank's `steps` batches, in order, as the trainer feeds ``fit`` (a tf.data batch
-    stream, repeated for any number of epochs)."""
+    """This rank's `steps` batches as the trainer feeds ``fit``: a tf.data stream, repeated."""
     xs, ys = zip(*(batch(s, me.rank) for s in range(steps)), strict=True)
     data = me.tf.data.Dataset.from_tensor_slices((np.concatenate(xs), np.concatenate(ys)))
     return data.batch(BATCH).repeat()
 
 
 def compile_distributed(me: Rank, model: Any, learning_rate: float, **options: Any) -> Any:
-    """Compile `model` as the trainer does (`components.train.trainer.build_or_resume`): tf-keras'
-    legacy Adam in Horovod's DistributedOptimizer, its allreduce timed by the trainer's
-    AllreduceClock. Returns the optimizer."""
+    """Compile `model` as `components.train.trainer.build_or_resume` does: tf-keras' legacy Adam
+    in Horovod's DistributedOptimizer, timed by the trainer's AllreduceClock. Returns the
+    optimizer."""
     from components.train.telemetry import AllreduceClock
 
     adam = me.keras.optimizers.legacy.Adam(learning_rate=learning_rate)
@@ -71,9 +92,6 @@ def flat(arrays: Any) -> list[float]:
 
 def recorder(keras: Any, into: list[dict[str, float]]) -> Any:
     """A callback that appends a copy of each epoch's logs to `into`."""
-
-    class Recorder(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            into.append({k: float(v) for k, v in (logs or {}).items()})
-
-    return Recorder()
+    return keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: into.append({k: float(v) for k, v in logs.items()})
+    )

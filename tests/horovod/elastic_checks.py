@@ -41,6 +41,11 @@ def _snapshot(model: Any, optimizer: Any, state: Any) -> dict[str, Any]:
     }
 
 
+def _assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
+    for key, value in got.items():
+        assert value == want[key], f"{key} = {str(value)[:200]}, not {str(want[key])[:200]}"
+
+
 def state_commit_restore(me: Rank) -> dict[str, Any]:
     """Commit, change, restore: the restore gives back the committed weights, optimizer state
     and records (records assigned, never mutated, as elastic.py's RecordEpoch does)."""
@@ -58,29 +63,34 @@ def state_commit_restore(me: Rank) -> dict[str, Any]:
     state.epochs = [*state.epochs, {"epoch": 2, "world_size": me.size}]
     changed = _snapshot(model, optimizer, state)
     state.restore()
-    return {
-        "committed": committed,
-        "changed": changed,
-        "restored": _snapshot(model, optimizer, state),
-    }
+    for key in committed:
+        assert changed[key] != committed[key], f"{key} was not changed after the commit"
+    _assert_same_state(_snapshot(model, optimizer, state), committed)
+    return {}
 
 
 def state_sync(me: Rank) -> dict[str, Any]:
     """``hvd.elastic.run``'s sync before the first attempt: ranks that hold different weights,
     optimizer state and records all hold rank 0's in the attempt."""
-    model, optimizer = _trainee(me, seed=100 + me.rank)  # different on every rank
-    optimizer.iterations.assign(10 + me.rank)
-    state = me.hvd.elastic.KerasState(
-        model, optimizer, epoch=3 + me.rank, metrics={"loss": float(me.rank)},
-        epochs=[{"epoch": 1, "rank": me.rank}],
-    )  # fmt: skip
-    before = _snapshot(model, optimizer, state)
+    held = []
+    for rank in range(me.size):  # what every rank holds; this rank runs its own
+        model, optimizer = _trainee(me, seed=100 + rank)
+        optimizer.iterations.assign(10 + rank)
+        records = {"epoch": 3 + rank, "metrics": {"loss": float(rank)}, "epochs": [{"rank": rank}]}
+        state = me.hvd.elastic.KerasState(model, optimizer, **records)
+        held.append((model, optimizer, state))
+    before = [_snapshot(*h) for h in held]
+    model, optimizer, state = held[me.rank]
 
     @me.hvd.elastic.run  # type: ignore[misc]
     def attempt(state: Any) -> dict[str, Any]:
         return _snapshot(model, optimizer, state)
 
-    return {"before": before, "in_attempt": attempt(state)}
+    synced = attempt(state)
+    for key in before[0]:
+        assert before[1][key] != before[0][key], f"the ranks must start with different {key}"
+    _assert_same_state(synced, before[0])
+    return {}
 
 
 def commit_callback(me: Rank) -> dict[str, Any]:
@@ -119,7 +129,10 @@ def commit_callback(me: Rank) -> dict[str, Any]:
     _shift(model, 1.0)
     state.epoch, state.epochs = 99, []
     state.restore()
-    return {"commits": commits, "trained": trained, "restored": _snapshot(model, optimizer, state)}
+    assert commits == [1, 2], f"committed at epochs {commits}"
+    assert [e["epoch"] for e in trained["epochs"]] == [1, 2] and trained["epoch"] == 2, trained
+    _assert_same_state(_snapshot(model, optimizer, state), trained)
+    return {"same": {"trained": trained}}
 
 
 CHECKS = {
