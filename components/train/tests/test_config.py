@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from components.common.params import joint_problems
+from components.common.declare import joint_problems
 from components.train.config import TRAIN_PARAMETERS, TrainConfig, from_argv, to_argv
 from components.train.summary import lr_formula
 from components.train.trainer import adam_settings
