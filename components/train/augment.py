@@ -18,22 +18,16 @@ import functools
 import math
 from typing import Any
 
-ROTATION_DEGREES = 8.0
-SHIFT_FRACTION = 0.08
-SHEAR_DEGREES = 0.3
-ZOOM_FRACTION = 0.08
-FILL_MODE = "nearest"
+FILL_MODE = "nearest"  # the generator's fill_mode
 
 
 def augmentation_layers(keras: Any) -> list[Any]:
     """The augmentation, as layers on ``(28, 28, 1)`` float images."""
     return [
-        keras.layers.RandomRotation(ROTATION_DEGREES / 360, fill_mode=FILL_MODE, name="rotate"),
-        keras.layers.RandomTranslation(
-            SHIFT_FRACTION, SHIFT_FRACTION, fill_mode=FILL_MODE, name="shift"
-        ),
-        random_shear_class(keras)(SHEAR_DEGREES, name="shear"),
-        keras.layers.RandomZoom(ZOOM_FRACTION, ZOOM_FRACTION, fill_mode=FILL_MODE, name="zoom"),
+        keras.layers.RandomRotation(8 / 360, fill_mode=FILL_MODE, name="rotate"),
+        keras.layers.RandomTranslation(0.08, 0.08, fill_mode=FILL_MODE, name="shift"),
+        random_shear_class(keras)(0.3, name="shear"),
+        keras.layers.RandomZoom(0.08, 0.08, fill_mode=FILL_MODE, name="zoom"),
     ]
 
 

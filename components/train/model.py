@@ -77,7 +77,7 @@ def build_model(seed: int, model: str = MODEL, augment: bool = AUGMENT) -> Any:
         name, layers = BUILT_IN[model]
         built = keras.Sequential([*front, *layers(keras)], name=name)
     else:
-        built = _wrap_user_model(keras, model, front)
+        built = _user_model(keras, model, front)
     return _with_augmentation(keras, built) if augment else built
 
 
@@ -86,21 +86,14 @@ def _with_augmentation(keras: Any, built: Any) -> Any:
     as built: augmentation layers made first would shift the weights' random draws."""
     from components.train.augment import augmentation_layers
 
-    front, rest = built.layers[:2], built.layers[2:]
-    return keras.Sequential(
-        [
-            keras.layers.Input(shape=IMAGE_SHAPE, name="image"),
-            *front,
-            *augmentation_layers(keras),
-            *rest,
-        ],
-        name=built.name,
-    )
+    image = keras.layers.Input(shape=IMAGE_SHAPE, name="image")
+    layers = [image, *built.layers[:2], *augmentation_layers(keras), *built.layers[2:]]
+    return keras.Sequential(layers, name=built.name)
 
 
-def _user_model(keras: Any, model: str) -> Any:
-    """``function((28, 28, 1), 10)`` of ``package.module:function``: a Keras model, or
-    ModelChoiceError saying why not."""
+def _user_model(keras: Any, model: str, front: list[Any]) -> Any:
+    """``function((28, 28, 1), 10)`` of ``package.module:function`` between `front` and
+    ``probabilities``, or ModelChoiceError saying why it does not fit."""
     problem = model_problem(model)
     if problem:
         raise ModelChoiceError(problem)
@@ -131,15 +124,9 @@ def _user_model(keras: Any, model: str) -> Any:
             f"model {model!r} returned {type(built).__module__}.{type(built).__qualname__}, "
             "not a Keras model (keras.Model, e.g. keras.Sequential)"
         )
-    return built
-
-
-def _wrap_user_model(keras: Any, model: str, front: list[Any]) -> Any:
-    """The user's model between `front` and ``probabilities``; it must fit both."""
-    user = _user_model(keras, model)
     try:
         wrapped = keras.Sequential(
-            [*front, user, keras.layers.Activation("linear", name=OUTPUT_NAME)], name="user_model"
+            [*front, built, keras.layers.Activation("linear", name=OUTPUT_NAME)], name="user_model"
         )
     except Exception as exc:  # Keras says why the input does not fit in its own words
         reason = next(

@@ -1,5 +1,6 @@
 """Data prep: determinism, manifest contents, every bad input, gs:// output, the KFP component."""
 
+import functools
 import hashlib
 import http.server
 import io
@@ -45,14 +46,12 @@ def http_dir(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     root = tmp_path / "www"
     root.mkdir()
 
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def log_message(self, *args):  # keep test output quiet
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("localhost", 0), Handler)
+    handler = functools.partial(Quiet, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("localhost", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -310,20 +309,13 @@ def test_a_reader_never_sees_a_half_published_dataset_on_gcs(
 
 
 def test_component_compiles_and_runs_with_kfp_local(tmp_path: Path) -> None:
-    from kfp import compiler, dsl, local
+    from kfp import compiler, local
 
     from components.data_prep.component import make_component
 
     prepare_data = make_component("example.com/data-prep:test")
-
-    @dsl.pipeline(name="data-prep-only")
-    def only_prep(data_source: str = "bundled", data_limit: int = 40):
-        prepare_data(
-            data_source=data_source, data_sha256="none", shard_size=32, data_limit=data_limit
-        )
-
     package = tmp_path / "p.yaml"
-    compiler.Compiler().compile(only_prep, str(package))
+    compiler.Compiler().compile(prepare_data, str(package))
     assert "example.com/data-prep:test" in package.read_text()
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
