@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common import dataset, storage
+from components.common.dataset import read_manifest
 from components.common.declare import add_arguments
 from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SHARD_SIZE
 from components.data_prep.sources import load_bundled, load_mnist_npz
@@ -71,11 +72,6 @@ def prepare(
     return manifest
 
 
-def manifest_sha256(output: str) -> str:
-    """sha256 of the ``manifest.json`` written to `output` (identifies the dataset)."""
-    return dataset.sha256_bytes(storage.read_bytes(storage.join(output, dataset.MANIFEST)))
-
-
 def prepare_step(
     data_source: str, data_sha256: str, data_limit: int, shard_size: int, dataset: Any
 ) -> None:
@@ -84,7 +80,7 @@ def prepare_step(
     for split, body in manifest["splits"].items():
         dataset.metadata[f"{split}_count"] = body["count"]
         dataset.metadata[f"{split}_shards"] = len(body["shards"])
-    dataset.metadata["manifest_sha256"] = manifest_sha256(dataset.path)
+    dataset.metadata["manifest_sha256"] = read_manifest(dataset.path).sha256
     dataset.metadata["source"] = manifest["source"]["uri"]
     dataset.metadata["source_sha256"] = manifest["source"]["sha256"]
     dataset.metadata["format"] = manifest["format"]
