@@ -77,6 +77,7 @@ class Manifest:
     root: str
     splits: dict[str, list[Shard]]
     raw: dict[str, Any]
+    sha256: str  # of the manifest as written: the dataset's identity
 
     def count(self, split: str) -> int:
         return sum(s.count for s in self.shards(split))
@@ -85,11 +86,6 @@ class Manifest:
         if split not in self.splits:
             raise DataError(f"{storage.join(self.root, MANIFEST)}: no split {split!r}")
         return self.splits[split]
-
-    @property
-    def sha256(self) -> str:
-        """sha256 of the manifest as written: the dataset's identity."""
-        return str(self.raw.get("_sha256", ""))
 
 
 def write_dataset(
@@ -150,8 +146,7 @@ def read_manifest(uri: str) -> Manifest:
     if empty:
         name, images = empty[0]
         raise DataError(f"{storage.join(uri, images)}: empty shard in split {name!r}")
-    raw["_sha256"] = sha256_bytes(data)
-    return Manifest(root=uri, splits=splits, raw=raw)
+    return Manifest(root=uri, splits=splits, raw=raw, sha256=sha256_bytes(data))
 
 
 def _read_verified(root: str, rel: str, expected_sha256: str) -> np.ndarray:

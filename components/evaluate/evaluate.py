@@ -82,22 +82,18 @@ def score(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
     confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=np.int64)
     np.add.at(confusion, (y, predicted), 1)
     true_positive = np.diag(confusion).astype(np.float64)
-    predicted_count = confusion.sum(axis=0)
-    actual_count = confusion.sum(axis=1)
-    precision = np.divide(
-        true_positive, predicted_count, out=np.zeros(NUM_CLASSES), where=predicted_count > 0
-    )
-    recall = np.divide(
-        true_positive, actual_count, out=np.zeros(NUM_CLASSES), where=actual_count > 0
-    )
+
+    def per_class(count: np.ndarray) -> list[float]:  # 0.0 where `count` is 0
+        return np.divide(true_positive, count, out=np.zeros(NUM_CLASSES), where=count > 0).tolist()
+
     picked = np.clip(p[np.arange(len(y)), y], _EPSILON, 1.0 - _EPSILON)
     return {
         "accuracy": float(true_positive.sum() / len(y)),
         "loss": float(-np.log(picked).mean()),
         "samples": int(len(y)),
         "confusion_matrix": confusion.tolist(),
-        "precision": [float(v) for v in precision],
-        "recall": [float(v) for v in recall],
+        "precision": per_class(confusion.sum(axis=0)),
+        "recall": per_class(confusion.sum(axis=1)),
     }
 
 
