@@ -45,7 +45,12 @@ class Faulty:
             yield
         finally:
             self.proxy.share = 0.0
-        assert_each_fault_retried_once(self.proxy, self.caplog)
+        faults = self.proxy.injected
+        assert faults, "the proxy injected no fault: this run proves nothing"
+        logged = logged_retries(self.caplog)
+        statuses = [int(m[1]) for m in (re.search(r"HTTP (\d+)", line) for line in logged) if m]
+        assert len(logged) == len(faults), "\n".join(logged)
+        assert sorted(statuses) == sorted(f.status for f in faults)
 
 
 @pytest.fixture
@@ -66,15 +71,6 @@ def faulty(
 
 def logged_retries(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == STORAGE_LOGGER]
-
-
-def assert_each_fault_retried_once(proxy: FaultProxy, caplog: pytest.LogCaptureFixture) -> None:
-    faults = proxy.injected
-    assert faults, "the proxy injected no fault: this run proves nothing"
-    logged = logged_retries(caplog)
-    statuses = [int(m.group(1)) for m in (re.search(r"HTTP (\d+)", line) for line in logged) if m]
-    assert len(logged) == len(faults), "\n".join(logged)
-    assert sorted(statuses) == sorted(f.status for f in faults)
 
 
 def test_the_retry_policy_retries_429_and_503_and_logs_each_retry(

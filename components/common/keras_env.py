@@ -53,12 +53,6 @@ def keras() -> ModuleType:
     import tf_keras
 
     sys.modules["keras"] = tf_keras
-    _check_bound(tf, tf_keras)
-    return tf_keras
-
-
-def _check_bound(tf: ModuleType, tf_keras: ModuleType) -> None:
-    """Keras3Loaded unless ``tf.keras`` (and Horovod's Keras API, if imported) are tf-keras."""
     if tf.keras.Model is not tf_keras.Model:
         raise Keras3Loaded(
             f"tf.keras was loaded as {tf.keras.Model.__module__} before "
@@ -70,6 +64,7 @@ def _check_bound(tf: ModuleType, tf_keras: ModuleType) -> None:
             "horovod.tensorflow.keras was imported before components.common.keras_env.keras(): "
             f"its callbacks use {callbacks.K.__name__}, not tf_keras.backend (docs/versions.md)"
         )
+    return tf_keras
 
 
 @contextlib.contextmanager
