@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from components.common import defaults, params
+from components.common import declare, defaults
 from components.common.declare import Declared
 from components.data_prep.step import PREP_PARAMETERS
 from components.register.step import REGISTER_PARAMETERS
@@ -36,7 +36,7 @@ class Checked(NamedTuple):
 def check_step(images: str, **values: Any) -> Checked:
     """Raise ValueError naming every bad parameter; else choose the trainer's image
     (`defaults.trainer_image`) from the compiled `images` (JSON)."""
-    params.check(PIPELINE_PARAMETERS, values, "pipeline parameters")
+    declare.check(PIPELINE_PARAMETERS, values, "pipeline parameters")
     gpus = values["gpus_per_worker"]
     image = defaults.trainer_image(gpus, json.loads(images), values["trainer_image"])
     local = values["training_backend"] == "local"
@@ -89,5 +89,5 @@ def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
         except click.BadParameter as exc:
             raise ValueError(f"parameter {name!r}: {exc.message}") from exc
     declared_defaults = {name: p.default for name, p in declared.items()}
-    params.check(PIPELINE_PARAMETERS, declared_defaults | values, "pipeline parameters")
+    declare.check(PIPELINE_PARAMETERS, declared_defaults | values, "pipeline parameters")
     return values

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from components.common import declare as rules
 from components.common import defaults, failure
-from components.common import params as rules
 from components.common.defaults import MODEL, PIPELINE_NAME
 from components.train.preflight import check_model_before_launch
 from components.train.summary import paid_line, world_history

@@ -1,9 +1,6 @@
-"""TensorBoard: rank 0's per-epoch scalars, and evaluation's test metrics, under one log dir.
-
-The event files are written with ``tf.summary`` into a local folder and copied to the log
-directory after every epoch, so the same code serves a local path and ``gs://`` (TensorBoard
-reads both). Layout: ``<log dir>/train`` (the trainer's epochs) and ``<log dir>/evaluation``
-(the exported model's test metrics, at the last epoch's step).
+"""TensorBoard: rank 0's per-epoch scalars (run ``train``) and evaluation's test metrics (run
+``evaluation``) under one log dir. Event files are written locally and copied to the log dir
+after every write, so a local path and ``gs://`` work the same.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ class Board:
         self.writer = tf.summary.create_file_writer(str(self.local / name))
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
-        """Write `scalars` at `step`, then copy the event files to the log directory."""
         with self.writer.as_default():
             for tag, value in sorted(scalars.items()):
                 self.tf.summary.scalar(tag, float(value), step=step)

@@ -1,18 +1,10 @@
-"""The dataset format that data prep writes and the trainer and evaluator read.
+"""The dataset format that data prep writes and the trainer and evaluator read: a directory
+(local or ``gs://``) of ``manifest.json`` and ``<split>/{images,labels}-NNNNN.npy`` shards.
 
-A dataset is a directory (local or ``gs://``)::
-
-    manifest.json
-    train/images-00000.npy  train/labels-00000.npy  ...
-    test/images-00000.npy   test/labels-00000.npy   ...
-
-Images are ``uint8`` arrays of shape ``(n, 28, 28)``, labels ``uint8`` of shape ``(n,)`` in
-0..9. ``.npy`` is used rather than ``.npz`` because it has no timestamps: the same data always
-gives the same bytes, so KFP's cache and the sha256 values in the manifest are stable.
-
-``manifest.json`` records, per split, the shards in order with their sample counts and the
-sha256 of every file, plus the source and its hash and a label histogram. Samples are numbered
-globally within a split in shard order, which is what the trainer's sharding uses.
+Images are ``uint8`` ``(n, 28, 28)``, labels ``uint8`` ``(n,)`` in 0..9. ``.npy``, not ``.npz``:
+it has no timestamps, so the same data gives the same bytes, and KFP's cache and the manifest's
+sha256 values are stable. The manifest lists each split's shards in order (samples are numbered
+globally in that order, as the trainer's sharding reads them) with their counts and sha256.
 """
 
 from __future__ import annotations
@@ -38,16 +30,11 @@ class DataError(ValueError):
 
 
 def sha256_bytes(data: bytes) -> str:
-    """Hex sha256 of `data`."""
     return hashlib.sha256(data).hexdigest()
 
 
 def validate_arrays(images: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """Check MNIST-format arrays and return them as ``uint8``.
-
-    Raises DataError naming `where` for a wrong shape, a length mismatch, non-finite or
-    out-of-range pixels, non-integer labels or labels outside 0..9.
-    """
+    """MNIST-format arrays as ``uint8``, or DataError naming `where` and what is wrong."""
     x = np.asarray(images)
     y = np.asarray(labels)
     if x.ndim != 3 or tuple(x.shape[1:]) != IMAGE_SHAPE:
@@ -76,16 +63,8 @@ def validate_arrays(images: Any, labels: Any, where: str) -> tuple[np.ndarray, n
     return x.astype(np.uint8, copy=False), y.astype(np.uint8, copy=False)
 
 
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    return buf.getvalue()
-
-
 @dataclass(frozen=True)
 class Shard:
-    """One shard file pair of a split."""
-
     images: str  # path relative to the dataset root
     labels: str
     count: int
@@ -93,31 +72,20 @@ class Shard:
     labels_sha256: str
 
 
-SHARD_KEYS = tuple(Shard.__dataclass_fields__)
-
-
 @dataclass(frozen=True)
 class Manifest:
-    """A parsed ``manifest.json``."""
-
     root: str
     splits: dict[str, list[Shard]]
     raw: dict[str, Any]
+    sha256: str  # of the manifest as written: the dataset's identity
 
     def count(self, split: str) -> int:
-        """Number of samples in `split`."""
         return sum(s.count for s in self.shards(split))
 
     def shards(self, split: str) -> list[Shard]:
-        """The shards of `split`, in global sample order."""
         if split not in self.splits:
             raise DataError(f"{storage.join(self.root, MANIFEST)}: no split {split!r}")
         return self.splits[split]
-
-    @property
-    def sha256(self) -> str:
-        """sha256 of the manifest as written (identifies the dataset)."""
-        return str(self.raw.get("_sha256", ""))
 
 
 def write_dataset(
@@ -126,9 +94,7 @@ def write_dataset(
     source: dict[str, Any],
     shard_size: int,
 ) -> dict[str, Any]:
-    """Validate and write `splits` as shards, then ``manifest.json``; return the manifest."""
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    """Write `splits` as checked shards, then ``manifest.json``; return the manifest."""
     manifest: dict[str, Any] = {"format": FORMAT, "source": source, "splits": {}}
     for name, (images, labels) in splits.items():
         x, y = validate_arrays(images, labels, f"{source.get('uri', 'source')} [{name}]")
@@ -140,7 +106,9 @@ def write_dataset(
             entry: dict[str, Any] = {"count": int(len(xi))}
             for kind, array in (("images", xi), ("labels", yi)):
                 rel = f"{name}/{kind}-{index:05d}.npy"
-                data = _npy_bytes(array)
+                buffer = io.BytesIO()
+                np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+                data = buffer.getvalue()
                 storage.write_bytes(storage.join(uri, rel), data)
                 entry[kind] = rel
                 entry[f"{kind}_sha256"] = sha256_bytes(data)
@@ -156,7 +124,7 @@ def write_dataset(
 
 
 def read_manifest(uri: str) -> Manifest:
-    """Read and check ``<uri>/manifest.json``. Raises DataError naming the file."""
+    """The checked ``<uri>/manifest.json``, or DataError naming the file."""
     path = storage.join(uri, MANIFEST)
     try:
         data = storage.read_bytes(path)
@@ -167,7 +135,7 @@ def read_manifest(uri: str) -> Manifest:
         if raw.get("format") != FORMAT:
             raise DataError(f"{path}: format is {raw.get('format')!r}, expected {FORMAT!r}")
         splits = {
-            name: [Shard(**{k: s[k] for k in SHARD_KEYS}) for s in body["shards"]]
+            name: [Shard(**{k: s[k] for k in Shard.__dataclass_fields__}) for s in body["shards"]]
             for name, body in raw["splits"].items()
         }
         empty = [(name, s.images) for name, shards in splits.items() for s in shards if s.count < 1]
@@ -178,8 +146,7 @@ def read_manifest(uri: str) -> Manifest:
     if empty:
         name, images = empty[0]
         raise DataError(f"{storage.join(uri, images)}: empty shard in split {name!r}")
-    raw["_sha256"] = sha256_bytes(data)
-    return Manifest(root=uri, splits=splits, raw=raw)
+    return Manifest(root=uri, splits=splits, raw=raw, sha256=sha256_bytes(data))
 
 
 def _read_verified(root: str, rel: str, expected_sha256: str) -> np.ndarray:
@@ -203,10 +170,8 @@ def _read_verified(root: str, rel: str, expected_sha256: str) -> np.ndarray:
 def load_range(
     manifest: Manifest, split: str, start: int, stop: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Load samples ``[start, stop)`` of `split`, reading only the shards that overlap it.
-
-    Every file read is checked against its sha256 and its contents validated.
-    """
+    """Samples ``[start, stop)`` of `split`, from only the shards that overlap it, each checked
+    against its sha256 and validated."""
     total = manifest.count(split)
     if not 0 <= start <= stop <= total:
         raise ValueError(f"range [{start}, {stop}) outside split {split!r} of {total} samples")
@@ -230,6 +195,5 @@ def load_range(
 
 
 def load_split(uri: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Load a whole split of the dataset at `uri`."""
     manifest = read_manifest(uri)
     return load_range(manifest, split, 0, manifest.count(split))

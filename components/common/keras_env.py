@@ -1,14 +1,10 @@
-"""The one way into Keras for the trainer, the model code, evaluate, the tests and the benchmarks:
-``keras()``, never ``tf.keras``; the trainer calls it before it imports Horovod. Code that needs
-TensorFlow but not Keras imports it through ``tensorflow()``, which selects Keras 2 the same way.
+"""The one way into Keras: ``keras()``, never ``tf.keras``; the trainer calls it before it
+imports Horovod. Code that needs only TensorFlow imports it through ``tensorflow()``.
 
-Why: Horovod 0.28.1 does ``from keras import backend as K``, and from TF 2.16 on ``keras``
-is Keras 3, which breaks Horovod's callbacks: so select Keras 2 (tf-keras), aliased as ``keras``.
-
-Nothing happens at import. TF reads ``TF_USE_LEGACY_KERAS`` when ``tf.keras`` is first accessed
-(``tensorflow.python.util.lazy_loader.KerasLazyLoader``), so ``keras()`` sets it before that and
-before Horovod is imported, and raises Keras3Loaded if Keras 3 got there first. (No Horovod
-import here: the evaluate image, which imports this module, has no Horovod.)
+Why: Horovod 0.28.1 does ``from keras import backend as K``, and from TF 2.16 on ``keras`` is
+Keras 3, which breaks Horovod's callbacks: so select Keras 2 (tf-keras), aliased as ``keras``.
+TF reads ``TF_USE_LEGACY_KERAS`` when ``tf.keras`` is first accessed, so ``keras()`` sets it
+before that (nothing happens at import) and raises Keras3Loaded if Keras 3 got there first.
 """
 
 from __future__ import annotations
@@ -36,17 +32,14 @@ IMPORT_NOISE = re.compile(
 
 
 class Keras3Loaded(RuntimeError):
-    """``tf.keras`` or Horovod's Keras API was bound to Keras 3 before :func:`keras` ran."""
+    """``tf.keras`` or Horovod's Keras API was bound to Keras 3 before `keras` ran."""
 
 
 def tensorflow() -> ModuleType:
-    """Import TensorFlow with Keras 2 selected, without its import noise; idempotent.
+    """TensorFlow with Keras 2 selected, imported without its noise.
 
-    Every process of this project that imports TensorFlow (for any part of it: importing
-    ``tensorflow.core.protobuf`` runs ``tensorflow/__init__``) goes through here or `keras`.
-    Without ``TF_USE_LEGACY_KERAS`` set first, TF 2.18's import also imports Keras 3 and, through
-    it, scikit-learn, which this project never uses: ``import tensorflow`` took 5.6-6.4 s here
-    that way, and 4.0-4.6 s with Keras 2 selected first (three runs each).
+    Without ``TF_USE_LEGACY_KERAS`` set first, TF's import also imports Keras 3 and, through it,
+    scikit-learn: ``import tensorflow`` took 5.6-6.4 s that way, 4.0-4.6 s with Keras 2 selected.
     """
     os.environ[LEGACY_KERAS_ENV] = "1"
     with _without_import_noise():
@@ -55,22 +48,11 @@ def tensorflow() -> ModuleType:
 
 
 def keras() -> ModuleType:
-    """Select Keras 2 and return it (the ``tf_keras`` module); idempotent.
-
-    Sets ``TF_USE_LEGACY_KERAS=1`` (so ``tf.keras`` is tf-keras for TensorFlow and Horovod) and
-    makes ``import keras`` give ``tf_keras`` (so Horovod's ``K`` is Keras 2's backend).
-    """
+    """Select Keras 2 and return ``tf_keras``; ``import keras`` gives it too (Horovod's ``K``)."""
     tf = tensorflow()
     import tf_keras
 
     sys.modules["keras"] = tf_keras
-    _check_bound(tf, tf_keras)
-    return tf_keras
-
-
-def _check_bound(tf: ModuleType, tf_keras: ModuleType) -> None:
-    """Keras3Loaded unless ``tf.keras`` (and Horovod's Keras API, if imported) are tf-keras."""
-    # tf.keras.Model resolves through TF's lazy loader: tf_keras's class when Keras 2 is selected.
     if tf.keras.Model is not tf_keras.Model:
         raise Keras3Loaded(
             f"tf.keras was loaded as {tf.keras.Model.__module__} before "
@@ -82,12 +64,11 @@ def _check_bound(tf: ModuleType, tf_keras: ModuleType) -> None:
             "horovod.tensorflow.keras was imported before components.common.keras_env.keras(): "
             f"its callbacks use {callbacks.K.__name__}, not tf_keras.backend (docs/versions.md)"
         )
+    return tf_keras
 
 
 @contextlib.contextmanager
 def _without_import_noise() -> Iterator[None]:
-    """`stderr_without` the known `IMPORT_NOISE` while TensorFlow is first imported. Does
-    nothing once TF is imported."""
     if "tensorflow" in sys.modules:
         yield
         return

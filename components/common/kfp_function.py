@@ -1,12 +1,9 @@
 """A Python function made from a signature, whose source KFP can embed in a component.
 
-KFP's lightweight components ship their function's source into the container and call it there
-with the task's inputs, so the function's parameters must be written out in its source. A
-component whose parameters come from declarations (`components.common.declare`) gets its
-source from here: ``def NAME(PARAMETERS) -> RETURNS:`` and a body that hands its arguments to
-the step's program, by name, inside `components.common.failure.one_line_failures` (an expected
-error ends the step with one ``FAILED:`` line, no traceback). The source is registered with
-`linecache`, where ``inspect.getsource`` (which KFP calls) finds it.
+KFP's lightweight components ship their function's source into the container, so a component
+whose parameters come from declarations needs them written out: ``def NAME(PARAMETERS) ->
+RETURNS:`` handing its arguments to the step's program inside `one_line_failures`. The source
+is registered with `linecache`, where ``inspect.getsource`` (which KFP calls) finds it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A SavedModel: fetching it, its layout, its digest, and its ``serving_default`` signature.
 
-The trainer records ``saved_model_sha256`` (sha256 of ``saved_model.pb``) in the run summary and
-in the Model artifact's metadata. Evaluation and registration check a model against that digest
-by hashing, so the model they score or publish is the one that was trained. Registration needs
-no TensorFlow (its image has none); only `load_serving` imports it, for evaluate and serve,
-which both run the signature TF Serving would run.
+Evaluation and registration check a model against the ``saved_model_sha256`` the trainer
+recorded, so the model they score or publish is the one that was trained. Only `load_serving`
+imports TensorFlow: the register image has none.
 """
 
 from __future__ import annotations
@@ -28,12 +26,12 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 class ModelError(ValueError):
-    """A model directory that is missing, not a SavedModel, or not usable. Names the location."""
+    """A model that is missing, not a SavedModel, or not usable; names the location."""
 
 
 def fetch_model(uri: str, workdir: str | Path) -> Path:
     """A local directory holding the SavedModel at `uri` (downloaded into `workdir` for
-    ``gs://``), its layout checked: ``saved_model.pb`` and ``variables/variables.index``."""
+    ``gs://``), its layout checked."""
     if not uri:
         raise ModelError("model location is empty")
     path = Path(uri)
@@ -53,15 +51,15 @@ def fetch_model(uri: str, workdir: str | Path) -> Path:
 
 
 def check_digest_text(value: object, source: str) -> str:
-    """`value` if it is a sha256 hex digest (64 lowercase hex characters), else ModelError."""
+    """`value` if it is a sha256 hex digest, else ModelError."""
     if not isinstance(value, str) or not _SHA256_HEX.match(value):
         raise ModelError(f"{source}: {DIGEST_KEY} {value!r} is not a sha256 hex digest")
     return value
 
 
 def verify_digest(local_dir: str | Path, recorded: str | None, where: str) -> str:
-    """The sha256 of the model's ``saved_model.pb``; ModelError (naming the model and both
-    digests) unless it equals `recorded`, the digest the trainer recorded, when one is given."""
+    """The sha256 of the model's ``saved_model.pb``; ModelError unless it equals `recorded`
+    (when given)."""
     actual = hashlib.sha256((Path(local_dir) / SAVED_MODEL_PB).read_bytes()).hexdigest()
     if recorded is not None and actual != check_digest_text(recorded, where):
         raise ModelError(
@@ -72,9 +70,8 @@ def verify_digest(local_dir: str | Path, recorded: str | None, where: str) -> st
 
 
 def load_serving(local_dir: str | Path, where: str) -> Callable[..., np.ndarray]:
-    """The fetched SavedModel's ``serving_default`` signature (what TF Serving runs) as a
-    function: raw ``(n, 28, 28)`` digits in, ``(n, 10)`` class probabilities out, in batches
-    of at most `batch_size`. ModelError if it does not load or has no such signature."""
+    """The fetched SavedModel's ``serving_default`` signature (what TF Serving runs): raw
+    ``(n, 28, 28)`` digits in, ``(n, 10)`` probabilities out, in batches of `batch_size`."""
     from components.common.keras_env import tensorflow
 
     tf = tensorflow()

@@ -1,10 +1,9 @@
-"""Where a cluster job's pods run: the ``node_selector`` and ``tolerations`` parameters.
+"""Where a cluster job's pods run: the ``node_selector`` and ``tolerations`` parameters, JSON
+text (a pipeline parameter is a string). `node_selector_problem` and `tolerations_problem` are
+their declared rules: one line naming the offending key or field.
 
-Both are JSON text (a pipeline parameter is a string): ``node_selector`` an object of label ->
-value, ``tolerations`` a list of Kubernetes tolerations. `node_selector_problem` and
-`tolerations_problem` are their declared rules (`components.common.declare.param`), so the
-check step, the CLIs and the train step refuse the same values with the same line, naming the
-offending key or field. `merge_tolerations` adds tolerations without repeating one.
+Checked by hand, not with jsonschema: only the trainer's image has jsonschema, the CLIs keep it
+out of their imports (tests/test_cli_imports.py), and each refusal names the rule in its words.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ TOLERATIONS_HELP = (
 
 
 def label_key_problem(key: object) -> str | None:
-    """Why `key` is not a Kubernetes label key (``[prefix/]name``), or None."""
     if not isinstance(key, str):
         return f"label key {key!r} is not a string"
     prefix, _, name = key.rpartition("/")
@@ -47,7 +45,6 @@ def label_key_problem(key: object) -> str | None:
 
 
 def label_value_problem(key: str, value: object) -> str | None:
-    """Why `value` is not a valid value of label `key`, or None."""
     if not isinstance(value, str) or len(value) > 63 or (value and not _NAME.match(value)):
         return (
             f"label {key!r}: value {value!r} is not a label value (<= 63 letters, digits, "
@@ -68,7 +65,6 @@ def _json(name: str, text: str, kind: type) -> tuple[Any, str | None]:
 
 
 def node_selector_problem(text: str) -> str | None:
-    """Why `text` is not a node selector (a JSON object of label -> value), or None."""
     selector, problem = _json("node_selector", text, dict)
     if problem:
         return problem
@@ -80,7 +76,6 @@ def node_selector_problem(text: str) -> str | None:
 
 
 def toleration_problem(toleration: object) -> str | None:
-    """Why `toleration` is not a Kubernetes toleration, or None (names the field)."""
     if not isinstance(toleration, dict):
         return f"{toleration!r} is not an object"
     unknown = sorted(set(toleration) - set(TOLERATION_FIELDS))
@@ -108,7 +103,6 @@ def toleration_problem(toleration: object) -> str | None:
 
 
 def tolerations_problem(text: str) -> str | None:
-    """Why `text` is not a JSON list of Kubernetes tolerations, or None."""
     tolerations, problem = _json("tolerations", text, list)
     if problem:
         return problem
@@ -119,29 +113,20 @@ def tolerations_problem(text: str) -> str | None:
 
 
 def parse_node_selector(text: str) -> dict[str, str]:
-    """The node selector of checked JSON `text` ({} when empty)."""
-    return dict(json.loads(text)) if text.strip() else {}
+    """The node selector of checked `text`."""
+    return dict(_json("node_selector", text, dict)[0])
 
 
 def parse_tolerations(text: str) -> list[dict[str, Any]]:
-    """The tolerations of checked JSON `text` ([] when empty)."""
-    return list(json.loads(text)) if text.strip() else []
-
-
-def _canonical(toleration: dict[str, Any]) -> str:
-    """One text per toleration as Kubernetes reads it (operator Equal when unset, empty
-    fields dropped)."""
-    full = {"operator": "Equal", **{k: v for k, v in toleration.items() if v not in ("", None)}}
-    return json.dumps(full, sort_keys=True)
+    """The tolerations of checked `text`."""
+    return list(_json("tolerations", text, list)[0])
 
 
 def merge_tolerations(*groups: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The tolerations of `groups`, in order, each once."""
-    seen: set[str] = set()
-    out = []
-    for group in groups:
-        for toleration in group:
-            if (text := _canonical(toleration)) not in seen:
-                seen.add(text)
-                out.append(dict(toleration))
-    return out
+    """The tolerations of `groups`, in order, each once as Kubernetes reads it (operator Equal
+    when unset, empty fields dropped)."""
+    unique: dict[str, dict[str, Any]] = {}
+    for toleration in (t for group in groups for t in group):
+        full = {"operator": "Equal", **{k: v for k, v in toleration.items() if v not in ("", None)}}
+        unique.setdefault(json.dumps(full, sort_keys=True), dict(toleration))
+    return list(unique.values())

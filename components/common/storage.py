@@ -1,17 +1,11 @@
-"""One code path for local paths and ``gs://`` URIs.
+"""One code path for local paths and ``gs://`` URIs (``google-cloud-storage``, which honours
+``STORAGE_EMULATOR_HOST``). Every write is all-or-nothing: a local file is written to a
+temporary name and renamed; a GCS object appears only when its upload completes.
 
-Local paths are used as they are; ``gs://bucket/key`` goes through ``google-cloud-storage``
-(which honours ``STORAGE_EMULATOR_HOST``, so tests run against ``fake-gcs-server``). Every write
-is all-or-nothing: local files are written to a temporary name and renamed, and a GCS object
-appears only when its upload completes.
-
-Every GCS request retries transient errors (429, 408, 5xx, dropped connections) with the client
-library's own policy (`_retry`: google-api-core's ``Retry`` with ``DEFAULT_RETRY``'s predicate
-and back-off), logging each retry once. That is safe for every call here: reads, lists and
-deletes are idempotent; plain uploads and server-side copies write the same bytes again; and a
-conditional write whose first attempt did reach the server fails its generation precondition
-(412) on the retry instead of writing twice (`create_exclusive`, `write_if_unchanged` say what
-the callers do then).
+Every GCS request retries transient errors with the client's own policy (`_retry`), logging each
+retry once. That is safe for every call here: reads, lists and deletes are idempotent; uploads
+and copies write the same bytes again; and a conditional write whose first attempt reached the
+server fails its generation precondition (412) on the retry instead of writing twice.
 """
 
 from __future__ import annotations
@@ -28,7 +22,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-GCS_SCHEME = "gs://"
 # The compare-and-swap token of a file that does not exist (GCS's ifGenerationMatch=0).
 ABSENT = "0"
 _log = logging.getLogger(__name__)
@@ -39,12 +32,10 @@ class StorageError(RuntimeError):
 
 
 def is_gcs(uri: str) -> bool:
-    """True for ``gs://`` URIs."""
-    return uri.startswith(GCS_SCHEME)
+    return uri.startswith("gs://")
 
 
 def join(uri: str, *parts: str) -> str:
-    """Join path segments onto a local path or a ``gs://`` URI."""
     out = uri
     for part in parts:
         out = out.rstrip("/") + "/" + part.lstrip("/")
@@ -55,7 +46,7 @@ def split_gcs(uri: str) -> tuple[str, str]:
     """``gs://bucket/a/b`` -> ``("bucket", "a/b")``."""
     if not is_gcs(uri):
         raise ValueError(f"not a gs:// URI: {uri!r}")
-    bucket, _, key = uri[len(GCS_SCHEME) :].partition("/")
+    bucket, _, key = uri.removeprefix("gs://").partition("/")
     if not bucket:
         raise ValueError(f"gs:// URI has no bucket: {uri!r}")
     return bucket, key
@@ -78,7 +69,6 @@ def _blob(uri: str) -> Any:
 
 
 def _describe(exc: BaseException) -> str:
-    """``HTTP 503 (ServiceUnavailable)`` for an HTTP error, else the exception's type and text."""
     status = getattr(exc, "code", None)
     response = getattr(exc, "response", None)
     if not isinstance(status, int) and response is not None:
@@ -89,8 +79,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def _retry(operation: str, uri: str) -> Any:
-    """The retry policy of one GCS call: ``DEFAULT_RETRY``'s predicate and back-off (a random
-    wait of up to 1 s, doubling to 60 s, for up to 120 s in all), logging each retry once."""
+    """``DEFAULT_RETRY``'s predicate and back-off, logging each retry once."""
     from google.api_core.retry import Retry
     from google.cloud.storage.retry import DEFAULT_RETRY
 
@@ -111,14 +100,14 @@ def _gcs_errors() -> Any:
 
 
 def exists(uri: str) -> bool:
-    """True if the file (or, locally, the directory) exists."""
+    """Whether the file (or, locally, the directory) exists."""
     if is_gcs(uri):
         return bool(_blob(uri).exists(retry=_retry("exists", uri)))
     return os.path.exists(uri)
 
 
 def read_bytes(uri: str) -> bytes:
-    """Read a whole file. Raises FileNotFoundError naming the URI if it is missing."""
+    """A whole file; FileNotFoundError naming the URI if it is missing."""
     if not is_gcs(uri):
         return Path(uri).read_bytes()  # its FileNotFoundError names the path
     try:
@@ -128,12 +117,11 @@ def read_bytes(uri: str) -> bytes:
 
 
 def read_text(uri: str) -> str:
-    """Read a UTF-8 text file."""
     return read_bytes(uri).decode("utf-8")
 
 
 def _write_beside(path: Path, data: bytes) -> Path:
-    """Write `data` to a new temporary file in `path`'s folder (flushed to disk); return it."""
+    """A new temporary file in `path`'s folder holding `data`, flushed to disk."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -148,8 +136,7 @@ def _write_beside(path: Path, data: bytes) -> Path:
 
 
 def _upload(uri: str, data: bytes, operation: str, generation: int | None = None) -> bool:
-    """One GCS upload, with the precondition ``ifGenerationMatch=generation`` when given;
-    False if the precondition failed."""
+    """One GCS upload (``ifGenerationMatch=generation`` when given); False if that failed."""
     try:
         _blob(uri).upload_from_string(
             data, if_generation_match=generation, retry=_retry(operation, uri)
@@ -160,7 +147,7 @@ def _upload(uri: str, data: bytes, operation: str, generation: int | None = None
 
 
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write a whole file atomically (temporary name + rename locally, one upload on GCS)."""
+    """Write a whole file atomically."""
     if is_gcs(uri):
         _upload(uri, data, "write")
         return
@@ -173,24 +160,22 @@ def write_bytes(uri: str, data: bytes) -> None:
 
 
 def write_text(uri: str, text: str) -> None:
-    """Write a UTF-8 text file atomically."""
     write_bytes(uri, text.encode("utf-8"))
 
 
 def create_exclusive(uri: str, data: bytes) -> bool:
     """Create a file only if it does not exist yet; False if it already did.
 
-    Locally this is ``O_CREAT | O_EXCL`` (the content is written to a temporary file and
-    hard-linked into place, so nobody sees a half-written file). On GCS it is an upload with
-    the precondition ``ifGenerationMatch=0``, retried like every call: a retry whose first
-    attempt was written but not answered is refused (412) and reported as "existed", which
-    the callers tolerate (a claimed version is skipped, a run binding is read back).
+    Locally a temporary file is hard-linked into place (atomic, and fails if `uri` exists). On
+    GCS a retry whose first attempt was written but not answered is refused (412) and reported
+    as "existed", which the callers tolerate (a claimed version is skipped, a run binding is
+    read back).
     """
     if is_gcs(uri):
         return _upload(uri, data, "create", generation=0)
     tmp = _write_beside(Path(uri), data)
     try:
-        os.link(tmp, uri)  # atomic, and fails if `uri` exists
+        os.link(tmp, uri)
     except FileExistsError:
         return False
     finally:
@@ -212,20 +197,20 @@ def _listing(uri: str) -> Iterator[tuple[str, Any]]:
 
 
 def list_files(uri: str) -> list[str]:
-    """All files below a directory or prefix, as full URIs, sorted."""
+    """All files below a directory or prefix, as sorted full URIs."""
     return sorted(join(uri, rel) for rel, _ in _listing(uri))
 
 
 def checksums(uri: str) -> dict[str, str]:
-    """Every file below `uri`: its relative path -> a checksum of its content (GCS: the crc32c
-    of the listing, nothing downloaded; locally: the sha256 of its bytes)."""
+    """Relative path -> checksum of every file below `uri` (GCS: the listing's crc32c, nothing
+    downloaded; locally: sha256)."""
     if is_gcs(uri):
         return {rel: str(blob.crc32c) for rel, blob in _listing(uri)}
     return {rel: _sha256(path.read_bytes()) for rel, path in _listing(uri)}
 
 
 def copy_file(src: str, dest: str) -> None:
-    """A server-side copy of one GCS object (no bytes pass through this process)."""
+    """A server-side copy of one GCS object."""
     source, target = _blob(src), _blob(dest)
     retry = _retry("copy", dest)
     token, _, _ = target.rewrite(source, retry=retry)
@@ -238,16 +223,12 @@ def upload_dir(
 ) -> None:
     """Copy a local directory tree to `uri`.
 
-    Locally the tree is staged next to the destination and renamed into place, so the
-    destination appears complete or not at all (it must not exist yet); `staging` is not used.
-
-    GCS has no atomic rename of a prefix, so `uri` cannot appear all at once. The file named
-    `last` (relative path, e.g. ``saved_model.pb``) is written after every other file is
-    complete, so a reader that keys on it never sees a partial tree. With `staging` (a GCS
-    prefix that readers of `uri` ignore), the files are first uploaded there, then copied
-    server-side into `uri` (`last` last) and the staged copy is deleted: `uri` then exists
-    incomplete only while those copies run, not during the upload, and not at all after an
-    upload that failed.
+    Locally the tree is staged beside `uri` (which must not exist) and renamed into place.
+    GCS has no atomic rename of a prefix: the file named `last` (e.g. ``saved_model.pb``) is
+    written after every other, so a reader keyed on it never sees a partial tree. With
+    `staging` (a GCS prefix readers ignore) the files are uploaded there first, then copied
+    server-side into `uri`: `uri` is then incomplete only while those copies run, not during
+    the upload, and never after an upload that failed.
     """
     if is_gcs(uri):
         rels = sorted((rel for rel, _ in _listing(str(local_dir))), key=lambda r: (r == last, r))
@@ -275,7 +256,7 @@ def upload_dir(
 
 
 def download_dir(uri: str, local_dir: str | Path) -> Path:
-    """Copy everything below `uri` into `local_dir` (created). Returns `local_dir`."""
+    """Copy everything below `uri` into `local_dir` (created); return it."""
     local_dir = Path(local_dir)
     local_dir.mkdir(parents=True, exist_ok=True)
     if not is_gcs(uri):
@@ -290,9 +271,8 @@ def download_dir(uri: str, local_dir: str | Path) -> Path:
 
 def remove_tree(uri: str, last: str | None = None, first: str | None = None) -> None:
     """Delete a directory tree or prefix; missing is fine. On GCS the file named `last` (as in
-    `upload_dir`) goes after every other, so a delete cut short never leaves files without the
-    file that marks them for their readers; the file named `first` goes before every other (a
-    reader keyed on it stops seeing the tree at once)."""
+    `upload_dir`) goes after every other, so a delete cut short never leaves files without their
+    marker; `first` goes before every other (its readers stop seeing the tree at once)."""
     if not is_gcs(uri):
         shutil.rmtree(uri, ignore_errors=True)
         return
@@ -306,7 +286,7 @@ def remove_tree(uri: str, last: str | None = None, first: str | None = None) -> 
 
 
 def read_versioned(uri: str) -> tuple[bytes | None, str]:
-    """Read a small file together with its compare-and-swap token; ``(None, ABSENT)`` if missing."""
+    """A small file with its compare-and-swap token; ``(None, ABSENT)`` if missing."""
     if not is_gcs(uri):
         try:
             data = Path(uri).read_bytes()
@@ -329,13 +309,12 @@ def read_versioned(uri: str) -> tuple[bytes | None, str]:
 
 
 def write_if_unchanged(uri: str, data: bytes, token: str) -> bool:
-    """Replace `uri` with `data` only if it still holds what was read with `token`.
+    """Replace `uri` with `data` only if it still holds what was read with `token`; False (and
+    nothing written) if someone changed it since.
 
-    Returns False (and writes nothing) when someone else changed the file since. On GCS this is
-    an upload with ``ifGenerationMatch=token`` (a retry whose first attempt was written but not
-    answered is refused too: the caller re-reads and finds its own record); locally the check
-    and the atomic rename run under an ``flock`` on a sidecar lock file (released by the kernel
-    if the process dies).
+    On GCS a retry whose first attempt was written but not answered is refused too: the caller
+    re-reads and finds its own record. Locally the check and the rename run under an ``flock``
+    on a sidecar file (released by the kernel if the process dies).
     """
     if is_gcs(uri):
         return _upload(uri, data, "write", generation=int(token))

@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from components.common import dataset, storage
+from components.common.dataset import read_manifest
 from components.common.declare import add_arguments
-from components.common.defaults import MNIST_SHA256, SHARD_SIZE
-from components.data_prep.sources import load_source
+from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SHARD_SIZE
+from components.data_prep.sources import load_bundled, load_mnist_npz
 from components.data_prep.step import PREP_PARAMETERS, PrepStep
 
 
 def parse_sha256(value: str) -> str | None:
-    """The CLI/component form of the expected sha256: ``none`` (any case) disables the check."""
+    """``none`` (any case) disables the check."""
     return None if value.strip().lower() == "none" else value.strip()
 
 
@@ -45,17 +46,17 @@ def prepare(
 ) -> dict[str, Any]:
     """Write the dataset from `source` to `output` and return its manifest.
 
-    `limit` keeps only the first `limit` training and test samples (None or 0: all). The
-    output is deterministic: the same source and arguments give byte-identical files.
-    Nothing is written unless the whole source validates. The dataset is staged in a local
-    temporary directory and then published: locally by one rename (it appears complete or not
-    at all), on GCS with ``manifest.json`` uploaded last (readers key on it: ``read_manifest``).
+    `limit` keeps only the first `limit` samples of each split (None or 0: all). The same
+    source and arguments give byte-identical files, and nothing is written unless the whole
+    source validates. The dataset is staged locally, then published: locally by one rename, on
+    GCS with ``manifest.json`` last (readers key on it).
     """
     # Every parameter rule, in one line naming each bad value (the check step's words).
     PrepStep(source, expected_sha256 or "none", limit or 0, shard_size)
     limit = limit or None
     check_output_free(output)
-    data = load_source(source, expected_sha256)
+    bundled = source in ("bundled", BUNDLED_SOURCE)  # identified by its arrays' sha256
+    data = load_bundled() if bundled else load_mnist_npz(source, expected_sha256)
     splits = {}
     for name, (x, y) in data.splits.items():  # the whole source validates, not just the limit
         dataset.validate_arrays(x, y, f"{data.description.get('uri', source)} [{name}]")
@@ -65,19 +66,10 @@ def prepare(
         description["limit"] = limit
     with tempfile.TemporaryDirectory(prefix="data-prep-") as staging:
         manifest = dataset.write_dataset(staging, splits, description, shard_size)
-        _publish(staging, output)
+        if not storage.is_gcs(output) and os.path.isdir(output):
+            os.rmdir(output)  # an empty directory made by the caller (e.g. KFP); checked above
+        storage.upload_dir(staging, output, last=dataset.MANIFEST)
     return manifest
-
-
-def _publish(staging: str, output: str) -> None:
-    if not storage.is_gcs(output) and os.path.isdir(output):
-        os.rmdir(output)  # an empty directory made by the caller (e.g. KFP); checked above
-    storage.upload_dir(staging, output, last=dataset.MANIFEST)
-
-
-def manifest_sha256(output: str) -> str:
-    """sha256 of the ``manifest.json`` written to `output` (identifies the dataset)."""
-    return dataset.sha256_bytes(storage.read_bytes(storage.join(output, dataset.MANIFEST)))
 
 
 def prepare_step(
@@ -88,7 +80,7 @@ def prepare_step(
     for split, body in manifest["splits"].items():
         dataset.metadata[f"{split}_count"] = body["count"]
         dataset.metadata[f"{split}_shards"] = len(body["shards"])
-    dataset.metadata["manifest_sha256"] = manifest_sha256(dataset.path)
+    dataset.metadata["manifest_sha256"] = read_manifest(dataset.path).sha256
     dataset.metadata["source"] = manifest["source"]["uri"]
     dataset.metadata["source_sha256"] = manifest["source"]["sha256"]
     dataset.metadata["format"] = manifest["format"]
@@ -99,18 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", required=True, help="dataset directory (local or gs://)")
     add_arguments(parser, PREP_PARAMETERS)
-    args = vars(parser.parse_args(argv))
-    output = args.pop("output")
-    sha256 = parse_sha256(args["data_sha256"])
+    args = parser.parse_args(argv)
+    sha256 = parse_sha256(args.data_sha256)
     try:
-        manifest = prepare(
-            args["data_source"], output, args["shard_size"], sha256, args["data_limit"]
-        )
-    except (dataset.DataError, ValueError, FileExistsError, storage.StorageError) as exc:
+        manifest = prepare(args.data_source, args.output, args.shard_size, sha256, args.data_limit)
+    except (ValueError, FileExistsError, storage.StorageError) as exc:  # DataError: a ValueError
         print(f"data prep failed: {exc}", file=sys.stderr)
         return 2
     counts = {k: v["count"] for k, v in manifest["splits"].items()}
-    print(f"dataset written to {output}: {json.dumps(counts)}")
+    print(f"dataset written to {args.output}: {json.dumps(counts)}")
     return 0
 
 

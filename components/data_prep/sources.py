@@ -21,26 +21,22 @@ BUNDLED_FILE = "data/mnist_5k.npz"
 
 @dataclass
 class SourceData:
-    """Arrays read from a source, before validation, plus where they came from."""
+    """A source's arrays, not yet validated, and where they came from."""
 
     splits: dict[str, tuple[Any, Any]]
     description: dict[str, Any] = field(default_factory=dict)
 
 
 def load_bundled(test_fraction: float = TEST_FRACTION, seed: int = SPLIT_SEED) -> SourceData:
-    """The 5,000 real MNIST digits bundled with this package (data/README.md), split by a seeded
-    shuffle.
-
-    The file is sorted by label, so it is shuffled (deterministically) before the split.
-    """
+    """The 5,000 real MNIST digits bundled with this package (data/README.md); the file is
+    sorted by label, so they are split after a seeded shuffle."""
     with (
         (resources.files("components.data_prep") / BUNDLED_FILE).open("rb") as f,
         np.load(f) as bundle,
     ):
         images, labels = bundle["images"], bundle["labels"]
     order = np.random.default_rng(seed).permutation(len(labels))
-    images = images[order]
-    labels = labels[order]
+    images, labels = images[order], labels[order]
     n_test = int(round(len(labels) * test_fraction))
     return SourceData(
         splits={
@@ -59,7 +55,7 @@ def load_bundled(test_fraction: float = TEST_FRACTION, seed: int = SPLIT_SEED) -
 
 
 def fetch(uri: str, timeout_s: float = 60.0) -> bytes:
-    """Read `uri`: an http(s) URL, a ``gs://`` URI or a local path. Errors name the URI."""
+    """The bytes at an http(s) URL, a ``gs://`` URI or a local path; DataError naming it."""
     if uri.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(uri, timeout=timeout_s) as response:  # noqa: S310
@@ -75,11 +71,7 @@ def fetch(uri: str, timeout_s: float = 60.0) -> bytes:
 
 
 def load_mnist_npz(uri: str, expected_sha256: str | None = MNIST_SHA256) -> SourceData:
-    """Read an ``mnist.npz`` (keys x_train, y_train, x_test, y_test) and check its sha256.
-
-    Pass ``expected_sha256=None`` (the CLI's ``--data-sha256 none``) for a file of your own that has
-    no published hash.
-    """
+    """An ``mnist.npz`` (x_train, y_train, x_test, y_test), its sha256 checked unless None."""
     data = fetch(uri)
     digest = sha256_bytes(data)
     if expected_sha256 is not None and digest != expected_sha256.lower():
@@ -101,15 +93,3 @@ def load_mnist_npz(uri: str, expected_sha256: str | None = MNIST_SHA256) -> Sour
     except Exception as exc:
         raise DataError(f"{uri}: not a readable .npz file ({exc})") from exc
     return SourceData(splits=splits, description={"uri": uri, "sha256": digest})
-
-
-def load_source(source: str, expected_sha256: str | None = MNIST_SHA256) -> SourceData:
-    """Dispatch on `source` (checked: `PrepStep`): ``bundled`` (or the full bundled id) or a
-    URL/path of an mnist.npz.
-
-    `expected_sha256` applies to an mnist.npz file; the bundled subset is identified by the
-    sha256 of its arrays, which is recorded in the manifest instead.
-    """
-    if source in ("bundled", BUNDLED_SOURCE):
-        return load_bundled()
-    return load_mnist_npz(source, expected_sha256)

@@ -5,8 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components.common import defaults
-from components.common.declare import Declared, declared, param
-from components.common.params import Validated, data_sha256_problem, data_source_problem
+from components.common.declare import (
+    Declared,
+    Validated,
+    data_sha256_problem,
+    data_source_problem,
+    declared,
+    param,
+)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,8 +27,6 @@ _EPSILON = 1e-7
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Scores of a model on one split."""
-
     accuracy: float
     loss: float
     samples: int
@@ -39,15 +37,9 @@ class Evaluation:
     dataset_manifest_sha256: str
     saved_model_sha256: str  # of the saved_model.pb that was scored
 
-    @property
-    def categories(self) -> list[str]:
-        """Class names for the confusion matrix: the digits as strings."""
-        return [str(c) for c in range(NUM_CLASSES)]
-
     def to_markdown(
         self, model_uri: str = "", dataset_uri: str = "", tensorboard_uri: str = ""
     ) -> str:
-        """A human-readable report with per-class precision and recall."""
         lines = ["# Evaluation", ""]
         if model_uri:
             lines.append(f"- model: `{model_uri}`")
@@ -71,10 +63,8 @@ class Evaluation:
 
 
 def score(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
-    """Accuracy, loss, confusion matrix, precision and recall of class `probabilities`.
-
-    Raises ModelError if `probabilities` is not an ``(n, 10)`` array of finite rows summing to 1.
-    """
+    """Accuracy, loss, confusion matrix, precision and recall of class `probabilities` (ModelError
+    unless they are ``(n, 10)`` finite rows summing to 1)."""
     p = np.asarray(probabilities, dtype=np.float64)
     y = np.asarray(labels).astype(np.int64)
     if p.ndim != 2 or p.shape != (len(y), NUM_CLASSES):
@@ -92,22 +82,18 @@ def score(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
     confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=np.int64)
     np.add.at(confusion, (y, predicted), 1)
     true_positive = np.diag(confusion).astype(np.float64)
-    predicted_count = confusion.sum(axis=0)
-    actual_count = confusion.sum(axis=1)
-    precision = np.divide(
-        true_positive, predicted_count, out=np.zeros(NUM_CLASSES), where=predicted_count > 0
-    )
-    recall = np.divide(
-        true_positive, actual_count, out=np.zeros(NUM_CLASSES), where=actual_count > 0
-    )
+
+    def per_class(count: np.ndarray) -> list[float]:  # 0.0 where `count` is 0
+        return np.divide(true_positive, count, out=np.zeros(NUM_CLASSES), where=count > 0).tolist()
+
     picked = np.clip(p[np.arange(len(y)), y], _EPSILON, 1.0 - _EPSILON)
     return {
         "accuracy": float(true_positive.sum() / len(y)),
         "loss": float(-np.log(picked).mean()),
         "samples": int(len(y)),
         "confusion_matrix": confusion.tolist(),
-        "precision": [float(v) for v in precision],
-        "recall": [float(v) for v in recall],
+        "precision": per_class(confusion.sum(axis=0)),
+        "recall": per_class(confusion.sum(axis=1)),
     }
 
 
@@ -118,12 +104,8 @@ def evaluate(
     batch_size: int = EVAL_BATCH_SIZE,
     saved_model_sha256: str | None = None,
 ) -> Evaluation:
-    """Score the exported model at `model_uri` on `split` of the dataset at `dataset_uri`.
-
-    Both may be local paths or ``gs://`` URIs (the model is downloaded to a temporary dir).
-    `saved_model_sha256`, the digest the trainer recorded, if given, must match the model's
-    ``saved_model.pb``, or ModelError: the model scored is then the model that was trained.
-    """
+    """Score the exported model at `model_uri` on `split` of the dataset at `dataset_uri`; with
+    `saved_model_sha256` (the trainer's digest) only if the model is the one that was trained."""
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     manifest = dataset.read_manifest(dataset_uri)
@@ -140,14 +122,34 @@ def evaluate(
     )
 
 
-def write_tensorboard(result: Evaluation, tensorboard_uri: str, step: int) -> None:
-    """Add the test metrics to the training run's TensorBoard (run ``evaluation``, at the
-    trainer's last epoch)."""
-    from components.common.board import Board
+class EvalOutputs(NamedTuple):
+    accuracy: float
+    loss: float
 
-    with tempfile.TemporaryDirectory(prefix="evaluate-board-") as workdir:
-        board = Board(keras_env.tensorflow(), tensorboard_uri, "evaluation", Path(workdir))
-        board.write(step, {"test_accuracy": result.accuracy, "test_loss": result.loss})
+
+def evaluate_step(
+    dataset: Any, model: Any, metrics: Any, confusion_matrix: Any, report: Any
+) -> EvalOutputs:
+    """The evaluate step: `evaluate` the Model artifact against the digest in its metadata, and
+    log metrics, a confusion matrix and a report (and the trainer's TensorBoard gets the test
+    metrics, at its last epoch)."""
+    digest = model.metadata.get("saved_model_sha256")
+    result = evaluate(model.path, dataset.path, saved_model_sha256=digest)
+    board = model.metadata.get("tensorboard_uri", "")
+    if board:
+        from components.common.board import Board
+
+        with tempfile.TemporaryDirectory(prefix="evaluate-board-") as workdir:
+            writer = Board(keras_env.tensorflow(), board, "evaluation", Path(workdir))
+            scalars = {"test_accuracy": result.accuracy, "test_loss": result.loss}
+            writer.write(int(model.metadata.get("epochs", 0)), scalars)
+    for name in ("accuracy", "loss", "samples"):
+        metrics.log_metric(name, getattr(result, name))
+    categories = [str(c) for c in range(NUM_CLASSES)]
+    confusion_matrix.log_confusion_matrix(categories, result.confusion_matrix)
+    Path(report.path).write_text(result.to_markdown(model.uri, dataset.uri, board), "utf-8")
+    report.metadata["saved_model_sha256"] = result.saved_model_sha256
+    return EvalOutputs(result.accuracy, result.loss)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         result = evaluate(
             args.model, args.dataset, args.split, args.batch_size, args.saved_model_sha256
         )
-    except (ModelError, dataset.DataError, ValueError) as exc:
+    except ValueError as exc:  # ModelError and DataError among them
         print(f"evaluation failed: {exc}", file=sys.stderr)
         return 2
     text = json.dumps(asdict(result), indent=2, sort_keys=True)

@@ -5,8 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components.common import defaults
-from components.common.declare import Declared, declared, param
-from components.common.params import Validated, model_name_problem, registry_root_problem
+from components.common.declare import (
+    Declared,
+    Validated,
+    declared,
+    model_name_problem,
+    param,
+    registry_root_problem,
+)
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,15 @@
 """The ``augment`` option: Horovod's keras_mnist_advanced.py augmentation as Keras layers.
 
-The example feeds its training batches through ``ImageDataGenerator(rotation_range=8,
-width_shift_range=0.08, height_shift_range=0.08, shear_range=0.3, zoom_range=0.08)``. Here
-the same ranges are layers inside the model, between the scaling and the first layer of the
-model proper, so they run where the model runs and Horovod sees nothing new:
+The example's ``ImageDataGenerator(rotation_range=8, width_shift_range=0.08,
+height_shift_range=0.08, shear_range=0.3, zoom_range=0.08)`` as layers inside the model, after
+the scaling, so they run where the model runs and Horovod sees nothing new: RandomRotation
+(8/360), RandomTranslation (0.08), `RandomShear` (0.3 *degrees*, as the generator reads
+``shear_range``; tf-keras has no such layer) and RandomZoom (0.08), all filling with the nearest
+pixel and interpolating bilinearly. Unlike the generator, each layer resamples on its own.
 
-=====================  ==========================================================
-ImageDataGenerator     layer
-=====================  ==========================================================
-rotation_range=8       ``RandomRotation(8 / 360)``: +-8 degrees
-width/height_shift     ``RandomTranslation(0.08, 0.08)``: +-8% of each side
-shear_range=0.3        `RandomShear` (below): +-0.3 *degrees*, as the generator reads
-                       ``shear_range`` (an angle in degrees; tan 0.3 deg = 0.005)
-zoom_range=0.08        ``RandomZoom(0.08, 0.08)``: height and width each x[0.92, 1.08]
-=====================  ==========================================================
-
-Every layer fills with the nearest pixel (the generator's ``fill_mode='nearest'``) and
-interpolates bilinearly (its ``order=1``). One difference: the generator resamples once with
-the combined transform, the layers resample once each. Keras has no RandomShear in tf-keras
-2.18, hence the small layer here.
-
-Keras' preprocessing layers are active in training only: ``fit`` augments (it calls the
-model with ``training=True``); ``predict``, ``evaluate`` and the exported SavedModel's
-``serving_default`` (``training=False``) pass the images through unchanged. `RandomShear`
-follows the same rule. The layers have no weights: `components.train.model.build_model` adds
-them without changing the initial weights, which stay identical on every rank. Their random
-draws follow the seed the trainer sets before building the model, so a run's augmentation is
-reproducible; each rank augments the samples of its own shard.
+They act in ``fit`` only (``training=True``); ``predict``, ``evaluate`` and the SavedModel's
+signature pass images through. They have no weights, so the initial weights stay identical on
+every rank, and their draws follow the trainer's seed.
 """
 
 from __future__ import annotations
@@ -35,22 +18,16 @@ import functools
 import math
 from typing import Any
 
-ROTATION_DEGREES = 8.0
-SHIFT_FRACTION = 0.08
-SHEAR_DEGREES = 0.3
-ZOOM_FRACTION = 0.08
-FILL_MODE = "nearest"
+FILL_MODE = "nearest"  # the generator's fill_mode
 
 
 def augmentation_layers(keras: Any) -> list[Any]:
-    """The augmentation, as layers on ``(28, 28, 1)`` float images (identity at inference)."""
+    """The augmentation, as layers on ``(28, 28, 1)`` float images."""
     return [
-        keras.layers.RandomRotation(ROTATION_DEGREES / 360, fill_mode=FILL_MODE, name="rotate"),
-        keras.layers.RandomTranslation(
-            SHIFT_FRACTION, SHIFT_FRACTION, fill_mode=FILL_MODE, name="shift"
-        ),
-        random_shear_class(keras)(SHEAR_DEGREES, name="shear"),
-        keras.layers.RandomZoom(ZOOM_FRACTION, ZOOM_FRACTION, fill_mode=FILL_MODE, name="zoom"),
+        keras.layers.RandomRotation(8 / 360, fill_mode=FILL_MODE, name="rotate"),
+        keras.layers.RandomTranslation(0.08, 0.08, fill_mode=FILL_MODE, name="shift"),
+        random_shear_class(keras)(0.3, name="shear"),
+        keras.layers.RandomZoom(0.08, 0.08, fill_mode=FILL_MODE, name="zoom"),
     ]
 
 
@@ -60,10 +37,8 @@ def random_shear_class(keras: Any) -> type:
     import tensorflow as tf
 
     class RandomShear(keras.layers.Layer):  # type: ignore[misc, name-defined]
-        """Shear images by a random angle in ``[-degrees, degrees]``, one per image, as
-        ImageDataGenerator's ``shear_range`` does (`shear_transforms`). Like Keras' own
-        augmentation layers, it acts unless called with ``training=False`` (``predict``,
-        ``evaluate`` and the SavedModel's signature call it so)."""
+        """Shear each image by a random angle in ``[-degrees, degrees]`` (`shear_transforms`),
+        unless called with ``training=False``."""
 
         def __init__(self, degrees: float, **kwargs: Any) -> None:
             super().__init__(**kwargs)

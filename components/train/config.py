@@ -15,8 +15,15 @@ import argparse
 from dataclasses import dataclass
 
 from components.common import defaults, storage
-from components.common.declare import Declared, add_arguments, declared, param
-from components.common.params import LR_SCALINGS, check, model_problem
+from components.common.declare import (
+    LR_SCALINGS,
+    Declared,
+    add_arguments,
+    check,
+    declared,
+    model_problem,
+    param,
+)
 
 
 @dataclass(frozen=True)

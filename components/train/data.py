@@ -1,12 +1,9 @@
 """This rank's disjoint shard of the training split, its batches each epoch, and the
 ``tf.data`` pipeline that serves them.
 
-Rank *r* of *n* reads only samples ``[r*N/n, (r+1)*N/n)`` (`shard_range`): contiguous, disjoint
-blocks that together cover every sample. Uneven splits are fine: all ranks run the *same*
-number of steps per epoch (a rank that ran one step fewer would leave the others waiting forever
-in an allreduce), and each rank divides its block into that many nearly equal batches, so no
-sample is dropped or repeated within an epoch. Each epoch visits the shard once in a per-rank
-order. The ranks' ids of an epoch are checked to cover the split exactly once (`coverage`).
+Rank *r* of *n* reads samples ``[r*N/n, (r+1)*N/n)``. All ranks run the *same* number of steps
+per epoch (a rank one step short would leave the others waiting forever in an allreduce), each
+cutting its block into that many nearly equal batches: no sample is dropped or repeated.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from components.common import dataset
 
 
 def shard_range(num_samples: int, rank: int, size: int) -> tuple[int, int]:
-    """The half-open range ``[start, stop)`` of global sample indices that `rank` reads."""
+    """The range ``[start, stop)`` of global sample indices that `rank` reads."""
     if size < 1 or not 0 <= rank < size:
         raise ValueError(f"rank {rank} is not in a world of size {size}")
     return num_samples * rank // size, num_samples * (rank + 1) // size
@@ -55,8 +52,6 @@ def epoch_permutation(shard_size: int, seed: int, epoch: int, rank: int) -> np.n
 
 @dataclass
 class Shard:
-    """This rank's part of the training split."""
-
     images: np.ndarray
     labels: np.ndarray
     start: int
@@ -67,7 +62,7 @@ class Shard:
 
 
 def load_shard(data: str, batch_size: int, rank: int, size: int) -> Shard:
-    """Read this rank's disjoint block of the training split. Raises DataError naming the file."""
+    """This rank's block of the training split (DataError naming the file)."""
     manifest = dataset.read_manifest(data)
     total = manifest.count("train")
     start, stop = shard_range(total, rank, size)
@@ -88,11 +83,8 @@ def load_shard(data: str, batch_size: int, rank: int, size: int) -> Shard:
 def epoch_batches(
     shard: Shard, seed: int, rank: int, epochs: range
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every batch of `epochs` as rows of shard-local sample indices, padded, plus their lengths.
-
-    Epoch ``e`` visits the shard in the order ``epoch_permutation(n, seed, e, rank)``, cut into
-    ``shard.steps`` consecutive batches by ``batch_bounds``: each sample once per epoch.
-    """
+    """Every batch of `epochs` as rows of shard-local sample indices, padded, plus their lengths:
+    each epoch's `epoch_permutation` cut by `batch_bounds`."""
     n = len(shard.labels)
     bounds = batch_bounds(n, shard.steps)
     width = max(hi - lo for lo, hi in bounds)
@@ -113,12 +105,8 @@ def epoch_ids(shard: Shard, seed: int, rank: int, epoch: int) -> np.ndarray:
 
 
 def make_dataset(tf: Any, shard: Shard, seed: int, rank: int, epochs: range, threads: int) -> Any:
-    """A ``tf.data`` pipeline serving the batches of `epochs` in order, gathered inside
-    TensorFlow.
-
-    It replaced a Keras ``Sequence`` (numpy indexing in Python) after the input-pipeline
-    benchmark measured the Sequence 1.29x slower in one process (bench/README.md).
-    """
+    """A ``tf.data`` pipeline serving the batches of `epochs`, gathered inside TensorFlow: a
+    Keras ``Sequence`` indexing in numpy measured 1.29x slower (bench/README.md)."""
     rows, lengths = epoch_batches(shard, seed, rank, epochs)
     images = tf.constant(shard.images)
     labels = tf.constant(shard.labels)

@@ -1,24 +1,14 @@
-"""The trainer's models. Raw 28x28 uint8 digits in (input ``image``), class probabilities out
-(output ``probabilities``); the scaling to [0, 1] is inside the model.
+"""The trainer's models: raw 28x28 uint8 digits in (input ``image``), class probabilities out
+(output ``probabilities``), the scaling to [0, 1] inside. The ``model`` parameter picks one:
 
-The ``model`` parameter picks one:
+- ``mnist_advanced`` (the default): the network of Horovod's ``keras_mnist_advanced.py``.
+- ``small``: the project's first CNN, the same weights for the same seed as before the choice.
+- ``package.module:function``: the user's own, called as ``function((28, 28, 1), 10)``: a Keras
+  model from float32 images scaled to [0, 1] (as the Horovod example feeds them) to softmax
+  probabilities, wrapped between the ``image`` input, the scaling and ``probabilities``.
 
-- ``mnist_advanced`` (the default): the network of Horovod's ``keras_mnist_advanced.py``:
-  Conv2D 32 3x3 relu, Conv2D 64 3x3 relu, MaxPool 2x2, Dropout 0.25, Flatten, Dense 128 relu,
-  Dropout 0.5, Dense 10 softmax (1,199,882 parameters).
-- ``small``: the project's first CNN (56,714 parameters), unchanged: the same weights for the
-  same seed as before the choice existed.
-- ``package.module:function``: the user's own model. The trainer calls
-  ``function(input_shape, num_classes)``, here ``function((28, 28, 1), 10)``, which returns a
-  Keras model (``keras.Model``, e.g. a ``Sequential``) taking float32 images of
-  ``input_shape`` scaled to [0, 1] (as the Horovod example feeds them) and returning
-  ``(batch, num_classes)`` class probabilities (a softmax: the loss is
-  ``sparse_categorical_crossentropy`` on probabilities). The trainer wraps it between the
-  ``image`` input, the scaling (and the augmentation) and the ``probabilities`` output.
-
-Whatever the choice, `build_model` seeds every random generator with the run's seed first, so
-every rank builds the same initial weights. ``augment`` adds the layers of
-``components.train.augment`` after the scaling: active in ``fit``, the identity otherwise.
+`build_model` seeds every random generator with the run's seed first, so every rank builds the
+same initial weights.
 """
 
 from __future__ import annotations
@@ -28,8 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from components.common import keras_env
+from components.common.declare import model_problem
 from components.common.defaults import AUGMENT, IMAGE_SHAPE, MODEL, MODELS, NUM_CLASSES
-from components.common.params import model_problem
 
 # What the user's function gets: one channel of 28x28, ten classes.
 INPUT_SHAPE = (*IMAGE_SHAPE, 1)
@@ -37,7 +27,7 @@ OUTPUT_NAME = "probabilities"
 
 
 class ModelChoiceError(ValueError):
-    """The ``model`` parameter names no model the trainer can build; the message says why."""
+    """The ``model`` parameter names no model the trainer can build."""
 
 
 def _small(keras: Any) -> list[Any]:
@@ -74,11 +64,8 @@ assert tuple(BUILT_IN) == MODELS, "defaults.MODELS names the built-in models"
 
 
 def build_model(seed: int, model: str = MODEL, augment: bool = AUGMENT) -> Any:
-    """The Keras model `model`, initialised identically on every rank for a given `seed`.
-
-    Raises ModelChoiceError when `model` is not a built-in name and its entry point does not
-    import, does not return a Keras model, or one whose input or output shape does not fit.
-    """
+    """The Keras model `model`, initialised identically on every rank for a given `seed`
+    (ModelChoiceError if a user's model does not import, build or fit)."""
     keras = keras_env.keras()
     keras.utils.set_random_seed(seed)
     front = [
@@ -90,32 +77,23 @@ def build_model(seed: int, model: str = MODEL, augment: bool = AUGMENT) -> Any:
         name, layers = BUILT_IN[model]
         built = keras.Sequential([*front, *layers(keras)], name=name)
     else:
-        built = _wrap_user_model(keras, model, front)
+        built = _user_model(keras, model, front)
     return _with_augmentation(keras, built) if augment else built
 
 
 def _with_augmentation(keras: Any, built: Any) -> Any:
-    """`built` with the augmentation layers after its scaling and reshaping (its first two
-    layers). Its layers are reused as built, so the initial weights are the same with or
-    without augmentation (the augmentation layers draw random seeds of their own, which would
-    shift the weights' draws if they were made first)."""
+    """`built` with the augmentation layers after its scaling and reshaping. Its layers are reused
+    as built: augmentation layers made first would shift the weights' random draws."""
     from components.train.augment import augmentation_layers
 
-    front, rest = built.layers[:2], built.layers[2:]
-    return keras.Sequential(
-        [
-            keras.layers.Input(shape=IMAGE_SHAPE, name="image"),
-            *front,
-            *augmentation_layers(keras),
-            *rest,
-        ],
-        name=built.name,
-    )
+    image = keras.layers.Input(shape=IMAGE_SHAPE, name="image")
+    layers = [image, *built.layers[:2], *augmentation_layers(keras), *built.layers[2:]]
+    return keras.Sequential(layers, name=built.name)
 
 
-def _user_model(keras: Any, model: str) -> Any:
-    """Import ``package.module:function`` and call it as ``function((28, 28, 1), 10)``; it must
-    give a Keras model (ModelChoiceError saying why not)."""
+def _user_model(keras: Any, model: str, front: list[Any]) -> Any:
+    """``function((28, 28, 1), 10)`` of ``package.module:function`` between `front` and
+    ``probabilities``, or ModelChoiceError saying why it does not fit."""
     problem = model_problem(model)
     if problem:
         raise ModelChoiceError(problem)
@@ -146,16 +124,9 @@ def _user_model(keras: Any, model: str) -> Any:
             f"model {model!r} returned {type(built).__module__}.{type(built).__qualname__}, "
             "not a Keras model (keras.Model, e.g. keras.Sequential)"
         )
-    return built
-
-
-def _wrap_user_model(keras: Any, model: str, front: list[Any]) -> Any:
-    """The user's model between `front` and the ``probabilities`` output; ModelChoiceError
-    unless it takes ``(None, 28, 28, 1)`` and returns ``(None, 10)``."""
-    user = _user_model(keras, model)
     try:
         wrapped = keras.Sequential(
-            [*front, user, keras.layers.Activation("linear", name=OUTPUT_NAME)], name="user_model"
+            [*front, built, keras.layers.Activation("linear", name=OUTPUT_NAME)], name="user_model"
         )
     except Exception as exc:  # Keras says why the input does not fit in its own words
         reason = next(
@@ -176,13 +147,8 @@ def _wrap_user_model(keras: Any, model: str, front: list[Any]) -> Any:
 
 
 def check_model(model: str) -> Any:
-    """Build `model` once and check that it fits the trainer; return it or raise
-    ModelChoiceError saying what does not fit.
-
-    `build_model` checks that the entry point imports, returns a Keras model, takes
-    ``(None, 28, 28, 1)`` and returns ``(None, 10)``; this also runs it once on a black and a
-    white image: its rows must be probabilities (non-negative, summing to 1).
-    """
+    """`build_model`, and for a user's model one run on a black and a white image whose rows
+    must be probabilities; ModelChoiceError saying what does not fit."""
     import numpy as np
 
     built = build_model(0, model)
@@ -200,7 +166,7 @@ def check_model(model: str) -> Any:
 
 
 def weights_fingerprint(model: Any) -> str:
-    """sha256 over every weight's bytes, in order: equal fingerprints mean identical models."""
+    """sha256 over every weight's bytes: equal fingerprints mean identical models."""
     import hashlib
 
     digest = hashlib.sha256()

@@ -70,7 +70,7 @@ def model_problem(model: str) -> str | None:
     and checked: a Keras model, the trainer's input and output shapes, probabilities out
     (``components.train.model.check_model``).
     """
-    from components.common.params import model_problem as form_problem
+    from components.common.declare import model_problem as form_problem
 
     problem = form_problem(model)
     if problem is None and model not in MODELS:

@@ -9,8 +9,7 @@ import re
 from dataclasses import dataclass
 
 from components.common import defaults
-from components.common.declare import Declared, declared, param
-from components.common.params import TRAINING_BACKENDS, Validated
+from components.common.declare import TRAINING_BACKENDS, Declared, Validated, declared, param
 from components.common.placement import (
     NODE_SELECTOR_HELP,
     TOLERATIONS_HELP,

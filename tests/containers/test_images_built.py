@@ -27,7 +27,7 @@ TRAINERS = ("trainer", "trainer_gpu")
 # import it); the check-parameters step runs in the data_prep image. components/serve runs in no
 # image: `make serve` runs it here, KServe's own TensorFlow runtime on a cluster.
 PROGRAMS = {
-    "data_prep": ("components.data_prep", "components.common.params"),
+    "data_prep": ("components.data_prep", "components.common.declare"),
     "trainer": ("components.train",),
     "trainer_gpu": ("components.train",),
     "evaluate": ("components.evaluate",),

@@ -28,7 +28,7 @@ def run_step(body: str) -> subprocess.CompletedProcess:
     [
         ("from components.data_prep.sources import fetch; fetch('/nonexistent/mnist.npz')",
          "FAILED: /nonexistent/mnist.npz: not found"),
-        ("from components.common.params import check; from pipeline.checks import "
+        ("from components.common.declare import check; from pipeline.checks import "
          "PIPELINE_PARAMETERS; check(PIPELINE_PARAMETERS, {'workers': 0}, 'pipeline parameters')",
          "FAILED: invalid pipeline parameters: workers must be >= 1, got 0"),
     ],

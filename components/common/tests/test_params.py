@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from components.common.declare import is_positive_quantity
-from components.common.params import (
+from components.common.declare import (
     data_sha256_problem,
     data_source_problem,
+    is_positive_quantity,
     joint_problems,
     problems,
 )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common import defaults
-from components.common.params import elastic_backend_problem
+from components.common.declare import elastic_backend_problem
 from components.train.cluster import pods
 from components.train.cluster.crd import Crd
 from components.train.cluster.job import (
