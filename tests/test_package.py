@@ -23,7 +23,7 @@ import sys
 before = set(sys.modules)
 import json, tempfile
 from pathlib import Path
-import pipeline.cli, pipeline.ops, pipeline.render_cli, pipeline.local_run
+import pipeline.cli, pipeline.local_run
 from pipeline.build import compile_pipeline
 with tempfile.TemporaryDirectory() as tmp:
     compile_pipeline(str(Path(tmp) / "pipeline.yaml"), None, None)
