@@ -16,18 +16,14 @@ from components.common.defaults import IMAGE_SHAPE, SERVE_MAX_BATCH
 from components.common.model_files import load_serving
 
 
-def expected_shape(max_batch: int) -> str:
-    """The request a predictor takes, in words (every 400 says it)."""
+def to_batch(payload: Any, max_batch: int) -> np.ndarray:
+    """The request's instances as a float32 ``(n, 28, 28)`` array, else InvalidInput (400)
+    naming the expected shape."""
     rows, cols = IMAGE_SHAPE
-    return (
+    want = (
         f'expected {{"instances": [...]}} of shape (n, {rows}, {cols}), 1 <= n <= {max_batch}: '
         f"n raw {rows}x{cols} digits, pixel values 0..255"
     )
-
-
-def to_batch(payload: Any, max_batch: int) -> np.ndarray:
-    """The request's instances as a float32 ``(n, 28, 28)`` array, else InvalidInput (400)."""
-    want = expected_shape(max_batch)
     if not isinstance(payload, dict):
         raise InvalidInput(
             f"the body is not a JSON object (send it with Content-Type: application/json): {want}"
