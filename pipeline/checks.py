@@ -15,9 +15,14 @@ from components.register.step import REGISTER_PARAMETERS
 from components.train.config import PIPELINE_TRAIN_PARAMETERS
 from components.train.step import TRAIN_STEP_PARAMETERS
 
-PIPELINE_PARAMETERS: list[Declared] = [
-    *PIPELINE_TRAIN_PARAMETERS, *TRAIN_STEP_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS,
-]  # fmt: skip
+# In the order of the pipeline's signature, under their docs/parameters.md headings.
+GROUPS = (
+    ("The trainer (`TrainConfig`, components/train/config.py)", PIPELINE_TRAIN_PARAMETERS),
+    ("The train step (`TrainStep`, components/train/step.py)", TRAIN_STEP_PARAMETERS),
+    ("Data prep (`PrepStep`, components/data_prep/step.py)", PREP_PARAMETERS),
+    ("Register (`RegisterStep`, components/register/step.py)", REGISTER_PARAMETERS),
+)
+PIPELINE_PARAMETERS: list[Declared] = [p for _, group in GROUPS for p in group]
 
 
 class Checked(NamedTuple):
@@ -40,12 +45,6 @@ def check_step(images: str, **values: Any) -> Checked:
 
 def parameters_markdown() -> str:
     """docs/parameters.md, from the declarations (a test keeps the two in step)."""
-    groups = (
-        ("The trainer (`TrainConfig`, components/train/config.py)", PIPELINE_TRAIN_PARAMETERS),
-        ("The train step (`TrainStep`, components/train/step.py)", TRAIN_STEP_PARAMETERS),
-        ("Data prep (`PrepStep`, components/data_prep/step.py)", PREP_PARAMETERS),
-        ("Register (`RegisterStep`, components/register/step.py)", REGISTER_PARAMETERS),
-    )
     lines = [
         "# Pipeline parameters",
         "",
@@ -53,7 +52,7 @@ def parameters_markdown() -> str:
         " Each parameter has this name everywhere: the pipeline, the step's input, the check "
         "step's rule, the trainer's or the CLI's `--<name-with-dashes>`.",
     ]
-    for title, group in groups:
+    for title, group in GROUPS:
         lines += ["", f"## {title}", "", "| parameter | type | default | |", "|---|---|---|---|"]
         for p in group:
             default = "" if p.required else f"`{p.default!r}`"

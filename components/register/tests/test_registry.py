@@ -89,9 +89,8 @@ class Poller:
         self.loaded: set[int] = set()
         self.alias_accuracies: list[float] = []
         self.serving: list[list[int]] = []
-        self._done, self._errors = threading.Event(), []  # type: ignore[var-annotated]
-        self._thread = threading.Thread(target=self._run)
-        self._thread.start()
+        self._done, self._pool = threading.Event(), ThreadPoolExecutor(1)
+        self._polling = self._pool.submit(self._run)
 
     def poll(self) -> None:
         for version in set(self.store.published_versions()) - self.loaded:
@@ -107,18 +106,15 @@ class Poller:
         self.serving.append(self.folder.versions())
 
     def _run(self) -> None:
-        try:
-            while not self._done.is_set():
-                self.poll()
-            self.poll()  # once more after the last write
-        except BaseException as exc:  # reported by stop()
-            self._errors.append(exc)
+        while not self._done.is_set():
+            self.poll()
+        self.poll()  # once more after the last write
 
     def stop(self) -> None:
         """Stop polling; raise what the poller saw go wrong."""
         self._done.set()
-        self._thread.join(timeout=600)
-        assert not self._errors, self._errors
+        self._polling.result(timeout=600)
+        self._pool.shutdown()
 
 
 def test_concurrent_registrations(
