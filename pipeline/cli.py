@@ -1,10 +1,6 @@
-"""The ``python -m pipeline`` command line: one click group. Operating on KFP is in `pipeline.ops`.
-
-Options made from declared parameters (`components.common.declare`) are ``--<name-with-dashes>``
-with the declaration's type, default, choices and help. The render commands print the exact
-manifests the train step would submit, or the InferenceService of a registry's alias, validated
-against their CRDs, without touching a cluster.
-"""
+"""The ``python -m pipeline`` command line: one click group (operating on KFP: `pipeline.ops`).
+The render commands print validated manifests (the train step's jobs, the InferenceService of a
+registry's alias) without touching a cluster."""
 
 from __future__ import annotations
 
