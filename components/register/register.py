@@ -94,8 +94,7 @@ class Candidate:
     def __post_init__(self) -> None:
         if not self.run_id.strip():
             raise ValueError("pipeline_run_id is empty")
-        check_name("model name", self.model_name)
-        check_name("alias", self.alias)
+        check_name("alias", self.alias)  # the model name: by ModelStore
         _check_score("accuracy", self.accuracy, 1.0)
         _check_score("loss", self.loss, None)
         _check_score("min_accuracy", self.min_accuracy, 1.0)

@@ -35,7 +35,7 @@ LEASE_SECONDS = 120.0
 
 
 class ServingFolder:
-    """The serving folder of `alias` in `store` (`lease_s`, `clock` and `sleep` for tests)."""
+    """The serving folder of `alias` in `store` (`lease_s` and `clock` for tests)."""
 
     def __init__(
         self,
@@ -43,11 +43,10 @@ class ServingFolder:
         alias: str = PRODUCTION_ALIAS,
         lease_s: float | None = None,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store, self.alias = store, check_name("alias", alias)
         self.lease_s = LEASE_SECONDS if lease_s is None else lease_s
-        self.clock, self.sleep = clock, sleep
+        self.clock = clock
 
     @property
     def uri(self) -> str:
@@ -154,7 +153,7 @@ class ServingFolder:
         while not self._take(holder):
             if self.clock() > deadline:
                 raise RegistryError(f"{self.lease_uri}: still held after {self.lease_s:.0f} s")
-            self.sleep(0.05 + random.random() * 0.2)
+            time.sleep(0.05 + random.random() * 0.2)
         try:
             yield
         finally:
