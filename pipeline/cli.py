@@ -21,13 +21,14 @@ from pipeline.ops import COMMANDS as OPS_COMMANDS
 def declared_options(params: Sequence[Declared], overrides: dict[str, Any] | None = None) -> Any:
     """One option per parameter, in the order declared (`overrides` replacing the declared
     defaults by name); a switch for a bool."""
+    overrides = overrides or {}
 
     def apply(func: Callable[..., Any]) -> Callable[..., Any]:
         for p in reversed(params):
             flag = f"{p.flag}/--no-{p.flag[2:]}" if p.type is bool else p.flag
             kind = click.Choice(list(p.rule.choices)) if p.rule.choices else p.type
-            default = (overrides or {}).get(p.name, p.default)
-            if p.required and p.name not in (overrides or {}):
+            default = overrides.get(p.name, p.default)
+            if p.required and p.name not in overrides:
                 func = click.option(flag, p.name, type=kind, required=True, help=p.help)(func)
             else:
                 func = click.option(flag, p.name, type=kind, default=default, help=p.help,
