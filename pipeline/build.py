@@ -13,11 +13,8 @@ from pipeline.pipeline import build_pipeline
 def compile_pipeline(
     output_path: str | Path, image_registry: str | None = None, image_tag: str | None = None
 ) -> Path:
-    """Write the compiled pipeline to `output_path` and return it.
-
-    Images default to ``components.common.defaults`` (tagged with the package version); the
-    output depends on nothing else: not on who compiles it or their environment.
-    """
+    """Write the compiled pipeline to `output_path` (atomically) and return it; images default
+    to ``components.common.defaults``, and nothing else (who compiles, where) changes it."""
     output = Path(output_path)
     output.parent.mkdir(parents=True, exist_ok=True)
     pipeline_func = build_pipeline(image_refs(image_registry, image_tag))

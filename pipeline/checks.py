@@ -1,11 +1,6 @@
-"""The pipeline's parameters, gathered from the steps' declarations, and its check step.
-
-`PIPELINE_PARAMETERS` is the pipeline's signature: the trainer's (`TrainConfig`), the train
-step's (`TrainStep`), data prep's and register's declared parameters, in that order. The check
-step (`check_step`, first in every run) refuses bad values before any work, naming each, and
-chooses the trainer's image; `parse_arguments` types and checks the same way the ``NAME=VALUE``
-arguments ``python -m pipeline submit | schedule`` send.
-"""
+"""The pipeline's parameters, in the order of its signature, from the steps' declarations; the
+check step, first in every run, which refuses bad values before any work; and the same checks
+for the ``NAME=VALUE`` arguments ``python -m pipeline submit | schedule`` send."""
 
 from __future__ import annotations
 
@@ -20,9 +15,14 @@ from components.register.step import REGISTER_PARAMETERS
 from components.train.config import PIPELINE_TRAIN_PARAMETERS
 from components.train.step import TRAIN_STEP_PARAMETERS
 
-PIPELINE_PARAMETERS: list[Declared] = [
-    *PIPELINE_TRAIN_PARAMETERS, *TRAIN_STEP_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS,
-]  # fmt: skip
+# In the order of the pipeline's signature, under their docs/parameters.md headings.
+GROUPS = (
+    ("The trainer (`TrainConfig`, components/train/config.py)", PIPELINE_TRAIN_PARAMETERS),
+    ("The train step (`TrainStep`, components/train/step.py)", TRAIN_STEP_PARAMETERS),
+    ("Data prep (`PrepStep`, components/data_prep/step.py)", PREP_PARAMETERS),
+    ("Register (`RegisterStep`, components/register/step.py)", REGISTER_PARAMETERS),
+)
+PIPELINE_PARAMETERS: list[Declared] = [p for _, group in GROUPS for p in group]
 
 
 class Checked(NamedTuple):
@@ -34,8 +34,8 @@ class Checked(NamedTuple):
 
 
 def check_step(images: str, **values: Any) -> Checked:
-    """Raise ValueError naming every bad parameter; else choose the trainer's image
-    (`defaults.trainer_image`) from the compiled `images` (JSON)."""
+    """Raise ValueError naming every bad parameter; else choose the trainer's image from the
+    compiled `images` (JSON)."""
     declare.check(PIPELINE_PARAMETERS, values, "pipeline parameters")
     gpus = values["gpus_per_worker"]
     image = defaults.trainer_image(gpus, json.loads(images), values["trainer_image"])
@@ -44,14 +44,7 @@ def check_step(images: str, **values: Any) -> Checked:
 
 
 def parameters_markdown() -> str:
-    """docs/parameters.md: every pipeline parameter, its type, default and help, from the
-    declarations (a test keeps the file in step with them)."""
-    groups = (
-        ("The trainer (`TrainConfig`, components/train/config.py)", PIPELINE_TRAIN_PARAMETERS),
-        ("The train step (`TrainStep`, components/train/step.py)", TRAIN_STEP_PARAMETERS),
-        ("Data prep (`PrepStep`, components/data_prep/step.py)", PREP_PARAMETERS),
-        ("Register (`RegisterStep`, components/register/step.py)", REGISTER_PARAMETERS),
-    )
+    """docs/parameters.md, from the declarations (a test keeps the two in step)."""
     lines = [
         "# Pipeline parameters",
         "",
@@ -59,7 +52,7 @@ def parameters_markdown() -> str:
         " Each parameter has this name everywhere: the pipeline, the step's input, the check "
         "step's rule, the trainer's or the CLI's `--<name-with-dashes>`.",
     ]
-    for title, group in groups:
+    for title, group in GROUPS:
         lines += ["", f"## {title}", "", "| parameter | type | default | |", "|---|---|---|---|"]
         for p in group:
             default = "" if p.required else f"`{p.default!r}`"
@@ -68,9 +61,8 @@ def parameters_markdown() -> str:
 
 
 def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
-    """Pipeline arguments from ``NAME=VALUE`` strings, each converted to its declared type and
-    checked by the check step's rules (the declared defaults standing in for the rest); raise
-    ValueError naming what is wrong."""
+    """Pipeline arguments from ``NAME=VALUE`` strings, typed by their declarations and checked
+    by the check step's rules (with the declared defaults); ValueError naming what is wrong."""
     import click  # the CLI's converters (not loaded by the check step)
 
     declared = {p.name: p for p in PIPELINE_PARAMETERS}

@@ -1,19 +1,41 @@
-"""The ``python -m pipeline`` command line: one click group. Compiling, running locally and the
-parameters page are here; rendering the cluster jobs, operating on KFP and serving have a
-module each (`pipeline.render_cli`, `pipeline.ops`, `pipeline.serve_cli`)."""
+"""The ``python -m pipeline`` command line: one click group (operating on KFP: `pipeline.ops`).
+The render commands print validated manifests (the train step's jobs, the InferenceService of a
+registry's alias) without touching a cluster."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import click
 
-from components.common import defaults
+from components.common import defaults, storage
+from components.common.declare import Declared, declared
 from components.data_prep.step import PREP_PARAMETERS
 from components.register.step import REGISTER_PARAMETERS
-from components.train.config import PIPELINE_TRAIN_PARAMETERS
-from pipeline.cli_options import declared_options
+from components.train.config import PIPELINE_TRAIN_PARAMETERS, TRAIN_PARAMETERS
+from components.train.step import TrainStep
 from pipeline.ops import COMMANDS as OPS_COMMANDS
-from pipeline.render_cli import render_mpijob, render_trainjob
-from pipeline.serve_cli import COMMANDS as SERVE_COMMANDS
+
+
+def declared_options(params: Sequence[Declared], overrides: dict[str, Any] | None = None) -> Any:
+    """One option per parameter, in the order declared (`overrides` replacing the declared
+    defaults by name); a switch for a bool."""
+    overrides = overrides or {}
+
+    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
+        for p in reversed(params):
+            flag = f"{p.flag}/--no-{p.flag[2:]}" if p.type is bool else p.flag
+            kind = click.Choice(list(p.rule.choices)) if p.rule.choices else p.type
+            default = overrides.get(p.name, p.default)
+            if p.required and p.name not in overrides:
+                func = click.option(flag, p.name, type=kind, required=True, help=p.help)(func)
+            else:
+                func = click.option(flag, p.name, type=kind, default=default, help=p.help,
+                                    show_default=True)(func)  # fmt: skip
+        return func
+
+    return apply
 
 
 @click.command("compile")
@@ -63,10 +85,165 @@ def parameters_command() -> None:
     click.echo(parameters_markdown(), nl=False)
 
 
+EXAMPLE_BUCKET = "gs://YOUR_BUCKET/kfp-horovod"
+# The trainer's fields, less its URIs (options of their own, defaulting to the example bucket).
+TRAINER_OPTIONS = [p for p in TRAIN_PARAMETERS if p.name not in ("data", "output", "model_dir")]
+
+
+def step_options(backend: str) -> list[Declared]:
+    """The train step's and the run's declared fields the render command of `backend` takes:
+    all but the backend, the namespace (an option of its own) and what it refuses."""
+    from components.train.cluster.job import CLUSTER_JOB_PARAMETERS
+    from components.train.cluster.job import backend as backend_of
+
+    skip = ("training_backend", "namespace", *backend_of(backend).refused)
+    return [*CLUSTER_JOB_PARAMETERS, *(p for p in declared(TrainStep) if p.name not in skip)]
+
+
+def render(backend: str, namespace: str | None, crd_dir: str | None, data: str | None,
+           output: str | None, model_dir: str | None, image_registry: str, image_tag: str,
+           **options: Any) -> str:  # fmt: skip
+    """The validated manifests of `backend` for the command's options, as YAML documents;
+    ValueError lists every bad option at once."""
+    import yaml
+
+    from components.train.cluster import job
+    from components.train.config import TrainConfig
+
+    data = data or storage.join(EXAMPLE_BUCKET, "data")
+    output = output or storage.join(EXAMPLE_BUCKET, "runs", options["run_name"])
+    trainer = {p.name: options.pop(p.name) for p in TRAINER_OPTIONS}
+    run = {p.name: options.pop(p.name) for p in job.CLUSTER_JOB_PARAMETERS}
+    images = defaults.image_refs(image_registry, image_tag)
+    options["trainer_image"] = defaults.trainer_image(
+        trainer["gpus_per_worker"], images, options["trainer_image"]
+    )
+    try:
+        train = TrainConfig(data=data, output=output, model_dir=model_dir, **trainer)
+    except ValueError as exc:
+        raise ValueError("; ".join([str(exc), *job.uri_problems(data, output, model_dir)])) from exc
+    params = job.ClusterJobParams(train=train, step=TrainStep(**options), **run)
+    manifests = job.validated(job.backend(backend), params, namespace, crd_dir)
+    return yaml.safe_dump_all(manifests, sort_keys=False, default_flow_style=False)
+
+
+def render_command(backend: str, what: str) -> click.Command:
+    """The click command ``render-<backend>``, which prints `what`."""
+
+    @click.command(f"render-{backend}", help=f"Print {what} the train step would submit, as "
+                   "YAML, without a cluster.")  # fmt: skip
+    @click.option("--namespace", default=None, help="Set metadata.namespace.")
+    @click.option("--data", default=None, help="gs:// dataset [<bucket>/data].")
+    @click.option("--output", default=None, help="gs:// output [<bucket>/runs/<run>].")
+    @click.option("--model-dir", default=None, help="gs:// model dir [<output>/model].")
+    @click.option("--image-registry", default=defaults.DEFAULT_IMAGE_REGISTRY, show_default=True)
+    @click.option("--image-tag", default=defaults.PACKAGE_VERSION, show_default=True)
+    @click.option(
+        "--crd-dir", default=None, type=click.Path(exists=True, file_okay=False),
+        help="Folder of the CRD files [deploy/crd/...].",
+    )  # fmt: skip
+    @declared_options(TRAINER_OPTIONS)
+    @declared_options(step_options(backend), {"run_name": "dry-run"})
+    def command(**options: Any) -> None:
+        try:
+            click.echo(render(backend, **options), nl=False)
+        except ValueError as exc:  # ManifestError too
+            raise click.UsageError(str(exc)) from exc
+
+    return command
+
+
+def registry_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The serving folder's options: the registry, the model and its alias."""
+    func = click.option("--alias", default=defaults.PRODUCTION_ALIAS, show_default=True)(func)
+    func = click.option("--model-name", default=defaults.MODEL_NAME, show_default=True)(func)
+    help_text = "The pipeline's registry_root (gs://; local too for sync-serving)."
+    return click.option("--registry-root", required=True, help=help_text)(func)
+
+
+def _serving_folder(registry_root: str, model_name: str, alias: str) -> Any:
+    from components.register.registry import ModelStore
+    from components.register.serving import ServingFolder
+
+    return ServingFolder(ModelStore(registry_root, model_name), alias)
+
+
+@click.command("render-inferenceservice")
+@registry_options
+@click.option("--name", default=None, help="The InferenceService's name [the model name].")
+@click.option("--namespace", default=None, help="Set metadata.namespace.")
+@click.option("--service-account", default=defaults.TRAINER_SERVICE_ACCOUNT, show_default=True,
+              help="The predictor's KSA (Workload Identity: reads the bucket).")  # fmt: skip
+@click.option("--gpus", type=int, default=0, show_default=True, help="nvidia.com/gpu per pod.")
+@click.option("--cpu", default="1", show_default=True, help="CPU per pod (requests = limits).")
+@click.option("--memory", default="2Gi", show_default=True, help="Memory per pod.")
+@click.option("--node-selector", default=None, help="JSON object of node label -> value.")
+@click.option("--tolerations", default=None, help="JSON list of Kubernetes tolerations.")
+@click.option("--poll-seconds", type=int, default=30, show_default=True,
+              help="TF Serving re-reads the folder this often (0: at pod start only).")  # fmt: skip
+@click.option("--runtime-version", default=None,
+              help="TF Serving's image tag (a -gpu one with --gpus) [KServe's].")  # fmt: skip
+@click.option("--crd", "crd_path", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="CRD file [deploy/crd/kserve/...].")  # fmt: skip
+def render_inferenceservice(
+    registry_root: str, model_name: str, alias: str, name: str | None, crd_path: str | None,
+    **options: Any,
+) -> None:  # fmt: skip
+    """Print the KServe InferenceService that serves the alias's serving folder, as YAML (a dry
+    run: it reads the alias, writes nothing)."""
+    import yaml
+
+    from components.register.registry import RegistryError
+    from components.serve import inferenceservice as isvc
+    from components.train.cluster.crd import ManifestError
+
+    try:
+        folder = _serving_folder(registry_root, model_name, alias)
+        manifest = isvc.build_inferenceservice(name or model_name, folder.uri, **options)
+        version = folder.alias_version()
+        if version is None:
+            raise ValueError(
+                f"alias {alias!r} does not exist for model {model_name!r} in {registry_root}: "
+                "no version to serve (a registration that beats the champion sets it)"
+            )
+        isvc.validate_inferenceservice(manifest, crd_path)
+    except (ValueError, ManifestError, RegistryError, FileNotFoundError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    if not folder.matches(version):
+        sync = f"python -m pipeline sync-serving --registry-root {registry_root}"
+        click.echo(
+            f"note: {folder.uri} does not hold version {version} alone yet: run {sync}", err=True
+        )
+    click.echo(yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False), nl=False)
+
+
+@click.command("sync-serving")
+@registry_options
+def sync_serving(registry_root: str, model_name: str, alias: str) -> None:
+    """Make the alias's serving folder hold exactly the alias's version (repairs a registration
+    that stopped between moving the alias and publishing it)."""
+    from components.register.registry import RegistryError
+
+    try:
+        folder = _serving_folder(registry_root, model_name, alias)
+        version = folder.sync()
+    except (ValueError, RegistryError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if version is None:
+        raise click.ClickException(
+            f"alias {alias!r} does not exist for model {model_name!r} in {registry_root}: "
+            f"{folder.uri} left as it is"
+        )
+    click.echo(f"{folder.uri} holds version {version}, the one {alias!r} names")
+
+
 @click.group(
     context_settings={"help_option_names": ["-h", "--help"]},
-    commands=[compile_command, run_local_command, parameters_command, render_mpijob,
-              render_trainjob, *OPS_COMMANDS, *SERVE_COMMANDS],
+    commands=[compile_command, run_local_command, parameters_command,
+              render_command("mpijob", "the MPIJob manifest"),
+              render_command("trainjob", "the TrainingRuntime and the TrainJob (Kubeflow "
+                             "Trainer v2)"),
+              render_inferenceservice, sync_serving, *OPS_COMMANDS],
 )  # fmt: skip
 def cli() -> None:
     """Compile, run locally, render the cluster job, and operate the pipeline on a KFP cluster."""

@@ -1,8 +1,5 @@
-"""The embedded default: the whole pipeline on this machine with ``kfp.local``.
-
-Each component runs as a local subprocess (``SubprocessRunner``), the training step as
-``horovodrun -np workers`` on localhost, and local disk stands in for GCS.
-"""
+"""The whole pipeline on this machine with ``kfp.local``: each step a subprocess (or a
+container), training as ``horovodrun`` on localhost, local disk for GCS; a quiet console."""
 
 from __future__ import annotations
 
@@ -39,11 +36,9 @@ class LocalRun:
     log: Path | None = None  # everything kfp.local and the steps printed
 
     def artifact(self, task: str, name: str) -> str:
-        """The URI of output artifact `name` of `task`."""
         return str(self.outputs[task]["artifacts"][name]["artifacts"][0]["uri"])
 
     def parameter(self, task: str, name: str) -> Any:
-        """The value of output parameter `name` of `task`."""
         return self.outputs[task]["parameterValues"][name]
 
     def report_lines(self) -> list[str]:
@@ -75,15 +70,12 @@ class LocalRun:
 def run_pipeline_locally(
     root: str | Path = "runs", docker_images: tuple[str, str] | None = None, **params: Any
 ) -> LocalRun:
-    """Run the pipeline with kfp.local under `root` and return where everything went.
+    """Run the pipeline with kfp.local under `root`; return where everything went.
 
-    `params` are pipeline parameters; ``registry_root`` defaults to ``<root>/registry`` and
-    ``training_backend`` to ``local`` (the compiled pipeline's default, ``auto``, picks the job
-    operator of a cluster).
-    Parameters are checked before anything runs, and a ``model`` entry point is built once
-    here when the steps run in this environment (with `docker_images`, the train step checks
-    it in the trainer image before starting horovodrun). With `docker_images` = ``(registry,
-    tag)`` every step runs in its image (``kfp.local.DockerRunner``), else in this environment.
+    `params` are pipeline parameters, checked before anything runs (``registry_root`` defaults
+    to ``<root>/registry``, ``training_backend`` to ``local``: the compiled default, ``auto``,
+    needs a cluster). With `docker_images` = ``(registry, tag)`` every step runs in its image
+    (``DockerRunner``, the train step building the ``model`` there), else in this environment.
     """
     import kfp.local
 
@@ -144,8 +136,7 @@ TRACEBACK = "Traceback (most recent call last):"
 
 class RunFailed(RuntimeError):
     """A local run stopped: `step` (or '' before any step) failed with `reason`; `log` holds
-    everything it printed. Its message is the console's last line but one, ``FAILED: step
-    '<name>': <reason>``."""
+    everything it printed."""
 
     def __init__(self, step: str, reason: str, log: Path) -> None:
         self.step, self.reason, self.log = step, reason, log
@@ -153,9 +144,8 @@ class RunFailed(RuntimeError):
 
 
 class _Tee(io.TextIOBase):
-    """Every line to `log`; the lines `SHOWN` matches also to `console`. Keeps which task runs
-    and how it said it failed: its ``FAILED:`` line (`components.common.failure`), else the
-    last line of its traceback."""
+    """Every line to `log`, the lines `SHOWN` matches also to `console`; keeps which task runs and
+    how it said it failed: its ``FAILED:`` line, else its traceback's last line."""
 
     def __init__(self, log: TextIO, console: TextIO) -> None:
         self.log, self.console, self.pending = log, console, ""
@@ -186,8 +176,7 @@ class _Tee(io.TextIOBase):
             self.exception, self.traceback_indent = text, None
 
     def reason(self, exc: BaseException) -> str:
-        """Why the run stopped: the task's ``FAILED:`` line, else its last exception line,
-        else `exc` (an error of the run itself)."""
+        """Why the run stopped: the task's own words, else `exc` (an error of the run itself)."""
         if self.task and self.failed:
             return self.failed
         if self.task and self.exception:
@@ -201,9 +190,9 @@ class _Tee(io.TextIOBase):
 
 @contextlib.contextmanager
 def quiet_console(log_path: Path) -> Iterator[None]:
-    """Send what kfp.local and the steps print to `log_path`, and only the lines that matter to
-    the console (`SHOWN`). On failure the console ends with ``FAILED: step '<name>':
-    <reason>`` and the log's path, and `RunFailed` is raised (the traceback goes to the log)."""
+    """Everything printed to `log_path`, only `SHOWN` lines to the console; on failure the
+    console ends with ``FAILED: step '<name>': <reason>`` and the log's path, and `RunFailed`
+    is raised (the traceback goes to the log)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     console = sys.stdout
     with log_path.open("w") as log, warnings.catch_warnings():
@@ -226,11 +215,8 @@ def quiet_console(log_path: Path) -> Iterator[None]:
 
 
 def _share_with_image_user(pipeline_root: Path, registry_root: Path) -> None:
-    """DockerRunner mounts only the pipeline root, and the images run as a non-root user.
-
-    So the registry must live inside the pipeline root, and both must be writable by the
-    images' user (uid 1000, whatever uid runs this).
-    """
+    """DockerRunner mounts only the pipeline root, and the images run as uid 1000: the registry
+    must be inside the pipeline root, and both writable by that user."""
     registry_root = registry_root.resolve()
     if not registry_root.is_relative_to(pipeline_root):
         raise ValueError(

@@ -21,7 +21,6 @@ import click
 from components import __version__
 from components.common import defaults
 from pipeline.checks import parse_arguments
-from pipeline.cli_options import options
 
 MAX_CONSECUTIVE_POLL_ERRORS = 3  # transient (5xx, network) errors in a row a wait tolerates
 
@@ -36,7 +35,6 @@ class OpsError(click.ClickException):
 
 
 def _arguments(_ctx: Any, _option: Any, pairs: Sequence[str]) -> dict[str, Any]:
-    """--param's callback: the pipeline arguments, typed and checked, or one line."""
     try:
         return parse_arguments(pairs)
     except ValueError as exc:
@@ -85,8 +83,7 @@ def _cron_value(field: str, text: str, low: int, high: int, names: Sequence[str]
 
 
 def validate_cron(expression: str) -> str:
-    """`expression` normalised if it is a 6-field KFP cron expression, e.g. ``0 0 2 * * *``
-    (fields: ``*``, ``?`` in the day fields, numbers, names, ranges, ``/steps``, lists)."""
+    """`expression` normalised if it is a 6-field KFP cron expression, e.g. ``0 0 2 * * *``."""
     fields = expression.split()
     if len(fields) != 6:
         hint = f"; KFP cron has a leading seconds field, did you mean '0 {' '.join(fields)}'?"
@@ -170,12 +167,12 @@ def wait_for_run(client: Any, run_id: str, timeout: float, poll_interval: float 
         time.sleep(max(0.0, min(poll_interval, deadline - time.monotonic())))
 
 
-connection = options(
-    click.option("--host", envvar="KF_PIPELINES_ENDPOINT", show_envvar=True, help="KFP API."),
-    click.option("--namespace", envvar="KF_PIPELINES_NAMESPACE", show_envvar=True),
-    click.option("--token", envvar="KF_PIPELINES_TOKEN", show_envvar=True),
-    click.option("--sa-token-path", envvar="KF_PIPELINES_SA_TOKEN_PATH", show_envvar=True),
-)
+def connection(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`connect`'s options, each also read from kfp's own environment variable."""
+    for option, envvar in [("--sa-token-path", "SA_TOKEN_PATH"), ("--token", "TOKEN"),
+                           ("--namespace", "NAMESPACE"), ("--host", "ENDPOINT")]:  # fmt: skip
+        func = click.option(option, envvar=f"KF_PIPELINES_{envvar}", show_envvar=True)(func)
+    return func
 
 
 def connect(host: str | None, namespace: str | None, token: str | None,
@@ -202,8 +199,8 @@ experiment_option = click.option("--experiment", default="Default", show_default
 
 def _target(client: Any, package: str | None, pipeline: str, version: str | None,
             experiment: str) -> dict[str, Any]:  # fmt: skip
-    """What a run or schedule runs (the package, or the uploaded `version` of `pipeline`) and
-    the id of its `experiment` (created when missing)."""
+    """What a run or schedule runs (the package, or the uploaded `version` of `pipeline`), and
+    in which `experiment` (created when missing)."""
     target: dict[str, Any] = {"pipeline_package_path": package or "build/pipeline.yaml"}
     if version is not None:
         pid, found = find_version(client, pipeline, version)

@@ -1,8 +1,6 @@
 """The KFP v2 pipeline: check -> data prep -> Horovod training -> evaluation -> registration.
-
-Its parameters are the steps' declared parameters (`pipeline.checks.PIPELINE_PARAMETERS`): each
-is passed by its own name to every step that takes it.
-"""
+Its parameters are the steps' declared ones (`pipeline.checks.PIPELINE_PARAMETERS`), each passed
+by its own name to every step that takes it."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ PIPELINE_DESCRIPTION = (
 
 
 def make_check_component(image: str) -> dsl.base_component.BaseComponent:
-    """The check step: every pipeline parameter (and the compiled image references) in,
-    the chosen trainer image and the train step's GPUs out (`pipeline.checks.check_step`)."""
+    """The check step (`pipeline.checks.check_step`) as a KFP component."""
     signature = [(p.name, p.type.__name__) for p in PIPELINE_PARAMETERS] + [("images", "str")]
     returns = 'NamedTuple("Checked", [("trainer_image", str), ("train_step_gpus", int)])'
     func = kfp_function(
@@ -42,21 +39,6 @@ def make_check_component(image: str) -> dsl.base_component.BaseComponent:
         "Fail the run before any work if a parameter is bad; choose the trainer's image.",
     )  # fmt: skip
     return dsl.component(base_image=image, install_kfp_package=False)(func)
-
-
-def _signature() -> inspect.Signature:
-    """The pipeline function's signature: every declared pipeline parameter, with its default."""
-    return inspect.Signature(
-        [
-            inspect.Parameter(
-                p.name,
-                inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                default=p.default,
-                annotation=p.type,
-            )  # fmt: skip
-            for p in PIPELINE_PARAMETERS
-        ]
-    )
 
 
 def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Callable[..., Any]:
@@ -71,7 +53,11 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
     prep_op, train_op = make_data_prep(images["data_prep"]), make_train(images["trainer"])
     evaluate_op, register_op = make_evaluate(images["evaluate"]), make_register(images["register"])
     images_json = json.dumps(images, sort_keys=True)
-    signature = _signature()
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [inspect.Parameter(p.name, kind, default=p.default, annotation=p.type)
+         for p in PIPELINE_PARAMETERS]
+    )  # fmt: skip
 
     def mnist_horovod(*args: Any) -> None:
         values = dict(zip(signature.parameters, args, strict=True))

@@ -1,11 +1,7 @@
-"""A stand-in for the KFP v2beta1 REST API, for tests/test_ops.py.
-
-A KFP API server needs a cluster, which these tests do not have. So this serves, in memory over
-real HTTP on 127.0.0.1, only the calls ``pipeline.ops`` makes through the real ``kfp.Client``:
-look up and create pipelines, upload and list versions, find or create an experiment, create
-and get runs, create recurring runs. It records every request, answers chosen ones with an error
-status (with a JSON body like KFP's), and plays a scripted list of states to each run. It fills
-in only the fields the client reads; it is not a re-implementation of KFP.
+"""A stand-in for the KFP v2beta1 REST API (a real one needs a cluster), for tests/test_ops.py:
+in memory over real HTTP on 127.0.0.1, only the calls ``pipeline.ops`` makes through the real
+``kfp.Client``, with only the fields the client reads. It records every request, answers chosen
+ones with an error status (a JSON body like KFP's), and plays scripted states to each run.
 """
 
 from __future__ import annotations
@@ -25,8 +21,6 @@ API = "/apis/v2beta1"
 
 @dataclass
 class Request:
-    """One request the stand-in received (`path` without the API prefix)."""
-
     method: str
     path: str
     query: dict[str, str]
@@ -38,8 +32,6 @@ class Request:
 
 
 class KfpStandin:
-    """The in-memory API; a context manager serving on `url`."""
-
     def __init__(self) -> None:
         self.pipelines: list[dict[str, Any]] = []
         self.versions: list[dict[str, Any]] = []
@@ -103,7 +95,6 @@ class KfpStandin:
         self.run_states, self.task_details = states, task_details or []
 
     def calls(self, method: str, path: str) -> list[Request]:
-        """The `method` requests whose path fully matches `path`."""
         return [r for r in self.requests if r.method == method and re.fullmatch(path, r.path)]
 
     def seed(self, pipeline: str, *versions: str) -> str:
@@ -149,7 +140,7 @@ class KfpStandin:
 
     @staticmethod
     def _list(items: list[dict[str, Any]], request: Request, key: str) -> dict[str, Any]:
-        """`items` filtered as KFP does by the request's EQUALS predicates."""
+        """`items` filtered by the request's EQUALS predicates."""
         predicates = json.loads(request.query.get("filter", "{}")).get("predicates", [])
         wanted = [(p["key"], p["stringValue"]) for p in predicates]
         return {key: [i for i in items if all(i.get(k) == v for k, v in wanted)]}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("kfp", "kubernetes", "jsonschema")
+HEAVY = ("kfp", "kubernetes", "jsonschema", "kserve", "tensorflow")
 PROBE = """
 import runpy, sys
 sys.argv = ["pipeline", *{args!r}]
@@ -29,6 +29,7 @@ print("HEAVY=" + ",".join(m for m in {heavy!r} if m in sys.modules), "EXIT=" + s
         (["compile", "--help"], [], HEAVY),
         (["render-mpijob", "--help"], [], HEAVY),
         (["submit", "--help"], [], HEAVY),  # the operations import kfp when they run
+        (["render-inferenceservice", "--help"], [], HEAVY),
         (["render-mpijob", "--workers", "2"], ["jsonschema"], ["kfp"]),  # the probe sees them
     ],
 )
@@ -43,12 +44,15 @@ def test_a_command_loads_only_what_it_needs(args: list[str], present: list, abse
 
 
 def test_the_cluster_package_exports_nothing_eagerly() -> None:
-    """Nor do the backend modules and the trainer's config load the heavy modules on import."""
+    """Nor do the backend modules, the trainer's config and the serve modules load the heavy
+    modules on import: KServe and TensorFlow load only in ``python -m components.serve``."""
     proc = subprocess.run(
         [sys.executable, "-c", "import sys, components.train.cluster as m; "
          "assert not [n for n in vars(m) if not n.startswith('__')], vars(m); "
          "import components.train.cluster.mpijob, components.train.config; "
-         "assert 'kubernetes' not in sys.modules and 'jsonschema' not in sys.modules"],
+         "import components.serve.inferenceservice, components.serve.server; "
+         "heavy = ('kubernetes', 'jsonschema', 'kserve', 'tensorflow'); "
+         "assert not [h for h in heavy if h in sys.modules], sys.modules"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

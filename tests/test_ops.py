@@ -35,7 +35,6 @@ FAILED_TASKS = [
 
 @pytest.fixture(autouse=True)
 def _no_kfp_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No KF_PIPELINES_* from outside, and a private kfp context file."""
     for name in [n for n in os.environ if n.startswith("KF_PIPELINES_")]:
         monkeypatch.delenv(name)
     monkeypatch.setattr(kfp.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
@@ -53,7 +52,6 @@ def standin() -> Any:
 
 
 def invoke(standin: KfpStandin, *args: str, **env: str) -> Any:
-    """``python -m pipeline ARGS`` in-process, the host from KF_PIPELINES_ENDPOINT."""
     env = {"KF_PIPELINES_ENDPOINT": standin.url, **env}
     return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
 
@@ -297,14 +295,11 @@ def test_submit_and_schedule_an_uploaded_version_by_name(
 
 def test_a_package_that_is_no_pipeline_is_one_error(standin: KfpStandin, tmp_path: Path) -> None:
     (tmp_path / "other.yaml").write_text("kind: ConfigMap\n")
-    result = invoke(
-        standin, "submit", "--package", str(tmp_path / "other.yaml"), "--param", REGISTRY
-    )
+    result = invoke(standin, "submit", "--package", str(tmp_path / "other.yaml"), "--param",
+                    REGISTRY)  # fmt: skip
     assert result.exit_code == 1 and not standin.runs
-    assert (
-        'failed: Message type "ml_pipelines.PipelineSpec" has no field named "kind"'
-        in result.output
-    )
+    message = 'failed: Message type "ml_pipelines.PipelineSpec" has no field named "kind"'
+    assert message in result.output
 
 
 def test_the_make_targets_wrap_the_commands(

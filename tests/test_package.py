@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import tomllib
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as normalize  # PEP 503
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ import sys
 before = set(sys.modules)
 import json, tempfile
 from pathlib import Path
-import pipeline.cli, pipeline.ops, pipeline.render_cli, pipeline.local_run
+import pipeline.cli, pipeline.local_run
 from pipeline.build import compile_pipeline
 with tempfile.TemporaryDirectory() as tmp:
     compile_pipeline(str(Path(tmp) / "pipeline.yaml"), None, None)
@@ -31,25 +31,10 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
 
-def normalize(name: str) -> str:
-    """PEP 503 distribution-name normalisation."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def requires(dist: str) -> list[str]:
     """Normalized names of what the installed `dist` needs (no extras; markers evaluated here)."""
     reqs = (Requirement(spec) for spec in md.requires(dist) or [])
     return [normalize(r.name) for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
-
-
-def third_party(module: str) -> bool:
-    top = module.split(".")[0]
-    return top not in sys.stdlib_module_names and top not in ("components", "pipeline")
-
-
-def distributions_for(module: str) -> set[str]:
-    """The installed distributions that ship `module`'s top-level package."""
-    return {normalize(d) for d in md.packages_distributions().get(module.split(".")[0], [])}
 
 
 def declared(*extras: str) -> set[str]:
@@ -74,15 +59,17 @@ def test_pipeline_extra_covers_what_compile_imports() -> None:
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    modules = [m for m in json.loads(proc.stdout.splitlines()[-1]) if third_party(m)]
+    ours = (*sys.stdlib_module_names, "components", "pipeline")
+    modules = [m for m in json.loads(proc.stdout.splitlines()[-1]) if m.split(".")[0] not in ours]
     assert "kfp" in modules, "the compile imported no kfp?"
     assert not [m for m in modules if m.split(".")[0] in ("tensorflow", "tf_keras", "horovod")]
-    allowed = declared("pipeline")
+    allowed, shipping = declared("pipeline"), md.packages_distributions()
     # Modules no distribution ships (an extension's runtime-made ones, such as cython_runtime)
     # come with the distribution of the module that made them, which is checked.
     problems = sorted(
         f"{m} ({' or '.join(sorted(dists))})"
         for m in modules
-        if (dists := distributions_for(m)) and not dists & allowed
+        if (dists := {normalize(d) for d in shipping.get(m.split(".")[0], [])})
+        and not dists & allowed
     )
     assert not problems, f"imported by compile, not in pyproject's core or [pipeline]: {problems}"

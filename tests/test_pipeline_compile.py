@@ -53,8 +53,7 @@ def test_compiles_to_one_yaml_that_kfp_loads_back(compiled: Path, spec: dict) ->
 
 
 def test_model_and_augment_reach_the_check_and_the_train_step(spec: dict) -> None:
-    """The compiled defaults are mnist_advanced, no augmentation; the check step sees both
-    parameters and the train step gets them under the same names."""
+    """The check step and the train step get both under the same names."""
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     assert parameters["model"] == {
         "defaultValue": "mnist_advanced", "isOptional": True, "parameterType": "STRING",
@@ -70,7 +69,6 @@ def test_model_and_augment_reach_the_check_and_the_train_step(spec: dict) -> Non
 
 
 def _check_step_images(spec: dict) -> dict[str, str]:
-    """The image references compiled into the check step's ``images`` input."""
     images = spec["root"]["dag"]["tasks"]["check-parameters"]["inputs"]["parameters"]["images"]
     return dict(json.loads(images["runtimeValue"]["constant"]))
 
@@ -99,9 +97,8 @@ def test_one_image_per_component_tagged_with_the_version(spec: dict) -> None:
 
 
 def test_the_uploaded_pipeline_is_the_cluster_pipeline(spec: dict) -> None:
-    """Uploaded and run from the UI as compiled, the pipeline trains on the job operator the
-    cluster serves (``auto``), in the image the job's GPUs call for, anywhere the cluster
-    places it; the registry is the one thing a user must fill in."""
+    """Run from the UI as compiled: the cluster's job operator (``auto``), the image the GPUs
+    call for, anywhere; the registry is the one thing a user must fill in."""
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     defaults_back = {name: parameters[name].get("defaultValue") for name in parameters}
     assert defaults_back["training_backend"] == "auto"
@@ -132,7 +129,6 @@ def test_output_does_not_depend_on_who_compiles_it(compiled: Path, tmp_path: Pat
 
 
 def _check(**overrides: object) -> Any:
-    """The check step's program, called as the step calls it, with the compiled defaults."""
     values: dict[str, Any] = {p.name: p.default for p in PIPELINE_PARAMETERS}
     values.update({"registry_root": "gs://b/models", **overrides})
     return check_step(images=json.dumps(defaults.image_refs("r.example/p", "7")), **values)

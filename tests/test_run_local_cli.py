@@ -76,20 +76,23 @@ def test_run_local_help_lists_the_models() -> None:
 
 
 @pytest.mark.parametrize(
-    ("model", "message"),
+    ("args", "messages"),
     [
-        ("resnet", "model must be one of the built-in models mnist_advanced, small or a Python "
-         "entry point 'package.module:function'"),
-        ("components.train.tests.user_model:missing", "kfp-horovod preflight failed: model "
-         "'components.train.tests.user_model:missing': 'missing' is not defined in module"),
+        (["--model", "resnet"], ["model must be one of the built-in models mnist_advanced, small "
+         "or a Python entry point 'package.module:function'"]),
+        (["--model", "components.train.tests.user_model:missing"], ["kfp-horovod preflight "
+         "failed: model 'components.train.tests.user_model:missing': 'missing' is not defined "
+         "in module"]),
+        (["--workers", "0", "--data-source", "ftp://nope"],  # every bad parameter at once
+         ["workers must be >= 1, got 0", "data_source must be"]),
     ],
 )  # fmt: skip
-def test_a_bad_model_stops_run_local_before_any_step(
-    model: str, message: str, tmp_path: Path
+def test_a_bad_parameter_stops_run_local_before_any_step(
+    args: list[str], messages: list[str], tmp_path: Path
 ) -> None:
-    result = CliRunner().invoke(cli, ["run-local", "--root", str(tmp_path), "--model", model])
+    result = CliRunner().invoke(cli, ["run-local", "--root", str(tmp_path), *args])
     assert result.exit_code == 2, result.output
-    assert message in " ".join(result.output.split())
+    assert all(message in " ".join(result.output.split()) for message in messages)
     assert not (tmp_path / "pipeline-root").exists()
 
 

@@ -1,14 +1,6 @@
-"""Register program: quality gate, champion/challenger, publish to the model store.
-
-A model that passes the gate (``accuracy >= min_accuracy``) becomes the next numeric version
-under ``<registry_root>/<model_name>/``; the alias (``production``) moves to it only if it beats
-the current holder. Every outcome is returned as a :class:`Decision` with a one-line reason,
-including "not registered: accuracy 0.9700 < minimum 0.9800". Re-running the same pipeline run
-returns the version it already registered instead of creating another.
-
-The program reads like the process: `Candidate` (the checked inputs) → `trusted_model`
-(nothing written yet) → `gate` → `ModelStore.claim_for_run` → `ModelStore.publish` →
-`promote` (champion/challenger, alias, serving folder, run record).
+"""Register program: quality gate, champion/challenger, publish to the model store; every
+outcome a `Decision` with a one-line reason. The rules, and how the steps below follow the
+process: components/register/README.md.
 """
 
 from __future__ import annotations
@@ -22,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from components.common import dataset, model_files
 from components.common.declare import add_arguments
@@ -36,7 +28,7 @@ from components.train.summary import RunSummary
 
 
 def parse_image_refs(text: str) -> dict[str, str]:
-    """Parse the ``image_refs`` parameter: a JSON object of component name -> image reference."""
+    """The ``image_refs`` parameter: a JSON object of component name -> image reference."""
     try:
         refs = json.loads(text or "{}")
     except ValueError as exc:
@@ -64,7 +56,7 @@ class Decision:
     champion_accuracy: float | None = None
 
     def to_markdown(self) -> str:
-        """The decision as a short Markdown report (the KFP ``decision`` output)."""
+        """The KFP ``decision`` output."""
         registered = f"yes, version {self.version}" if self.registered else "no"
         lines = [
             "# Registration", "", f"**{self.decision}**", "", f"- model: `{self.model_name}`",
@@ -89,8 +81,7 @@ def _check_score(name: str, value: float, upper: float | None) -> None:
 
 @dataclass(frozen=True)
 class Candidate:
-    """The checked inputs of one registration: which model, from which run, with what scores.
-    Making one raises ValueError naming a bad name, score or run id."""
+    """The checked inputs of one registration (ValueError naming a bad name, score or run id)."""
 
     model_uri: str
     model_name: str
@@ -103,22 +94,20 @@ class Candidate:
     def __post_init__(self) -> None:
         if not self.run_id.strip():
             raise ValueError("pipeline_run_id is empty")
-        check_name("model name", self.model_name)
-        check_name("alias", self.alias)
+        check_name("alias", self.alias)  # the model name: by ModelStore
         _check_score("accuracy", self.accuracy, 1.0)
         _check_score("loss", self.loss, None)
         _check_score("min_accuracy", self.min_accuracy, 1.0)
 
     @property
     def metrics(self) -> dict[str, float]:
-        """The scores stored with the version and compared by champion/challenger."""
         return {"accuracy": self.accuracy, "loss": self.loss, "min_accuracy": self.min_accuracy}
 
     def decision(
         self, store: ModelStore, version: int, text: str, promoted: bool = False,
         champion: dict[str, Any] | None = None,
     ) -> Decision:  # fmt: skip
-        """The outcome for this candidate: registered as `version` (0: not registered)."""
+        """The outcome: registered as `version` (0: not registered)."""
         old = champion.get("metrics", {}).get("accuracy") if champion else None
         return Decision(
             version > 0, promoted, version, text,
@@ -130,9 +119,8 @@ class Candidate:
     def metadata(
         self, manifest: dataset.Manifest, summary: RunSummary, provenance: dict[str, Any]
     ) -> dict[str, Any]:
-        """The version's ``kfp_horovod_metadata.json``: the scores, the dataset, which model the
-        trainer trained (the pipeline's `model` and `augment`, from its run summary), and
-        `provenance` (version, time, image references, digest)."""
+        """The version's ``kfp_horovod_metadata.json`` (`provenance`: version, time, image
+        references, digest)."""
         return {
             "format": REGISTRY_FORMAT,
             "model_name": self.model_name,
@@ -152,44 +140,38 @@ class Candidate:
         }
 
 
-def recorded_digest(summary: RunSummary, summary_uri: str, from_artifact: str | None) -> str:
-    """The ``saved_model.pb`` sha256 the trainer recorded: in the run summary and, when given,
-    in the Model artifact's metadata (`from_artifact`). Both present: they must agree."""
+def trusted_model(
+    candidate: Candidate, summary: RunSummary, summary_uri: str, from_artifact: str | None,
+    workdir: str,
+) -> tuple[Path, str]:  # fmt: skip
+    """The fetched model and its digest: its ``saved_model.pb`` must hash to the digest the
+    trainer recorded in the run summary and, when given, in the Model artifact's metadata
+    (`from_artifact`); both present, they must agree."""
     found = {}
     if summary.saved_model_sha256:
         found["the run summary " + summary_uri] = summary.saved_model_sha256
     if from_artifact is not None:
         found["the Model artifact's metadata"] = from_artifact
-    if not found:
-        raise ModelError(
-            f"no {DIGEST_KEY} recorded, neither in the run summary {summary_uri} nor in the Model "
-            "artifact's metadata: registration only accepts a model whose digest the trainer "
-            "recorded"
-        )
-    digests = {model_files.check_digest_text(value, where) for where, value in found.items()}
-    if len(digests) > 1:
-        listed = ", ".join(f"{where} records {value}" for where, value in found.items())
-        raise ModelError(f"the recorded {DIGEST_KEY} values disagree: {listed}")
-    return digests.pop()
-
-
-def trusted_model(
-    candidate: Candidate, summary: RunSummary, summary_uri: str, from_artifact: str | None,
-    workdir: str,
-) -> tuple[Path, str]:  # fmt: skip
-    """Fetch the model; check its SavedModel layout and that its ``saved_model.pb`` hashes to
-    the digest the trainer recorded. Returns the local directory and the digest."""
     try:
-        recorded = recorded_digest(summary, summary_uri, from_artifact)
+        if not found:
+            raise ModelError(
+                f"no {DIGEST_KEY} recorded, neither in the run summary {summary_uri} nor in the "
+                "Model artifact's metadata: registration only accepts a model whose digest the "
+                "trainer recorded"
+            )
+        digests = {model_files.check_digest_text(value, where) for where, value in found.items()}
+        if len(digests) > 1:
+            listed = ", ".join(f"{where} records {value}" for where, value in found.items())
+            raise ModelError(f"the recorded {DIGEST_KEY} values disagree: {listed}")
         local = model_files.fetch_model(candidate.model_uri, workdir)
-        return local, model_files.verify_digest(local, recorded, candidate.model_uri)
+        return local, model_files.verify_digest(local, digests.pop(), candidate.model_uri)
     except ModelError as exc:
         raise ModelError(f"not registering {candidate.model_name!r}: {exc}") from exc
 
 
 def gate(store: ModelStore, candidate: Candidate) -> tuple[Decision | None, dict[str, Any] | None]:
-    """Decide what needs no writing: a run that already registered gets its version back; a
-    model below the minimum accuracy is not registered. Returns (decision or None, run record)."""
+    """What needs no writing: a run that already registered gets its version back; a model
+    below the minimum is not registered. Returns (decision or None, the run's record)."""
     previous = store.find_run(candidate.run_id)
     if previous is not None and "decision" in previous:
         version = int(previous["version"])
@@ -245,14 +227,8 @@ def register(
     saved_model_sha256: str | None = None,
     now: Callable[[], datetime] | None = None,
 ) -> Decision:
-    """Gate, publish and maybe promote the SavedModel at `model_uri`.
-
-    The model must hash to the ``saved_model_sha256`` the trainer recorded (run summary, and
-    `saved_model_sha256` from the Model artifact's metadata when given). All inputs are checked
-    before the registry is touched: a bad parameter, a missing or corrupt run summary, dataset
-    manifest or model, a missing or unmatched digest raise (ValueError, DataError, ModelError)
-    and leave the registry as it was.
-    """
+    """Gate, publish and maybe promote the SavedModel at `model_uri`. Every input is checked
+    before the registry is touched (ValueError, DataError, ModelError)."""
     clock = now or (lambda: datetime.now(timezone.utc))
     scores = float(accuracy), float(loss), float(min_accuracy)
     candidate = Candidate(model_uri, model_name, pipeline_run_id, alias, *scores)
@@ -277,24 +253,12 @@ def register(
     return promote(store, candidate, version, version_uri, clock().isoformat())
 
 
-class StepOutputs(NamedTuple):
-    """The register step's output parameters."""
-
-    registered: bool
-    promoted: bool
-    version: int
-    decision_text: str
-    version_uri: str
-
-
 def register_step(
     model: Any, run_summary: Any, dataset: Any, accuracy: float, loss: float,
     min_accuracy: float, model_name: str, registry_root: str, pipeline_run_id: str,
     image_refs: str, decision: Any,
-) -> StepOutputs:  # fmt: skip
-    """The register step (KFP artifacts `model`, `run_summary`, `dataset`, `decision`): the
-    model must hash to the ``saved_model_sha256`` the trainer recorded (in the run summary and
-    the Model artifact's metadata), or nothing is registered."""
+) -> tuple[bool, bool, int, str, str]:  # fmt: skip
+    """The register step: `component.RETURNS` from KFP artifacts and parameters."""
     result = register(
         model.path, run_summary.path, dataset.path, accuracy, loss,
         registry_root=registry_root, pipeline_run_id=pipeline_run_id, model_name=model_name,
@@ -304,9 +268,7 @@ def register_step(
     Path(decision.path).write_text(result.to_markdown(), encoding="utf-8")
     decision.metadata["decision"] = result.decision
     decision.metadata["version"] = result.version
-    return StepOutputs(
-        result.registered, result.promoted, result.version, result.decision, result.version_uri
-    )
+    return result.registered, result.promoted, result.version, result.decision, result.version_uri
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,27 +1,7 @@
-"""The serving-ready model store (TF Serving / KServe layout) and its concurrency-safe updates.
-
-Layout under the registry root::
-
-    <root>/<model>/<version>/              the SavedModel (+ kfp_horovod_metadata.json); 1, 2, 3...
-    <root>/<model>/_claims/<version>.json  who claimed each version number (exclusive create)
-    <root>/<model>/_runs/<run-key>.json    which version a pipeline run registered (idempotency)
-    <root>/<model>/_aliases/<alias>.json   the promoted version, e.g. production.json
-    <root>/<model>/_staging/<v>.<id>/      GCS only: a version being uploaded (then moved)
-
-TF Serving only looks at numeric directories, so the control files live beside them. A version
-number is taken by creating its claim file exclusively (``O_EXCL`` locally,
-``ifGenerationMatch=0`` on GCS): two registrations never get the same number, and gaps are
-possible (a claim whose registration then failed, or the extra claims of concurrent attempts of
-one pipeline run). Aliases move by compare-and-swap (generation match on GCS, an flock-guarded
-check locally).
-
-Publishing a version. Locally the directory is staged under a dot-name and renamed: it appears
-complete or not at all. GCS cannot rename a prefix, so there the version is uploaded under
-``_staging/`` and copied server-side into ``<v>/`` with ``saved_model.pb`` last: a reader keyed
-on ``saved_model.pb`` (``is_published``, ``published_versions``) never sees a partial version,
-and ``<v>/`` exists without it only while the server-side copies run (never during the upload,
-nor after an upload that failed). A reader that lists numeric directories without looking for
-``saved_model.pb`` (TF Serving does) can still catch that short window and fail one load.
+"""One model's directory in the registry: version numbers claimed by exclusive create
+(``O_EXCL`` locally, ``ifGenerationMatch=0`` on GCS), the run records that make a re-run
+idempotent, aliases moved by compare-and-swap, and publishing that never shows a reader keyed on
+``saved_model.pb`` a partial version. Layout and guarantees: components/register/README.md.
 """
 
 from __future__ import annotations
@@ -57,7 +37,7 @@ class RegistryError(RuntimeError):
 
 
 def check_name(kind: str, value: str) -> str:
-    """Return `value` if it is a safe path segment (letters, digits, ``.``, ``_``, ``-``)."""
+    """`value` if it is a safe path segment, else ValueError."""
     if not NAME_PATTERN.match(value) or value in (".", ".."):
         raise ValueError(
             f"{kind} {value!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', "
@@ -114,11 +94,9 @@ class ModelStore:
 
     @property
     def base(self) -> str:
-        """``<root>/<model>``: the base path TF Serving / KServe is pointed at."""
         return storage.join(self.root, self.model_name)
 
     def version_uri(self, version: int) -> str:
-        """The directory of `version`."""
         return storage.join(self.base, str(version))
 
     def _claim_uri(self, version: int) -> str:
@@ -129,20 +107,13 @@ class ModelStore:
         return storage.join(self.base, RUNS, f"{key}.json")
 
     def alias_uri(self, alias: str) -> str:
-        """The file recording which version `alias` points at."""
         return storage.join(self.base, ALIASES, f"{check_name('alias', alias)}.json")
 
-    # -- version numbers -------------------------------------------------------------------
     def claimed_versions(self) -> list[int]:
         """Every version number claimed so far (published or not), sorted."""
-        prefix = storage.join(self.base, CLAIMS)
-        versions = []
-        for uri in storage.list_files(prefix):
-            name = uri.rsplit("/", 1)[-1]
-            stem = name[: -len(".json")] if name.endswith(".json") else ""
-            if stem.isdigit():
-                versions.append(int(stem))
-        return sorted(versions)
+        claims = storage.list_files(storage.join(self.base, CLAIMS))
+        stems = (uri.rsplit("/", 1)[-1].removesuffix(".json") for uri in claims)
+        return sorted(int(stem) for stem in stems if stem.isdigit())
 
     def claim_next_version(self, record: dict[str, Any]) -> int:
         """Take the next free version number by exclusive creation of its claim file."""
@@ -165,7 +136,6 @@ class ModelStore:
         bound = self.find_run(run_id)  # the same run registering concurrently got there first
         return int(bound["version"]) if bound else version
 
-    # -- pipeline runs (idempotency) -------------------------------------------------------
     def find_run(self, run_id: str) -> dict[str, Any] | None:
         """The record of what `run_id` registered, or None."""
         uri = self._run_uri(run_id)
@@ -177,21 +147,16 @@ class ModelStore:
         return storage.create_exclusive(self._run_uri(run_id), json_bytes(record))
 
     def update_run(self, run_id: str, record: dict[str, Any]) -> None:
-        """Overwrite the run record (once its registration has finished)."""
         storage.write_bytes(self._run_uri(run_id), json_bytes(record))
 
-    # -- versions --------------------------------------------------------------------------
     def is_published(self, version: int) -> bool:
         """True once the version's SavedModel is complete (its ``saved_model.pb`` exists)."""
         return storage.exists(storage.join(self.version_uri(version), SAVED_MODEL_PB))
 
     def publish(self, version: int, model_dir: Path, metadata: dict[str, Any]) -> str:
-        """Copy the SavedModel at `model_dir` plus `metadata` to the version's directory.
-
-        Idempotent: a version that is already complete is left alone; a partial one on GCS
-        (an earlier attempt that died while copying) is overwritten file by file. See the
-        module docstring for what a concurrent reader can see.
-        """
+        """Copy the SavedModel at `model_dir` plus `metadata` to the version's directory
+        (staged under ``_staging/`` on GCS, which cannot rename). A complete version is left
+        alone; a partial one (an attempt that died while copying) is overwritten."""
         dest = self.version_uri(version)
         staging = None
         if storage.is_gcs(dest):
@@ -210,7 +175,6 @@ class ModelStore:
         return dest
 
     def read_metadata(self, version: int) -> dict[str, Any]:
-        """The metadata stored with `version`."""
         uri = storage.join(self.version_uri(version), METADATA_FILE)
         return _parse_json(storage.read_bytes(uri), uri)
 
@@ -218,7 +182,6 @@ class ModelStore:
         """Numeric version directories holding a complete SavedModel, sorted."""
         return [v for v in self.claimed_versions() if self.is_published(v)]
 
-    # -- aliases ---------------------------------------------------------------------------
     def read_alias(self, alias: str) -> tuple[dict[str, Any] | None, str]:
         """The alias record (None if unset) and its compare-and-swap token."""
         uri = self.alias_uri(alias)
@@ -231,12 +194,10 @@ class ModelStore:
         candidate: dict[str, Any],
         wins: Callable[[dict[str, Any], dict[str, Any] | None], tuple[bool, str]],
     ) -> tuple[bool, str, dict[str, Any] | None]:
-        """Point `alias` at `candidate` (a record with ``version``) if it beats the current one.
-
-        `wins(candidate, current)` decides and explains. The decision is re-taken whenever the
-        alias changed under us, so concurrent registrations end with the best one promoted.
-        Returns ``(promoted, reason, champion)`` where champion is the record compared against.
-        """
+        """Point `alias` at `candidate` (a record with ``version``) if `wins(candidate,
+        current)`; decided again whenever the alias changed under us, so concurrent
+        registrations end with the best one promoted. Returns (promoted, reason, the record
+        compared against)."""
         for _ in range(MAX_ALIAS_ATTEMPTS):
             current, token = self.read_alias(alias)
             if current is not None and current.get("version") == candidate["version"]:

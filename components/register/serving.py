@@ -1,17 +1,12 @@
-"""The serving folder of an alias: ``<root>/<model>/_serving/<alias>/<N>/`` holds exactly the
-version the alias names, so a server pointed at it (TF Serving, KServe) serves the champion,
-not merely the newest registered version (TF Serving serves the highest number it finds, and
-every version that passes the gate gets a number, promoted or not).
+"""The serving folder of an alias, ``<root>/<model>/_serving/<alias>/<N>/``: exactly the version
+the alias names, so a server pointed at it serves the champion, not the newest version (TF
+Serving serves the highest number it finds, and every version that passes the gate gets one).
 
-`ServingFolder.sync` makes the folder match the alias, after every registration's
-compare-and-swap (`register.promote`) and as ``python -m pipeline sync-serving``. A folder that
-already matches (every file equal to the version's own: crc32c on GCS, sha256 locally) is only
-read. Otherwise, under the folder's lease (one sync at a time; a dead holder's lease is taken
-over once it expires), the alias is read again, its version copied in (server-side on GCS, with
-``saved_model.pb`` last; locally staged under a dot-name and renamed), checked file by file,
-and only then every other version removed (``saved_model.pb`` first). A crash anywhere leaves a
-folder the next sync repairs. What a server can see during a move, and why GCS cannot do better
-than a few copy requests' window: components/register/README.md, "Serving folders".
+`ServingFolder.sync` makes it match the alias, after every registration's compare-and-swap and
+as ``python -m pipeline sync-serving``: only read when it already matches; else, under the
+folder's lease, the alias's version copied in (``saved_model.pb`` last on GCS; staged under a
+dot-name and renamed locally), checked file by file, and only then the others removed. What a
+server sees meanwhile, and why GCS cannot do better: components/register/README.md.
 """
 
 from __future__ import annotations
@@ -40,8 +35,7 @@ LEASE_SECONDS = 120.0
 
 
 class ServingFolder:
-    """The serving folder of `alias` in `store`; `lease_s` (default `LEASE_SECONDS`), `clock`
-    and `sleep` for tests."""
+    """The serving folder of `alias` in `store` (`lease_s` and `clock` for tests)."""
 
     def __init__(
         self,
@@ -49,15 +43,14 @@ class ServingFolder:
         alias: str = PRODUCTION_ALIAS,
         lease_s: float | None = None,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store, self.alias = store, check_name("alias", alias)
         self.lease_s = LEASE_SECONDS if lease_s is None else lease_s
-        self.clock, self.sleep = clock, sleep
+        self.clock = clock
 
     @property
     def uri(self) -> str:
-        """``<root>/<model>/_serving/<alias>``: where TF Serving / KServe is pointed."""
+        """Where TF Serving / KServe is pointed."""
         return storage.join(self.store.base, SERVING, self.alias)
 
     @property
@@ -66,7 +59,6 @@ class ServingFolder:
         return storage.join(self.store.base, SERVING, f"{self.alias}.lease.json")
 
     def version_uri(self, version: int) -> str:
-        """``<folder>/<version>``."""
         return storage.join(self.uri, str(version))
 
     def versions(self) -> list[int]:
@@ -113,8 +105,7 @@ class ServingFolder:
         return version
 
     def _publish(self, version: int) -> None:
-        """Copy the registered `version` into the folder (see the module docstring), then check
-        every file against the version's own."""
+        """Copy the registered `version` in, then check every file against the version's own."""
         source, dest = self.store.version_uri(version), self.version_uri(version)
         if not self.store.is_published(version):
             raise RegistryError(
@@ -133,8 +124,8 @@ class ServingFolder:
             raise RegistryError(f"{dest}: does not hold version {version} after copying it")
 
     def _remove(self, version: int) -> None:
-        """Remove ``<folder>/<version>``: its ``saved_model.pb`` first on GCS; locally renamed
-        away first (it disappears at once), then deleted."""
+        """Remove ``<folder>/<version>``: ``saved_model.pb`` first on GCS; locally renamed away
+        first (it disappears at once)."""
         uri = self.version_uri(version)
         if storage.is_gcs(uri):
             storage.remove_tree(uri, first=SAVED_MODEL_PB)
@@ -155,14 +146,14 @@ class ServingFolder:
 
     @contextmanager
     def _lease(self) -> Iterator[None]:
-        """Hold the folder's lease while the body runs; waits while another sync holds it (at
-        most until that lease expires, then takes it over)."""
+        """Hold the folder's lease while the body runs, waiting while another sync holds it (at
+        most until that lease expires, then taking it over)."""
         holder = uuid.uuid4().hex
         deadline = self.clock() + self.lease_s + 30.0
         while not self._take(holder):
             if self.clock() > deadline:
                 raise RegistryError(f"{self.lease_uri}: still held after {self.lease_s:.0f} s")
-            self.sleep(0.05 + random.random() * 0.2)
+            time.sleep(0.05 + random.random() * 0.2)
         try:
             yield
         finally:

@@ -1,20 +1,13 @@
 """The KServe InferenceService (``serving.kserve.io/v1beta1``) that serves an alias's serving
-folder on a cluster, validated against KServe's CRD (``deploy/crd/kserve/``, SOURCE.md there).
+folder (`components.register.serving`) on a cluster with TF Serving, validated against KServe's
+CRD (``deploy/crd/kserve/``). Its pods run as the project's Workload Identity service account.
 
-The predictor runs KServe's TensorFlow runtime (TF Serving) on model format ``tensorflow``, with
-``storageUri`` = the serving folder, ``<root>/<model>/_serving/<alias>``, which holds exactly
-the alias's version (`components.register.serving`). Its pods run as the Workload Identity
-service account the project already has (``kfp-horovod-trainer``), which may read the bucket.
-
-KServe's storage initializer copies ``storageUri`` into the pod once, when the pod starts; TF
-Serving then serves that copy. So that a promotion rolls the service forward without a restart,
-the predictor also passes TF Serving ``--model_base_path=<the serving folder>`` and
-``--file_system_poll_wait_seconds=<poll_seconds>``: KServe appends the InferenceService's args
-to the runtime's (whose ``--model_base_path=/mnt/models`` the later flag overrides), and TF
-Serving then watches the folder on GCS itself, loads the version that appears and unloads the
-one that goes. ``poll_seconds=0`` leaves TF Serving on the pod's copy (a promotion then needs a
-restart: ``kubectl rollout restart``). Not tested here: no KServe or TF Serving runs in the
-tests, only the manifest against the CRD.
+KServe's storage initializer copies ``storageUri`` into the pod once, at start. So that a
+promotion rolls the service forward without a restart, the predictor also passes TF Serving
+``--model_base_path=<the serving folder>`` (KServe appends it to the runtime's args, overriding
+``/mnt/models``) and ``--file_system_poll_wait_seconds``: TF Serving then watches the folder on
+GCS itself. ``poll_seconds=0`` leaves it on the pod's copy (a promotion then needs
+``kubectl rollout restart``). Not tested here beyond the manifest against the CRD.
 """
 
 from __future__ import annotations
@@ -42,19 +35,6 @@ POLL_SECONDS = 30
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-def placement(node_selector: str | None, tolerations: str | None) -> dict[str, Any]:
-    """``--node-selector`` and ``--tolerations`` (JSON text), checked by the same rules as the
-    training job's (`components.common.placement`); ValueError naming the offending key or field.
-    """
-    problem = node_selector_problem(node_selector or "") or tolerations_problem(tolerations or "")
-    if problem:
-        raise ValueError(problem)
-    return {
-        "node_selector": parse_node_selector(node_selector or ""),
-        "tolerations": parse_tolerations(tolerations or ""),
-    }
-
-
 def build_inferenceservice(
     name: str,
     storage_uri: str,
@@ -64,12 +44,16 @@ def build_inferenceservice(
     gpus: int = 0,
     cpu: str = "1",
     memory: str = "2Gi",
-    node_selector: dict[str, str] | None = None,
-    tolerations: list[dict[str, Any]] | None = None,
+    node_selector: str | None = None,
+    tolerations: str | None = None,
     poll_seconds: int = POLL_SECONDS,
     runtime_version: str | None = None,
 ) -> dict[str, Any]:
-    """The InferenceService `name` serving the folder at `storage_uri` (a ``gs://`` URI)."""
+    """The InferenceService `name` serving the folder at `storage_uri` (a ``gs://`` URI);
+    `node_selector` and `tolerations` are JSON text, checked by the training job's rules."""
+    problem = node_selector_problem(node_selector or "") or tolerations_problem(tolerations or "")
+    if problem:
+        raise ValueError(problem)
     if not DNS_1035.match(name):
         raise ValueError(
             f"name {name!r} is not a valid InferenceService name: lower-case letters, digits "
@@ -90,15 +74,13 @@ def build_inferenceservice(
     if runtime_version:
         model["runtimeVersion"] = runtime_version
     if poll_seconds:
-        model["args"] = [
-            f"--model_base_path={storage_uri}",
-            f"--file_system_poll_wait_seconds={poll_seconds}",
-        ]
+        model["args"] = [f"--model_base_path={storage_uri}",
+                         f"--file_system_poll_wait_seconds={poll_seconds}"]  # fmt: skip
     predictor: dict[str, Any] = {"serviceAccountName": service_account, "model": model}
-    if node_selector:
-        predictor["nodeSelector"] = node_selector
-    if tolerations:
-        predictor["tolerations"] = tolerations
+    if selector := parse_node_selector(node_selector or ""):
+        predictor["nodeSelector"] = selector
+    if tolerating := parse_tolerations(tolerations or ""):
+        predictor["tolerations"] = tolerating
     metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/name": "kfp-horovod"}}
     if namespace:
         metadata["namespace"] = namespace

@@ -1,14 +1,7 @@
-"""The predictor KServe's model server runs: one registered SavedModel's ``serving_default``
-signature, behind the V1 protocol TF Serving speaks (``{"instances": [...]}`` in,
-``{"predictions": [...]}`` out, one row of 10 class probabilities per image).
-
-The signature takes raw digits: float32 ``(n, 28, 28)`` pixel values 0..255, the scaling to
-[0, 1] being inside the model (`components.train.model`). A request that is not that (another
-shape, values that are not numbers in 0..255, an empty batch or one over `max_batch`) gets
-HTTP 400 naming the expected shape; the server goes on serving.
-
-Imports KServe at import time (a `kserve.Model` subclass); only `components.serve.server`
-imports this module. TensorFlow is imported when the model loads.
+"""The predictor KServe's model server runs: a registered SavedModel's ``serving_default``
+signature behind TF Serving's V1 protocol (components/serve/README.md). A request the signature
+cannot take gets HTTP 400 naming the expected shape. Only `components.serve.server` imports this
+module (it imports KServe); TensorFlow loads with the model.
 """
 
 from __future__ import annotations
@@ -23,19 +16,14 @@ from components.common.defaults import IMAGE_SHAPE, SERVE_MAX_BATCH
 from components.common.model_files import load_serving
 
 
-def expected_shape(max_batch: int) -> str:
-    """The request a predictor takes, in words (every 400 says it)."""
+def to_batch(payload: Any, max_batch: int) -> np.ndarray:
+    """The request's instances as a float32 ``(n, 28, 28)`` array, else InvalidInput (400)
+    naming the expected shape."""
     rows, cols = IMAGE_SHAPE
-    return (
+    want = (
         f'expected {{"instances": [...]}} of shape (n, {rows}, {cols}), 1 <= n <= {max_batch}: '
         f"n raw {rows}x{cols} digits, pixel values 0..255"
     )
-
-
-def to_batch(payload: Any, max_batch: int) -> np.ndarray:
-    """The request's instances as a float32 ``(n, 28, 28)`` array; InvalidInput (HTTP 400)
-    naming the expected shape if they are not that."""
-    want = expected_shape(max_batch)
     if not isinstance(payload, dict):
         raise InvalidInput(
             f"the body is not a JSON object (send it with Content-Type: application/json): {want}"
@@ -65,11 +53,9 @@ class DigitPredictor(kserve.Model):  # type: ignore[misc]
         self._predict: Any = None
 
     def load(self) -> bool:
-        """Load the SavedModel's ``serving_default`` signature (`model_files.load_serving`)."""
         self._predict = load_serving(self.model_dir, self.model_dir)
         self.ready = True
         return self.ready
 
     def predict(self, payload: Any, headers: Any = None) -> dict[str, Any]:  # type: ignore[override]
-        """V1 ``predict``: one row of class probabilities per instance."""
         return {"predictions": self._predict(to_batch(payload, self.max_batch)).tolist()}

@@ -1,10 +1,6 @@
-"""``make serve``: the registry's production model over HTTP, on KServe's own model server.
-
-``python -m components.serve [--registry-root runs/registry] [--host 127.0.0.1] [--port 8080]``
-makes the alias's serving folder match the alias first (`ServingFolder.sync`: a no-op when it
-already does; a registry written before serving folders existed gets one), then serves the
-version in it at ``POST http://<host>:<port>/v1/models/<model>:predict`` (`predictor`). The
-server binds `host` only: loopback by default.
+"""``make serve``: the registry's production model over HTTP, on KServe's own model server
+(components/serve/README.md). The alias's serving folder is synced first, then the version in it
+served at ``POST http://<host>:<port>/v1/models/<model>:predict``, on `host` only.
 """
 
 from __future__ import annotations
@@ -17,23 +13,6 @@ import warnings
 from components.common.defaults import MODEL_NAME, PRODUCTION_ALIAS, SERVE_MAX_BATCH
 from components.register.registry import ModelStore, RegistryError
 from components.register.serving import ServingFolder
-
-DEFAULT_REGISTRY = "runs/registry"  # where `make run` registers (python -m pipeline run-local)
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8080
-
-
-def champion(registry_root: str, model_name: str, alias: str) -> tuple[int, str]:
-    """The alias's version and its folder in the serving folder (synced first); ValueError in
-    one line if there is none to serve."""
-    folder = ServingFolder(ModelStore(registry_root, model_name), alias)
-    version = folder.sync()
-    if version is None:
-        raise ValueError(
-            f"no {alias} version of {model_name} in {registry_root}: train and register one "
-            "with `make run` first"
-        )
-    return version, folder.version_uri(version)
 
 
 def serve(name: str, model_dir: str, host: str, port: int, banner: str) -> None:
@@ -63,8 +42,7 @@ def serve(name: str, model_dir: str, host: str, port: int, banner: str) -> None:
 
 
 def example(count: int) -> str:
-    """A request body of the first `count` held-out digits of the bundled dataset (its test
-    split), raw pixels; their labels go to stderr."""
+    """A request of the bundled dataset's first `count` test digits; their labels to stderr."""
     import json
 
     from components.data_prep.sources import load_bundled
@@ -77,11 +55,11 @@ def example(count: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     """CLI; returns the exit code (2: nothing to serve, or a bad option)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--registry-root", default=DEFAULT_REGISTRY, help="local dir or gs://")
+    parser.add_argument("--registry-root", default="runs/registry", help="local dir or gs://")
     parser.add_argument("--model-name", default=MODEL_NAME)
     parser.add_argument("--alias", default=PRODUCTION_ALIAS)
-    parser.add_argument("--host", default=DEFAULT_HOST, help="the address to listen on")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    parser.add_argument("--port", type=int, default=8080)
     parser.add_argument(
         "--example", type=int, metavar="N",
         help="print a request of N held-out digits (for curl -d @-) and exit",
@@ -93,10 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         print(example(args.example))
         return 0
     try:
-        version, model_dir = champion(args.registry_root, args.model_name, args.alias)
+        folder = ServingFolder(ModelStore(args.registry_root, args.model_name), args.alias)
+        version = folder.sync()
     except (ValueError, RegistryError) as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
+    if version is None:
+        print(f"serve: no {args.alias} version of {args.model_name} in {args.registry_root}: "
+              "train and register one with `make run` first", file=sys.stderr)  # fmt: skip
+        return 2
+    model_dir = folder.version_uri(version)
     url = f"http://{args.host}:{args.port}/v1/models/{args.model_name}:predict"
     banner = f"serving {args.model_name} version {version} ({args.alias}) from {model_dir} at {url}"
     try:

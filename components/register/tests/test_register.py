@@ -1,7 +1,5 @@
-"""Register, one registration at a time: the layout and metadata, the gate, champion/challenger,
-idempotency, bad input, the CLI and the KFP component; on local disk and on gs://
-(fake-gcs-server). The races are in test_registry.py; the step wired after evaluate in
-kfp.local, in the whole pipeline's local run (tests/test_e2e_local.py)."""
+"""Register, one registration at a time, on local disk and on gs:// (fake-gcs-server). The races
+are in test_registry.py; the step in kfp.local, in tests/test_e2e_local.py."""
 
 import hashlib
 import json
@@ -148,15 +146,11 @@ def _summary_with(tmp_path: Path, name: str, summary: str, **changes) -> str:
     return str(path)
 
 
-def _copy_model(model: str, tmp_path: Path, name: str) -> Path:
-    return Path(shutil.copytree(model, tmp_path / name))
-
-
 def _bad_cases(model: TrainedModel, summary: str, tmp_path: Path):
     (tmp_path / "empty-model").mkdir()
-    no_variables = _copy_model(model.path, tmp_path, "no-variables")
+    no_variables = Path(shutil.copytree(model.path, tmp_path / "no-variables"))
     (no_variables / "variables" / "variables.index").unlink()
-    swapped = _copy_model(model.path, tmp_path, "swapped")
+    swapped = Path(shutil.copytree(model.path, tmp_path / "swapped"))
     (swapped / "saved_model.pb").write_bytes((swapped / "saved_model.pb").read_bytes() + b"\0")
     actual = hashlib.sha256((swapped / "saved_model.pb").read_bytes()).hexdigest()
     (tmp_path / "summary.txt").write_text("not json")
@@ -253,12 +247,9 @@ def test_the_cli_registers_without_tensorflow(
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [
-        ("{nope", "image_refs is not valid JSON"),
-        ('["a"]', "JSON object of strings"),
-        ('{"a": 1}', "JSON object of strings"),
-    ],
-)
+    [("{nope", "image_refs is not valid JSON"), ('["a"]', "JSON object of strings"),
+     ('{"a": 1}', "JSON object of strings")],
+)  # fmt: skip
 def test_parse_image_refs_rejects_bad_values(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         rg.parse_image_refs(text)
@@ -266,8 +257,8 @@ def test_parse_image_refs_rejects_bad_values(text: str, message: str) -> None:
     assert rg.parse_image_refs("") == {}
 
 
-def test_component_function_and_compile(trained_model, trained_summary, tmp_path: Path) -> None:
-    from kfp import compiler, dsl
+def test_the_component_function(trained_model, trained_summary, tmp_path: Path) -> None:
+    from kfp import dsl
 
     from components.register.component import make_component
 
@@ -281,11 +272,11 @@ def test_component_function_and_compile(trained_model, trained_summary, tmp_path
         )  # fmt: skip
 
     decision = dsl.Markdown(uri=str(tmp_path / "decision.md"))
-    out = call(trained_model.saved_model_sha256, "registry", decision)  # as train records it
-    assert (out.registered, out.promoted, out.version) == (True, True, 1)
-    assert out.version_uri == str(tmp_path / "registry" / "mnist-cnn" / "1")
-    assert out.decision_text in Path(decision.path).read_text()
-    assert decision.metadata["version"] == 1
+    registered, promoted, version, text, uri = call(trained_model.saved_model_sha256, "registry",
+                                                    decision)  # fmt: skip
+    assert (registered, promoted, version) == (True, True, 1)
+    assert uri == str(tmp_path / "registry" / "mnist-cnn" / "1")
+    assert text in Path(decision.path).read_text() and decision.metadata["version"] == 1
     meta = ModelStore(str(tmp_path / "registry"), "mnist-cnn").read_metadata(1)
     assert (meta["image_refs"], meta["pipeline_run_id"]) == ({"register": "img:1"}, "kfp-run")
     # The Model artifact's metadata digest (set by the train component) is checked too.
@@ -294,22 +285,7 @@ def test_component_function_and_compile(trained_model, trained_summary, tmp_path
         call(other, "registry-2", dsl.Markdown(uri=str(tmp_path / "decision-2.md")))
     assert not (tmp_path / "registry-2").exists()
 
-    component = make_component("example.com/register:test")
+    component = make_component("example.com/register:test")  # compiled: test_pipeline_compile
     assert set(component.component_spec.outputs) == {
         "decision", "registered", "promoted", "version", "decision_text", "version_uri",
     }  # fmt: skip
-
-    @dsl.pipeline(name="register-only")
-    def only_register(uri: str = "gs://b/x"):
-        model = dsl.importer(artifact_uri=uri, artifact_class=dsl.Model)
-        summary_ = dsl.importer(artifact_uri=uri, artifact_class=dsl.Artifact)
-        data = dsl.importer(artifact_uri=uri, artifact_class=dsl.Dataset)
-        component(
-            model=model.output, run_summary=summary_.output, dataset=data.output, accuracy=0.9,
-            loss=0.1, model_name="m", registry_root="gs://b/r", min_accuracy=0.5,
-            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, image_refs="{}",
-        )  # fmt: skip
-
-    package = tmp_path / "p.yaml"
-    compiler.Compiler().compile(only_register, str(package))
-    assert "example.com/register:test" in package.read_text()

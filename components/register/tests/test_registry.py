@@ -1,10 +1,7 @@
 """The registry's guarantees raced for real on local disk and on gs:// (fake-gcs-server, which
-enforces ``ifGenerationMatch`` on writes; see tests/conftest.py), in threads and in processes:
-version numbers, the alias, and the serving folder under concurrent promotions.
-
-Each check is built so that it fails if the guarantee does not hold: with an emulator (or a
-store) that ignored preconditions, two writers would take the same version number, and two alias
-writers would both replace the same record, which `assert_one_alias_chain` catches.
+enforces ``ifGenerationMatch``), in threads and in processes: version numbers, the alias, and the
+serving folder under concurrent promotions. Were preconditions ignored, two writers would take
+one version number, or two alias writers replace one record (`assert_one_alias_chain`).
 """
 
 from __future__ import annotations
@@ -14,17 +11,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from components.common import model_files, storage
-from components.register.registry import (
-    STAGING,
-    ModelStore,
-    challenger_wins,
-)
+from components.register.registry import STAGING, ModelStore, challenger_wins
 from components.register.serving import ServingFolder
 from components.register.tests.registering import register_run
 
@@ -36,25 +30,16 @@ def _folder(root: str) -> ServingFolder:
 
 
 def _in_threads(jobs: list[tuple[Any, ...]], work: Callable[..., Any]) -> list[Any]:
-    """Run ``work(*job)`` for every job at once (released together by a barrier)."""
-    results: list[Any] = [None] * len(jobs)
-    errors: list[BaseException] = []
+    """``work(*job)`` for every job at once (released together by a barrier); raises the first
+    error."""
     barrier = threading.Barrier(len(jobs))
 
-    def run(i: int) -> None:
+    def run(job: tuple[Any, ...]) -> Any:
         barrier.wait()
-        try:
-            results[i] = work(*jobs[i])
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        return work(*job)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    assert not errors, errors
-    return results
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(run, jobs))
 
 
 @pytest.fixture
@@ -104,9 +89,8 @@ class Poller:
         self.loaded: set[int] = set()
         self.alias_accuracies: list[float] = []
         self.serving: list[list[int]] = []
-        self._done, self._errors = threading.Event(), []  # type: ignore[var-annotated]
-        self._thread = threading.Thread(target=self._run)
-        self._thread.start()
+        self._done, self._pool = threading.Event(), ThreadPoolExecutor(1)
+        self._polling = self._pool.submit(self._run)
 
     def poll(self) -> None:
         for version in set(self.store.published_versions()) - self.loaded:
@@ -122,18 +106,15 @@ class Poller:
         self.serving.append(self.folder.versions())
 
     def _run(self) -> None:
-        try:
-            while not self._done.is_set():
-                self.poll()
-            self.poll()  # once more after the last write
-        except BaseException as exc:  # reported by stop()
-            self._errors.append(exc)
+        while not self._done.is_set():
+            self.poll()
+        self.poll()  # once more after the last write
 
     def stop(self) -> None:
         """Stop polling; raise what the poller saw go wrong."""
         self._done.set()
-        self._thread.join(timeout=600)
-        assert not self._errors, self._errors
+        self._polling.result(timeout=600)
+        self._pool.shutdown()
 
 
 def test_concurrent_registrations(

@@ -1,7 +1,6 @@
-"""The serving folder follows the alias (`components.register.serving`), and no single object
-write on gs:// shows a partial version: through promotions, registrations that do not promote,
-crashes (a real process killed in the middle), on local disk and on gs:// (fake-gcs-server).
-Concurrent promotions are raced in test_registry.py."""
+"""The serving folder follows the alias through promotions, registrations that do not promote and
+crashes, and no single object write on gs:// shows a partial version; on local disk and on gs://
+(fake-gcs-server). Concurrent promotions are raced in test_registry.py."""
 
 from __future__ import annotations
 
@@ -22,10 +21,6 @@ from components.register.tests.registering import register_run
 
 def _folder(root: str) -> ServingFolder:
     return ServingFolder(ModelStore(root, "mnist-cnn"))
-
-
-def _files_below(prefix: str) -> set[str]:
-    return set(storage.checksums(prefix))
 
 
 def test_no_object_write_on_gcs_shows_a_partial_version(
@@ -50,9 +45,9 @@ def test_no_object_write_on_gcs_shows_a_partial_version(
 
     def inspect() -> None:
         for version in store.published_versions():
-            assert _files_below(store.version_uri(version)) == expected, version
-        visible = _files_below(store.version_uri(1))
-        staged = _files_below(storage.join(store.base, STAGING))
+            assert set(storage.checksums(store.version_uri(version))) == expected, version
+        visible = set(storage.checksums(store.version_uri(1)))
+        staged = storage.checksums(storage.join(store.base, STAGING))
         if visible in (set(), expected):
             publishing.append("complete" if visible else "absent")
         else:
@@ -61,7 +56,7 @@ def test_no_object_write_on_gcs_shows_a_partial_version(
             publishing.append("copying")
         if serving is None:
             return  # the first version: the folder has nothing to keep whole yet
-        files = _files_below(folder.uri)
+        files = storage.checksums(folder.uri)
         whole = tuple(v for v in (1, 2) if folder.holds(v))
         assert whole, files  # never without a whole version: the old one goes only after
         if f"2/{SAVED_MODEL_PB}" in files:
@@ -84,7 +79,7 @@ def test_no_object_write_on_gcs_shows_a_partial_version(
     serving = []
     assert register_run(trained_model, trained_summary, root, "run-2", 0.97).promoted
     assert serving[0] == (1,) and (1, 2) in serving and serving[-1] == (2,)
-    assert folder.versions() == [2] and _files_below(storage.join(store.base, STAGING)) == set()
+    assert folder.versions() == [2] and not storage.checksums(storage.join(store.base, STAGING))
 
 
 def _snapshot(root: str) -> dict[str, Any]:

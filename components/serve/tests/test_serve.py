@@ -1,6 +1,5 @@
-"""`make serve`'s server, for real: ``python -m components.serve`` (KServe's model server with
-the `DigitPredictor`) started on loopback on a free port, answering held-out digits of the
-bundled dataset over the V1 protocol, checked against the evaluate step on the same digits."""
+"""`make serve`'s server for real, on a free loopback port, answering held-out digits over the V1
+protocol, checked against the evaluate step on the same digits."""
 
 from __future__ import annotations
 
@@ -31,15 +30,13 @@ MODEL = "mnist-cnn"
 
 @pytest.fixture(scope="session")
 def challenger_model(tiny_dataset: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A second real SavedModel (another seed, 1 epoch): predictions other than
-    `trained_model`'s."""
+    """A second real SavedModel (another seed, 1 epoch), predicting otherwise."""
     from tests.conftest import train_small
 
     return train_small(tiny_dataset, 3, 1, tmp_path_factory.mktemp("challenger") / "model")
 
 
 def register_model(model: Any, root: str, run_id: str, accuracy: float, tmp_path: Path) -> Any:
-    """Register `model` (a `TrainedModel`) under `root` with a run summary recording its digest."""
     summary = tmp_path / f"{run_id}-summary.json"
     summary.write_text(summary_json(model.saved_model_sha256, world_size=1))
     return register_run(model, str(summary), root, run_id, accuracy)
@@ -85,7 +82,6 @@ def _answers(port: int) -> bool:
 
 
 def post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
-    """POST `body` as JSON; (status, JSON answer), errors included."""
     data = json.dumps(body).encode()
     request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
     try:
@@ -96,7 +92,6 @@ def post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
 
 
 def served(url: str, images: np.ndarray) -> np.ndarray:
-    """The served probabilities of `images`, posted as raw pixel lists, 200 at a time."""
     rows = []
     for start in range(0, len(images), 200):
         status, answer = post(url, {"instances": images[start : start + 200].tolist()})
@@ -106,8 +101,7 @@ def served(url: str, images: np.ndarray) -> np.ndarray:
 
 
 def evaluate_step_predictions(model_dir: str, images: np.ndarray) -> np.ndarray:
-    """What the evaluate step computes for `images`: its loader, its batch size."""
-    return load_serving(model_dir, model_dir)(images, EVAL_BATCH_SIZE)
+    return load_serving(model_dir, model_dir)(images, EVAL_BATCH_SIZE)  # the evaluate step's
 
 
 def test_serves_the_champion_with_the_evaluate_steps_predictions(
