@@ -18,14 +18,17 @@ from components.train.config import TrainConfig
 
 KIND = "kfp-horovod/run-summary/v1"
 Record = dict[str, Any]
+ALLREDUCE_TEXT = {
+    "nccl": "GPU to GPU (NCCL)",
+    "host": "through host memory (Horovod's CPU operations)",
+}
 
 
 @dataclass
 class RunSummary:
-    """One job's outcome. Each rank's record in `per_rank` is
-    `components.train.telemetry.Telemetry.rank_record`; `resource_use` is
-    `components.train.telemetry.resource_use`; `elastic` an elastic job's world sizes and every
-    epoch's coverage; `training_backend` and its reason are the train step's."""
+    """One job's outcome, as `components.train.telemetry.Telemetry.run_summary` gathers it;
+    `elastic`: an elastic job's world sizes and every epoch's coverage; `training_backend` and
+    its reason are the train step's."""
 
     config: TrainConfig
     world_size: int
@@ -174,10 +177,6 @@ def coordination_report(summary: RunSummary) -> str:
     size, cov = s.world_size, s.coverage
     resumed = f" (resumed after epoch {s.resumed_from_epoch})" if s.resumed_from_epoch else ""
     reason = f" ({s.training_backend_reason})" if s.training_backend_reason else ""
-    allreduce = {
-        "nccl": "GPU to GPU (NCCL)",
-        "host": "through host memory (Horovod's CPU operations)",
-    }
     outcome = (
         "and trained ONE model"
         if s.weights_identical_across_ranks
@@ -198,7 +197,7 @@ def coordination_report(summary: RunSummary) -> str:
         "",
         *([f"- Backend: **{s.training_backend}**{reason}"] if s.training_backend else []),
         f"- Gradient allreduce: **{s.gradient_allreduce}**, "
-        f"{allreduce.get(s.gradient_allreduce, s.gradient_allreduce)}",
+        f"{ALLREDUCE_TEXT.get(s.gradient_allreduce, s.gradient_allreduce)}",
         f"- Global batch: **{s.global_batch_size}** = {size} workers x "
         f"{c.batch_size_per_worker} per worker",
         f"- Learning rate: **{lr}** = {how}, warmed up over {c.warmup_epochs} epoch(s)",

@@ -1,11 +1,6 @@
-"""Device placement, threads per process, and the refusals of a job that asked for GPUs.
-
-There is no GPU on this machine, so the GPU cases drive `configure_devices` and `gpu_usage` with
-a stand-in for ``tf.config`` that records what it is asked and answers as TensorFlow does on a
-GPU host (the CPU case uses the real TensorFlow, in a subprocess, since thread settings can only
-be made before TF starts). The refusals run for real on this machine's real TensorFlow and
-Horovod in ``test_trainer_preflight.py``.
-"""
+"""Device placement, threads per process, and the refusals of a job that asked for GPUs. The GPU
+cases drive a stand-in for ``tf.config`` (no GPU here); the CPU case runs the real TensorFlow in
+a subprocess (threads are set before TF starts); real refusals: test_trainer_bad_input.py."""
 
 from __future__ import annotations
 
@@ -101,9 +96,8 @@ def test_a_job_that_asked_for_gpus_is_refused_unless_each_rank_has_one() -> None
 
 @pytest.mark.parametrize("quiet", [False, True], ids=["rank 0", "another rank"])
 def test_cpu_run_uses_the_real_tensorflow_settings(quiet: bool) -> None:
-    """The real TensorFlow (a CUDA build) on this host without a GPU driver: a CPU rank, its
-    threads set, and TensorFlow's "failed call to cuInit" line from rank 0 only, not once per
-    rank (the ranks of a CPU job all print it)."""
+    """The real TensorFlow on this host without a GPU driver: a CPU rank, its threads set, and
+    TensorFlow's "failed call to cuInit" line from rank 0 only."""
     code = f"""
 import json, tensorflow as tf
 from components.train.devices import configure_devices
@@ -145,10 +139,8 @@ V1 = "cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us"
 def test_threads_split_the_cores_among_local_ranks_capped_by_the_cpu_limit(
     tmp_path: Path, files: dict[str, str], quota: float | None
 ) -> None:
-    """A container with a CPU limit of 1 (cgroup v2 ``cpu.max`` "100000 100000") gets 1 thread,
-    whatever the visible cores: a Kubernetes CPU limit is a CFS quota, not an affinity mask.
-    (The files stand in for the kernel's cgroup files; the container tests check a real
-    ``--cpus``.)"""
+    """A CPU limit caps the threads whatever the visible cores (the container tests check a real
+    ``--cpus``)."""
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)

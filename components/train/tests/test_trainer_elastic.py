@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -123,20 +122,3 @@ def _when_resumed_at_two_and_checkpointed(out: Path, lines: list[str], action: A
         time.sleep(0.05)
     done = json.loads((out / "checkpoints" / "latest.json").read_text())["epoch"]
     _when_checkpointed(out, done + 1, action)
-
-
-def test_an_elastic_job_below_its_minimum_stops_before_training(
-    mnist_3000: str, tmp_path: Path
-) -> None:
-    """A plain 1-rank horovodrun job of a trainer told it needs at least 2: the preflight."""
-    config = TrainConfig(data=mnist_3000, output=str(tmp_path / "out"), workers=3, min_workers=2)
-    from components.train.config import to_argv
-    from components.train.launch import job_environment, local_command
-
-    done = subprocess.run(
-        local_command(1, to_argv(config)), capture_output=True, text=True, timeout=120,
-        env=job_environment(),
-    )  # fmt: skip
-    assert done.returncode != 0
-    assert "fewer than its minimum of 2" in done.stdout + done.stderr
-    assert not (tmp_path / "out").exists()
