@@ -63,16 +63,29 @@ def _write_stdout(text: str) -> None:
     os.write(1, text.encode())  # one write(2) of one short line: never split by other output
 
 
-def heartbeat(period_s: float, write: Callable[[str], None] = _write_stdout) -> Callable[[], None]:
-    """Beat every `period_s` from a daemon thread; returns what stops it and says ``done``."""
+def start_from_env(
+    environ: Mapping[str, str] | None = None, write: Callable[[str], None] = _write_stdout
+) -> Callable[[], None] | None:
+    """Start this rank's heartbeat if `HEARTBEAT_ENV` asks for one, first thing in ``python -m
+    components.train`` (TensorFlow's import takes seconds), from a daemon thread. ``done`` is
+    said at exit (or by the stop returned), after Horovod's own exit handler (registered later,
+    so run earlier) has shut Horovod down."""
+    value = (os.environ if environ is None else environ).get(HEARTBEAT_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        period = float(value)
+    except ValueError:
+        period = math.nan
+    if not (math.isfinite(period) and period > 0):
+        raise ValueError(f"{HEARTBEAT_ENV} must be a positive number of seconds, got {value!r}")
     line = f"{MARK} {{}} host={socket.gethostname()} pid={os.getpid()}\n"
     stopped = threading.Event()
 
     def beat() -> None:
-        while True:
+        write(line.format("beat"))
+        while not stopped.wait(period):
             write(line.format("beat"))
-            if stopped.wait(period_s):
-                return
 
     thread = threading.Thread(target=beat, daemon=True, name="heartbeat")
     thread.start()
@@ -83,23 +96,6 @@ def heartbeat(period_s: float, write: Callable[[str], None] = _write_stdout) -> 
             thread.join()
             write(line.format("done"))
 
-    return stop
-
-
-def start_from_env(environ: Mapping[str, str] | None = None) -> Callable[[], None] | None:
-    """Start this rank's heartbeat if `HEARTBEAT_ENV` asks for one, first thing in ``python -m
-    components.train`` (TensorFlow's import takes seconds). ``done`` is said at exit, after
-    Horovod's own exit handler (registered later, so run earlier) has shut Horovod down."""
-    value = (os.environ if environ is None else environ).get(HEARTBEAT_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        period = float(value)
-    except ValueError:
-        period = math.nan
-    if not (math.isfinite(period) and period > 0):
-        raise ValueError(f"{HEARTBEAT_ENV} must be a positive number of seconds, got {value!r}")
-    stop = heartbeat(period)
     atexit.register(stop)
     return stop
 

@@ -69,7 +69,8 @@ def test_a_silent_rank_is_named_with_its_host_or_expected_host_and_done_is_not_w
 
 def test_the_heartbeat_beats_until_stopped_then_says_done_once() -> None:
     lines: list[str] = []
-    stop = mpiwatch.heartbeat(0.01, write=lines.append)
+    stop = mpiwatch.start_from_env({HEARTBEAT_ENV: "0.01"}, lines.append)
+    assert stop is not None
     while len(lines) < 3:
         time.sleep(0.01)
     stop()
