@@ -1,7 +1,6 @@
-"""components/train/cuda.py on this CPU machine: the dev venv has the CUDA build of TensorFlow
-but none of its CUDA libraries (they are the GPU image's nvidia-*-cu12 wheels), so every one is
-reported missing, by soname; the loading itself is tested with real shared objects in temporary
-folders, and the folders against TensorFlow's own RUNPATH (``readelf``)."""
+"""components/train/cuda.py here, where the venv has TensorFlow's CUDA build but none of its
+CUDA libraries; the loading is tested with real shared objects in temporary folders, the
+folders against TensorFlow's own RUNPATH (``readelf``)."""
 
 from __future__ import annotations
 
@@ -85,8 +84,7 @@ def test_the_folder_is_loaded_from_first_then_the_system_loader(tmp_path: Path) 
 
 
 def test_sonames_agree_with_the_cuda_lock_and_tensorflows_build() -> None:
-    """Each soname's major version is its wheel's (pinned in lock-cuda.txt), and libcudart's and
-    libcudnn's are the CUDA and cuDNN versions the locked TensorFlow was built with."""
+    """Each soname's major is its wheel's; libcudart's and libcudnn's are TensorFlow's build's."""
     from components.common.keras_env import tensorflow
 
     pins = dict(

@@ -50,13 +50,19 @@ class _FakeConfig:
         return [args[0] for name, args in self.calls if name == "visible" and args[1] == kind]
 
 
-def test_each_process_is_pinned_to_the_gpu_of_its_local_rank() -> None:
+def test_each_process_is_pinned_to_the_gpu_of_its_local_rank_and_reports_it() -> None:
     for local_rank in range(4):
         config = _FakeConfig(["gpu0", "gpu1", "gpu2", "gpu3"])
-        devices = configure_devices(SimpleNamespace(config=config), local_rank, 4, None)
+        tf = SimpleNamespace(config=config)
+        devices = configure_devices(tf, local_rank, 4, None)
         assert devices.device == f"GPU:{local_rank}" and devices.gpus_found == 4
         assert ("visible", (f"gpu{local_rank}", "GPU")) in config.calls
         assert ("memory_growth", (f"gpu{local_rank}", True)) in config.calls
+        assert gpu_usage(tf, devices) == {
+            "gpu_name": f"NVIDIA H100 80GB HBM3 (gpu{local_rank})",
+            "gpu_peak_memory_bytes": 3 * 2**30,
+        }
+    assert gpu_usage(tf, configure_devices(SimpleNamespace(config=_FakeConfig([])), 0, 1, 1)) == {}
 
 
 @pytest.mark.parametrize(("threads", "inter"), [(3, 2), (1, 1), (4, 2)])
@@ -67,16 +73,6 @@ def test_the_thread_override_wins_and_inter_op_threads_are_min_2_intra(
     devices = configure_devices(SimpleNamespace(config=config), 0, 2, threads)
     assert devices == Devices("CPU", threads, 0)
     assert ("intra", threads) in config.calls and ("inter", inter) in config.calls
-
-
-def test_a_gpu_rank_reports_its_gpus_name_and_peak_memory() -> None:
-    config = _FakeConfig(["gpu0", "gpu1"])
-    tf = SimpleNamespace(config=config)
-    devices = configure_devices(tf, 1, 2, None)
-    assert gpu_usage(tf, devices) == {
-        "gpu_name": "NVIDIA H100 80GB HBM3 (gpu1)", "gpu_peak_memory_bytes": 3 * 2**30,
-    }  # fmt: skip
-    assert gpu_usage(tf, configure_devices(SimpleNamespace(config=_FakeConfig([])), 0, 1, 1)) == {}
 
 
 def test_a_job_that_asked_for_gpus_is_refused_unless_each_rank_has_one() -> None:

@@ -1,7 +1,5 @@
-"""The local launcher (components/train/launch.py): its command lines and environment, and both
-launchers run for real: mpirun with 2 Horovod ranks (each rank's background thread on its own
-core, the environment forwarded with ``-x``, a line every rank prints shown once), and
-horovodrun through ``python -m components.train.launch`` (its options and exit codes)."""
+"""The local launcher's command lines and environment, and both launchers run for real: mpirun
+with 2 Horovod ranks, and horovodrun through ``python -m components.train.launch``."""
 
 from __future__ import annotations
 
