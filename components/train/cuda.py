@@ -67,23 +67,9 @@ def missing_cuda_libraries(folder: Path | None = None) -> dict[str, str]:
     return {soname: why for soname, (ok, why) in loaded.items() if not ok}
 
 
-def horovod_problems(gradient_allreduce: str) -> list[str]:
-    """[] if Horovod's NCCL build matches `gradient_allreduce` (host: none, nccl: NCCL)."""
-    if gradient_allreduce not in GRADIENT_ALLREDUCE:
-        raise ValueError(
-            f"gradient_allreduce must be one of {GRADIENT_ALLREDUCE}, got {gradient_allreduce!r}"
-        )
-    tensorflow()
-    import horovod.tensorflow as hvd
-
-    if (gradient_allreduce == "nccl") == bool(nccl := hvd.nccl_built()):
-        return []
-    built = f"with NCCL (version code {nccl})" if nccl else "without NCCL"
-    return [f"{GRADIENT_ALLREDUCE_LABEL}={gradient_allreduce}, but Horovod was built {built}"]
-
-
 def check_image(gradient_allreduce: str, cuda: bool = True) -> int:
-    """Print what the image has; 0 if every check passes, else 1 (the problems on stderr)."""
+    """Print what the image has; 0 if every check passes, else 1 (the problems on stderr).
+    Horovod's NCCL build must match `gradient_allreduce` (host: none, nccl: NCCL)."""
     problems: list[str] = []
     if cuda:
         for soname in TF_CUDA_LIBRARIES:
@@ -99,7 +85,14 @@ def check_image(gradient_allreduce: str, cuda: bool = True) -> int:
         )
         if not (tf.test.is_built_with_cuda() and info.get("is_cuda_build")):
             problems.append(f"TensorFlow {tf.__version__} is not a CUDA build: {info}")
-    problems += horovod_problems(gradient_allreduce)
+    tensorflow()
+    import horovod.tensorflow as hvd
+
+    if (gradient_allreduce == "nccl") != bool(nccl := hvd.nccl_built()):
+        built = f"with NCCL (version code {nccl})" if nccl else "without NCCL"
+        problems.append(
+            f"{GRADIENT_ALLREDUCE_LABEL}={gradient_allreduce}, but Horovod was built {built}"
+        )
     for problem in problems:
         print(f"cuda check: {problem}", file=sys.stderr)
     if not problems:

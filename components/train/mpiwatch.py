@@ -197,14 +197,11 @@ def kill_job(pid: int) -> None:
     """SIGKILL `pid` and every process below it (mpirun gives each rank its own group)."""
     import psutil
 
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
 
 
 def watch(

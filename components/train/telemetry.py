@@ -272,7 +272,7 @@ class Telemetry:
                 "uri": config.data,
                 "manifest_sha256": shard.manifest_sha256,
                 "train_samples": shard.total,
-            },  # fmt: skip
+            },
             per_rank=per_rank,
             coverage=coverage(all_ids, shard.total),
             weights_identical_across_ranks=len({r["weights_sha256"] for r in per_rank}) == 1,
