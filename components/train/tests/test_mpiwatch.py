@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -135,12 +136,7 @@ def run_watch(command: list[str], bound_s: float) -> tuple[int, str]:
 
 
 def rank_pids(output: str) -> dict[int, int]:
-    found = {}
-    for line in output.splitlines():
-        words = line.split(":", 1)[-1].split()
-        if len(words) == 4 and words[0] == "rank" and words[2] == "pid":
-            found[int(words[1])] = int(words[3])
-    return found
+    return {int(r): int(p) for r, p in re.findall(r":rank (\d+) pid (\d+)$", output, re.M)}
 
 
 def assert_gone(pids: list[int]) -> None:
