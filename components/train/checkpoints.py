@@ -1,23 +1,14 @@
 """Per-epoch checkpoints, written by rank 0 only, to a local path or gs://.
 
-Layout under the checkpoint directory::
+Layout: ``epoch-0003/ckpt.*`` (the ``tf.train.Checkpoint``), ``epoch-0003/checkpoint.json``
+(epoch, prefix, metrics, model, and each file's bytes and sha256), written after the other
+files, and ``latest.json`` (the same without the files) after the whole epoch directory: a run
+killed mid-write resumes from the previous complete checkpoint. The last `keep` are kept.
 
-    epoch-0003/ckpt.index, epoch-0003/ckpt.data-00000-of-00001
-    epoch-0003/checkpoint.json   {"epoch": 3, "prefix": "epoch-0003/ckpt", "metrics": {...},
-                                  "model": "mnist_advanced", "files": {name: {bytes, sha256}}}
-    latest.json   {"epoch": 3, "prefix": "epoch-0003/ckpt", "metrics": {...}, "model": ...}
-
-Each epoch's ``checkpoint.json`` is written after its other files, and ``latest.json`` after
-the whole epoch directory, so a run killed mid-write resumes from the previous complete
-checkpoint. The last `keep` checkpoints are kept.
-
-Choosing where to resume (`latest`): ``latest.json`` names the newest committed epoch; that
-epoch and the older ones are checked newest first against their own ``checkpoint.json`` (every
-file there, with its size and sha256), and the first that checks out is used. When it is not
-the one ``latest.json`` names, or ``latest.json`` itself is unreadable or gone, one log line
-says which checkpoint was passed over and why. A resume never silently starts from scratch:
-once anything was committed (``latest.json`` or an epoch's ``checkpoint.json`` exists) and no
-checkpoint checks out, `latest` raises `CheckpointError` naming each one.
+`latest` checks the epoch ``latest.json`` names and the older ones, newest first, against their
+own ``checkpoint.json``; one log line says which were passed over and why. Once anything was
+committed, a resume never silently starts from scratch: no checkpoint that checks out is a
+`CheckpointError` naming each one.
 """
 
 from __future__ import annotations
@@ -45,13 +36,18 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """The latest complete checkpoint: the number of finished epochs, their metrics, and the
-    model that was trained."""
+    """A complete checkpoint: the number of finished epochs, their metrics, the model."""
 
     epoch: int
     prefix: str
     metrics: dict[str, float]
     model: str
+
+    @classmethod
+    def of(cls, raw: Any) -> CheckpointInfo:
+        """From a parsed marker; raises KeyError, TypeError or ValueError."""
+        return cls(int(raw["epoch"]), str(raw["prefix"]), dict(raw.get("metrics", {})),
+                   str(raw["model"]))  # fmt: skip
 
     def model_problem(self, model: str, checkpoint_uri: str) -> str | None:
         """Why a run training `model` cannot resume from this checkpoint, or None."""
@@ -65,52 +61,17 @@ class CheckpointInfo:
 
 
 def epoch_dir(epoch: int) -> str:
-    """The folder of the checkpoint after `epoch` epochs, e.g. ``epoch-0003``."""
     return f"epoch-{epoch:04d}"
 
 
-def _info(raw: Any) -> CheckpointInfo:
-    """A CheckpointInfo from a parsed marker; raises KeyError, TypeError or ValueError."""
-    return CheckpointInfo(
-        int(raw["epoch"]),
-        str(raw["prefix"]),
-        dict(raw.get("metrics", {})),
-        str(raw["model"]),
-    )
-
-
 def _read_marker(uri: str) -> tuple[Any, str | None]:
-    """``(parsed JSON, None)``, or ``(None, why not)`` for a missing or unreadable marker."""
+    """``(parsed JSON, None)``, or ``(None, why not)``."""
     try:
         return json.loads(storage.read_text(uri)), None
     except FileNotFoundError:
         return None, "missing"
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
         return None, f"unreadable: {exc}"
-
-
-def _files_under(checkpoint_uri: str) -> set[str]:
-    """Every file below `checkpoint_uri`, as a path relative to it (``epoch-0003/ckpt.index``)."""
-    files = storage.list_files(checkpoint_uri)
-    if storage.is_gcs(checkpoint_uri):
-        prefix = checkpoint_uri.rstrip("/") + "/"
-        return {f[len(prefix) :] for f in files}
-    return {Path(f).relative_to(checkpoint_uri).as_posix() for f in files}
-
-
-def _check_files(checkpoint_uri: str, folder: str, files: Any, present: set[str]) -> str | None:
-    """Why the files an epoch's marker lists are not all there, whole, or None if they are."""
-    if not isinstance(files, dict) or not files:
-        raise TypeError("its marker lists no files")
-    for name, want in sorted(files.items()):
-        if f"{folder}/{name}" not in present:
-            return f"{name} is missing"
-        data = storage.read_bytes(storage.join(checkpoint_uri, folder, name))
-        if len(data) != int(want["bytes"]):
-            return f"{name} has {len(data)} bytes, {int(want['bytes'])} were written"
-        if hashlib.sha256(data).hexdigest() != want["sha256"]:
-            return f"{name} does not match the sha256 recorded when it was written"
-    return None
 
 
 def _check_epoch(checkpoint_uri: str, epoch: int, present: set[str]) -> CheckpointInfo | str:
@@ -120,44 +81,39 @@ def _check_epoch(checkpoint_uri: str, epoch: int, present: set[str]) -> Checkpoi
         inside = any(f.startswith(folder + "/") for f in present)
         return f"no {EPOCH_MARKER}: incomplete" if inside else "its directory is missing"
     raw, problem = _read_marker(storage.join(checkpoint_uri, folder, EPOCH_MARKER))
-    try:
-        if problem is None:
-            problem = _check_files(checkpoint_uri, folder, raw["files"], present)
-        if problem is None:
-            info = _info(raw)
-            return info if info.epoch == epoch else f"its {EPOCH_MARKER} says epoch {info.epoch}"
-    except (KeyError, TypeError, ValueError) as exc:
-        problem = f"{EPOCH_MARKER} is malformed ({exc})"
-    return problem
-
-
-def _epochs_present(present: set[str]) -> set[int]:
-    """The epochs that have a directory among the files `present`."""
-    names = {f.split("/", 1)[0] for f in present}
-    return {int(m.group(1)) for m in map(_EPOCH_DIR.match, names) if m}
-
-
-def _pointer(checkpoint_uri: str) -> tuple[CheckpointInfo | None, str | None]:
-    """``latest.json`` as a CheckpointInfo, or ``(None, why not)``."""
-    raw, problem = _read_marker(storage.join(checkpoint_uri, LATEST))
     if problem is not None:
-        return None, problem
+        return problem
     try:
-        return _info(raw), None
+        files = raw["files"]
+        if not isinstance(files, dict) or not files:
+            raise TypeError("its marker lists no files")
+        for name, want in sorted(files.items()):
+            if f"{folder}/{name}" not in present:
+                return f"{name} is missing"
+            data = storage.read_bytes(storage.join(checkpoint_uri, folder, name))
+            if len(data) != int(want["bytes"]):
+                return f"{name} has {len(data)} bytes, {int(want['bytes'])} were written"
+            if hashlib.sha256(data).hexdigest() != want["sha256"]:
+                return f"{name} does not match the sha256 recorded when it was written"
+        info = CheckpointInfo.of(raw)
     except (KeyError, TypeError, ValueError) as exc:
-        return None, f"unreadable: {exc}"
+        return f"{EPOCH_MARKER} is malformed ({exc})"
+    return info if info.epoch == epoch else f"its {EPOCH_MARKER} says epoch {info.epoch}"
 
 
 def latest(checkpoint_uri: str, log: logging.Logger | None = None) -> CheckpointInfo | None:
-    """The newest usable checkpoint under `checkpoint_uri`, or None for a fresh start.
-
-    See the module docstring for the choice. `log` (default: this module's logger) gets the
-    one line saying which checkpoint was passed over, when one was. Raises `CheckpointError`
-    when checkpoints were committed but none checks out.
-    """
-    present = _files_under(checkpoint_uri)
-    pointer, pointer_problem = _pointer(checkpoint_uri)
-    epochs = _epochs_present(present)
+    """The newest usable checkpoint under `checkpoint_uri`, or None for a fresh start (see the
+    module doc). `log` (default: this module's) gets the line naming what was passed over."""
+    prefix = checkpoint_uri.rstrip("/") + "/"  # as storage.join spells each file
+    present = {f[len(prefix) :] for f in storage.list_files(checkpoint_uri)}
+    epochs = {int(m[1]) for m in map(_EPOCH_DIR.match, {f.split("/")[0] for f in present}) if m}
+    raw, pointer_problem = _read_marker(storage.join(checkpoint_uri, LATEST))
+    pointer = None
+    if pointer_problem is None:
+        try:
+            pointer = CheckpointInfo.of(raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            pointer_problem = f"unreadable: {exc}"
     if pointer_problem == "missing" and not any(
         f"{epoch_dir(e)}/{EPOCH_MARKER}" in present for e in epochs
     ):
@@ -179,15 +135,6 @@ def latest(checkpoint_uri: str, log: logging.Logger | None = None) -> Checkpoint
     )
 
 
-def _file_digests(folder: Path) -> dict[str, dict[str, Any]]:
-    """Size and sha256 of every file in `folder` (flat), by name."""
-    return {
-        p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-        for p in sorted(folder.iterdir())
-        if p.is_file()
-    }
-
-
 def save(
     checkpoint: Any,
     checkpoint_uri: str,
@@ -202,7 +149,13 @@ def save(
     marker = {"epoch": epoch, "prefix": f"{name}/ckpt", "metrics": metrics, "model": model}
     with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
         checkpoint.write(str(Path(tmp) / "ckpt"))
-        files = _file_digests(Path(tmp))
+        files = {
+            f.name: {
+                "bytes": f.stat().st_size,
+                "sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
+            }
+            for f in sorted(Path(tmp).iterdir())
+        }
         (Path(tmp) / EPOCH_MARKER).write_text(json.dumps({**marker, "files": files}))
         target = storage.join(checkpoint_uri, name)
         storage.remove_tree(target)  # a leftover from a run killed while writing this epoch
@@ -216,11 +169,8 @@ def save(
 
 
 def restore(checkpoint: Any, checkpoint_uri: str, info: CheckpointInfo, workdir: Path) -> None:
-    """Load the checkpoint described by `info` into `checkpoint` (all ranks may call this).
-
-    The files are copied into `workdir`, which must outlive the first training step: the
-    optimizer's slots only exist after it, and TensorFlow restores them then (deferred restore).
-    """
+    """Load `info`'s checkpoint into `checkpoint` (any rank), through `workdir`, which must
+    outlive the first training step: TensorFlow restores the optimizer's slots then."""
     folder = info.prefix.rsplit("/", 1)[0]
     local = storage.download_dir(storage.join(checkpoint_uri, folder), workdir / folder)
     checkpoint.read(str(local / "ckpt")).expect_partial()

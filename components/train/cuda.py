@@ -1,15 +1,12 @@
 """Can TensorFlow load its CUDA libraries here? And the trainer images' build-time check.
 
-The locked ``tensorflow`` wheel is a CUDA build whose CUDA, cuDNN and NCCL libraries come as the
-``nvidia-*-cu12`` wheels of ``tensorflow[and-cuda]`` (the GPU trainer image has them; the CPU
-image and the dev venv do not). TF dlopens each by soname, first from its wheel's folder (TF's
-RUNPATH names ``site-packages/nvidia/<wheel>/lib``), else by the system loader.
-`missing_cuda_libraries` loads them the same way without importing TensorFlow (milliseconds
-where they are absent): the trainer refuses a GPU job where one is missing.
-
-``python -m components.train.cuda --check --gradient-allreduce host|nccl`` is the GPU image's
-build-time check (images/trainer/Dockerfile): every library loads, TF is a CUDA build, and
-Horovod's NCCL build matches the image's label. ``--check-horovod`` checks only the last.
+The locked ``tensorflow`` is a CUDA build whose libraries come as the ``nvidia-*-cu12`` wheels
+of ``tensorflow[and-cuda]`` (only the GPU image has them). TF dlopens each by soname, first
+from its wheel's folder (TF's RUNPATH), else by the system loader; `missing_cuda_libraries` does
+the same without importing TensorFlow, so the trainer can refuse a GPU job where one is missing.
+``python -m components.train.cuda --check --gradient-allreduce host|nccl`` is the images'
+build-time check (every library loads, TF is a CUDA build, Horovod's NCCL build matches the
+label); ``--check-horovod`` checks only the last.
 """
 
 from __future__ import annotations
@@ -19,6 +16,8 @@ import ctypes
 import importlib.util
 import sys
 from pathlib import Path
+
+from components.common.keras_env import tensorflow
 
 # What TF dlopens, by soname (the majors of its CUDA 12.5 / cuDNN 9 / NCCL 2 build), and the
 # wheel that ships each. TF registers no GPU unless the first seven load; libnccl serves NCCL
@@ -40,7 +39,7 @@ GRADIENT_ALLREDUCE_LABEL = "io.kfp-horovod.gradient-allreduce"
 
 
 def wheel_folder(soname: str) -> Path | None:
-    """The folder of `soname`'s wheel, where TF looks first (None: TF is not installed)."""
+    """The folder of `soname`'s wheel, where TF looks first (None: no TF installed)."""
     spec = importlib.util.find_spec("tensorflow")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -50,9 +49,8 @@ def wheel_folder(soname: str) -> Path | None:
 
 
 def load_library(soname: str, folder: Path | None) -> tuple[bool, str]:
-    """dlopen `soname` as TF would: from `folder` if it has the file (a file there that does not
-    load is an error), else by the system loader; it stays loaded. (True, where from) or (False,
-    why not)."""
+    """dlopen `soname` as TF would: from `folder` if the file is there (and then only there),
+    else by the system loader. (True, where from) or (False, why not)."""
     path = folder / soname if folder and (folder / soname).is_file() else None
     try:
         ctypes.CDLL(str(path or soname))
@@ -63,41 +61,21 @@ def load_library(soname: str, folder: Path | None) -> tuple[bool, str]:
 
 
 def missing_cuda_libraries(folder: Path | None = None) -> dict[str, str]:
-    """soname -> why it does not load, for each CUDA library TF needs (empty: all load), from
-    `folder` (default: each one's `wheel_folder`). Imports no TensorFlow: milliseconds where
-    they are absent."""
+    """soname -> why it does not load, for each CUDA library TF needs, from `folder` (default:
+    each one's `wheel_folder`)."""
     loaded = {s: load_library(s, folder or wheel_folder(s)) for s in TF_CUDA_LIBRARIES}
     return {soname: why for soname, (ok, why) in loaded.items() if not ok}
 
 
-def horovod_problems(gradient_allreduce: str) -> list[str]:
-    """[] if Horovod's NCCL build matches `gradient_allreduce` (host: none, nccl: NCCL)."""
-    if gradient_allreduce not in GRADIENT_ALLREDUCE:
-        raise ValueError(
-            f"gradient_allreduce must be one of {GRADIENT_ALLREDUCE}, got {gradient_allreduce!r}"
-        )
-    from components.common.keras_env import tensorflow
-
-    tensorflow()
-    import horovod.tensorflow as hvd
-
-    nccl = hvd.nccl_built()
-    if (gradient_allreduce == "nccl") == bool(nccl):
-        return []
-    built = f"with NCCL (version code {nccl})" if nccl else "without NCCL"
-    return [f"{GRADIENT_ALLREDUCE_LABEL}={gradient_allreduce}, but Horovod was built {built}"]
-
-
 def check_image(gradient_allreduce: str, cuda: bool = True) -> int:
-    """Print what the image has; 0 if every check passes, else 1 (the problems on stderr)."""
+    """Print what the image has; 0 if every check passes, else 1 (the problems on stderr).
+    Horovod's NCCL build must match `gradient_allreduce` (host: none, nccl: NCCL)."""
     problems: list[str] = []
     if cuda:
         for soname in TF_CUDA_LIBRARIES:
             ok, what = load_library(soname, wheel_folder(soname))
             print(f"cuda: {soname}: {f'loads from {what}' if ok else 'MISSING'}")
             problems += [] if ok else [f"cannot load {soname}: {what}"]
-        from components.common.keras_env import tensorflow
-
         tf = tensorflow()
         info = dict(tf.sysconfig.get_build_info())
         print(
@@ -107,7 +85,14 @@ def check_image(gradient_allreduce: str, cuda: bool = True) -> int:
         )
         if not (tf.test.is_built_with_cuda() and info.get("is_cuda_build")):
             problems.append(f"TensorFlow {tf.__version__} is not a CUDA build: {info}")
-    problems += horovod_problems(gradient_allreduce)
+    tensorflow()
+    import horovod.tensorflow as hvd
+
+    if (gradient_allreduce == "nccl") != bool(nccl := hvd.nccl_built()):
+        built = f"with NCCL (version code {nccl})" if nccl else "without NCCL"
+        problems.append(
+            f"{GRADIENT_ALLREDUCE_LABEL}={gradient_allreduce}, but Horovod was built {built}"
+        )
     for problem in problems:
         print(f"cuda check: {problem}", file=sys.stderr)
     if not problems:
@@ -120,12 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m components.train.cuda", description=__doc__.splitlines()[0]
     )
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument(
-        "--check", action="store_true", help="the GPU image: libraries, CUDA build, Horovod"
-    )
-    what.add_argument(
-        "--check-horovod", action="store_true", help="only Horovod's NCCL build against the label"
-    )
+    what.add_argument("--check", action="store_true", help="libraries, CUDA build, Horovod")
+    what.add_argument("--check-horovod", action="store_true", help="Horovod's NCCL build only")
     parser.add_argument("--gradient-allreduce", choices=GRADIENT_ALLREDUCE, required=True)
     args = parser.parse_args(argv)
     return check_image(args.gradient_allreduce, cuda=args.check)

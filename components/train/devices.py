@@ -1,17 +1,10 @@
 """Devices and threads: the first thing a rank sets up after ``hvd.init()``.
 
-- `configure_devices` pins the rank to the GPU of its local rank (if any) and sets its CPU
-  thread pools, before TensorFlow executes any op.
-- `gpu_problem` says why a job that asked for GPUs must not train here: the image is a CPU image
-  (TensorFlow cannot load the CUDA libraries), the rank sees no GPU, or its host has fewer GPUs
-  than its local ranks need. A job never trains on the CPU by mistake: the ranks agree on the
-  problem and all stop before training (`components.train.trainer`).
-- `default_threads` is a rank's share of the cores it may run on, capped by its CPU limit: a
-  Kubernetes CPU limit (Docker's ``--cpus``) is a CFS quota, which does not change the cores a
-  process sees, only how long it may run on them; a rank that sized its thread pools by the
-  visible cores of a 64-core node with a limit of 2 would start 64 threads and be throttled.
-- `gpu_usage` is what the coordination report shows of a rank's GPU: its name and the peak of
-  the memory TensorFlow allocated on it.
+`configure_devices` pins the rank to the GPU of its local rank (if any) and sizes its CPU
+thread pools by `default_threads`: its share of the cores, capped by its CPU limit (a Kubernetes
+CPU limit is a CFS quota, which does not change the cores a process sees: a rank of a 64-core
+node limited to 2 would otherwise start 64 threads and be throttled). `gpu_problem` says why a
+job that asked for GPUs must not train here: a job never trains on the CPU by mistake.
 """
 
 from __future__ import annotations
@@ -34,12 +27,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def cpu_quota(cgroup_root: Path = CGROUP_ROOT) -> float | None:
-    """The CPU limit of this process's cgroup in cores, or None if no limit is set.
-
-    Reads cgroup v2 (``cpu.max``: ``"<quota> <period>"`` or ``"max <period>"``) or cgroup v1
-    (``cpu/cpu.cfs_quota_us`` and ``cpu/cpu.cfs_period_us``; -1 means no limit), as a
-    container sees its own cgroup at `cgroup_root`.
-    """
+    """The CPU limit of this process's cgroup (v2 ``cpu.max``, or v1's CFS files) in cores, or
+    None if no limit is set."""
     v2 = cgroup_root / "cpu.max"
     try:
         if v2.is_file():
@@ -56,8 +45,8 @@ def cpu_quota(cgroup_root: Path = CGROUP_ROOT) -> float | None:
 
 
 def default_threads(local_size: int, cgroup_root: Path = CGROUP_ROOT) -> int:
-    """CPU threads per process: usable cores (visible, capped by the CPU limit) split among the
-    `local_size` ranks of this host; never below 1. A fractional limit rounds down."""
+    """The usable cores (a fractional limit rounds down) split among the `local_size` ranks
+    of this host; never below 1."""
     cores = len(os.sched_getaffinity(0))  # the cores this process may be scheduled on (Linux)
     quota = cpu_quota(cgroup_root)
     if quota is not None:
@@ -67,8 +56,8 @@ def default_threads(local_size: int, cgroup_root: Path = CGROUP_ROOT) -> int:
 
 @dataclass(frozen=True)
 class Devices:
-    """Where this rank computes: ``"GPU:<i>"`` or ``"CPU"``, its intra-op threads, and the GPUs
-    TensorFlow found on its host (before this rank kept only its own)."""
+    """Where this rank computes (``"GPU:<i>"`` or ``"CPU"``), its intra-op threads, and the GPUs
+    TensorFlow found on its host."""
 
     device: str
     threads: int
@@ -82,13 +71,9 @@ class Devices:
 def configure_devices(
     tf: Any, local_rank: int, local_size: int, threads: int | None, quiet: bool = False
 ) -> Devices:
-    """Pin this process to one GPU by local rank, or run on CPU; set the thread counts.
-
-    Intra-op threads: `threads`, or this rank's share of the cores; inter-op threads:
-    ``min(2, intra-op threads)``. Must run before TensorFlow executes any op. `quiet` (every
-    rank but 0): TensorFlow's line about a host without a GPU driver is left to rank 0, one
-    copy rather than one per rank.
-    """
+    """Pin this process to one GPU by local rank, or run on CPU; set the thread counts (inter-op:
+    at most 2), before TensorFlow executes any op. `quiet` (every rank but 0): TensorFlow's line
+    about a host without a GPU driver is left to rank 0."""
     with stderr_without(NO_DRIVER_NOISE) if quiet else contextlib.nullcontext():
         gpus = tf.config.list_physical_devices("GPU")
     if gpus:
@@ -107,13 +92,9 @@ def configure_devices(
 def gpu_problem(
     gpus_per_worker: int, local_size: int, gpus_found: int, missing_libraries: Sequence[str]
 ) -> str | None:
-    """Why a job asking for `gpus_per_worker` GPUs per worker cannot train on this rank's host,
-    or None (also None when it asked for none).
-
-    `missing_libraries` are the CUDA libraries TensorFlow needs and cannot load here (a CPU
-    image has none of them); `gpus_found` is what TensorFlow sees; each of the host's
-    `local_size` ranks needs a GPU of its own.
-    """
+    """Why a job asking for `gpus_per_worker` GPUs per worker cannot train on this rank's host
+    (the CUDA libraries TensorFlow cannot load, the GPUs it found, one per local rank), or
+    None."""
     if gpus_per_worker <= 0:
         return None
     asked = f"this job asked for {gpus_per_worker} GPU(s) per worker"
@@ -140,8 +121,7 @@ def gpu_problem(
 
 
 def gpu_usage(tf: Any, devices: Devices) -> dict[str, Any]:
-    """The rank's GPU for the run summary: ``gpu_name`` and ``gpu_peak_memory_bytes`` (the peak
-    TensorFlow allocated), or {} on the CPU."""
+    """The rank's GPU for the run summary (its name, the peak memory TensorFlow allocated)."""
     if not devices.on_gpu:
         return {}
     gpu = tf.config.get_visible_devices("GPU")[0]

@@ -1,28 +1,17 @@
 """Elastic training (``min_workers`` > 0): the job survives losing workers, and grows back.
 
-Every rank runs the trainer's own steps (`components.train.trainer`: shard, callbacks, fit,
-export) inside Horovod's elastic loop (``hvd.elastic.run``), with the model, the optimizer, the
-epoch, the last metrics and the job's own records in ``hvd.elastic.KerasState``:
+Every rank runs the trainer's own steps inside Horovod's elastic loop (``hvd.elastic.run``),
+with the model, the optimizer, the epoch, the last metrics and the job's records in a
+``KerasState``. It commits once per epoch, after rank 0's checkpoint; a commit also raises
+``HostsUpdatedInterrupt`` when hosts changed, so a job grows only at an epoch boundary. A lost
+worker fails the survivors' next collective: Horovod restores the last commit, forms a new world
+and calls `on_reset`; the interrupted epoch runs again from its start. Every attempt re-shards
+for its world size, re-scales Adam, and records each epoch's coverage (uncommitted records roll
+back with the state). The run summary records the world-size history.
 
-- **Commits once per epoch**, at its end, after rank 0's checkpoint. A commit also asks the
-  driver whether hosts changed, and raises ``HostsUpdatedInterrupt`` if so: a job grows only
-  at an epoch boundary.
-- **A lost worker** fails the survivors' next collective (``HorovodInternalError``). Horovod
-  restores the state of the last commit, forms a new world of the workers left, and calls
-  `on_reset` on every rank; the next attempt then starts from the sync, which broadcasts rank
-  0's committed state. The interrupted epoch runs again from its start at the new world size.
-- **Every attempt re-shards** the training split for its world size (disjoint blocks, as in a
-  static job), re-scales the learning rate, and checks after every epoch that the ranks'
-  batches covered every sample exactly once (`coverage` of every rank's ids, gathered). The
-  records of uncommitted epochs are rolled back with the rest of the state.
-- **One model**: when the last epoch is committed, rank 0 of the final world exports it, and
-  the run summary records the world-size history as (epoch, world_size, when, why) entries
-  and each epoch's coverage at the world size it ran with.
-
-Nothing may run a collective before the elastic loop: a worker that joins later runs this
-module from the start while the others wait in the loop's sync. So every rank reads the
-checkpoint marker itself (`trainer.build_or_resume`) and the shards are read and agreed on
-inside each attempt (`trainer.read_shard`).
+Nothing may run a collective before the elastic loop: a worker that joins later runs this module
+from the start while the others wait in the loop's sync. So every rank reads the checkpoint
+marker itself and the shards are read and agreed on inside each attempt.
 """
 
 from __future__ import annotations
@@ -41,13 +30,12 @@ COMMIT_AT_EPOCH_ENDS_ONLY = 2**62
 
 
 def world_entry(epoch: int, size: int, why: str) -> dict[str, Any]:
-    """One entry of the world-size history: from `epoch` (epochs done) on, `size` ranks."""
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return {"epoch": epoch, "world_size": size, "when": when, "why": why}
 
 
 def train_elastic(job: Job) -> int:
-    """Build (maybe resume) the model, train it elastically, export the one model. Exit code."""
+    """Build (maybe resume) the model, train it elastically, export the one model."""
     from horovod.common.exceptions import HostsUpdatedInterrupt
 
     hvd, config = job.hvd, job.config
@@ -100,8 +88,8 @@ def train_elastic(job: Job) -> int:
 
 
 def _attempt(job: Job, trainee: Trainee, state: Any) -> tuple[Any, int]:
-    """One attempt at the epochs left, in the world as it is now: this world's shard and Adam
-    settings, the static job's callbacks and fit, and the state's own callbacks after them."""
+    """One attempt at the epochs left in the world as it is now; the static job's callbacks
+    and fit, the state's own after them."""
     from horovod.tensorflow import allgather_object
 
     shard = trainer.read_shard(job)

@@ -1,13 +1,11 @@
 """Start the trainer as ONE Horovod job: mpirun for a static job, horovodrun for an elastic one.
 
-A static job runs `mpirun_command` under the heartbeat watch (`components.train.mpiwatch`): the
-one command line of a local job and of a cluster job's launcher (over its hostfile). Horovod's
-MPI controller measured faster than Gloo's TCP over loopback (bench/README.md) once a waiting
-rank yields its core instead of busy-polling it (`YIELD_WHEN_IDLE`); the rest is what
-``horovodrun --mpi`` passes. An elastic job (``min_workers`` > 0) runs ``horovodrun --gloo``
-(elastic Horovod has no MPI) as ``python -m components.train.launch ARGS``: horovodrun's own
-command line, its Gloo check answered from the installed library instead of by a process
-importing all of TensorFlow (seconds of a core per launch).
+A static job runs `mpirun_command` (a local job's and a cluster launcher's) under the heartbeat
+watch (`components.train.mpiwatch`). Horovod's MPI controller measured faster than Gloo's TCP
+over loopback (bench/README.md) once a waiting rank yields its core (`YIELD_WHEN_IDLE`). An
+elastic job runs ``horovodrun --gloo`` (elastic Horovod has no MPI) as ``python -m
+components.train.launch ARGS``: horovodrun's command line, its Gloo check answered from the
+installed library instead of by a process importing all of TensorFlow (seconds per launch).
 """
 
 from __future__ import annotations
@@ -46,9 +44,9 @@ def mpirun_command(
     forward: Sequence[str] = (),
     workdir: str | None = None,
 ) -> list[str]:
-    """``mpirun -np N ... PROGRAM``: `hosts` (``-H``; default: Open MPI's hostfile, which a
-    cluster job's launcher has), the environment `forward`-ed to the ranks (``-x NAME`` or ``-x
-    NAME=VALUE``: ranks started over ssh do not inherit the launcher's), their working folder."""
+    """``mpirun -np N ... PROGRAM`` on `hosts` (default: Open MPI's hostfile), the environment
+    `forward`-ed to the ranks (``NAME`` or ``NAME=VALUE``: ranks started over ssh do not
+    inherit the launcher's)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     command = ["mpirun", "-np", str(world_size), "--tag-output", *(["-H", hosts] if hosts else [])]
@@ -65,30 +63,24 @@ def horovodrun_command(args: Sequence[str], program: Sequence[str]) -> list[str]
 
 
 def static_command(workers: int, program: list[str], controller: str = "mpi") -> list[str]:
-    """`program` as one static job of `workers` local ranks: ``mpirun -np N -H localhost:N``
-    (`controller` ``mpi``) or ``horovodrun -np N -H localhost:N --gloo`` (``gloo``, which the
-    benchmarks compare)."""
-    if controller not in ("mpi", "gloo"):
-        raise ValueError(f"controller must be one of mpi, gloo, got {controller!r}")
+    """`program` as one static job of `workers` local ranks: ``mpirun`` (`controller` mpi) or
+    ``horovodrun --gloo`` (gloo, which the benchmarks compare)."""
     if controller == "gloo":
         return horovodrun_command(["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"],
                                   program)  # fmt: skip
+    if controller != "mpi":
+        raise ValueError(f"controller must be one of mpi, gloo, got {controller!r}")
     return mpirun_command(workers, program, hosts=f"localhost:{workers}")
 
 
-def local_command(
-    workers: int, args: list[str], python: str | None = None, controller: str = "mpi"
-) -> list[str]:
+def local_command(workers: int, args: list[str], controller: str = "mpi") -> list[str]:
     """The trainer as one static job: ``mpirun -np N ... python -m components.train ARGS``."""
-    return static_command(workers, [python or sys.executable, "-m", "components.train", *args],
-                          controller)  # fmt: skip
+    return static_command(workers, [sys.executable, "-m", "components.train", *args], controller)
 
 
-# Names of this machine, one per slot of a local elastic job. Horovod's elastic driver
-# blacklists a whole host when one of its ranks fails, so N slots of one host would all go with
-# one lost rank. Each of these spellings of the loopback address resolves to 127.0.0.1
-# (inet_aton's forms): horovodrun starts every slot here without ssh, and a lost rank takes out
-# only its own "host".
+# Names of this machine (inet_aton's spellings of 127.0.0.1), one per slot of a local elastic job:
+# Horovod's elastic driver blacklists a whole host when one of its ranks fails, so a lost rank
+# takes out only its own "host"; horovodrun starts every one here without ssh.
 LOOPBACK_NAMES = (
     "localhost", "127.0.0.1", "127.0.1", "127.1", "0x7f.1", "0x7f.0.1", "0x7f.0.0.1",
     "0177.1", "0177.0.1", "0177.0.0.1", "2130706433", "0x7f000001",
@@ -97,9 +89,8 @@ LOOPBACK_NAMES = (
 
 @dataclass(frozen=True)
 class LocalHosts:
-    """A local elastic job's host discovery, which its launcher (or a test) controls: `script`
-    prints the file where `offer` lists one name of this machine per slot. Listing more slots
-    grows the job at its next commit; listing fewer shrinks it."""
+    """A local elastic job's host discovery: `script` prints what `offer` lists, one name of
+    this machine per slot. Listing more slots grows the job at its next commit."""
 
     directory: Path
 
@@ -122,8 +113,7 @@ class LocalHosts:
 
 
 def elastic_launcher_args(workers: int, min_workers: int, hosts: LocalHosts) -> list[str]:
-    """Elastic horovodrun's arguments: between `min_workers` and `workers` ranks, found by
-    `hosts`' script, starting with the slots it lists now (loopback: one host, many names)."""
+    """Elastic horovodrun's arguments: `min_workers` to `workers` ranks found by `hosts`."""
     listed = len((hosts.directory / "hosts").read_text().split())
     return [
         "-np", str(min(listed, workers)), "--min-np", str(min_workers), "--max-np", str(workers),
@@ -131,25 +121,19 @@ def elastic_launcher_args(workers: int, min_workers: int, hosts: LocalHosts) -> 
     ]  # fmt: skip
 
 
-def thread_affinity(local_ranks: int) -> str:
-    """``HOROVOD_THREAD_AFFINITY`` for `local_ranks` ranks here: rank r's Horovod background
-    thread on core r (cycling over the cores this process may use). It measured 1.10x the 2x1
-    throughput (docs/performance.md): that thread's work stays off the core the other rank
-    computes on. It changes no arithmetic, so it is a default of every static local job."""
-    cores = sorted(os.sched_getaffinity(0))
-    return ",".join(str(cores[r % len(cores)]) for r in range(local_ranks))
-
-
 def job_environment(base: dict[str, str] | None = None, local_ranks: int = 0) -> dict[str, str]:
-    """The job's environment: quiet TF C++ logs, unbuffered output, a stall bound, Open MPI's
-    consent to run as root where this runs as root, and for a job of `local_ranks` ranks on this
-    machine (> 0), their `thread_affinity`. Values already in `base` are kept."""
+    """The job's environment (values already in `base` kept): quiet TF C++ logs, unbuffered
+    output, a stall bound, Open MPI's consent to run as root, and for `local_ranks` ranks here
+    rank r's Horovod background thread on core r: 1.10x the 2x1 throughput, arithmetic
+    unchanged (docs/performance.md)."""
     env = dict(os.environ if base is None else base)
     if os.geteuid() == 0:  # a CI machine, a container run as root
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     if local_ranks > 0:
-        env.setdefault("HOROVOD_THREAD_AFFINITY", thread_affinity(local_ranks))
+        cores = sorted(os.sched_getaffinity(0))
+        affinity = ",".join(str(cores[r % len(cores)]) for r in range(local_ranks))
+        env.setdefault("HOROVOD_THREAD_AFFINITY", affinity)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("PYTHONUNBUFFERED", "1")
     # If ranks stop agreeing on collectives, Horovod aborts the job instead of hanging.
@@ -160,15 +144,15 @@ def job_environment(base: dict[str, str] | None = None, local_ranks: int = 0) ->
 
 def in_build(controller: str) -> bool:
     """Whether the installed Horovod's TensorFlow library has `controller` (``GLOO``, ``MPI``),
-    read from the file without loading it (that would load TensorFlow's)."""
+    read from the file (loading it would load TensorFlow)."""
     files = metadata.files("horovod") or []
     libs = [f for f in files if f.name.startswith("mpi_lib") and "tensorflow" in f.parts]
     return any(BUILD_MARKERS[controller] in Path(str(f.locate())).read_bytes() for f in libs)
 
 
 def require(controller: str) -> None:
-    """Raise LaunchError, naming the fix, unless Horovod has `controller` (without MPI the
-    ranks of mpirun would each be a job of one) and, for MPI, mpirun is installed."""
+    """Raise LaunchError naming the fix unless Horovod has `controller` (without MPI, each of
+    mpirun's ranks would be a job of one) and, for MPI, mpirun is installed."""
     if controller == "MPI" and shutil.which("mpirun") is None:
         raise LaunchError(
             "mpirun is not installed: local Horovod jobs run on Open MPI. `make install` installs "
@@ -188,11 +172,9 @@ def run_local(
     env: dict[str, str] | None = None,
     hosts: LocalHosts | None = None,
 ) -> int:
-    """Run the trainer as one job of ``config.world_size`` processes here, its output to `log`
-    line by line; returns the exit code (`mpiwatch.EXIT_SILENT_RANK` when a static job's rank
-    fell silent). Past `timeout_s` the job is killed and TimeoutError raised. Raises
-    PreflightError, starting nothing, if ``config.model`` does not build a fitting model. An
-    elastic job finds its slots through `hosts` (default: all ``config.world_size`` listed)."""
+    """Run the trainer as one job of ``config.world_size`` processes here, its output to `log`;
+    returns the exit code (`mpiwatch.watch`'s). PreflightError, starting nothing, for a model
+    that does not build. An elastic job finds its slots through `hosts` (default: all)."""
     check_model_before_launch(config.model)
     ranks = 0 if config.elastic else config.world_size  # Horovod's elastic driver watches its own
     job_env = job_environment(env, ranks)
@@ -213,10 +195,9 @@ def run_local(
 
 
 def run_local_job(config: TrainConfig, log: Callable[[str], None] = print) -> None:
-    """`run_local`, each line every rank printed alike shown once (`RankLines`), raising when
-    the job fails: ValueError with rank 0's reason when the ranks stopped on one (bad input, a
-    refused GPU request: the step's one ``FAILED:`` line, so the rank's own line is held back),
-    RuntimeError for any other failure (a crash: the ranks' tracebacks are in the log above)."""
+    """`run_local`, a line every rank printed alike shown once, raising on failure: ValueError
+    with rank 0's reason when the ranks stopped on one (the step's one ``FAILED:`` line, so the
+    rank's own line is held back), else RuntimeError (the tracebacks are in the log above)."""
     held: list[str] = []
     once = RankLines(log)
 

@@ -5,14 +5,12 @@ job's launcher, `watch` in process for a local job (`components.train.launch.run
 
 Horovod's stall check cannot end a job whose rank is frozen (SIGSTOP, a hung node, a cut
 network): its negotiation is itself a collective that waits on that rank, and the transports'
-timeouts name no rank (bench/faults/). So every rank beats from its own thread, in an allreduce
-or not (`start_from_env`), and mpirun's ``--tag-output`` forwards each beat as
-``[job,rank]<stdout>:kfp-horovod-heartbeat ...``. The watch passes the rest of mpirun's output
-on. When a rank has been silent for over S seconds (never heard from: since the launch;
-``done``: no longer watched), mpirun is ended (SIGTERM; after a grace, SIGKILL to everything
-below it), one last line names the rank and its host, and the exit code is `EXIT_SILENT_RANK`;
-otherwise it is mpirun's (128 + N for a signal N). SIGTERM or SIGINT ends the job (mpirun and
-everything below it killed), as the launcher container's PID 1 too.
+timeouts name no rank (bench/faults/). So every rank beats from its own thread
+(`start_from_env`), mpirun's ``--tag-output`` forwards each beat, and the watch takes the beats
+out of mpirun's output. A rank silent for over S seconds (counted from the launch if never
+heard; ``done``: no longer watched) ends mpirun (SIGTERM, then SIGKILL to everything below it),
+one last line names the rank and its host, and the exit code is `EXIT_SILENT_RANK`; otherwise
+it is mpirun's (128 + N for a signal N). SIGTERM is handled like Ctrl-C (as a container's PID 1).
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import argparse
 import atexit
 import collections
 import contextlib
+import functools
 import math
 import os
 import re
@@ -56,8 +55,7 @@ RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")  # where mpirun / horovodru
 
 
 def period_for(bound_s: float) -> float:
-    """The heartbeat period for a silence bound of `bound_s`: `HEARTBEAT_SECONDS`, or less
-    so that `BEATS_PER_BOUND` beats fit in the bound."""
+    """The heartbeat period for a silence bound: `BEATS_PER_BOUND` beats fit in it."""
     return min(float(HEARTBEAT_SECONDS), bound_s / BEATS_PER_BOUND)
 
 
@@ -65,17 +63,29 @@ def _write_stdout(text: str) -> None:
     os.write(1, text.encode())  # one write(2) of one short line: never split by other output
 
 
-def heartbeat(period_s: float, write: Callable[[str], None] = _write_stdout) -> Callable[[], None]:
-    """Write ``kfp-horovod-heartbeat beat host=<host> pid=<pid>`` every `period_s` from a daemon
-    thread; returns what stops it and writes the ``done`` line (once)."""
+def start_from_env(
+    environ: Mapping[str, str] | None = None, write: Callable[[str], None] = _write_stdout
+) -> Callable[[], None] | None:
+    """Start this rank's heartbeat if `HEARTBEAT_ENV` asks for one, first thing in ``python -m
+    components.train`` (TensorFlow's import takes seconds), from a daemon thread. ``done`` is
+    said at exit (or by the stop returned), after Horovod's own exit handler (registered later,
+    so run earlier) has shut Horovod down."""
+    value = (os.environ if environ is None else environ).get(HEARTBEAT_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        period = float(value)
+    except ValueError:
+        period = math.nan
+    if not (math.isfinite(period) and period > 0):
+        raise ValueError(f"{HEARTBEAT_ENV} must be a positive number of seconds, got {value!r}")
     line = f"{MARK} {{}} host={socket.gethostname()} pid={os.getpid()}\n"
     stopped = threading.Event()
 
     def beat() -> None:
-        while True:
+        write(line.format("beat"))
+        while not stopped.wait(period):
             write(line.format("beat"))
-            if stopped.wait(period_s):
-                return
 
     thread = threading.Thread(target=beat, daemon=True, name="heartbeat")
     thread.start()
@@ -86,32 +96,12 @@ def heartbeat(period_s: float, write: Callable[[str], None] = _write_stdout) -> 
             thread.join()
             write(line.format("done"))
 
-    return stop
-
-
-def start_from_env(environ: Mapping[str, str] | None = None) -> Callable[[], None] | None:
-    """Start this rank's heartbeat if `HEARTBEAT_ENV` asks for one (None when unset or empty),
-    first thing in ``python -m components.train``: before TensorFlow's import, which takes
-    seconds. Its ``done`` line is written at exit, after Horovod's own exit handler (registered
-    later, so run earlier) has shut Horovod down. Raises ValueError naming the variable if it is
-    not a positive number of seconds."""
-    value = (os.environ if environ is None else environ).get(HEARTBEAT_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        period = float(value)
-    except ValueError:
-        period = math.nan
-    if not (math.isfinite(period) and period > 0):
-        raise ValueError(f"{HEARTBEAT_ENV} must be a positive number of seconds, got {value!r}")
-    stop = heartbeat(period)
     atexit.register(stop)
     return stop
 
 
 class Silence:
-    """The heartbeats of `ranks` ranks, a rank silent past `bound_s` found by `silent`.
-    `expected` names each rank's host as the hostfile places it, for a rank never heard from."""
+    """The heartbeats of `ranks` ranks; `expected`: each rank's host per the hostfile."""
 
     def __init__(self, ranks: int, bound_s: float, now: float, expected: list[str]) -> None:
         self.bound_s, self.expected = bound_s, expected
@@ -134,13 +124,18 @@ class Silence:
         return text[:end] or None
 
     def silent(self, now: float) -> list[int]:
-        """The ranks still watched that have been silent for longer than the bound."""
         return [
             r for r, t in sorted(self.last.items()) if r not in self.done and now - t > self.bound_s
         ]
 
+    def verdict(self, now: float) -> str | None:
+        """What to say about the ranks fallen silent, or None."""
+        if not (quiet := self.silent(now)):
+            return None
+        names = "; ".join(self.describe(r, now) for r in quiet)
+        return f"{names} (bound {self.bound_s:g} s): frozen, or its node or network is down"
+
     def describe(self, rank: int, now: float) -> str:
-        """``rank 1 on <host> sent no heartbeat for 21 s`` (or, never heard: since launch)."""
         quiet = now - self.last[rank]
         if rank in self.host:
             return f"rank {rank} on {self.host[rank]} sent no heartbeat for {quiet:.0f} s"
@@ -161,9 +156,8 @@ def expected_hosts(hostfile: str) -> list[str]:
 
 
 class RankLines:
-    """A `log` that passes each line of mpirun's output on once: a line every rank prints
-    alike (a library's warning, a shared reason, the same traceback) is shown as the first rank
-    printed it, tag and all; each rank's own lines and untagged lines all pass."""
+    """A `log` that passes a line every rank prints alike (a library's warning, the same
+    traceback) on once, as the first rank printed it; other lines all pass."""
 
     def __init__(self, log: Callable[[str], None]) -> None:
         self.log = log
@@ -184,9 +178,8 @@ class RankLines:
 
 
 def rank_processes(root_pid: int) -> dict[int, Any]:
-    """The rank processes (psutil) below `root_pid` by rank: the innermost process carrying
-    ``OMPI_COMM_WORLD_RANK`` (mpirun) or ``HOROVOD_RANK`` (horovodrun starts each through a
-    shell). psutil lists a process before those below it, so a rank's last one is kept."""
+    """The rank processes (psutil) below `root_pid` by rank: the innermost carrying a rank
+    variable (horovodrun starts each through a shell; psutil lists parents first)."""
     import psutil
 
     found = {}
@@ -201,18 +194,14 @@ def rank_processes(root_pid: int) -> dict[int, Any]:
 
 
 def kill_job(pid: int) -> None:
-    """SIGKILL the launcher `pid` and every process below it. (Its process group is not enough:
-    mpirun puts each rank in a process group of its own.)"""
+    """SIGKILL `pid` and every process below it (mpirun gives each rank its own group)."""
     import psutil
 
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
 
 
 def watch(
@@ -224,11 +213,9 @@ def watch(
     env: Mapping[str, str] | None = None,
     expected: Sequence[str] = (),
     timeout_s: float | None = None,
-    grace_s: float = TERM_GRACE_SECONDS,
 ) -> int:
-    """Run `command` (mpirun) under the watch of `ranks` ranks (0: none), its output to `log`;
-    returns the exit code (see the module doc). `expected`: each rank's host per the hostfile.
-    Past `timeout_s` the job is killed and TimeoutError raised."""
+    """Run `command` (mpirun) watching `ranks` ranks (0: none), its output to `log`; returns
+    the exit code. Past `timeout_s` the job is killed and TimeoutError raised."""
     lock = threading.Lock()  # one line at a time to `log`, from the reader and from here
     if ranks:
         log(f"{PREFIX} watching {ranks} rank(s): one silent (no heartbeat) for more than "
@@ -238,20 +225,34 @@ def watch(
         list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=None if env is None else dict(env), start_new_session=True,
     )  # fmt: skip
-    reader = threading.Thread(target=_pump, args=(proc, silence, lock, log), daemon=True)
+
+    def pump() -> None:  # mpirun's output, heartbeats taken out
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            with lock:
+                line = silence.observe(raw.decode(errors="replace").rstrip("\n"), time.monotonic())
+                if line is not None:
+                    log(line)
+
+    reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+    verdict = None
     try:
-        verdict = _wait(proc, silence, lock, timeout_s)
+        while verdict is None and _running(proc):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the job did not finish within {timeout_s:g} s and was killed")
+            with lock:
+                verdict = silence.verdict(time.monotonic())
         if verdict is not None:
             ending = time.monotonic()
             proc.terminate()  # mpirun tears the job down, on other hosts too
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(grace_s)
+            _running(proc, TERM_GRACE_SECONDS)
     finally:
         if proc.poll() is None:  # after a timeout, an interrupt, an error, or the grace
             kill_job(proc.pid)
             proc.wait()
-        reader.join(grace_s)  # ssh children may hold the pipe open after mpirun is gone
+        reader.join(TERM_GRACE_SECONDS)  # ssh children may hold the pipe open after mpirun ends
     code = 128 - proc.returncode if proc.returncode < 0 else proc.returncode
     if verdict is None:
         return code
@@ -261,38 +262,13 @@ def watch(
     return EXIT_SILENT_RANK
 
 
-def _pump(
-    proc: subprocess.Popen[bytes],
-    silence: Silence,
-    lock: threading.Lock,
-    log: Callable[[str], None],
-) -> None:
-    """Forward mpirun's output line by line, heartbeats taken out."""
-    assert proc.stdout is not None
-    for raw in iter(proc.stdout.readline, b""):
-        with lock:
-            forward = silence.observe(raw.decode(errors="replace").rstrip("\n"), time.monotonic())
-            if forward is not None:
-                log(forward)
-
-
-def _wait(
-    proc: subprocess.Popen[bytes], silence: Silence, lock: threading.Lock, timeout_s: float | None
-) -> str | None:
-    """Wait for mpirun to end (None) or for a rank to fall silent (what to say about it)."""
-    deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(POLL_SECONDS)
-            return None
-        now = time.monotonic()
-        if now > deadline:
-            raise TimeoutError(f"the job did not finish within {timeout_s:g} s and was killed")
-        with lock:
-            quiet = silence.silent(now)
-        if quiet:
-            names = "; ".join(silence.describe(r, now) for r in quiet)
-            return f"{names} (bound {silence.bound_s:g} s): frozen, or its node or network is down"
+def _running(proc: subprocess.Popen[bytes], seconds: float = POLL_SECONDS) -> bool:
+    """Whether `proc` still runs after waiting up to `seconds` for it."""
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return True
+    return False
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -325,13 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Ctrl-C (the watch kills mpirun and every process below it).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        return watch(args.command, args.ranks, args.silence_seconds, _print, expected=expected)
+        log = functools.partial(print, flush=True)
+        return watch(args.command, args.ranks, args.silence_seconds, log, expected=expected)
     except KeyboardInterrupt:
         return 128 + signal.SIGTERM
-
-
-def _print(text: str) -> None:
-    print(text, flush=True)
 
 
 if __name__ == "__main__":

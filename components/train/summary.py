@@ -1,11 +1,9 @@
 """The run summary: what one Horovod job did, one dataclass (`RunSummary`) embedding the
 `TrainConfig` it ran with, written and read here only, and rendered here for people.
 
-``run_summary.json`` is ``dataclasses.asdict`` of a `RunSummary`: the config's fields under
-``config`` with their own names, beside what the job measured. Rank 0 writes it (`write`); the
-train step, the cluster run check, the reports, the registry and the benchmarks read it back
-into a `RunSummary` (`read`, `parse`). The coordination report (`coordination_report`, the
-Markdown in the KFP UI) and the log's lines (`coordination_lines`) are made from it.
+``run_summary.json`` is ``dataclasses.asdict`` of a `RunSummary`. Rank 0 writes it; the train
+step, the cluster run check, the reports, the registry and the benchmarks `read` it back. The
+coordination report (Markdown in the KFP UI) and the log's lines are made from it.
 """
 
 from __future__ import annotations
@@ -20,15 +18,17 @@ from components.train.config import TrainConfig
 
 KIND = "kfp-horovod/run-summary/v1"
 Record = dict[str, Any]
+ALLREDUCE_TEXT = {
+    "nccl": "GPU to GPU (NCCL)",
+    "host": "through host memory (Horovod's CPU operations)",
+}
 
 
 @dataclass
 class RunSummary:
-    """One job's outcome. Each rank's record in `per_rank` (rank, local_rank, host, device,
-    threads, sample_range, samples_per_epoch, steps_per_epoch, examples_per_second,
-    weights_sha256, and on a GPU gpu_name and gpu_peak_memory_bytes); `resource_use` is
-    `components.train.telemetry.resource_use`; `elastic` an elastic job's world sizes and every
-    epoch's coverage; `training_backend` and its reason are the train step's."""
+    """One job's outcome, as `components.train.telemetry.Telemetry.run_summary` gathers it;
+    `elastic`: an elastic job's world sizes and every epoch's coverage; `training_backend` and
+    its reason are the train step's."""
 
     config: TrainConfig
     world_size: int
@@ -78,16 +78,13 @@ def parse(text: str) -> RunSummary:
 
 
 def read(uri: str) -> RunSummary:
-    """The run summary at `uri` (local path or ``gs://``); a ValueError names the URI and
-    what is wrong with it."""
+    """The run summary at `uri` (local path or ``gs://``); a ValueError names the URI."""
     try:
-        text = storage.read_text(uri)
+        return parse(storage.read_text(uri))
     except FileNotFoundError as exc:
         raise ValueError(f"run summary {uri}: missing") from exc
     except IsADirectoryError as exc:
         raise ValueError(f"run summary {uri}: is a directory, expected a JSON file") from exc
-    try:
-        return parse(text)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"run summary {uri}: {exc}") from exc
 
@@ -112,15 +109,15 @@ def device_text(rank: Record) -> str:
 
 
 def world_history(summary: RunSummary) -> str | None:
-    """An elastic job's world sizes in words ("3 workers from epoch 1; 2 from epoch 4 (a
-    worker was lost ...)"), or None for a static job."""
+    """An elastic job's world sizes in words, or None for a static job."""
     elastic = summary.elastic
     if not elastic:
         return None
-    parts = []
-    for i, entry in enumerate(elastic["world_size_history"]):
-        why = "" if i == 0 else f" ({entry['why']}, {entry['when']})"
-        parts.append(f"{entry['world_size']} workers from epoch {entry['epoch'] + 1}{why}")
+    parts = [
+        f"{e['world_size']} workers from epoch {e['epoch'] + 1}"
+        + ("" if i == 0 else f" ({e['why']}, {e['when']})")
+        for i, e in enumerate(elastic["world_size_history"])
+    ]
     return (
         f"elastic job ({elastic['min_workers']} to {elastic['max_workers']} workers): "
         + "; then ".join(parts)
@@ -170,23 +167,27 @@ def coordination_lines(summary: RunSummary) -> list[str]:
     ]
 
 
+def _row(*cells: Any) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 def coordination_report(summary: RunSummary) -> str:
     """Render a run summary as the Markdown shown in the KFP UI next to the model."""
-    s, c = summary, summary.config
+    s, c, adam = summary, summary.config, summary.adam
     size, cov = s.world_size, s.coverage
     resumed = f" (resumed after epoch {s.resumed_from_epoch})" if s.resumed_from_epoch else ""
-    backend = f"- Backend: **{s.training_backend}**" + (
-        f" ({s.training_backend_reason})" if s.training_backend_reason else ""
-    )
-    allreduce = {
-        "nccl": "GPU to GPU (NCCL)",
-        "host": "through host memory (Horovod's CPU operations)",
-    }
+    reason = f" ({s.training_backend_reason})" if s.training_backend_reason else ""
     outcome = (
         "and trained ONE model"
         if s.weights_identical_across_ranks
         else "but their final weights differ: not one model"
     )
+    formula = lr_formula(c.lr_scaling, c.learning_rate, size, adam["learning_rate"])
+    lr, _, how = formula.partition(" = ")
+    if c.lr_scaling == "sqrt":
+        how += (
+            f", beta_1 {adam['beta_1']:g}, beta_2 {adam['beta_2']:g}, epsilon {adam['epsilon']:.2g}"
+        )
     lines = [
         "# Coordination report",
         "",
@@ -194,12 +195,12 @@ def coordination_report(summary: RunSummary) -> str:
         f"{s.controller} controller; expected workers: {c.world_size}; hosts: "
         f"{', '.join(s.hosts)}).",
         "",
-        *([backend] if s.training_backend else []),
+        *([f"- Backend: **{s.training_backend}**{reason}"] if s.training_backend else []),
         f"- Gradient allreduce: **{s.gradient_allreduce}**, "
-        f"{allreduce.get(s.gradient_allreduce, s.gradient_allreduce)}",
+        f"{ALLREDUCE_TEXT.get(s.gradient_allreduce, s.gradient_allreduce)}",
         f"- Global batch: **{s.global_batch_size}** = {size} workers x "
         f"{c.batch_size_per_worker} per worker",
-        f"- Learning rate: {_lr_text(s)}, warmed up over {c.warmup_epochs} epoch(s)",
+        f"- Learning rate: **{lr}** = {how}, warmed up over {c.warmup_epochs} epoch(s)",
         f"- Model: **{c.model}** ({s.model_parameters:,} parameters), augmentation "
         f"{'on (training only)' if c.augment else 'off'}",
         f"- Epochs: {c.epochs}{resumed}",
@@ -208,46 +209,33 @@ def coordination_report(summary: RunSummary) -> str:
         "",
         "## What each rank read and did",
         "",
-        "| rank | host | device | threads | samples read | samples/epoch | steps/epoch "
-        "| examples/s | weights sha256 |",
+        _row("rank", "host", "device", "threads", "samples read", "samples/epoch",
+             "steps/epoch", "examples/s", "weights sha256"),
         "|---:|---|---|---:|---|---:|---:|---:|---|",
-    ]
+    ]  # fmt: skip
     for r in s.per_rank:
         lo, hi = r["sample_range"]
         lines.append(
-            f"| {r['rank']} | {r['host']} | {device_text(r)} | {r['threads']} | [{lo}, {hi}) | "
-            f"{r['samples_per_epoch']} | {r['steps_per_epoch']} | {r['examples_per_second']} | "
-            f"`{r['weights_sha256'][:16]}` |"
-        )
-    lines += ["", *_elastic_lines(s), *resource_lines(s)]
-    return "\n".join([*lines, *_result_lines(s)])
-
-
-def _lr_text(s: RunSummary) -> str:
-    """The learning rate and how the ``lr_scaling`` rule made it, in Markdown."""
-    rule, adam = s.config.lr_scaling, s.adam
-    formula = lr_formula(rule, s.config.learning_rate, s.world_size, adam["learning_rate"])
-    value, _, rest = formula.partition(" = ")
-    if rule == "sqrt":
-        rest += (
-            f", beta_1 {adam['beta_1']:g}, beta_2 {adam['beta_2']:g}, epsilon {adam['epsilon']:.2g}"
-        )
-    return f"**{value}** = {rest}"
+            _row(r["rank"], r["host"], device_text(r), r["threads"], f"[{lo}, {hi})",
+                 r["samples_per_epoch"], r["steps_per_epoch"], r["examples_per_second"],
+                 f"`{r['weights_sha256'][:16]}`")
+        )  # fmt: skip
+    return "\n".join([*lines, "", *_elastic_lines(s), *resource_lines(s), *_result_lines(s)])
 
 
 def _result_lines(s: RunSummary) -> list[str]:
-    """The report's last section: one set of weights, one model, where it is."""
     fingerprints = sorted({r["weights_sha256"] for r in s.per_rank})
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(s.final_metrics.items()))
+    weights = (
+        f"- Weights fingerprint: `{fingerprints[0][:16]}`, **identical on all "
+        f"{s.world_size} ranks**"
+        if len(fingerprints) == 1
+        else f"- WARNING: ranks ended with {len(fingerprints)} different weight fingerprints"
+    )
     return [
         "## Result",
         "",
-        (
-            f"- Weights fingerprint: `{fingerprints[0][:16]}`, **identical on all "
-            f"{s.world_size} ranks**"
-            if len(fingerprints) == 1
-            else f"- WARNING: ranks ended with {len(fingerprints)} different weight fingerprints"
-        ),
+        weights,
         f"- Final training metrics (averaged over ranks): {metrics or 'n/a'}",
         f"- **1 model, exported by rank 0, at `{s.model_uri}`** "
         f"(saved_model.pb sha256 `{s.saved_model_sha256[:16]}`)",
@@ -257,8 +245,7 @@ def _result_lines(s: RunSummary) -> list[str]:
 
 
 def resource_lines(s: RunSummary) -> list[str]:
-    """The report's answer to "did the workers pay?": where a step's time went, per rank, and
-    what to change (none for summaries without the measurement)."""
+    """The report's answer to "did the workers pay?" (none without the measurement)."""
     use = s.resource_use
     if not use:
         return []
@@ -270,27 +257,27 @@ def resource_lines(s: RunSummary) -> list[str]:
         f"**{use['waiting_share']:.0%}** (median of {use['epochs_measured']} epoch(s)). "
         f"Estimated scaling efficiency: **{use['estimated_efficiency']:.2f}**.",
         "",
-        "| rank | host | step ms | compute ms | in allreduce ms | CPU cores busy | threads |",
+        _row("rank", "host", "step ms", "compute ms", "in allreduce ms", "CPU cores busy",
+             "threads"),
         "|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in use["per_rank"]:
-        lines.append(
-            f"| {r['rank']} | {r['host']} | {r['step_ms']} | {r['compute_ms']} | "
-            f"{r['allreduce_ms']} | {r['cpu_cores_busy']} | {r['threads']} |"
-        )
+    ]  # fmt: skip
+    keys = ("rank", "host", "step_ms", "compute_ms", "allreduce_ms", "cpu_cores_busy", "threads")
+    lines += [_row(*(r[k] for k in keys)) for r in use["per_rank"]]
     return [*lines, "", *(f"- {note}" for note in use["advice"]), ""]
 
 
 def _elastic_lines(s: RunSummary) -> list[str]:
-    """The report's elastic section: the world-size history and each epoch's coverage."""
     history = world_history(s)
     if history is None or s.elastic is None:
         return []
-    lines = ["## Elastic training", "", f"- {history}", "", "| epoch | workers | samples seen "
-             "| disjoint | all covered |", "|---:|---:|---:|---|---|"]  # fmt: skip
-    for e in s.elastic["epochs"]:
-        lines.append(
-            f"| {e['epoch']} | {e['world_size']} | {e['seen_per_epoch']} | {e['disjoint']} | "
-            f"{e['covers_all']} |"
-        )
-    return [*lines, ""]
+    keys = ("epoch", "world_size", "seen_per_epoch", "disjoint", "covers_all")
+    return [
+        "## Elastic training",
+        "",
+        f"- {history}",
+        "",
+        _row("epoch", "workers", "samples seen", "disjoint", "all covered"),
+        "|---:|---:|---:|---|---|",
+        *(_row(*(e[k] for k in keys)) for e in s.elastic["epochs"]),
+        "",
+    ]

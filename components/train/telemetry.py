@@ -1,20 +1,12 @@
 """Telemetry: what a run measures and tells, as one Keras callback beside the checklist.
 
-`Telemetry.callback` times every epoch on every rank and gathers the ranks' figures; rank 0
-logs the progress line and writes TensorBoard scalars. `Telemetry.record` gathers what every
-rank did (its shard, device, speed and weights fingerprint) into the `RunSummary` rank 0 writes.
-
-Did the workers pay? Each rank times its own steps, inside the step's graph: `AllreduceClock`
-takes a timestamp once the rank's last gradient is computed and another once every gradient is
-averaged, so it sees the part of the allreduce that the backward pass does not hide, its wait
-for slower ranks included. The rest of a step is the rank's own work ("compute": the forward and
-backward pass, the update, the input pipeline). Each epoch the ranks share their figures
-(`EpochCost`); across ranks, the shortest time in the allreduce is the communication itself
-(the slowest rank waits for no one), and what a rank spends above that is waiting.
-
-From that split, `resource_use` estimates the job's scaling efficiency (compute's share of a
-step: what N ranks deliver against N lone copies with the same compute), names a straggler,
-says how busy each rank kept its CPU threads, and gives advice in plain words.
+Did the workers pay? Each rank times, inside the step's graph (`AllreduceClock`), the part of
+the gradient allreduce that the backward pass does not hide, its wait for slower ranks
+included; the rest of a step is the rank's own work ("compute"). Each epoch the ranks share
+their figures (`EpochCost`): the shortest time in the allreduce is the communication itself (the
+slowest rank waits for no one), what a rank spends above that is waiting. From that split,
+`resource_use` estimates the scaling efficiency (compute's share of a step), names a straggler
+and gives advice; rank 0 logs each epoch and gathers every rank's record into the `RunSummary`.
 """
 
 from __future__ import annotations
@@ -25,8 +17,6 @@ import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from components.common.board import Board
 from components.train.config import TrainConfig
@@ -53,14 +43,10 @@ class AllreduceClock:
         self.total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
 
     def wrap(self, optimizer: Any) -> Any:
-        """Time `optimizer`'s allreduce (Horovod's DistributedOptimizer routes every gradient
-        through its ``_allreduce``); the gradients and the arithmetic are unchanged.
-
-        Each gradient is stamped as it is computed, and its allreduce starts only after its
-        stamp (so no stamp can run late); the last stamp is the end of the backward pass. One
-        stamp after every averaged gradient ends the wait. Gradients still start their
-        allreduce as soon as each is ready, overlapping the rest of the backward pass.
-        """
+        """Time `optimizer`'s ``_allreduce`` (Horovod's DistributedOptimizer routes every
+        gradient through it). Each gradient's allreduce starts only after its stamp, so the last
+        stamp is the end of the backward pass; one stamp after every averaged gradient ends the
+        wait. Gradients still overlap the rest of the backward pass, arithmetic unchanged."""
         tf, allreduce = self.tf, optimizer._allreduce
 
         def stamp(g: Any, stamps: list[Any]) -> Any:
@@ -92,9 +78,8 @@ class AllreduceClock:
 
 
 def _ready(tf: Any, tensors: list[Any]) -> list[Any]:
-    """`tensors` through an identity each: a control dependency on the outputs of a function
-    call (Horovod's allreduce runs inside one) waits only for the function's control outputs,
-    not for its results; one on an identity of them waits for the results."""
+    """`tensors` through an identity each: a control dependency on a function call's outputs
+    (Horovod's allreduce runs inside one) waits for its control outputs, not for its results."""
     return [tf.identity(g) if isinstance(g, tf.Tensor) else g for g in tensors]
 
 
@@ -111,29 +96,26 @@ class EpochCost:
 
 
 def step_split(costs: list[EpochCost]) -> dict[str, float]:
-    """One epoch of the whole job (every rank's `EpochCost`): the shares of a step spent on
-    compute, communication and waiting (the mean over ranks), and the step in seconds."""
-    steps = [max(1, c.steps) for c in costs]
-    step = statistics.fmean(c.seconds / n for c, n in zip(costs, steps, strict=True))
-    in_allreduce = [c.allreduce_seconds / n for c, n in zip(costs, steps, strict=True)]
+    """One epoch of the whole job: the shares of a step (mean over ranks) and its seconds."""
+    step = statistics.fmean(c.seconds / c.steps for c in costs)
+    in_allreduce = [c.allreduce_seconds / c.steps for c in costs]
     communication = min(in_allreduce)
-    waiting = statistics.fmean(t - communication for t in in_allreduce)
+    waiting = statistics.fmean(in_allreduce) - communication
     return {
         "step_seconds": step,
-        "compute_share": max(0.0, 1 - (communication + waiting) / step) if step else 0.0,
-        "communication_share": communication / step if step else 0.0,
-        "waiting_share": waiting / step if step else 0.0,
+        "compute_share": max(0.0, 1 - (communication + waiting) / step),
+        "communication_share": communication / step,
+        "waiting_share": waiting / step,
     }
 
 
 def _per_rank(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> list[Record]:
-    """Each rank's medians over `epochs`: its step, compute and allreduce milliseconds, and the
-    cores it kept busy against the threads it had."""
+    """Each rank's medians over `epochs`."""
     rows: list[Record] = []
     for rank in sorted({c.rank for costs in epochs for c in costs}):
         mine = [c for costs in epochs for c in costs if c.rank == rank]
-        step = statistics.median(c.seconds / max(1, c.steps) for c in mine)
-        allreduce = statistics.median(c.allreduce_seconds / max(1, c.steps) for c in mine)
+        step = statistics.median(c.seconds / c.steps for c in mine)
+        allreduce = statistics.median(c.allreduce_seconds / c.steps for c in mine)
         busy = statistics.median(c.cpu_seconds / c.seconds for c in mine if c.seconds > 0)
         rows.append({
             "rank": rank, "host": hosts.get(rank, "?"), "step_ms": round(step * 1e3, 2),
@@ -145,8 +127,7 @@ def _per_rank(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> list[Reco
 
 
 def straggler(ranks: list[Record]) -> Record | None:
-    """The rank whose compute per step is the most above the other ranks' median, if by more
-    than `STRAGGLER_MARGIN`; None otherwise (and for a job of one rank)."""
+    """The rank computing most above the others' median, if by more than `STRAGGLER_MARGIN`."""
     if len(ranks) < 2:
         return None
     slowest = max(ranks, key=lambda r: r["compute_ms"])
@@ -158,25 +139,17 @@ def straggler(ranks: list[Record]) -> Record | None:
 
 
 def resource_use(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> Record:
-    """The run summary's ``resource_use``: the step split (the median over epochs, the first
-    left out when there are others: it includes tracing and warm-up), per-rank figures, the
-    efficiency estimate, a straggler, and advice."""
+    """The run summary's ``resource_use``: the median step split over the epochs (the first,
+    tracing and warm-up, left out when there are others), per-rank figures, and advice."""
     timed = epochs[1:] or epochs
     splits = [step_split(costs) for costs in timed]
     split = {k: round(statistics.median(s[k] for s in splits), 4) for k in splits[0]}
+    ranks = _per_rank(timed, hosts)
     use: Record = {
-        "step_seconds": split["step_seconds"],
-        "compute_share": split["compute_share"],
-        "communication_share": split["communication_share"],
-        "waiting_share": split["waiting_share"],
-        "estimated_efficiency": split["compute_share"],
-        "epochs_measured": len(timed),
-        "per_rank": (ranks := _per_rank(timed, hosts)),
-        "straggler": straggler(ranks),
-        "advice": [],
-    }
-    use["advice"] = advice(use)
-    return use
+        **split, "estimated_efficiency": split["compute_share"], "epochs_measured": len(timed),
+        "per_rank": ranks, "straggler": straggler(ranks),
+    }  # fmt: skip
+    return {**use, "advice": advice(use)}
 
 
 def advice(use: Record) -> list[str]:
@@ -211,25 +184,22 @@ def advice(use: Record) -> list[str]:
 
 
 class Telemetry:
-    """This rank's measurements of the run: the allreduce clock (`wrap` the optimizer with
-    it), every rank's `EpochCost` of every epoch, and rank 0's progress line and TensorBoard
-    scalars (`board`)."""
+    """This rank's measurements: the allreduce clock (`wrap` the optimizer with it), every
+    rank's `EpochCost` of every epoch, and rank 0's progress line and TensorBoard scalars."""
 
     def __init__(
         self, hvd: Any, tf: Any, devices: Devices, log: logging.Logger, board: Board | None
     ) -> None:
         self.hvd, self.tf, self.devices, self.log, self.board = hvd, tf, devices, log, board
         self.clock = AllreduceClock(tf)
-        self.seconds: list[float] = []
         self.costs: list[list[EpochCost]] = []
         self.samples = 0
 
     def callback(self, keras: Any, shard: Shard, epochs: int) -> Any:
-        """The callback of one fit over `shard` (an elastic attempt starts afresh): every
-        rank's epoch costs, gathered each epoch; rank 0's progress line and scalars."""
+        """The callback of one fit over `shard` (an elastic attempt starts afresh)."""
         from horovod.tensorflow import allgather_object
 
-        self.seconds, self.costs, self.samples = [], [], len(shard.labels)
+        self.costs, self.samples = [], len(shard.labels)
         telemetry, rank, threads = self, int(self.hvd.rank()), self.devices.threads
 
         class TelemetryCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
@@ -240,7 +210,6 @@ class Telemetry:
                 seconds = time.perf_counter() - self.wall
                 cpu = time.process_time() - self.cpu
                 cost = EpochCost(rank, seconds, shard.steps, telemetry.clock.take(), cpu, threads)
-                telemetry.seconds.append(cost.seconds)
                 telemetry.costs.append(list(allgather_object(cost)))  # every rank, every epoch
                 if rank == 0:
                     lr = float(keras.backend.get_value(self.model.optimizer.lr))
@@ -248,22 +217,17 @@ class Telemetry:
 
         return TelemetryCallback()
 
-    def last_epoch(self) -> dict[str, float]:
-        """The last epoch of the whole job: its step split and the job's examples/s (every
-        rank's samples over the slowest rank's epoch)."""
+    def tell(self, epoch: int, epochs: int, logs: dict[str, Any], lr: float) -> None:
+        """Rank 0's line and TensorBoard scalars for `epoch` (counted from 1); the job's
+        examples/s are every rank's samples over the slowest rank's epoch."""
         costs = self.costs[-1]
         slowest = max(c.seconds for c in costs)
-        rate = self.samples * len(costs) / slowest if slowest > 0 else 0.0
-        return {**step_split(costs), "examples_per_second": rate}
-
-    def tell(self, epoch: int, epochs: int, logs: dict[str, Any], lr: float) -> None:
-        """Rank 0's line and TensorBoard scalars for `epoch` (counted from 1)."""
-        job = self.last_epoch()
+        job = {**step_split(costs), "examples_per_second": self.samples * len(costs) / slowest}
         self.log.info(
             "Epoch %d/%d - loss %.4f - accuracy %.4f (averaged over %d ranks) - lr %.5f - "
             "%.0f examples/s - a step: compute %.0f%%, communication %.0f%%, waiting %.0f%%",
             epoch, epochs, logs.get("loss", float("nan")), logs.get("accuracy", float("nan")),
-            len(self.costs[-1]), lr, job["examples_per_second"], 100 * job["compute_share"],
+            len(costs), lr, job["examples_per_second"], 100 * job["compute_share"],
             100 * job["communication_share"], 100 * job["waiting_share"],
         )  # fmt: skip
         if self.board is not None:
@@ -274,49 +238,41 @@ class Telemetry:
             scalars.pop("step_seconds")
             self.board.write(epoch, scalars)
 
-    def examples_per_second(self) -> float:
-        """This rank's examples/s: the median epoch, without the first (warm-up) if possible."""
-        timed = self.seconds[1:] or self.seconds
-        return round(self.samples / float(np.median(timed)), 1) if timed else 0.0
-
-    def rank_record(self, shard: Shard, fingerprint: str) -> Record:
-        """What this rank did, for the run summary's ``per_rank``."""
-        return {
-            "rank": int(self.hvd.rank()), "local_rank": int(self.hvd.local_rank()),
-            "host": socket.gethostname(), "device": self.devices.device,
-            **gpu_usage(self.tf, self.devices), "threads": self.devices.threads,
-            "sample_range": [shard.start, shard.stop], "samples_per_epoch": len(shard.labels),
-            "steps_per_epoch": shard.steps, "examples_per_second": self.examples_per_second(),
-            "weights_sha256": fingerprint,
-        }  # fmt: skip
-
     def run_summary(
         self, config: TrainConfig, shard: Shard, model: Any, ids: Any, **outcome: Any
     ) -> RunSummary | None:
-        """Every rank shares what it did (its record and the sample ids `ids` of one epoch);
-        rank 0 gets the `RunSummary` (without the SavedModel's digest), the others None.
-        `outcome`: the summary's resumed_from_epoch, adam and final_metrics."""
+        """Every rank shares its record and its sample `ids` of one epoch; rank 0 gets the
+        `RunSummary` (without the SavedModel's digest), the others None. `outcome`: the
+        summary's resumed_from_epoch, adam and final_metrics."""
         from horovod.tensorflow import allgather_object
 
-        per_rank = sorted(
-            allgather_object(self.rank_record(shard, weights_fingerprint(model))),
-            key=lambda r: r["rank"],
-        )
+        hvd, devices, rank = self.hvd, self.devices, int(self.hvd.rank())
+        mine = [c.seconds for costs in self.costs for c in costs if c.rank == rank]
+        timed = mine[1:] or mine  # the first epoch includes tracing and warm-up
+        record = {
+            "rank": rank, "local_rank": int(hvd.local_rank()), "host": socket.gethostname(),
+            "device": devices.device, **gpu_usage(self.tf, devices), "threads": devices.threads,
+            "sample_range": [shard.start, shard.stop], "samples_per_epoch": len(shard.labels),
+            "steps_per_epoch": shard.steps, "weights_sha256": weights_fingerprint(model),
+            "examples_per_second": round(self.samples / statistics.median(timed), 1) if timed
+            else 0.0,
+        }  # fmt: skip
+        per_rank = sorted(allgather_object(record), key=lambda r: r["rank"])
         all_ids = allgather_object(ids)
-        if self.hvd.rank() != 0:
+        if rank != 0:
             return None
         return RunSummary(
             config=config,
-            world_size=int(self.hvd.size()),
+            world_size=int(hvd.size()),
             hosts=sorted({r["host"] for r in per_rank}),
-            controller="mpi" if self.hvd.mpi_enabled() else "gloo",
-            gradient_allreduce="nccl" if self.devices.on_gpu and self.hvd.nccl_built() else "host",
+            controller="mpi" if hvd.mpi_enabled() else "gloo",
+            gradient_allreduce="nccl" if devices.on_gpu and hvd.nccl_built() else "host",
             model_parameters=int(model.count_params()),
             dataset={
                 "uri": config.data,
                 "manifest_sha256": shard.manifest_sha256,
                 "train_samples": shard.total,
-            },  # fmt: skip
+            },
             per_rank=per_rank,
             coverage=coverage(all_ids, shard.total),
             weights_identical_across_ranks=len({r["weights_sha256"] for r in per_rank}) == 1,

@@ -1,12 +1,7 @@
-"""Run a module under a Python audit hook that records which files this rank writes.
-
-Usage: ``python audit_writes.py AUDIT_DIR WATCH_DIR -m MODULE ARGS...``. Every write-mode
-``open``, rename/replace and mkdir of a path under WATCH_DIR is appended to
-``AUDIT_DIR/rank-<rank>.txt`` (the rank from mpirun's ``OMPI_COMM_WORLD_RANK``, or
-horovodrun's ``HOROVOD_RANK``). The trainer's storage layer writes every output file
-from Python (TensorFlow writes only into private temporary directories), so this sees all of
-them. Test helper only.
-"""
+"""``python audit_writes.py AUDIT_DIR WATCH_DIR -m MODULE ARGS...``: run a module under an audit
+hook appending every write-mode ``open``, rename, mkdir or removal under WATCH_DIR to
+``AUDIT_DIR/rank-<rank>.txt``. The trainer writes every output file from Python (TensorFlow
+only into private temporary folders), so this sees all of them."""
 
 import os
 import runpy

@@ -1,12 +1,6 @@
-"""A rank for the watch's tests, run by real mpirun: it beats as the trainer's ranks do
-(`components.train.mpiwatch.start_from_env`, first thing), prints ``rank <r> pid <pid>``, then
-does what argv says (the rank is ``OMPI_COMM_WORLD_RANK``):
-
-- ``sleep S CODE``: sleep S seconds, beating, and exit CODE.
-- ``freeze R``: rank R stops itself (SIGSTOP) after its first beat; the others sleep 120 s.
-
-Test helper only.
-"""
+"""A rank for the watch's tests under real mpirun: it beats as the trainer's ranks do, prints
+``rank <r> pid <pid>``, then ``sleep S CODE`` (sleep, beating, exit CODE) or ``freeze R`` (rank
+R stops itself after its first beat; the others sleep 120 s)."""
 
 import os
 import signal
@@ -20,14 +14,9 @@ rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
 action, arg = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
 
 
-def say(text: str) -> None:
-    """One write per line: mpirun's --tag-output tags each write, so print's separate write of
-    the newline would get a tag of its own."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
-say(f"rank {rank} pid {os.getpid()}")
+# One write per line: mpirun's --tag-output tags each write (print writes the newline apart).
+sys.stdout.write(f"rank {rank} pid {os.getpid()}\n")
+sys.stdout.flush()
 if action == "sleep":
     time.sleep(arg)
     sys.exit(int(sys.argv[3]))

@@ -1,7 +1,5 @@
-"""The checkpoint marker records which model was trained; a run of another model will not
-resume from it. A missing, truncated or corrupt latest checkpoint (or ``latest.json``) makes the
-resume fall back to the one before it, saying so once; committed checkpoints that are all
-unusable stop the run instead of starting it from scratch."""
+"""Checkpoints: the marker names the model trained; a damaged latest checkpoint (or
+``latest.json``) falls back to the one before, saying so once; all unusable stops the run."""
 
 from __future__ import annotations
 
@@ -44,8 +42,6 @@ def test_marker_records_the_model_and_refuses_another(tmp_path: Path) -> None:
 
 
 def test_a_tree_without_per_epoch_markers_is_refused_not_restarted(tmp_path: Path) -> None:
-    """No checkpoint.json and a latest.json naming no model: not a tree this trainer writes, and
-    never a silent fresh start."""
     (tmp_path / "latest.json").write_text(json.dumps({"epoch": 1, "prefix": "epoch-0001/ckpt"}))
     (tmp_path / "epoch-0001").mkdir()
     (tmp_path / "epoch-0001" / "ckpt.index").write_text("index")
@@ -55,7 +51,6 @@ def test_a_tree_without_per_epoch_markers_is_refused_not_restarted(tmp_path: Pat
 
 @pytest.fixture(params=["local", "gcs"])
 def three_epochs(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Checkpoints after epochs 1, 2 and 3 (epoch 1 pruned: 2 and 3 are kept)."""
     if request.param == "local":
         uri = str(tmp_path / "checkpoints")
     else:
@@ -66,7 +61,6 @@ def three_epochs(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def _delete(uri: str) -> None:
-    """Delete one file (one object on GCS)."""
     if storage.is_gcs(uri):
         storage._blob(uri).delete()
     else:

@@ -1,11 +1,6 @@
-"""Device placement, threads per process, and the refusals of a job that asked for GPUs.
-
-There is no GPU on this machine, so the GPU cases drive `configure_devices` and `gpu_usage` with
-a stand-in for ``tf.config`` that records what it is asked and answers as TensorFlow does on a
-GPU host (the CPU case uses the real TensorFlow, in a subprocess, since thread settings can only
-be made before TF starts). The refusals run for real on this machine's real TensorFlow and
-Horovod in ``test_trainer_preflight.py``.
-"""
+"""Device placement, threads per process, and the refusals of a job that asked for GPUs. The GPU
+cases drive a stand-in for ``tf.config`` (no GPU here); the CPU case runs the real TensorFlow in
+a subprocess (threads are set before TF starts); real refusals: test_trainer_bad_input.py."""
 
 from __future__ import annotations
 
@@ -55,13 +50,19 @@ class _FakeConfig:
         return [args[0] for name, args in self.calls if name == "visible" and args[1] == kind]
 
 
-def test_each_process_is_pinned_to_the_gpu_of_its_local_rank() -> None:
+def test_each_process_is_pinned_to_the_gpu_of_its_local_rank_and_reports_it() -> None:
     for local_rank in range(4):
         config = _FakeConfig(["gpu0", "gpu1", "gpu2", "gpu3"])
-        devices = configure_devices(SimpleNamespace(config=config), local_rank, 4, None)
+        tf = SimpleNamespace(config=config)
+        devices = configure_devices(tf, local_rank, 4, None)
         assert devices.device == f"GPU:{local_rank}" and devices.gpus_found == 4
         assert ("visible", (f"gpu{local_rank}", "GPU")) in config.calls
         assert ("memory_growth", (f"gpu{local_rank}", True)) in config.calls
+        assert gpu_usage(tf, devices) == {
+            "gpu_name": f"NVIDIA H100 80GB HBM3 (gpu{local_rank})",
+            "gpu_peak_memory_bytes": 3 * 2**30,
+        }
+    assert gpu_usage(tf, configure_devices(SimpleNamespace(config=_FakeConfig([])), 0, 1, 1)) == {}
 
 
 @pytest.mark.parametrize(("threads", "inter"), [(3, 2), (1, 1), (4, 2)])
@@ -72,16 +73,6 @@ def test_the_thread_override_wins_and_inter_op_threads_are_min_2_intra(
     devices = configure_devices(SimpleNamespace(config=config), 0, 2, threads)
     assert devices == Devices("CPU", threads, 0)
     assert ("intra", threads) in config.calls and ("inter", inter) in config.calls
-
-
-def test_a_gpu_rank_reports_its_gpus_name_and_peak_memory() -> None:
-    config = _FakeConfig(["gpu0", "gpu1"])
-    tf = SimpleNamespace(config=config)
-    devices = configure_devices(tf, 1, 2, None)
-    assert gpu_usage(tf, devices) == {
-        "gpu_name": "NVIDIA H100 80GB HBM3 (gpu1)", "gpu_peak_memory_bytes": 3 * 2**30,
-    }  # fmt: skip
-    assert gpu_usage(tf, configure_devices(SimpleNamespace(config=_FakeConfig([])), 0, 1, 1)) == {}
 
 
 def test_a_job_that_asked_for_gpus_is_refused_unless_each_rank_has_one() -> None:
@@ -101,9 +92,8 @@ def test_a_job_that_asked_for_gpus_is_refused_unless_each_rank_has_one() -> None
 
 @pytest.mark.parametrize("quiet", [False, True], ids=["rank 0", "another rank"])
 def test_cpu_run_uses_the_real_tensorflow_settings(quiet: bool) -> None:
-    """The real TensorFlow (a CUDA build) on this host without a GPU driver: a CPU rank, its
-    threads set, and TensorFlow's "failed call to cuInit" line from rank 0 only, not once per
-    rank (the ranks of a CPU job all print it)."""
+    """The real TensorFlow on this host without a GPU driver: a CPU rank, its threads set, and
+    TensorFlow's "failed call to cuInit" line from rank 0 only."""
     code = f"""
 import json, tensorflow as tf
 from components.train.devices import configure_devices
@@ -145,10 +135,8 @@ V1 = "cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us"
 def test_threads_split_the_cores_among_local_ranks_capped_by_the_cpu_limit(
     tmp_path: Path, files: dict[str, str], quota: float | None
 ) -> None:
-    """A container with a CPU limit of 1 (cgroup v2 ``cpu.max`` "100000 100000") gets 1 thread,
-    whatever the visible cores: a Kubernetes CPU limit is a CFS quota, not an affinity mask.
-    (The files stand in for the kernel's cgroup files; the container tests check a real
-    ``--cpus``.)"""
+    """A CPU limit caps the threads whatever the visible cores (the container tests check a real
+    ``--cpus``)."""
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)

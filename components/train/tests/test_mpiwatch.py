@@ -1,6 +1,6 @@
-"""The watch of a static job (mpiwatch) and the ranks' heartbeat: `Silence` on lines as mpirun's
-``--tag-output`` writes them (seen in the real runs below); real ``mpirun`` with 2 ranks of
-`beating_rank.py`, which beats as the trainer's ranks do; the real trainer, launched locally."""
+"""The watch of a static job and the ranks' heartbeat: `Silence` on lines as mpirun's
+``--tag-output`` writes them; real ``mpirun`` with 2 ranks of `beating_rank.py`; the real
+trainer, launched locally."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -69,7 +70,8 @@ def test_a_silent_rank_is_named_with_its_host_or_expected_host_and_done_is_not_w
 
 def test_the_heartbeat_beats_until_stopped_then_says_done_once() -> None:
     lines: list[str] = []
-    stop = mpiwatch.heartbeat(0.01, write=lines.append)
+    stop = mpiwatch.start_from_env({HEARTBEAT_ENV: "0.01"}, lines.append)
+    assert stop is not None
     while len(lines) < 3:
         time.sleep(0.01)
     stop()
@@ -87,8 +89,7 @@ def test_a_bad_heartbeat_period_is_refused_by_name(value: str) -> None:
 
 
 def test_the_trainer_beats_from_its_start_only_when_asked() -> None:
-    """``python -m components.train`` beats before anything else (here its arguments are
-    refused, exit 2) and says done at exit; unasked it does not beat; a bad period: one line."""
+    """It beats before anything else (here its arguments are refused) and says done at exit."""
 
     def trainer(period: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PYTHONPATH": str(ROOT), HEARTBEAT_ENV: period}
@@ -122,8 +123,7 @@ def test_the_command_line_refuses_a_missing_command_and_bad_bounds() -> None:
 
 
 def mpirun(*action: str) -> list[str]:
-    """``mpirun -np 2 --tag-output ... python beating_rank.py ACTION`` on this machine, the
-    heartbeat period forwarded with ``-x`` as on a cluster."""
+    """2 ranks of `beating_rank.py`, the heartbeat period forwarded as on a cluster."""
     exported = ["-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED=1", "-x", f"{HEARTBEAT_ENV}=0.25"]
     return ["mpirun", "-np", "2", "--tag-output", "--oversubscribe", "-bind-to", "none",
             *exported, sys.executable, str(RANK_PROGRAM), *action]  # fmt: skip
@@ -136,17 +136,10 @@ def run_watch(command: list[str], bound_s: float) -> tuple[int, str]:
 
 
 def rank_pids(output: str) -> dict[int, int]:
-    """``{rank: pid}`` from the ``rank <r> pid <pid>`` lines of `beating_rank.py`."""
-    found = {}
-    for line in output.splitlines():
-        words = line.split(":", 1)[-1].split()
-        if len(words) == 4 and words[0] == "rank" and words[2] == "pid":
-            found[int(words[1])] = int(words[3])
-    return found
+    return {int(r): int(p) for r, p in re.findall(r":rank (\d+) pid (\d+)$", output, re.M)}
 
 
 def assert_gone(pids: list[int]) -> None:
-    """Every one of `pids` ends (mpirun's teardown, or the watch's SIGKILL, reached it)."""
     deadline = time.monotonic() + 60
     while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -165,9 +158,8 @@ def _alive(pid: int) -> bool:
 def test_a_frozen_rank_ends_the_job_in_one_line_else_mpiruns_code_passes(
     action: str, code: int
 ) -> None:
-    """Rank 1 stops itself after its first beat: named alone, the job ended, no rank left. Both
-    ranks beat for 2 bounds, then exit 3: nothing said, mpirun's code. No beat is shown. (The
-    bound leaves time for a loaded machine to start the ranks.)"""
+    """Rank 1 stops itself: named alone, no rank left. Both ranks beat for 2 bounds, then exit
+    3: mpirun's code. (The bound leaves time for a loaded machine to start the ranks.)"""
     got, out = run_watch(mpirun(*action.split()), bound_s=5)
     assert got == code and sorted(rank_pids(out)) == [0, 1], out
     assert "kfp-horovod-heartbeat" not in out
@@ -209,10 +201,9 @@ def test_sigterm_to_the_watch_reaches_mpirun_and_the_ranks() -> None:
 def test_a_frozen_rank_of_a_real_job_is_named_and_ends_the_job(
     mnist_1000: str, tmp_path: Path
 ) -> None:
-    """The local launcher runs the trainer under the same watch: rank 1 stopped ends the job in
-    one line naming it alone (rank 0, waiting in Horovod's collectives, whose stall check
-    cannot fire, keeps beating), its last checkpoint kept and no model exported. The bound is
-    generous: importing TensorFlow holds the GIL, so beats pause for seconds."""
+    """Rank 1 stopped ends the job in one line naming it alone (rank 0, waiting in Horovod's
+    collectives, keeps beating), its checkpoint kept, no model exported. The bound is generous:
+    importing TensorFlow holds the GIL, so beats pause for seconds."""
     config = TrainConfig(
         data=mnist_1000, output=str(tmp_path / "out"), workers=2, epochs=20,
         batch_size_per_worker=16, threads_per_worker=1, model="small",

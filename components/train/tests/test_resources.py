@@ -1,5 +1,5 @@
-"""Did the workers pay? The step split from each rank's own clock, the straggler, the advice,
-and the clock itself inside a real 2-rank Horovod job."""
+"""Did the workers pay? The step split, the straggler, the advice, and the clock itself inside a
+real 2-rank Horovod job."""
 
 from __future__ import annotations
 

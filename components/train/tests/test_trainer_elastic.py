@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -81,9 +80,8 @@ def _check_one_model(out: Path, lines: list[str], world: int) -> dict[str, Any]:
 def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
     mnist_3000: str, tmp_path: Path
 ) -> None:
-    """One job, both directions: 3 ranks; rank 1 SIGKILLed 0.3 s into epoch 2, so the other 2
-    go on as one job of 2; once that job has checkpointed, a 4th name is listed (the killed
-    rank's host stays blacklisted), and the job grows back to 3 at an epoch end."""
+    """3 ranks; rank 1 SIGKILLed 0.3 s into epoch 2: the other 2 go on as one job; once it has
+    checkpointed, a 4th name is listed (the killed rank's stays blacklisted): back to 3."""
     out, lines = tmp_path / "out", []
     hosts = LocalHosts(tmp_path / "hosts")
     hosts.directory.mkdir()
@@ -114,8 +112,7 @@ def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
 
 
 def _when_resumed_at_two_and_checkpointed(out: Path, lines: list[str], action: Any) -> None:
-    """Run `action()` once the job of 2 has written a checkpoint of its own (gives up after
-    5 min, and the test fails on the history)."""
+    """Run `action()` once the job of 2 has written a checkpoint of its own (or 5 min passed)."""
     deadline = time.monotonic() + 300
     while not any(WENT_ON_AT_TWO in line for line in lines):
         if time.monotonic() > deadline:
@@ -123,20 +120,3 @@ def _when_resumed_at_two_and_checkpointed(out: Path, lines: list[str], action: A
         time.sleep(0.05)
     done = json.loads((out / "checkpoints" / "latest.json").read_text())["epoch"]
     _when_checkpointed(out, done + 1, action)
-
-
-def test_an_elastic_job_below_its_minimum_stops_before_training(
-    mnist_3000: str, tmp_path: Path
-) -> None:
-    """A plain 1-rank horovodrun job of a trainer told it needs at least 2: the preflight."""
-    config = TrainConfig(data=mnist_3000, output=str(tmp_path / "out"), workers=3, min_workers=2)
-    from components.train.config import to_argv
-    from components.train.launch import job_environment, local_command
-
-    done = subprocess.run(
-        local_command(1, to_argv(config)), capture_output=True, text=True, timeout=120,
-        env=job_environment(),
-    )  # fmt: skip
-    assert done.returncode != 0
-    assert "fewer than its minimum of 2" in done.stdout + done.stderr
-    assert not (tmp_path / "out").exists()

@@ -1,11 +1,7 @@
-"""A real 3-rank ``horovodrun`` job on 1,000 real MNIST digits, and what it must show.
-
-No mocks: three processes, Gloo, Keras. One job runs per module; each test checks one claim.
-The job trains a user's model (``--model package.module:function``, a CNN about a quarter the
-size of ``small``) with the off-by-default scaling levers on: the claims hold for any model and
-with the levers, and this one job also shows an entry point training across ranks and exporting
-a model that serves without it. (``--augment`` across ranks is in test_trainer_resume: XLA, one
-of the levers here, has no CPU kernel for its image transform.)
+"""A real 3-rank job on 1,000 real MNIST digits, and what it must show (one job per module, one
+claim per test). It trains a user's model (``--model package.module:function``): the claims
+hold for any model, and an entry point trains across ranks and exports a model that serves
+without it. (``--augment`` across ranks: test_trainer_resume.)
 """
 
 from __future__ import annotations

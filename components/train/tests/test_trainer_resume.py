@@ -1,6 +1,5 @@
-"""A run killed (SIGKILL, mid-training) after epoch k and restarted continues at epoch k+1; a
-rerun whose latest checkpoint is damaged resumes from the one before it, and one whose
-checkpoints are all damaged stops instead of starting from scratch."""
+"""A run killed after epoch k resumes at epoch k+1; a damaged latest checkpoint resumes from the
+one before; all damaged stops the run instead of starting from scratch."""
 
 from __future__ import annotations
 
@@ -81,7 +80,6 @@ def _small_job(data: str, output: Path, epochs: int, *extra: str) -> list[str]:
 def two_checkpoints(
     mnist_1000: str, tmp_path_factory: pytest.TempPathFactory, run_job: Any
 ) -> Path:
-    """The checkpoint directory of a finished 2-epoch run: epochs 1 and 2 (keep=2)."""
     out = tmp_path_factory.mktemp("two-epochs") / "out"
     done = run_job(2, _small_job(mnist_1000, out, 2))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -95,8 +93,8 @@ def _truncate(path: Path) -> None:
 def test_a_damaged_latest_checkpoint_resumes_from_the_one_before(
     two_checkpoints: Path, mnist_1000: str, tmp_path: Path, run_job: Any
 ) -> None:
-    """latest.json corrupt and epoch 2's data truncated: a real job passes over both, says so
-    in one line, and resumes after epoch 1 (each kind of damage: test_checkpoints.py)."""
+    """latest.json corrupt and epoch 2's data truncated: passed over in one line (each kind of
+    damage: test_checkpoints.py)."""
     checkpoint_dir = tmp_path / "checkpoints"
     shutil.copytree(two_checkpoints, checkpoint_dir)
     (checkpoint_dir / "latest.json").write_text('{"epoch": 2, "pr')
