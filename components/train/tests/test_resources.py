@@ -89,7 +89,7 @@ model.compile(optimizer=clock.wrap(hvd.DistributedOptimizer(keras.optimizers.leg
 class Late(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if hvd.rank() == 1:
-            time.sleep(0.05)
+            time.sleep(0.3)
 model.fit(np.zeros((320, 32)), np.zeros((320, 10)), batch_size=32, epochs=2, verbose=0,
           callbacks=[Late(), hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 clock.take()
@@ -113,6 +113,7 @@ def test_the_clock_sees_a_rank_wait_for_a_late_one_in_a_real_job() -> None:
         if "IN_ALLREDUCE" in line:
             rank, seconds = line.split("IN_ALLREDUCE ")[1].split()
             spent[int(rank)] = float(seconds)
-    # 10 steps: rank 0 waits about 10 x 50 ms for rank 1; rank 1 only for the data movement
-    assert spent[0] > 0.35, spent
-    assert spent[0] - spent[1] > 0.3, spent
+    # 10 steps: rank 0 waits about 10 x 300 ms for rank 1; rank 1 only for the data movement (and,
+    # on a loaded machine, for rank 0 being scheduled: the lateness is large so that noise is not)
+    assert spent[0] > 2.0, spent
+    assert spent[0] - spent[1] > 1.5, spent
