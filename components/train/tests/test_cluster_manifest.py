@@ -189,12 +189,10 @@ def test_an_elastic_mpijob_runs_elastic_horovodrun_on_the_operators_discovery_sc
     cmd = launcher["command"]
     assert cmd[:3] == ["python", "-m", "components.train.launch"]  # horovodrun's command line
 
-    def option(name: str) -> str:
-        return cmd[cmd.index(name) + 1]
-
     # ranks: 4 workers x 2 slots at most, 3 x 2 at least; slots per discovered host: 2
-    assert [option(o) for o in ("-np", "--min-np", "--max-np", "--slots")] == ["8", "6", "8", "2"]
-    assert option("--host-discovery-script") == "/etc/mpi/discover_hosts.sh"
+    options = {"-np": "8", "--min-np": "6", "--max-np": "8", "--slots": "2",
+               "--host-discovery-script": "/etc/mpi/discover_hosts.sh"}  # fmt: skip
+    assert {name: cmd[cmd.index(name) + 1] for name in options} == options
     assert "mpirun" not in cmd and "--gloo" in cmd
     assert (flag(cmd, "--min-workers"), flag(cmd, "--workers")) == ("3", "4")
     assert flag(cmd, "--slots-per-worker") == "2"
