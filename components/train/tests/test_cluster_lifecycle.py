@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
@@ -261,24 +262,15 @@ def test_the_task_pods_owns_the_job_and_the_manifests_are_built_and_checked_once
     cluster: Cluster, gcs_uri: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b, kind = pair(name)
-    calls = {"build": 0, "check": 0}
-
-    def counted(key: str, real: Any) -> Any:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            calls[key] += 1
-            return real(*args, **kwargs)
-
-        return wrapper
-
-    monkeypatch.setattr(jobs, "check_manifests", counted("check", jobs.check_manifests))
+    check, build = mock.Mock(wraps=jobs.check_manifests), mock.Mock(wraps=b.build)
+    monkeypatch.setattr(jobs, "check_manifests", check)
     cluster.core.create_namespaced_pod(NS, pod("train-task-pod", {}, uid="uid-42"))
     p = make_params(gcs_uri, owner_pod_name="train-task-pod")
     op = Operator(cluster, kind)
     op.play(lambda op: complete(op, NAME, op.start(op.wait_for_job())))
-    counting = jobs.Backend(**{**b.__dict__, "build": counted("build", b.build)})
-    run(cluster, counting, p, lambda _: None)
+    run(cluster, jobs.Backend(**{**b.__dict__, "build": build}), p, lambda _: None)
     op.join()
-    assert calls == {"build": 1, "check": 1}
+    assert (build.call_count, check.call_count) == (1, 1)
     stored = cluster.job(NAME, b.crd)
     assert stored is not None
     (ref,) = stored["metadata"]["ownerReferences"]
