@@ -49,8 +49,11 @@ class KfpStandin:
             ("GET", "/healthz", lambda r: {"multi_user": False}),
             ("GET", "/pipelines", lambda r: self._list(self.pipelines, r, "pipelines")),
             ("POST", "/pipelines", lambda r: self._add(self.pipelines, "pipeline", r.json())),
-            ("POST", "/pipelines/upload_version", self._upload_version),
-            ("GET", "/pipelines/([^/]+)/versions", self._list_versions),
+            ("POST", "/pipelines/upload_version", lambda r: self._add(self.versions,
+             "pipeline_version", {"display_name": r.query["name"],
+                                  "pipeline_id": r.query["pipelineid"]})),
+            ("GET", "/pipelines/([^/]+)/versions", lambda r, pid: self._list(
+             [v for v in self.versions if v["pipeline_id"] == pid], r, "pipeline_versions")),
             ("GET", "/experiments", lambda r: self._list(self.experiments, r, "experiments")),
             ("POST", "/experiments", lambda r: self._add(self.experiments, "experiment", r.json())),
             ("POST", "/runs", lambda r: self._add(self.runs, "run", r.json(), state="PENDING")),
@@ -144,14 +147,6 @@ class KfpStandin:
         predicates = json.loads(request.query.get("filter", "{}")).get("predicates", [])
         wanted = [(p["key"], p["stringValue"]) for p in predicates]
         return {key: [i for i in items if all(i.get(k) == v for k, v in wanted)]}
-
-    def _upload_version(self, request: Request) -> dict[str, Any]:
-        body = {"display_name": request.query["name"], "pipeline_id": request.query["pipelineid"]}
-        return self._add(self.versions, "pipeline_version", body)
-
-    def _list_versions(self, request: Request, pid: str) -> dict[str, Any]:
-        mine = [v for v in self.versions if v["pipeline_id"] == pid]
-        return self._list(mine, request, "pipeline_versions")
 
     def _get_run(self, request: Request, run_id: str) -> dict[str, Any] | None:
         run = next((r for r in self.runs if r["run_id"] == run_id), None)

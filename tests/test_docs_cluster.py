@@ -201,7 +201,7 @@ def test_the_versions_it_names_are_the_projects() -> None:
     (kfp,) = re.findall(r"^kfp==(\S+)$", lock, re.M)
     assert f"KFP SDK {kfp}" in TEXT
     assert f"export TRAINER_VERSION={defaults.TRAINER_VERSION}" in TEXT
-    assert "export MPI_OPERATOR_VERSION=v0.8.2" in TEXT
+    assert f"export MPI_OPERATOR_VERSION={defaults.MPI_OPERATOR_VERSION}" in TEXT
     assert "export PIPELINE_VERSION=2.16.0" in TEXT and "--branch 26.03" in TEXT
 
 

@@ -34,7 +34,7 @@ import yaml
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, from_argv
 from components.train.summary import parse
-from components.train.tests.cluster_jobs import write_kubeconfig
+from components.train.tests.cluster_jobs import complete, write_kubeconfig
 from pipeline.build import compile_pipeline
 from pipeline.checks import check_step
 from standins.jobs import RunningJob
@@ -83,11 +83,11 @@ def trainer_cluster() -> Iterator[Cluster]:
 
 def run_values(compiled: dict[str, Any], bucket: str, **overrides: Any) -> dict[str, Any]:
     """The run's parameters: the compiled defaults and what a user sets for a TrainJob run."""
-    parameters = compiled["root"]["inputDefinitions"]["parameters"]
-    values = {name: p.get("defaultValue") for name, p in parameters.items()}
-    for name, p in parameters.items():  # the YAML's numbers are doubles; KFP's driver casts
-        if p["parameterType"] == "NUMBER_INTEGER":
-            values[name] = int(values[name])
+    values = {  # the YAML's numbers are doubles; KFP's driver casts
+        name: int(p["defaultValue"]) if p["parameterType"] == "NUMBER_INTEGER" else p.get(
+            "defaultValue")
+        for name, p in compiled["root"]["inputDefinitions"]["parameters"].items()
+    }  # fmt: skip
     return values | {
         "training_backend": "trainjob", "namespace": NS, "registry_root": f"{bucket}/models",
         "epochs": 3,  # and one value of the user's own, to follow into the TrainJob
@@ -326,9 +326,7 @@ def test_auto_picks_the_trainjob_and_the_task_config_reaches_every_rank_pod(
                 **PLACED)  # fmt: skip
     step.wait_for("created TrainJob")
     name = op.wait_for_job()
-    op.start(name)
-    op.write_outputs(name)
-    op.finish(name, 0)
+    complete(op, name, op.start(name))
     assert step.wait() == 0, "\n".join(step.lines)
     echoed = step.lines.index("}", next(i for i, x in enumerate(step.lines) if "Got executor" in x))
     own = step.lines[echoed + 1 :]  # after kfp's executor's own lines and its input's echo

@@ -3,7 +3,6 @@
 import functools
 import hashlib
 import http.server
-import io
 import json
 import socket
 import threading
@@ -18,26 +17,18 @@ from components.common.defaults import BUNDLED_SOURCE, NUM_CLASSES
 from components.data_prep import prep
 
 
-def _npz_bytes(x_train, y_train, x_test, y_test) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
-    return buf.getvalue()
-
-
 def _digits(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(
-        np.uint8
-    )
+    return rng.integers(0, 256, (n, 28, 28), np.uint8), rng.integers(0, 10, n, np.uint8)
 
 
 @pytest.fixture
 def good_npz(tmp_path: Path) -> tuple[Path, str]:
     """A small valid mnist.npz and its sha256."""
-    data = _npz_bytes(*_digits(120, 1), *_digits(40, 2))
+    (x_train, y_train), (x_test, y_test) = _digits(120, 1), _digits(40, 2)
     path = tmp_path / "mnist.npz"
-    path.write_bytes(data)
-    return path, hashlib.sha256(data).hexdigest()
+    np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture
@@ -81,15 +72,9 @@ def test_bundled_is_deterministic_and_manifest_is_complete(tmp_path: Path) -> No
     prep.prepare("bundled", str(b), shard_size=64, limit=150)
     tree_a, tree_b = _tree(a), _tree(b)
     assert tree_a == tree_b  # byte-identical, so KFP caching and manifest hashes are stable
-    assert sorted(tree_a) == sorted(
-        ["manifest.json"]
-        + [
-            f"{s}/{k}-{i:05d}.npy"
-            for s in ("train", "test")
-            for k in ("images", "labels")
-            for i in range(3)
-        ]
-    )
+    splits, kinds = ("train", "test"), ("images", "labels")
+    shards = [f"{s}/{k}-{i:05d}.npy" for s in splits for k in kinds for i in range(3)]
+    assert sorted(tree_a) == sorted(["manifest.json", *shards])
 
     written = json.loads(tree_a["manifest.json"])
     assert written == manifest
@@ -162,12 +147,12 @@ def _corrupt(tmp: Path) -> str:
     return str(tmp / "c.npz")
 
 
-def _bad(make_source, sha256, message, error=dataset.DataError, id=""):
-    return pytest.param(make_source, sha256, message, error, id=id)
+def _bad(make_source, sha256, message, error=dataset.DataError, id="", **kwargs):
+    return pytest.param(make_source, {"expected_sha256": sha256, **kwargs}, message, error, id=id)
 
 
 @pytest.mark.parametrize(
-    ("make_source", "sha256", "message", "error"),
+    ("make_source", "kwargs", "message", "error"),
     [
         _bad(lambda tmp: f"http://localhost:{_closed_port()}/mnist.npz", None, "unreachable",
              id="unreachable"),
@@ -193,27 +178,21 @@ def _bad(make_source, sha256, message, error=dataset.DataError, id=""):
         _bad(lambda tmp: "", None, "data source is empty", ValueError, id="empty"),
         _bad(lambda tmp: "bundled", "not-a-hash", "is not 64 hex digits", ValueError,
              id="bad-sha-param"),
+        _bad(lambda tmp: "bundled", None, "shard_size must be >= 1", ValueError, id="shard-size",
+             shard_size=0),
+        _bad(lambda tmp: "bundled", None, "data_limit must be >= 0", ValueError, id="limit",
+             limit=-1),
     ],
 )  # fmt: skip
-def test_bad_sources_fail_clearly_and_write_nothing(
-    tmp_path: Path, make_source, sha256, message, error
+def test_bad_sources_and_parameters_fail_clearly_and_write_nothing(
+    tmp_path: Path, make_source, kwargs, message, error
 ) -> None:
     source = make_source(tmp_path)
     out = tmp_path / "out"
     with pytest.raises(error) as info:
-        prep.prepare(source, str(out), expected_sha256=sha256)
+        prep.prepare(source, str(out), **kwargs)
     assert message in str(info.value) and "\n" not in str(info.value)
     assert not out.exists()
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [({"shard_size": 0}, "shard_size must be >= 1"), ({"limit": -1}, "data_limit must be >= 0")],
-)
-def test_bad_parameters(tmp_path: Path, kwargs, message) -> None:
-    with pytest.raises(ValueError, match=message):
-        prep.prepare("bundled", str(tmp_path / "out"), **kwargs)
-    assert not (tmp_path / "out").exists()
 
 
 def test_refuses_to_overwrite(tmp_path: Path) -> None:

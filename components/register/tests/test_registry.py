@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,23 +22,6 @@ from components.register.serving import ServingFolder
 from components.register.tests.registering import register_run
 
 ACCURACIES = [0.91, 0.97, 0.93, 0.99, 0.92, 0.95, 0.94, 0.96]  # 8 concurrent writers
-
-
-def _folder(root: str) -> ServingFolder:
-    return ServingFolder(ModelStore(root, "mnist-cnn"))
-
-
-def _in_threads(jobs: list[tuple[Any, ...]], work: Callable[..., Any]) -> list[Any]:
-    """``work(*job)`` for every job at once (released together by a barrier); raises the first
-    error."""
-    barrier = threading.Barrier(len(jobs))
-
-    def run(job: tuple[Any, ...]) -> Any:
-        barrier.wait()
-        return work(*job)
-
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        return list(pool.map(run, jobs))
 
 
 @pytest.fixture
@@ -83,7 +65,8 @@ class Poller:
     production alias's accuracy must never go down; the serving folder's versions are kept."""
 
     def __init__(self, root: str, model_dir: str, workdir: Path) -> None:
-        self.folder, self.model_dir, self.workdir = _folder(root), Path(model_dir), workdir
+        self.folder = ServingFolder(ModelStore(root, "mnist-cnn"))
+        self.model_dir, self.workdir = Path(model_dir), workdir
         workdir.mkdir(parents=True)
         self.store = self.folder.store
         self.loaded: set[int] = set()
@@ -127,10 +110,14 @@ def test_concurrent_registrations(
     poller = Poller(storage_root, trained_model.path, tmp_path / "poller")
     try:
         jobs = [(f"run-{i}", a) for i, a in enumerate(ACCURACIES)] + [("same-run", 0.9)] * 3
-        decisions = _in_threads(
-            jobs,
-            lambda run, acc: register_run(trained_model, trained_summary, storage_root, run, acc),
-        )
+        barrier = threading.Barrier(len(jobs))  # all released at once
+
+        def register(job: tuple[str, float]) -> Any:
+            barrier.wait()
+            return register_run(trained_model, trained_summary, storage_root, *job)
+
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            decisions = list(pool.map(register, jobs))  # raises the first error
     finally:
         poller.stop()  # raises what it saw go wrong
     store = poller.store

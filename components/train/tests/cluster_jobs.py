@@ -1,6 +1,5 @@
 """What the cluster backends' tests share: a run's parameters (by field name, whichever part
-declares it), both backends to parametrize over, the run against kmock's API, and the outputs
-rank 0 would leave behind (`standins.kmock_jobs.write_rank0_outputs`)."""
+declares it), both backends to parametrize over, and the run against kmock's API."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from components.train.config import TrainConfig
 from components.train.step import TrainStep
 from components.train.summary import RunSummary
 from standins.kmock_cluster import NS, Cluster, Operator
-from standins.kmock_jobs import MPIJOB_KIND, TRAINJOB_KIND, Kind, write_rank0_outputs
+from standins.kmock_jobs import MPIJOB_KIND, TRAINJOB_KIND, Kind
 
 POLL = 0.05  # seconds between the run's polls
 KINDS = {"mpijob": MPIJOB_KIND, "trainjob": TRAINJOB_KIND}
@@ -46,11 +45,6 @@ def make_params(bucket: str = "gs://bkt", **overrides: Any) -> ClusterJobParams:
 def pair(name: str) -> tuple[Backend, Kind]:
     """Backend `name` and the stand-in of its operator."""
     return backend(name), KINDS[name]
-
-
-def write_outputs(p: ClusterJobParams, world_size: int | None = None) -> None:
-    """What rank 0 of the trainer leaves behind on success (of `world_size` ranks)."""
-    write_rank0_outputs(p.train, world_size)
 
 
 def run(cluster: Cluster, b: Backend, p: Any, log: Callable[[str], None], **kw: Any) -> RunSummary:

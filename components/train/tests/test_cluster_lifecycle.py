@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
@@ -34,9 +35,9 @@ from components.train.tests.cluster_jobs import (
     posts,
     run,
     store,
-    write_outputs,
 )
 from standins.kmock_cluster import NS, Cluster, Operator, pod
+from standins.kmock_jobs import write_rank0_outputs
 
 pytestmark = pytest.mark.timeout(120)
 # What each backend's job says while it runs: an MPIJob its condition, a TrainJob (Trainer sets
@@ -90,21 +91,20 @@ def test_create_follow_and_succeed(cluster: Cluster, gcs_uri: str, name: str) ->
     assert not cluster.requests("DELETE", f"/{b.crd.plural}")  # the TTL cleans it up
 
 
+EXITED, JOBSET = "launcher exited with code 3", "jobset failed due to one or more job failures"
+
+
 @pytest.mark.parametrize(
     ("name", "reason", "message", "pod_reason", "expect"),
     [
-        ("mpijob", "BackoffLimitExceeded", "launcher exited with code 3", None,
-         "BackoffLimitExceeded"),
-        ("mpijob", "MPIJobEvicted", "launcher exited with code 3", "Evicted", "MPIJobEvicted"),
-        ("mpijob", "JobFailed", "launcher exited with code 3", "Evicted",
-         "JobFailed (launcher pod Evicted)"),
-        ("mpijob", "DeadlineExceeded", "launcher exited with code 3", None, "DeadlineExceeded"),
-        ("trainjob", "FailedJobs", "jobset failed due to one or more job failures", None,
-         "FailedJobs"),
+        ("mpijob", "BackoffLimitExceeded", EXITED, None, "BackoffLimitExceeded"),
+        ("mpijob", "MPIJobEvicted", EXITED, "Evicted", "MPIJobEvicted"),
+        ("mpijob", "JobFailed", EXITED, "Evicted", "JobFailed (launcher pod Evicted)"),
+        ("mpijob", "DeadlineExceeded", EXITED, None, "DeadlineExceeded"),
+        ("trainjob", "FailedJobs", JOBSET, None, "FailedJobs"),
         ("trainjob", "DeadlineExceeded", "TrainJob exceeded its activeDeadlineSeconds", None,
          "DeadlineExceeded"),
-        ("trainjob", "FailedJobs", "jobset failed due to one or more job failures", "Evicted",
-         "FailedJobs (launcher pod Evicted)"),
+        ("trainjob", "FailedJobs", JOBSET, "Evicted", "FailedJobs (launcher pod Evicted)"),
     ],
 )  # fmt: skip
 def test_failure_carries_reason_and_log_tail(
@@ -132,9 +132,8 @@ def test_failure_carries_reason_and_log_tail(
     assert (err.reason, err.message) == (expect, message)
     assert len(err.log_tail) == 50 and err.log_tail[0] == "line 31"
     assert err.log_tail[-1].endswith("world size 3 != workers x slots 4")
-    assert "line 30" not in str(err) and f"{b.what(NS, NAME)} failed: {expect}: {message}" in str(
-        err
-    )
+    assert "line 30" not in str(err)
+    assert f"{b.what(NS, NAME)} failed: {expect}: {message}" in str(err)
     assert not cluster.requests("DELETE", f"/{b.crd.plural}")  # left for inspection
 
 
@@ -182,13 +181,8 @@ def test_sigterm_deletes_the_job_and_waits_for_its_pods(
     what = b.what(NS, NAME)
     expect = rf"^cancelled; {what} deleted$" if collected else r"pods still present: .*-launcher-"
     with pytest.raises(JobCancelled, match=expect):
-        run(
-            cluster,
-            b,
-            make_params(gcs_uri),
-            lines.append,
-            cleanup_timeout_s=10 if collected else 0.5,
-        )
+        run(cluster, b, make_params(gcs_uri), lines.append,
+            cleanup_timeout_s=10 if collected else 0.5)  # fmt: skip
     op.join()
     if collected:
         assert cluster.pod_names() == ["unrelated"]  # no orphans, nothing else touched
@@ -268,24 +262,15 @@ def test_the_task_pods_owns_the_job_and_the_manifests_are_built_and_checked_once
     cluster: Cluster, gcs_uri: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b, kind = pair(name)
-    calls = {"build": 0, "check": 0}
-
-    def counted(key: str, real: Any) -> Any:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            calls[key] += 1
-            return real(*args, **kwargs)
-
-        return wrapper
-
-    monkeypatch.setattr(jobs, "check_manifests", counted("check", jobs.check_manifests))
+    check, build = mock.Mock(wraps=jobs.check_manifests), mock.Mock(wraps=b.build)
+    monkeypatch.setattr(jobs, "check_manifests", check)
     cluster.core.create_namespaced_pod(NS, pod("train-task-pod", {}, uid="uid-42"))
     p = make_params(gcs_uri, owner_pod_name="train-task-pod")
     op = Operator(cluster, kind)
     op.play(lambda op: complete(op, NAME, op.start(op.wait_for_job())))
-    counting = jobs.Backend(**{**b.__dict__, "build": counted("build", b.build)})
-    run(cluster, counting, p, lambda _: None)
+    run(cluster, jobs.Backend(**{**b.__dict__, "build": build}), p, lambda _: None)
     op.join()
-    assert calls == {"build": 1, "check": 1}
+    assert (build.call_count, check.call_count) == (1, 1)
     stored = cluster.job(NAME, b.crd)
     assert stored is not None
     (ref,) = stored["metadata"]["ownerReferences"]
@@ -351,11 +336,11 @@ def test_success_checks(
 ) -> None:
     p = make_params(gcs_uri)
     if drop != "summary":
-        write_outputs(p, world_size)
+        write_rank0_outputs(p.train, world_size)
     if drop == "model":
         storage.remove_tree(p.train.model_uri)
     with pytest.raises(JobError, match=message):
         check_run(p, "MPIJob", log=lambda _: None)
     good = make_params(gcs_uri, model_dir=f"{gcs_uri}/models/m")
-    write_outputs(good)
+    write_rank0_outputs(good.train)
     assert check_run(good, "MPIJob", log=lambda _: None).config.world_size == 4

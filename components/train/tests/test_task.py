@@ -49,17 +49,21 @@ def test_unknown_backend_is_refused_by_name() -> None:
         TrainStep(training_backend="k8s")
 
 
+def _run_mpijob_task(tmp_path: Path, config: TrainConfig, **kw: Any) -> RunSummary:
+    """The train task of `config` on the MPIJob backend, in namespace team-a."""
+    step = TrainStep(trainer_image="reg/trainer:9", namespace="team-a", training_backend="mpijob")
+    return run_train_task(
+        config, step, outputs=(str(tmp_path / "summary"), str(tmp_path / "report")),
+        **{"dataset_path": "/gcs/b/data", "model_path": "/gcs/b/run/train/model", **kw},
+    )  # fmt: skip
+
+
 def test_mpijob_backend_refuses_local_artifacts(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match="needs gs:// artifacts: set the pipeline root .*data must be a gs:// URI"
     ):
-        run_train_task(
-            _config(data=str(tmp_path / "d"), model_dir="gs://b/m"),
-            TrainStep(trainer_image="r/t:1", namespace="kubeflow", training_backend="mpijob"),
-            dataset_path=str(tmp_path / "d"),
-            model_path="/gcs/b/m",
-            outputs=(str(tmp_path / "s"), str(tmp_path / "r")),
-        )
+        config = _config(data=str(tmp_path / "d"), model_dir="gs://b/m")
+        _run_mpijob_task(tmp_path, config, dataset_path=str(tmp_path / "d"), model_path="/gcs/b/m")
 
 
 def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,14 +82,7 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         return _summary(world_size=6)
 
     monkeypatch.setattr(run, "run_job", fake_run_job)
-    summary = run_train_task(
-        _config(slots_per_worker=2),
-        TrainStep(trainer_image="reg/trainer:9", namespace="team-a", training_backend="mpijob"),
-        dataset_path="/gcs/b/data",
-        model_path="/gcs/b/run/train/model",
-        outputs=(str(tmp_path / "summary"), str(tmp_path / "report")),
-        pipeline_run_id="run-42",
-    )  # fmt: skip
+    summary = _run_mpijob_task(tmp_path, _config(slots_per_worker=2), pipeline_run_id="run-42")
     params = seen["params"]
     assert (seen["namespace"], seen["backend"]) == ("team-a", "mpijob")
     assert (params.train.data, params.train.model_uri) == ("gs://b/data", "gs://b/run/train/model")
@@ -105,16 +102,14 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert "- Backend: **mpijob** (training_backend forces it)" in report
 
 
-def test_report_answers_one_model_or_n() -> None:
+def test_report_answers_one_model_or_n_and_flags_diverged_ranks() -> None:
     text = coordination_report(_summary())
     assert "**3 workers formed ONE Horovod job and trained ONE model**" in text
-    differ = coordination_report(
-        dataclasses.replace(_summary(), weights_identical_across_ranks=False)
+    differ = coordination_report(_summary(same=False))
+    assert "**3 workers formed ONE Horovod job but their final weights differ: not one model**" in (
+        differ
     )
-    assert (
-        "**3 workers formed ONE Horovod job but their final weights differ: not one model**"
-        in differ
-    )
+    assert "WARNING: ranks ended with 2 different weight fingerprints" in differ
     assert "formed by the mpi controller" in text
     assert "Global batch: **96** = 3 workers x 32 per worker" in text
     assert "Learning rate: **0.003** = 0.001 x 3 workers" in text
@@ -148,12 +143,7 @@ def test_both_launchers_check_the_model_before_starting_a_rank(
         "(None, 5); the trainer needs (None, 10): one probability per class. No rank was started."
     )
     with pytest.raises(PreflightError, match="returns outputs of shape"):
-        run_train_task(
-            _config(model=BAD_ENTRY_POINT), TrainStep(trainer_image="reg/trainer:9",
-            namespace="team-a", training_backend="mpijob"), dataset_path="/gcs/b/data",
-            model_path="/gcs/b/run/train/model",
-            outputs=(str(tmp_path / "summary"), str(tmp_path / "report")),
-        )  # fmt: skip
+        _run_mpijob_task(tmp_path, _config(model=BAD_ENTRY_POINT))
 
 
 def test_artifact_metadata_says_which_model_was_trained() -> None:
@@ -169,12 +159,6 @@ def test_artifact_metadata_says_which_model_was_trained() -> None:
     assert run == {
         "world_size": 3, "weights_identical_across_ranks": True, "training_backend": "trainjob",
     }  # fmt: skip
-
-
-def test_report_flags_diverged_ranks() -> None:
-    assert "WARNING: ranks ended with 2 different weight fingerprints" in coordination_report(
-        _summary(same=False)
-    )
 
 
 def test_work_dir_sits_beside_the_model_artifact() -> None:
