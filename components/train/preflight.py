@@ -56,20 +56,18 @@ def world_size_problem(
 
 
 def model_problem(model: str) -> str | None:
-    """Why the trainer cannot train `model`, or None. A built-in name needs only its spelling
-    (no TensorFlow here); an entry point is built once, here, as every rank would build it, and
-    checked (``components.train.model.check_model``)."""
-    from components.common.declare import model_problem as form_problem
+    """Why the trainer cannot train `model`, or None. A built-in name needs no TensorFlow here;
+    anything else is built once, here, as every rank would build it, and checked
+    (``components.train.model.check_model``, which refuses a malformed name too)."""
+    if model in MODELS:
+        return None
+    from components.train.model import ModelChoiceError, check_model
 
-    problem = form_problem(model)
-    if problem is None and model not in MODELS:
-        from components.train.model import ModelChoiceError, check_model
-
-        try:
-            check_model(model)
-        except ModelChoiceError as exc:
-            problem = str(exc)
-    return f"kfp-horovod preflight failed: {problem}. No rank was started." if problem else None
+    try:
+        check_model(model)
+    except ModelChoiceError as exc:
+        return f"kfp-horovod preflight failed: {exc}. No rank was started."
+    return None
 
 
 def check_model_before_launch(model: str) -> None:
