@@ -255,14 +255,9 @@ def problems(params: Sequence[Declared], values: Mapping[str, Any]) -> list[str]
     return field_problems(params, values) + joint_problems(values)
 
 
-def check(
-    params: Sequence[Declared],
-    values: Mapping[str, Any],
-    what: str = "parameters",
-    more: Sequence[str] = (),
-) -> None:
-    """Raise ValueError listing every bad value of `values` by name (and the `more` problems
-    its caller found)."""
+def check(params: Sequence[Declared], values: Mapping[str, Any], what: str, *more: str) -> None:
+    """Raise ValueError "invalid `what`: ..." listing every bad value of `values` by name (and
+    the `more` problems its caller found)."""
     if found := [*problems(params, values), *more]:
         raise ValueError(f"invalid {what}: " + "; ".join(found))
 
@@ -279,4 +274,4 @@ class Validated:
     def __post_init__(self) -> None:
         fields = declared(type(self))
         values = {p.name: getattr(self, p.name) for p in fields}
-        check(fields, values, self.what, self.part_problems())
+        check(fields, values, self.what, *self.part_problems())
