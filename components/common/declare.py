@@ -15,7 +15,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from typing import Any, ClassVar, get_type_hints
 
 from components.common.defaults import BUNDLED_SOURCE, MODELS
 
@@ -159,6 +159,10 @@ def add_arguments(parser: argparse.ArgumentParser, params: Sequence[Declared]) -
 # The named rules a declared field's ``check=`` may name.
 
 
+def nonempty_problem(value: object) -> str | None:
+    return None if str(value).strip() else "is empty"
+
+
 def data_source_problem(source: str) -> str | None:
     if source in ("bundled", BUNDLED_SOURCE):
         return None
@@ -251,16 +255,23 @@ def problems(params: Sequence[Declared], values: Mapping[str, Any]) -> list[str]
     return field_problems(params, values) + joint_problems(values)
 
 
-def check(params: Sequence[Declared], values: Mapping[str, Any], what: str = "parameters") -> None:
-    """Raise ValueError listing every bad value of `values` by name."""
-    if found := problems(params, values):
+def check(params: Sequence[Declared], values: Mapping[str, Any], what: str, *more: str) -> None:
+    """Raise ValueError "invalid `what`: ..." listing every bad value of `values` by name (and
+    the `more` problems its caller found)."""
+    if found := [*problems(params, values), *more]:
         raise ValueError(f"invalid {what}: " + "; ".join(found))
 
 
 class Validated:
-    """A mixin for a declared dataclass: making one checks every rule (ValueError naming each
-    bad value)."""
+    """A mixin for a declared dataclass: making one checks every rule (ValueError "invalid
+    <what>: ..." naming each bad value, and what `part_problems` finds across its parts)."""
+
+    what: ClassVar[str] = "parameters"
+
+    def part_problems(self) -> list[str]:
+        return []
 
     def __post_init__(self) -> None:
         fields = declared(type(self))
-        check(fields, {p.name: getattr(self, p.name) for p in fields})
+        values = {p.name: getattr(self, p.name) for p in fields}
+        check(fields, values, self.what, *self.part_problems())

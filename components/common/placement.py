@@ -15,7 +15,7 @@ from typing import Any
 
 # Kubernetes' qualified name (k8s.io/apimachinery validation): [prefix/]name.
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 TOLERATION_FIELDS = ("key", "operator", "value", "effect", "tolerationSeconds")
 OPERATORS = ("Exists", "Equal")
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute", "")
@@ -34,7 +34,7 @@ def label_key_problem(key: object) -> str | None:
     if not isinstance(key, str):
         return f"label key {key!r} is not a string"
     prefix, _, name = key.rpartition("/")
-    if "/" in key and not (prefix and len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
+    if "/" in key and not (prefix and len(prefix) <= 253 and DNS_SUBDOMAIN.match(prefix)):
         return f"label key {key!r}: its prefix must be a lower-case DNS subdomain of <= 253 chars"
     if not (len(name) <= 63 and _NAME.match(name)):
         return (

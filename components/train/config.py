@@ -18,16 +18,17 @@ from components.common import defaults, storage
 from components.common.declare import (
     LR_SCALINGS,
     Declared,
+    Validated,
     add_arguments,
-    check,
     declared,
     model_problem,
+    nonempty_problem,
     param,
 )
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Validated):
     """What one Horovod job trains, from where, to where, with how many processes.
 
     The job has ``workers x slots_per_worker`` ranks (`world_size`). `output` receives
@@ -35,9 +36,12 @@ class TrainConfig:
     SavedModel in ``model/``.
     """
 
-    data: str = param(help="dataset directory written by data prep", pipeline=False)
+    what = "training parameters"
+
+    data: str = param(help="dataset directory written by data prep", pipeline=False,
+                      check=nonempty_problem)  # fmt: skip
     output: str = param(help="run_summary.json, tensorboard/ (and checkpoints/, model/)",
-                        pipeline=False)  # fmt: skip
+                        pipeline=False, check=nonempty_problem)  # fmt: skip
     workers: int = param(
         defaults.WORKERS, "Horovod processes (local backend) or worker pods (MPIJob)", minimum=1
     )
@@ -80,16 +84,6 @@ class TrainConfig:
                       minimum=0)  # fmt: skip
     model_dir: str | None = param(None, "SavedModel export (default OUTPUT/model)", pipeline=False)
     checkpoint_dir: str | None = param(None, "default OUTPUT/checkpoints", pipeline=False)
-
-    def __post_init__(self) -> None:
-        empty = [f"{name} is empty" for name in ("data", "output") if not getattr(self, name)]
-        values = {p.name: getattr(self, p.name) for p in TRAIN_PARAMETERS}
-        try:
-            check(TRAIN_PARAMETERS, values, "training parameters")
-        except ValueError as exc:
-            raise ValueError("; ".join([str(exc), *empty])) from exc
-        if empty:
-            raise ValueError("invalid training parameters: " + "; ".join(empty))
 
     @property
     def world_size(self) -> int:

@@ -3,8 +3,8 @@
 - `world_size_problem` (every rank, first thing): are we one Horovod job of the expected size,
   or N unrelated copies? The original report: an MPIJob whose N processes each ran the script
   on its own, each in a world of 1, training its own model and printing its own log lines.
-- `model_problem` (the launcher, once, before any rank starts): a typo in a user's entry point
-  is one clear message instead of one traceback per rank.
+- `check_model_before_launch` (the launcher, once, before any rank starts): a typo in a user's
+  entry point is one clear message instead of one traceback per rank.
 """
 
 from __future__ import annotations
@@ -55,24 +55,15 @@ def world_size_problem(
     )
 
 
-def model_problem(model: str) -> str | None:
-    """Why the trainer cannot train `model`, or None. A built-in name needs only its spelling
-    (no TensorFlow here); an entry point is built once, here, as every rank would build it, and
-    checked (``components.train.model.check_model``)."""
-    from components.common.declare import model_problem as form_problem
-
-    problem = form_problem(model)
-    if problem is None and model not in MODELS:
-        from components.train.model import ModelChoiceError, check_model
-
-        try:
-            check_model(model)
-        except ModelChoiceError as exc:
-            problem = str(exc)
-    return f"kfp-horovod preflight failed: {problem}. No rank was started." if problem else None
-
-
 def check_model_before_launch(model: str) -> None:
-    """Raise PreflightError if `model` cannot be trained (`model_problem`)."""
-    if problem := model_problem(model):
-        raise PreflightError(problem)
+    """Raise PreflightError if the trainer cannot train `model`. A built-in name needs no
+    TensorFlow here; anything else is built once, here, as every rank would build it, and
+    checked (``components.train.model.check_model``, which refuses a malformed name too)."""
+    if model in MODELS:
+        return
+    from components.train.model import ModelChoiceError, check_model
+
+    try:
+        check_model(model)
+    except ModelChoiceError as exc:
+        raise PreflightError(f"kfp-horovod preflight failed: {exc}. No rank was started.") from exc

@@ -5,24 +5,22 @@ settings after them keep their defaults in a pipeline run and are options of the
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from components.common import defaults
 from components.common.declare import TRAINING_BACKENDS, Declared, Validated, declared, param
 from components.common.placement import (
+    DNS_SUBDOMAIN,
     NODE_SELECTOR_HELP,
     TOLERATIONS_HELP,
     node_selector_problem,
     tolerations_problem,
 )
 
-_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-
 
 def dns_name_problem(value: str | None) -> str | None:
     """Why `value` is not a lower-case DNS name (None or empty: not set), or None."""
-    if not value or _DNS_NAME.match(value):
+    if not value or DNS_SUBDOMAIN.match(value):
         return None
     return f"must be a lower-case DNS name, got {value!r}"
 

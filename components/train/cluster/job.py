@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.common import defaults, storage
-from components.common.declare import Declared, declared, param
+from components.common.declare import Declared, Validated, declared, nonempty_problem, param
 from components.common.placement import parse_node_selector
 from components.train.config import TrainConfig
 from components.train.mpiwatch import HEARTBEAT_ENV
@@ -67,22 +67,22 @@ class PodConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClusterJobParams:
+class ClusterJobParams(Validated):
     """One cluster run of the trainer: what it trains, where and how its pods run, the run's name
     and KFP id, the task's pod (the job's owner) and what the train task's config passes through.
     The trainer's URIs must be ``gs://``: the job's pods cannot see the component's disk."""
 
+    what = "cluster job parameters"
+
     train: TrainConfig
     step: TrainStep = field(default_factory=TrainStep)
-    run_name: str = param(help="names the job")
+    run_name: str = param(help="names the job", check=nonempty_problem)
     pipeline_run_id: str = param("", "the KFP run id (a label, and part of the name)")
     owner_pod_name: str | None = None
     task_config: PodConfig = field(default_factory=PodConfig)
 
-    def __post_init__(self) -> None:
-        problems = param_problems(self)
-        if problems:
-            raise ValueError("invalid cluster job parameters: " + "; ".join(problems))
+    def part_problems(self) -> list[str]:
+        return param_problems(self)
 
     @property
     def image(self) -> str:
@@ -107,8 +107,7 @@ def uri_problems(data: str, output: str, model_dir: str | None) -> list[str]:
 
 def param_problems(p: ClusterJobParams) -> list[str]:
     """Every problem of `p` across its parts, by name (each part checked its own fields)."""
-    problems = [] if p.run_name.strip() else ["run_name is empty"]
-    problems += uri_problems(p.train.data, p.train.output, p.train.model_dir)
+    problems = uri_problems(p.train.data, p.train.output, p.train.model_dir)
     if p.step.min_available is not None and p.step.min_available > p.train.workers + 1:
         problems.append(
             f"min_available must be <= workers + 1 launcher = {p.train.workers + 1}, "

@@ -100,6 +100,7 @@ def test_render_defaults_use_the_placeholder_bucket_and_the_image_options(comman
          ["elastic training needs mpi-operator's discover_hosts.sh"]),
         ("trainjob", ["--data", "/tmp/data"], ["data must be a gs:// URI for a cluster backend"]),
         ("trainjob", ["--queue", "q"], ["No such option '--queue'"]),
+        ("mpijob", ["--run-name", " "], ["invalid cluster job parameters: run_name is empty"]),
         *((command, ["--node-selector", '{"bad key": "x"}'], ["node_selector: label key 'bad key'"])
           for command in ("mpijob", "trainjob")),
     ],
