@@ -28,8 +28,8 @@ from components.common.defaults import MODEL, SPLIT_SEED
 from components.data_prep.prep import prepare
 from components.train import summary
 from components.train.config import TrainConfig, to_argv
-from components.train.launch import YIELD_WHEN_IDLE, job_environment, static_command
-from standins.jobs import JobResult, run_job
+from components.train.launch import YIELD_WHEN_IDLE, job_environment
+from standins.jobs import JobResult, run_job, static_command
 
 RESULTS_DIR = Path(__file__).with_name("results")
 SCHEMA = "kfp-horovod/bench/v1"
@@ -241,9 +241,9 @@ def horovod_command(
     edit: Edit | None = None,
     python: str | None = None,
 ) -> list[str]:
-    """``python -m MODULE ARGS`` as one static job of `workers` local ranks, as the launcher
-    starts the trainer (`launch.static_command`: ``mpirun`` by default, ``horovodrun --gloo``
-    with `controller` ``gloo``). `edit` = (tokens, replacement): the launcher's command line
+    """``python -m MODULE ARGS`` as one static job of `workers` local ranks (`static_command`:
+    ``mpirun`` as the launcher starts the trainer, or ``horovodrun --gloo`` with `controller`
+    ``gloo``). `edit` = (tokens, replacement): the launcher's command line
     with those consecutive tokens replaced (a benchmark's variant of it). `python`: another
     environment's interpreter (default this one's), running this checkout's code."""
     program = [python or sys.executable, "-m", module, *args]

@@ -1,15 +1,22 @@
 """A real job run as a subprocess with the trainer's job environment, each line of its output
-stamped with the time it arrived; shared by the tests and the benchmarks. Not a stand-in for
-anything: it lives here so that the tests need not import the benchmarks."""
+stamped with the time it arrived, its command line and its rank processes; shared by the tests
+and the benchmarks. Not a stand-in for anything: it lives here so that the tests need not import
+the benchmarks."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from components.train.launch import job_environment
+import psutil
+
+from components.train.launch import horovodrun_command, job_environment, mpirun_command
+
+RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")  # where mpirun / horovodrun put the rank
 
 
 @dataclass
@@ -73,3 +80,27 @@ def run_job(
 ) -> JobResult:
     """Run `command` to completion (see :func:`collect`)."""
     return collect(start_job(command, env), timeout_s)
+
+
+def static_command(workers: int, program: list[str], controller: str = "mpi") -> list[str]:
+    """`program` as one static job of `workers` ranks here: under mpirun as
+    `launch.local_command` starts the trainer, or (`controller` gloo) under ``horovodrun
+    --gloo``, which the benchmarks and the conformance suite compare with it."""
+    if controller == "gloo":
+        args = ["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
+        return horovodrun_command(args, program)
+    return mpirun_command(workers, program, hosts=f"localhost:{workers}")
+
+
+def rank_processes(root_pid: int) -> dict[int, Any]:
+    """The rank processes (psutil) below `root_pid` by rank: the innermost carrying a rank
+    variable (horovodrun starts each through a shell; psutil lists parents first)."""
+    found = {}
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(root_pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                env = proc.environ()
+                rank = next((env[name] for name in RANK_ENVS if name in env), "")
+                if rank.isdigit():
+                    found[int(rank)] = proc
+    return found

@@ -40,7 +40,7 @@ from components.train.cluster.crd import Crd
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig
-from components.train.mpiwatch import rank_processes
+from standins.jobs import rank_processes
 from standins.kmock_jobs import (
     MPIJOB_KIND,
     TRAINJOB_KIND,

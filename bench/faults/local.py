@@ -20,7 +20,7 @@ from standins.outputs import half_written, models_exported
 
 def _signal_rank_mid_epoch(job: Job, sig: int, rank: int = 1) -> tuple[float, int]:
     """Half an epoch after the 2nd checkpoint, send `sig` to `rank`; (when, its pid)."""
-    from components.train.mpiwatch import rank_processes
+    from standins.jobs import rank_processes
 
     second = job.wait_for(r"checkpoint after epoch 2 written")
     first = job.first(r"checkpoint after epoch 1 written")

@@ -115,6 +115,7 @@ SERVE_MAX_BATCH = 256
 # the trainer image must match: a non-root user whose sshd listens on an unprivileged port (see
 # images/trainer).
 JOB_NAME_PREFIX = "hvd"
+GPU_RESOURCE = "nvidia.com/gpu"  # the device plugin's resource: the cluster job's and KServe's
 SLOTS_PER_WORKER = 1
 WORKER_CPU = "2"
 WORKER_MEMORY = "4Gi"

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from components.common import dataset, model_files
+from components.common import dataset, model_files, storage
 from components.common.declare import add_arguments
 from components.common.defaults import MIN_ACCURACY, MODEL_NAME, PRODUCTION_ALIAS
 from components.common.model_files import DIGEST_KEY, ModelError
@@ -265,7 +265,7 @@ def register_step(
         min_accuracy=min_accuracy, image_refs=parse_image_refs(image_refs),
         saved_model_sha256=model.metadata.get(DIGEST_KEY),
     )  # fmt: skip
-    Path(decision.path).write_text(result.to_markdown(), encoding="utf-8")
+    storage.write_text(decision.path, result.to_markdown())
     decision.metadata["decision"] = result.decision
     decision.metadata["version"] = result.version
     return result.registered, result.promoted, result.version, result.decision, result.version_uri
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"registration failed: {exc}", file=sys.stderr)
         return 2
     if output_json:
-        Path(output_json).write_text(json.dumps(asdict(decision), indent=2, sort_keys=True))
+        storage.write_text(output_json, json.dumps(asdict(decision), indent=2, sort_keys=True))
     print(decision.decision)
     return 0
 

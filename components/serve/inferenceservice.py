@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common import storage
-from components.common.defaults import TRAINER_SERVICE_ACCOUNT
+from components.common.defaults import GPU_RESOURCE, TRAINER_SERVICE_ACCOUNT
 from components.common.placement import (
     node_selector_problem,
     parse_node_selector,
@@ -30,7 +30,6 @@ INFERENCESERVICE = Crd(
     "serving.kserve.io", "v1beta1", "InferenceService", "inferenceservices",
     relative_path=Path("deploy") / "crd" / "kserve" / "serving.kserve.io_inferenceservices.yaml",
 )  # fmt: skip
-GPU_RESOURCE = "nvidia.com/gpu"
 POLL_SECONDS = 30
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 

@@ -62,20 +62,10 @@ def horovodrun_command(args: Sequence[str], program: Sequence[str]) -> list[str]
     return [sys.executable, "-m", "components.train.launch", *args, *program]
 
 
-def static_command(workers: int, program: list[str], controller: str = "mpi") -> list[str]:
-    """`program` as one static job of `workers` local ranks: ``mpirun`` (`controller` mpi) or
-    ``horovodrun --gloo`` (gloo, which the benchmarks compare)."""
-    if controller == "gloo":
-        return horovodrun_command(["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"],
-                                  program)  # fmt: skip
-    if controller != "mpi":
-        raise ValueError(f"controller must be one of mpi, gloo, got {controller!r}")
-    return mpirun_command(workers, program, hosts=f"localhost:{workers}")
-
-
-def local_command(workers: int, args: list[str], controller: str = "mpi") -> list[str]:
-    """The trainer as one static job: ``mpirun -np N ... python -m components.train ARGS``."""
-    return static_command(workers, [sys.executable, "-m", "components.train", *args], controller)
+def local_command(workers: int, args: list[str]) -> list[str]:
+    """The trainer as one static job here: ``mpirun -np N ... python -m components.train ARGS``."""
+    trainer = [sys.executable, "-m", "components.train", *args]
+    return mpirun_command(workers, trainer, hosts=f"localhost:{workers}")
 
 
 # Names of this machine (inet_aton's spellings of 127.0.0.1), one per slot of a local elastic job:
@@ -142,14 +132,6 @@ def job_environment(base: dict[str, str] | None = None, local_ranks: int = 0) ->
     return env
 
 
-def in_build(controller: str) -> bool:
-    """Whether the installed Horovod's TensorFlow library has `controller` (``GLOO``, ``MPI``),
-    read from the file (loading it would load TensorFlow)."""
-    files = metadata.files("horovod") or []
-    libs = [f for f in files if f.name.startswith("mpi_lib") and "tensorflow" in f.parts]
-    return any(BUILD_MARKERS[controller] in Path(str(f.locate())).read_bytes() for f in libs)
-
-
 def require(controller: str) -> None:
     """Raise LaunchError naming the fix unless Horovod has `controller` (without MPI, each of
     mpirun's ranks would be a job of one) and, for MPI, mpirun is installed."""
@@ -158,7 +140,10 @@ def require(controller: str) -> None:
             "mpirun is not installed: local Horovod jobs run on Open MPI. `make install` installs "
             "Debian's (apt-get install openmpi-bin libopenmpi-dev) and builds Horovod with MPI"
         )
-    if not in_build(controller):
+    # Read from the library's file: loading it would load TensorFlow.
+    files = metadata.files("horovod") or []
+    libs = [f for f in files if f.name.startswith("mpi_lib") and "tensorflow" in f.parts]
+    if not any(BUILD_MARKERS[controller] in Path(str(f.locate())).read_bytes() for f in libs):
         raise LaunchError(
             f"the installed Horovod has no {controller} in its TensorFlow library: reinstall it "
             f"with HOROVOD_WITH_{controller}=1 (make install does)"

@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from components.common.defaults import HEARTBEAT_SECONDS
 
@@ -51,7 +50,6 @@ _BEAT = re.compile(rf"{re.escape(MARK)} (beat|done) host=(\S+) pid=\d+$")
 MPI_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$")
 EMPTY_TAGS = re.compile(r"(\[(?:\d+,)?\d+\]<std(?:out|err)>:)+$")  # a chunk of just a newline
 REMEMBERED = 2048  # distinct lines kept for RankLines' cross-rank check
-RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")  # where mpirun / horovodrun put the rank
 
 
 def period_for(bound_s: float) -> float:
@@ -175,22 +173,6 @@ class RankLines:
             self.seen.popitem(last=False)
         if first == rank or not text.strip():
             self.log(EMPTY_TAGS.sub("", line) or line)
-
-
-def rank_processes(root_pid: int) -> dict[int, Any]:
-    """The rank processes (psutil) below `root_pid` by rank: the innermost carrying a rank
-    variable (horovodrun starts each through a shell; psutil lists parents first)."""
-    import psutil
-
-    found = {}
-    with contextlib.suppress(psutil.Error):
-        for proc in psutil.Process(root_pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                env = proc.environ()
-                rank = next((env[name] for name in RANK_ENVS if name in env), "")
-                if rank.isdigit():
-                    found[int(rank)] = proc
-    return found
 
 
 def kill_job(pid: int) -> None:

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from components.common import storage
+from components.common.defaults import GPU_RESOURCE
 from components.train import summary
 from components.train.cluster import job
-from components.train.cluster.job import GPU_RESOURCE, Choice, PodConfig
+from components.train.cluster.job import Choice, PodConfig
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
 from components.train.launch import run_local_job
 from components.train.preflight import check_model_before_launch

@@ -231,12 +231,9 @@ class Telemetry:
             100 * job["communication_share"], 100 * job["waiting_share"],
         )  # fmt: skip
         if self.board is not None:
-            scalars: dict[str, float] = {
-                k: float(logs[k]) for k in ("loss", "accuracy") if k in logs
-            }
-            scalars.update(job, learning_rate=lr)
-            scalars.pop("step_seconds")
-            self.board.write(epoch, scalars)
+            metrics = {k: float(v) for k, v in logs.items() if k in ("loss", "accuracy")}
+            shares = {k: v for k, v in job.items() if k != "step_seconds"}
+            self.board.write(epoch, {**metrics, **shares, "learning_rate": lr})
 
     def run_summary(
         self, config: TrainConfig, shard: Shard, model: Any, ids: Any, **outcome: Any

@@ -24,6 +24,7 @@ from typing import Any
 
 from components.train import launch as project
 from components.train.mpiwatch import kill_job
+from standins.jobs import static_command
 from tests.horovod import collectives, elastic_checks, keras_checks
 from tests.horovod.common import WORLD, Rank
 
@@ -57,7 +58,7 @@ def launch(controller: str, work: Path) -> Launch:
             project.elastic_launcher_args(WORLD, WORLD, hosts), program
         )
     else:
-        command = project.static_command(WORLD, program, controller)
+        command = static_command(WORLD, program, controller)
     # A static job's ranks each get a core for Horovod's thread, as run_local gives them.
     local_ranks = 0 if controller == "elastic" else WORLD
     env = project.job_environment({**os.environ, **STALL_ENV}, local_ranks)

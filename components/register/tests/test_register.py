@@ -4,6 +4,7 @@ are in test_registry.py; the step in kfp.local, in tests/test_e2e_local.py."""
 import hashlib
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -217,10 +218,11 @@ def test_the_model_artifacts_digest_is_enough(trained_model, trained_summary, tm
 
 
 def test_the_cli_registers_without_tensorflow(
-    trained_model, trained_summary, tmp_path: Path, capsys
+    trained_model, trained_summary, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The register image carries no TensorFlow: a whole registration through the CLI, in a
-    fresh process, must not import it (not even lazily). Bad input: one line, exit 2."""
+    fresh process, must not import it (not even lazily). Its JSON is renamed into place whole.
+    Bad input: one line, exit 2."""
     root, out = tmp_path / "registry", tmp_path / "decision.json"
     args = [
         "--model", trained_model.path, "--run-summary", trained_summary,
@@ -239,6 +241,10 @@ def test_the_cli_registers_without_tensorflow(
     assert "registered as version 1; promoted to production" in proc.stdout
     assert json.loads(out.read_text())["version"] == 1
     assert (root / "mnist-cnn" / "1" / "saved_model.pb").is_file()
+    renamed, replace = [], os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: renamed.append(dst) or replace(src, dst))
+    assert rg.main(args) == 0  # a rerun: its version back
+    assert str(out) in map(str, renamed) and json.loads(out.read_text())["version"] == 1
     assert rg.main([*args[:-4], "--image-refs", "[1]"]) == 2
     assert "image_refs must be a JSON object" in capsys.readouterr().err
     assert rg.main(["--model", str(tmp_path / "none"), *args[2:-2]]) == 2

@@ -47,7 +47,6 @@ APP_LABELS = {
 # JobSet: `<name>-launcher-0-0-xxxxx`, `<name>-node-0-<i>-xxxxx`), and a pod's hostname must be
 # a DNS label (63 chars), so the job name leaves room for those suffixes.
 MAX_NAME_LENGTH = 40
-GPU_RESOURCE = "nvidia.com/gpu"
 # What the job sets in its ranks' environment itself (`cluster.pods.launcher_env`, and Open MPI's
 # OMPI_*), which the task config may not: unbuffered output, Horovod's stall bound, the heartbeat.
 UNBUFFERED, STALL_BOUND = "PYTHONUNBUFFERED", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"

@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from components.common import defaults
+from components.common.defaults import GPU_RESOURCE
 from components.common.placement import merge_tolerations, parse_node_selector, parse_tolerations
 from components.train import launch
-from components.train.cluster.job import GPU_RESOURCE, STALL_BOUND, UNBUFFERED, ClusterJobParams
+from components.train.cluster.job import STALL_BOUND, UNBUFFERED, ClusterJobParams
 from components.train.config import to_argv
 from components.train.mpiwatch import HEARTBEAT_ENV, period_for
 

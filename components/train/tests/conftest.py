@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from components.data_prep.prep import prepare
-from components.train.launch import job_environment, local_command, static_command
+from components.train.launch import job_environment, local_command
+from standins.jobs import static_command
 
 AUDIT_SCRIPT = Path(__file__).with_name("audit_writes.py")
 JobRunner = Callable[..., subprocess.CompletedProcess]

@@ -13,6 +13,7 @@ import pytest
 from components.train import launch
 from components.train.launch import LaunchError
 from components.train.mpiwatch import RankLines
+from standins.jobs import static_command
 
 # Each rank: after hvd.init(), the CPUs each of its threads may run on. One write per line, as
 # the trainer's logging writes (mpirun tags each chunk a rank writes).
@@ -50,9 +51,8 @@ def test_static_jobs_run_mpirun_and_gloo_or_elastic_ones_horovodrun(tmp_path: Pa
     assert mpi[:6] == ["mpirun", "-np", "2", "--tag-output", "-H", "localhost:2"]
     assert mpi[mpi.index("mpi_yield_when_idle") - 1 :][:3] == ["-mca", "mpi_yield_when_idle", "1"]
     assert mpi[-5:] == [sys.executable, "-m", "components.train", "--epochs", "1"]
-    gloo = launch.local_command(2, ["--epochs", "1"], controller="gloo")
-    assert gloo[:3] == [sys.executable, "-m", "components.train.launch"]
-    assert gloo[3:] == ["-np", "2", "-H", "localhost:2", "--gloo", *mpi[-5:]]
+    horovodrun = launch.horovodrun_command(["-np", "2"], ["prog"])
+    assert horovodrun == [sys.executable, "-m", "components.train.launch", "-np", "2", "prog"]
     cluster = launch.mpirun_command(4, ["prog"], forward=["PATH", "A=1"], workdir="/app")
     assert "-H" not in cluster
     assert cluster[-7:] == ["-wdir", "/app", "-x", "PATH", "-x", "A=1", "prog"]
@@ -67,8 +67,8 @@ def test_static_jobs_run_mpirun_and_gloo_or_elastic_ones_horovodrun(tmp_path: Pa
 def test_a_horovod_without_mpi_or_gloo_or_a_missing_mpirun_is_refused_by_name(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    assert launch.in_build("MPI") and launch.in_build("GLOO")
     launch.require("MPI")
+    launch.require("GLOO")
     monkeypatch.setattr(launch, "BUILD_MARKERS", dict.fromkeys(["MPI", "GLOO"], b"none\x00\x01"))
     with pytest.raises(LaunchError, match="HOROVOD_WITH_MPI=1"):
         launch.require("MPI")
@@ -119,7 +119,7 @@ def test_horovodrun_options_and_exit_codes_pass_through(tmp_path: Path) -> None:
     """Rank 0 prints and leaves a flag; rank 1 prints, waits for it, then exits 3."""
     program = [sys.executable, "-c", HOROVODRUN_RANK, str(tmp_path / "flag")]
     done = subprocess.run(
-        launch.static_command(2, program, "gloo"), capture_output=True, text=True, timeout=120
+        static_command(2, program, "gloo"), capture_output=True, text=True, timeout=120
     )
     assert done.returncode != 0 and "exited with non-zero status" in done.stderr, done.stderr
     printed = sorted(line.split(":", 1)[1] for line in done.stdout.splitlines() if "rank" in line)

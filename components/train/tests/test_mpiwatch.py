@@ -23,6 +23,7 @@ from components.train import mpiwatch
 from components.train.config import TrainConfig
 from components.train.launch import job_environment, run_local
 from components.train.mpiwatch import EXIT_SILENT_RANK, HEARTBEAT_ENV, Silence, expected_hosts
+from standins.jobs import rank_processes
 
 RANK_PROGRAM = Path(__file__).with_name("beating_rank.py")
 ROOT = Path(__file__).resolve().parents[3]
@@ -216,7 +217,7 @@ def test_a_frozen_rank_of_a_real_job_is_named_and_ends_the_job(
     while not any("checkpoint after epoch 1 " in line for line in lines):
         assert job.is_alive(), "\n".join(lines)
         time.sleep(0.05)
-    os.kill(mpiwatch.rank_processes(os.getpid())[1].pid, signal.SIGSTOP)
+    os.kill(rank_processes(os.getpid())[1].pid, signal.SIGSTOP)
     job.join(300)
     assert result == [EXIT_SILENT_RANK], "\n".join(lines)
     (said,) = [line for line in lines if line.startswith("mpiwatch: the job failed: ")]

@@ -10,6 +10,7 @@ import pytest
 
 from components.train import launch
 from components.train.telemetry import EpochCost, advice, resource_use, step_split, straggler
+from standins.jobs import static_command
 
 
 def _cost(rank: int, allreduce_ms: float, step_ms: float = 100.0, cpu: float = 1.0) -> EpochCost:
@@ -104,7 +105,7 @@ sys.stdout.flush()
 @pytest.mark.horovod
 def test_the_clock_sees_a_rank_wait_for_a_late_one_in_a_real_job() -> None:
     done = subprocess.run(
-        launch.static_command(2, [sys.executable, "-c", RANK_PROGRAM]),
+        static_command(2, [sys.executable, "-c", RANK_PROGRAM]),
         capture_output=True, text=True, timeout=180, env=launch.job_environment(None, 2),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -20,7 +20,7 @@ import pytest
 from components.data_prep.prep import prepare
 from components.train.config import TrainConfig
 from components.train.launch import LocalHosts, run_local
-from components.train.mpiwatch import rank_processes
+from standins.jobs import rank_processes
 
 pytestmark = pytest.mark.horovod
 
