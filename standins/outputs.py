@@ -32,8 +32,7 @@ def half_written(root: str) -> list[str]:
     and files of a directory whose completing file is missing: an epoch directory without its
     ``checkpoint.json``, a model without ``saved_model.pb``, a dataset without
     ``manifest.json``."""
-    prefix = root.rstrip("/") + "/"
-    rels = [f[len(prefix) :] if f.startswith(prefix) else f for f in storage.list_files(root)]
+    rels = storage.relative_files(root)
     present = set(rels)
     bad = []
     for rel in rels:

@@ -196,9 +196,14 @@ def _listing(uri: str) -> Iterator[tuple[str, Any]]:
                 yield path.relative_to(uri).as_posix(), path
 
 
+def relative_files(uri: str) -> list[str]:
+    """All files below a directory or prefix, as sorted paths relative to it (``a/b.npy``)."""
+    return sorted(rel for rel, _ in _listing(uri))
+
+
 def list_files(uri: str) -> list[str]:
     """All files below a directory or prefix, as sorted full URIs."""
-    return sorted(join(uri, rel) for rel, _ in _listing(uri))
+    return [join(uri, rel) for rel in relative_files(uri)]
 
 
 def checksums(uri: str) -> dict[str, str]:

@@ -64,8 +64,7 @@ class ServingFolder:
     def versions(self) -> list[int]:
         """The numeric folders present (complete or not), sorted: what TF Serving would list."""
         if storage.is_gcs(self.uri):
-            rels = (uri[len(self.uri) + 1 :] for uri in storage.list_files(self.uri))
-            names = {rel.split("/", 1)[0] for rel in rels}
+            names = {rel.split("/", 1)[0] for rel in storage.relative_files(self.uri)}
         else:
             folder = Path(self.uri)
             names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()

@@ -104,8 +104,7 @@ def _check_epoch(checkpoint_uri: str, epoch: int, present: set[str]) -> Checkpoi
 def latest(checkpoint_uri: str, log: logging.Logger | None = None) -> CheckpointInfo | None:
     """The newest usable checkpoint under `checkpoint_uri`, or None for a fresh start (see the
     module doc). `log` (default: this module's) gets the line naming what was passed over."""
-    prefix = checkpoint_uri.rstrip("/") + "/"  # as storage.join spells each file
-    present = {f[len(prefix) :] for f in storage.list_files(checkpoint_uri)}
+    present = set(storage.relative_files(checkpoint_uri))
     epochs = {int(m[1]) for m in map(_EPOCH_DIR.match, {f.split("/")[0] for f in present}) if m}
     raw, pointer_problem = _read_marker(storage.join(checkpoint_uri, LATEST))
     pointer = None

@@ -16,6 +16,7 @@ def test_write_read_list_remove(storage_root: str) -> None:
     assert storage.list_files(storage.join(storage_root, "a")) == [
         storage.join(storage_root, "a/b.txt"), storage.join(storage_root, "a/c/d.bin"),
     ]  # fmt: skip
+    assert storage.relative_files(storage.join(storage_root, "a") + "/") == ["b.txt", "c/d.bin"]
     storage.remove_tree(storage.join(storage_root, "a"))
     assert storage.list_files(storage.join(storage_root, "a")) == []
     assert not storage.exists(storage.join(storage_root, "a/b.txt"))
