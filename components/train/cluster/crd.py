@@ -100,7 +100,8 @@ def load_schema(crd: Crd, crd_path: str | None = None) -> dict[str, Any]:
 
 def write_packaged_schema(crd: Crd) -> None:
     """Refresh `crd`'s packaged schema from its vendored file (``make crd``)."""
-    assert crd.packaged_schema is not None, f"{crd.kind} has no packaged schema"
+    if crd.packaged_schema is None:
+        raise ValueError(f"{crd.kind} has no packaged schema")
     schema = crd_schema(crd, find_crd(crd))
     crd.packaged_schema.write_text(json.dumps(schema, sort_keys=True, separators=(",", ":")))
 
