@@ -110,20 +110,8 @@ def train_on_cluster(
         api_client = default_api_client()
         chosen = job.choose_backend(client.CustomObjectsApi(api_client))
         log(f"training_backend=auto chose {chosen.backend}: {chosen.reason}")
-    problems = job.uri_problems(config.data, config.output, config.model_dir)
-    if problems:
-        raise ValueError(
-            f"training_backend={step.training_backend!r} needs gs:// artifacts: set the pipeline "
-            "root to a gs:// bucket (" + "; ".join(problems) + ")"
-        )
-    namespace = step.namespace
-    with contextlib.suppress(OSError):  # this pod's (from its service account), if it has one
-        namespace = namespace or Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
-    if not namespace:
-        raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")
-    check_model_before_launch(config.model)  # this pod runs the trainer's image, as the ranks do
     resources = getattr(task_config, "resources", None)
-    params = job.ClusterJobParams(
+    params = job.ClusterJobParams(  # refuses artifacts that are not gs://, among others
         train=config,
         step=worker_resources(resources, step, config.gpus_per_worker),
         run_name=f"train-{pipeline_run_id}" if pipeline_run_id else "train",
@@ -131,6 +119,12 @@ def train_on_cluster(
         owner_pod_name=os.environ.get("HOSTNAME") or None,
         task_config=pod_config(task_config),
     )
+    namespace = step.namespace
+    with contextlib.suppress(OSError):  # this pod's (from its service account), if it has one
+        namespace = namespace or Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
+    if not namespace:
+        raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")
+    check_model_before_launch(config.model)  # this pod runs the trainer's image, as the ranks do
     b = job.backend(chosen.backend)
     record = run_job(b, params, namespace=namespace, api_client=api_client, log=log)
     return record, chosen

@@ -81,7 +81,27 @@ class ClusterJobParams(Validated):
     task_config: PodConfig = field(default_factory=PodConfig)
 
     def part_problems(self) -> list[str]:
-        return param_problems(self)
+        """What only a cluster run refuses, across the parts (each checked its own fields)."""
+        train, step, passed = self.train, self.step, self.task_config.node_selector
+        problems = uri_problems(train.data, train.output, train.model_dir)
+        if step.min_available is not None and step.min_available > train.workers + 1:
+            problems.append(
+                f"min_available must be <= workers + 1 launcher = {train.workers + 1}, "
+                f"got {step.min_available}"
+            )
+        selector = parse_node_selector(step.node_selector)
+        problems += [
+            f"node selector label {key!r}: the node_selector parameter says {selector[key]!r}, "
+            f"the train task's config says {passed[key]!r}"
+            for key in sorted(set(selector) & set(passed))
+            if selector[key] != passed[key]
+        ]
+        problems += [
+            f"env {e.get('name')!r} from the train task's config: the job sets it itself"
+            for e in self.task_config.env
+            if e.get("name") in JOB_ENV or str(e.get("name", "")).startswith("OMPI_")
+        ]
+        return problems
 
     @property
     def image(self) -> str:
@@ -93,39 +113,15 @@ CLUSTER_JOB_PARAMETERS: list[Declared] = declared(ClusterJobParams)
 
 
 def uri_problems(data: str, output: str, model_dir: str | None) -> list[str]:
-    """The trainer's URIs that are not ``gs://`` (a cluster job's pods cannot see local disk)."""
+    """The trainer's URIs that are not ``gs://``: a cluster job's pods cannot see local disk."""
     return [
         f"{name} must be a gs:// URI for a cluster backend (its pods cannot see the "
-        f"component's disk), got {uri!r}"
+        f"component's disk; a pipeline's root must be a gs:// bucket), got {uri!r}"
         for name, uri in (
             ("data", data), ("output", output), ("model_dir", model_dir)
         )
         if uri is not None and not storage.is_gcs(uri)
     ]  # fmt: skip
-
-
-def param_problems(p: ClusterJobParams) -> list[str]:
-    """Every problem of `p` across its parts, by name (each part checked its own fields)."""
-    problems = uri_problems(p.train.data, p.train.output, p.train.model_dir)
-    if p.step.min_available is not None and p.step.min_available > p.train.workers + 1:
-        problems.append(
-            f"min_available must be <= workers + 1 launcher = {p.train.workers + 1}, "
-            f"got {p.step.min_available}"
-        )
-    passed = p.task_config.node_selector
-    selector = parse_node_selector(p.step.node_selector)
-    problems += [
-        f"node selector label {key!r}: the node_selector parameter says {selector[key]!r}, "
-        f"the train task's config says {passed[key]!r}"
-        for key in sorted(set(selector) & set(passed))
-        if selector[key] != passed[key]
-    ]
-    problems += [
-        f"env {e.get('name')!r} from the train task's config: the job sets it itself"
-        for e in p.task_config.env
-        if e.get("name") in JOB_ENV or str(e.get("name", "")).startswith("OMPI_")
-    ]
-    return problems
 
 
 def sanitize_name(text: str, max_length: int = MAX_NAME_LENGTH) -> str:

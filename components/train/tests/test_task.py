@@ -59,9 +59,7 @@ def _run_mpijob_task(tmp_path: Path, config: TrainConfig, **kw: Any) -> RunSumma
 
 
 def test_mpijob_backend_refuses_local_artifacts(tmp_path: Path) -> None:
-    with pytest.raises(
-        ValueError, match="needs gs:// artifacts: set the pipeline root .*data must be a gs:// URI"
-    ):
+    with pytest.raises(ValueError, match="data must be a gs:// URI .*root must be a gs:// bucket"):
         config = _config(data=str(tmp_path / "d"), model_dir="gs://b/m")
         _run_mpijob_task(tmp_path, config, dataset_path=str(tmp_path / "d"), model_path="/gcs/b/m")
 
