@@ -32,28 +32,23 @@ def trainer_command(p: ClusterJobParams) -> list[str]:
 
 def launcher_command(p: ClusterJobParams) -> list[str]:
     """`mpirun_command` under `components.train.mpiwatch` (a rank that sends no heartbeat for
-    ``stall_shutdown_seconds``, frozen or its node or network down, ends the job, named), or
-    for an elastic job `elastic_command`."""
-    if p.train.elastic:
-        return elastic_command(p)
+    ``stall_shutdown_seconds``, frozen or its node or network down, ends the job, named); for
+    an elastic job, ``horovodrun`` over ssh to the workers the operator's `DISCOVER_HOSTS` finds
+    (``--slots``: it gives no slot counts), whose ranks inherit the launcher's environment."""
+    t = p.train
+    if t.elastic:
+        return [
+            "python", "-m", "components.train.launch",
+            "-np", str(t.world_size), "--min-np", str(t.min_world_size),
+            "--max-np", str(t.world_size), "--slots", str(t.slots_per_worker),
+            "--host-discovery-script", DISCOVER_HOSTS, "--gloo",
+            *trainer_command(p),
+        ]  # fmt: skip
     return [
         "python", "-m", "components.train.mpiwatch",
-        "--ranks", str(p.train.world_size),
+        "--ranks", str(t.world_size),
         "--silence-seconds", str(p.step.stall_shutdown_seconds),
         "--", *mpirun_command(p),
-    ]  # fmt: skip
-
-
-def elastic_command(p: ClusterJobParams) -> list[str]:
-    """Elastic ``horovodrun`` over ssh to the workers the operator's `DISCOVER_HOSTS` finds
-    (``--slots``: it gives no slot counts); the ranks inherit the launcher's environment."""
-    t = p.train
-    return [
-        "python", "-m", "components.train.launch",
-        "-np", str(t.world_size), "--min-np", str(t.min_world_size),
-        "--max-np", str(t.world_size), "--slots", str(t.slots_per_worker),
-        "--host-discovery-script", DISCOVER_HOSTS, "--gloo",
-        *trainer_command(p),
     ]  # fmt: skip
 
 
@@ -95,21 +90,15 @@ def worker_resources(p: ClusterJobParams) -> dict[str, Any]:
     return resources(p.step.cpu_per_worker, p.step.memory_per_worker, p.train.gpus_per_worker)
 
 
-def security_context() -> dict[str, Any]:
-    """Every container's: the image's non-root user, no privilege escalation, no capabilities."""
-    return {
-        "runAsUser": defaults.MPI_USER_UID,
-        "runAsGroup": defaults.MPI_USER_UID,
-        "runAsNonRoot": True,
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-    }
-
-
 def container(name: str, image: str, **fields: Any) -> dict[str, Any]:
-    """A container of `image` with `fields`, as every container of the job runs: non-root."""
-    return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent", **fields,
-            "securityContext": security_context()}  # fmt: skip
+    """A container of `image` with `fields`, as every container of the job runs: as the image's
+    non-root user, without privilege escalation or capabilities."""
+    uid = defaults.MPI_USER_UID
+    return {
+        "name": name, "image": image, "imagePullPolicy": "IfNotPresent", **fields,
+        "securityContext": {"runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True,
+                            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }  # fmt: skip
 
 
 def sshd_container(name: str, image: str) -> dict[str, Any]:

@@ -70,18 +70,6 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 
 
-def trainjob_problems(p: ClusterJobParams) -> list[str]:
-    """What `p` asks for that a TrainJob cannot do, each naming the parameter."""
-    elastic = elastic_backend_problem("trainjob", p.train.min_workers)
-    problems = [elastic] if elastic else []
-    fields = TrainStep.__dataclass_fields__
-    return problems + [
-        f"{name} {why}"
-        for name, why in REFUSED.items()
-        if getattr(p.step, name) != fields[name].default
-    ]
-
-
 def env_problems(manifest: dict[str, Any]) -> list[str]:
     """The names in a TrainJob's env that Trainer reserves for itself (it would refuse them)."""
     env = manifest.get("spec", {}).get("trainer", {}).get("env", [])
@@ -160,7 +148,14 @@ def build_manifests(p: ClusterJobParams, namespace: str | None = None) -> list[d
     """``[TrainingRuntime, TrainJob]`` for `p`: `p.train.workers` nodes of `slots_per_worker`
     processes, node 0 running the launcher's command; ValueError names what a TrainJob cannot
     do."""
-    problems = trainjob_problems(p)
+    elastic = elastic_backend_problem("trainjob", p.train.min_workers)
+    fields = TrainStep.__dataclass_fields__
+    problems = [elastic] if elastic else []
+    problems += [
+        f"{name} {why}"
+        for name, why in REFUSED.items()
+        if getattr(p.step, name) != fields[name].default
+    ]
     if problems:
         raise ValueError("invalid TrainJob parameters: " + "; ".join(problems))
     runtime = build_runtime(p, namespace)
