@@ -193,9 +193,9 @@ def render_inferenceservice(
     run: it reads the alias, writes nothing)."""
     import yaml
 
+    from components.common.crd import ManifestError
     from components.register.registry import RegistryError
     from components.serve import inferenceservice as isvc
-    from components.train.cluster.crd import ManifestError
 
     try:
         folder = _serving_folder(registry_root, model_name, alias)

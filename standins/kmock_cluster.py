@@ -36,7 +36,7 @@ import psutil
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from components.train.cluster.crd import Crd
+from components.common.crd import Crd
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig

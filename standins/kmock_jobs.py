@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.common import storage
+from components.common.crd import Crd
 from components.train import summary
-from components.train.cluster.crd import Crd
 from components.train.cluster.job import LABEL_ROLE
 from components.train.cluster.mpijob import LABEL_JOB, MPIJOB
 from components.train.cluster.trainjob import (

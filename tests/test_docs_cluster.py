@@ -68,7 +68,7 @@ def _flag(args: list[str], flag: str) -> str | None:
 
 def crd_problems(doc: dict[str, Any]) -> list[str]:
     """`doc` checked against its kind's vendored CRD (strictly: unknown fields too)."""
-    from components.train.cluster.crd import manifest_problems
+    from components.common.crd import manifest_problems
     from components.train.cluster.job import backend
 
     for b in (backend("mpijob"), backend("trainjob")):
@@ -245,9 +245,9 @@ def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes(tmp_path: 
 def test_the_inferenceservice_command_serves_the_aliass_serving_folder(gcs_uri: str) -> None:
     """Section 7's render-inferenceservice, run against a registry (on fake-gcs-server) whose
     production alias exists: a CRD-valid InferenceService of the alias's serving folder."""
+    from components.common.crd import manifest_problems
     from components.register.registry import ModelStore, challenger_wins
     from components.serve.inferenceservice import INFERENCESERVICE
-    from components.train.cluster.crd import manifest_problems
 
     (args,) = pipeline_commands("render-inferenceservice")
     root = f"{gcs_uri}/models"

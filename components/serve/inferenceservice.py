@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common import storage
+from components.common.crd import Crd, manifest_problems, raise_problems
 from components.common.defaults import GPU_RESOURCE, TRAINER_SERVICE_ACCOUNT
 from components.common.placement import (
     node_selector_problem,
@@ -24,7 +25,6 @@ from components.common.placement import (
     parse_tolerations,
     tolerations_problem,
 )
-from components.train.cluster.crd import Crd, manifest_problems, raise_problems
 
 INFERENCESERVICE = Crd(
     "serving.kserve.io", "v1beta1", "InferenceService", "inferenceservices",

@@ -10,13 +10,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from components.common.crd import ManifestError, find_crd, manifest_problems
 from components.register.registry import ModelStore, challenger_wins
 from components.serve.inferenceservice import (
     INFERENCESERVICE,
     build_inferenceservice,
     validate_inferenceservice,
 )
-from components.train.cluster.crd import ManifestError, find_crd, manifest_problems
 from pipeline.cli import cli
 
 

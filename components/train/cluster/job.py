@@ -28,7 +28,7 @@ from components.train.step import TrainStep
 if TYPE_CHECKING:
     from kubernetes.client import CustomObjectsApi
 
-    from components.train.cluster.crd import Crd
+    from components.common.crd import Crd
 
 # Labels. KFP v2 itself labels task pods with ``pipeline/runid``; we reuse the key.
 LABEL_RUN_ID = "pipeline/runid"
@@ -259,7 +259,7 @@ def check_manifests(
 ) -> None:
     """`ManifestError` naming every field of `manifests` that their CRDs (vendored, or of the
     same names in `crd_dir`) or `b.problems` refuse."""
-    from components.train.cluster.crd import manifest_problems, raise_problems
+    from components.common.crd import manifest_problems, raise_problems
 
     for manifest, crd in zip(manifests, (*b.shared, b.crd), strict=True):
         path = str(Path(crd_dir) / crd.relative_path.name) if crd_dir else None

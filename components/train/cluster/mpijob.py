@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from components.common import defaults
+from components.common.crd import Crd
 from components.train.cluster import pods
-from components.train.cluster.crd import Crd
 from components.train.cluster.job import (
     LABEL_ROLE,
     Backend,

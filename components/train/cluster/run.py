@@ -21,8 +21,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from components.common import storage
+from components.common.crd import Crd
 from components.train import summary
-from components.train.cluster.crd import Crd
 from components.train.cluster.job import (
     ANNOTATION_RUN_ID,
     ANNOTATION_RUN_NAME,

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from components.common import defaults
+from components.common.crd import Crd
 from components.common.declare import elastic_backend_problem
 from components.train.cluster import pods
-from components.train.cluster.crd import Crd
 from components.train.cluster.job import (
     APP_LABELS,
     LABEL_ROLE,

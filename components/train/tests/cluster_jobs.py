@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from components.train.cluster.crd import Crd
+from components.common.crd import Crd
 from components.train.cluster.job import Backend, ClusterJobParams, backend, job_name
 from components.train.cluster.run import run_job
 from components.train.config import TrainConfig

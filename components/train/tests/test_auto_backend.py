@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes.config import kube_config
 
-from components.train.cluster.crd import Crd
+from components.common.crd import Crd
 from components.train.cluster.job import JobError
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB

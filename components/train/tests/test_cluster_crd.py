@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.train.cluster import crd as crds
-from components.train.cluster.crd import Crd
+from components.common import crd as crds
+from components.common.crd import Crd
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from components.common import defaults, storage
+from components.common.crd import Crd, ManifestError, find_crd
 from components.train.cluster import job as jobs
-from components.train.cluster.crd import Crd, ManifestError, find_crd
 from components.train.cluster.job import JobCancelled, JobError, JobFailed
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.run import check_run

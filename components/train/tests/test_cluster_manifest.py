@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from components.common import defaults
-from components.train.cluster.crd import ManifestError
+from components.common.crd import ManifestError
 from components.train.cluster.job import (
     LABEL_RUN_ID,
     MAX_NAME_LENGTH,
