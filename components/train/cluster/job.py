@@ -148,7 +148,6 @@ def label_value(text: str) -> str:
 
 
 def run_labels(p: ClusterJobParams) -> dict[str, str]:
-    """The labels of the job and its pods: the app's, the run name's and the KFP run id's."""
     labels = {**APP_LABELS, LABEL_RUN_NAME: label_value(p.run_name) or "run"}
     if p.pipeline_run_id:
         labels[LABEL_RUN_ID] = label_value(p.pipeline_run_id)

@@ -53,7 +53,6 @@ def _run_policy(step: TrainStep) -> dict[str, Any]:
 
 
 def build_manifest(p: ClusterJobParams, namespace: str | None = None) -> dict[str, Any]:
-    """The MPIJob for `p`."""
     metadata = job_metadata(p, namespace)
     name = str(metadata["name"])
     worker = {**pods.sshd_container("worker", p.image), "resources": pods.worker_resources(p)}
