@@ -25,7 +25,7 @@ from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig
 from components.train.step import TrainStep
 from components.train.task import run_train_task
-from components.train.tests.cluster_jobs import write_kubeconfig
+from components.train.tests.cluster_jobs import complete, write_kubeconfig
 from standins.kmock_cluster import MPIJOB_KIND, NS, TRAINJOB_KIND, Cluster, Kind, Operator
 
 pytestmark = pytest.mark.timeout(120)
@@ -65,9 +65,7 @@ def operate(cluster: Cluster, kind: Kind) -> Operator:
 
     def script(op: Operator) -> None:
         name = op.wait_for_job(timeout=60)
-        op.start(name)
-        op.write_outputs(name)
-        op.finish(name, 0)
+        complete(op, name, op.start(name))
 
     op.play(script)
     return op
