@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from components.common import defaults
-from components.train.cluster.job import backend, check_manifests, job_name
+from components.train.cluster.job import backend, check_manifests
 from components.train.tests.cluster_jobs import make_params
 from pipeline.cli import cli
 
@@ -48,11 +48,7 @@ def test_render_prints_the_exact_valid_manifests(command: str, extra: list[str])
         run_name="Nightly #7", pipeline_run_id="r-1", trainer_service_account="trainer",
         trainer_image=defaults.image_ref("trainer_gpu" if gpus else "trainer"), **gpus,
     )  # fmt: skip  # the GPU trainer image is what --gpus-per-worker > 0 picks
-    assert manifests == b.build(p, "team-a")
-    assert manifests[-1]["metadata"]["name"] == job_name("Nightly #7", "r-1")
-    cmd = launcher(manifests)["command"]
-    assert cmd[cmd.index("--workers") + 1] == "3"
-    assert cmd[cmd.index("--slots-per-worker") + 1] == "2"  # 6 ranks
+    assert manifests == b.build(p, "team-a")  # the name and command: test_cluster_manifest.py
 
 
 def test_gpus_pick_the_gpu_trainer_image_and_a_given_image_wins() -> None:
