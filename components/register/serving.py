@@ -11,7 +11,6 @@ server sees meanwhile, and why GCS cannot do better: components/register/README.
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import time
@@ -28,6 +27,7 @@ from components.register.registry import (
     RegistryError,
     check_name,
     json_bytes,
+    read_record,
 )
 
 SERVING = "_serving"
@@ -156,14 +156,14 @@ class ServingFolder:
         try:
             yield
         finally:
-            data, token = storage.read_versioned(self.lease_uri)
-            if data is not None and json.loads(data).get("holder") == holder:
+            lease, token = read_record(self.lease_uri)
+            if lease is not None and lease.get("holder") == holder:
                 released = {"holder": None, "expires": 0}
                 storage.write_if_unchanged(self.lease_uri, json_bytes(released), token)
 
     def _take(self, holder: str) -> bool:
-        data, token = storage.read_versioned(self.lease_uri)
-        if data is not None and float(json.loads(data).get("expires", 0)) > self.clock():
+        lease, token = read_record(self.lease_uri)
+        if lease is not None and float(lease.get("expires", 0)) > self.clock():
             return False
         record = {"holder": holder, "expires": self.clock() + self.lease_s}
         return storage.write_if_unchanged(self.lease_uri, json_bytes(record), token)
