@@ -92,34 +92,32 @@ def test_an_error_outside_any_step_is_named_by_its_type_and_its_traceback_logged
     assert "Traceback (most recent call last):" in log.read_text()
 
 
-def run_local(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
+def failed_run_local(tmp_path: Path, *args: str) -> list[str]:
+    """The console of ``python -m pipeline run-local`` that failed (exit 1)."""
+    proc = subprocess.run(
         [sys.executable, "-m", "pipeline", "run-local", "--root", str(tmp_path), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-
-
-def assert_failed_in_one_line(
-    proc: subprocess.CompletedProcess, step: str, reason: str, tmp_path: Path
-) -> list[str]:
-    """The run failed, ending with its FAILED line and the log's path; returns the console."""
-    console = (proc.stdout + proc.stderr).splitlines()
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    failed, log = console[-2:]
+    return (proc.stdout + proc.stderr).splitlines()
+
+
+def assert_failed_in_one_line(console: list[str], step: str, reason: str, log: str) -> None:
+    """The console ends with the FAILED line and the path of the log (`log` its start), says the
+    reason once and shows no traceback; the log has the step's own line."""
+    failed, said_log = console[-2:]
     assert failed.startswith(f"FAILED: step '{step}': {reason}"), failed
-    assert log.startswith(f"log: {tmp_path}/logs/run-local-") and Path(log[5:]).is_file()
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert said_log.startswith(f"log: {log}") and Path(said_log[5:]).is_file()
+    assert "Traceback" not in "\n".join(console)
     assert sum(reason in line for line in console) == 1, console
-    assert f"FAILED: {reason}" in Path(log[5:]).read_text()  # the step's own line, in the log
-    return console
+    assert f"FAILED: {reason}" in Path(said_log[5:]).read_text()
 
 
 @pytest.mark.e2e
 def test_a_missing_data_source_ends_run_local_with_one_failed_line(tmp_path: Path) -> None:
-    proc = run_local(tmp_path, "--data-source", "/nonexistent/mnist.npz")
-    console = assert_failed_in_one_line(
-        proc, "prepare-data", "/nonexistent/mnist.npz: not found", tmp_path
-    )
+    console = failed_run_local(tmp_path, "--data-source", "/nonexistent/mnist.npz")
+    reason, log = "/nonexistent/mnist.npz: not found", f"{tmp_path}/logs/run-local-"
+    assert_failed_in_one_line(console, "prepare-data", reason, log)
     assert len(console) <= 8, console  # the tasks' lines, the FAILED line, the log
 
 
@@ -130,7 +128,7 @@ def test_a_gpu_request_on_a_cpu_machine_is_refused_once_naming_each_library_once
 ) -> None:
     """Both ranks refuse; rank 0 says so once, and the FAILED line carries it: no per-rank
     copies, no copy with mpirun's tag."""
-    proc = run_local(
+    console = failed_run_local(
         tmp_path, "--gpus-per-worker", "1", "--workers", "2", "--epochs", "1",
         "--data-limit", "200",
     )  # fmt: skip
@@ -138,7 +136,7 @@ def test_a_gpu_request_on_a_cpu_machine_is_refused_once_naming_each_library_once
         "2 of 2 ranks cannot train: this job asked for 1 GPU(s) per worker, but the trainer runs "
         "in a CPU image: TensorFlow cannot load libcudart.so.12, "
     )
-    console = assert_failed_in_one_line(proc, "train", reason, tmp_path)
+    assert_failed_in_one_line(console, "train", reason, f"{tmp_path}/logs/run-local-")
     text = "\n".join(console)
     assert text.count("libcudnn.so.9") == 1 and text.count("asked for 1 GPU(s)") == 1
     assert "<stdout>:" not in text and "cannot train:" not in text.replace(reason, "")
@@ -166,13 +164,11 @@ def test_a_refused_elastic_trainjob_fails_the_check_step_in_one_line(
     log = tmp_path / "run.log"
     with pytest.raises(local_run.RunFailed), quiet_console(log):
         check(**values, images=json.dumps(defaults.image_refs()))
-    console = capsys.readouterr().out.splitlines()
     reason = (
         "invalid pipeline parameters: min_workers=1: elastic training needs mpi-operator's "
         "discover_hosts.sh, which Kubeflow Trainer v2 does not provide"
     )
-    assert console[-2].startswith(f"FAILED: step 'check-parameters': {reason}"), console
+    console = capsys.readouterr().out.splitlines()
+    assert_failed_in_one_line(console, "check-parameters", reason, str(log))
     assert console[-1] == f"log: {log}"
-    assert sum(reason in line for line in console) == 1
     assert "Traceback" not in log.read_text()  # an expected error: not even in the log
-    assert f"FAILED: {reason}" in log.read_text()

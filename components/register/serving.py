@@ -1,12 +1,9 @@
 """The serving folder of an alias, ``<root>/<model>/_serving/<alias>/<N>/``: exactly the version
 the alias names, so a server pointed at it serves the champion, not the newest version (TF
 Serving serves the highest number it finds, and every version that passes the gate gets one).
-
 `ServingFolder.sync` makes it match the alias, after every registration's compare-and-swap and
-as ``python -m pipeline sync-serving``: only read when it already matches; else, under the
-folder's lease, the alias's version copied in (``saved_model.pb`` last on GCS; staged under a
-dot-name and renamed locally), checked file by file, and only then the others removed. What a
-server sees meanwhile, and why GCS cannot do better: components/register/README.md.
+as ``python -m pipeline sync-serving``. What a server sees meanwhile, and why GCS cannot do
+better: components/register/README.md.
 """
 
 from __future__ import annotations
@@ -87,7 +84,8 @@ class ServingFolder:
 
     def sync(self) -> int | None:
         """Make the folder hold exactly the alias's version and return it; None (nothing
-        touched) if the alias is not set. Only reads when the folder already matches."""
+        touched) if the alias is not set. Only reads when the folder already matches; else, under
+        the folder's lease, copies the version in, checks it, and only then removes the others."""
         version = self.alias_version()
         if version is None or self.matches(version):
             return version
