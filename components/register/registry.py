@@ -144,7 +144,6 @@ class ModelStore:
         return int(bound["version"]) if bound else version
 
     def find_run(self, run_id: str) -> dict[str, Any] | None:
-        """The record of what `run_id` registered, or None."""
         return read_record(self._run_uri(run_id))[0]
 
     def update_run(self, run_id: str, record: dict[str, Any]) -> None:

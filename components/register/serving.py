@@ -74,7 +74,6 @@ class ServingFolder:
         return bool(want) and all(have.get(rel) == digest for rel, digest in want.items())
 
     def matches(self, version: int) -> bool:
-        """True if the folder holds `version`, whole, and no other."""
         return self.versions() == [version] and self.holds(version)
 
     def alias_version(self) -> int | None:
