@@ -44,52 +44,44 @@ def test_the_console_shows_the_steps_lines_and_the_log_keeps_everything(
 
 
 STEP = "\x1b[96m'prepare-data'\x1b[0m"  # kfp.local colours the task's name
-KFP_FAILED = (
+STEP_FAILED = f"19:12:16.855 - ERROR - Task {STEP} finished with status FAILURE"
+KFP_FAILED = RuntimeError(
     f"Pipeline 'kfp-horovod-mnist' finished with status FAILURE. Inner task failed: {STEP}."
 )
 
 
 @pytest.mark.parametrize(
-    ("step_output", "reason"),
+    ("step_output", "finished", "error", "failed", "logged_traceback"),
     [
-        (["FAILED: /nonexistent/mnist.npz: not found"], "/nonexistent/mnist.npz: not found"),
-        (
-            ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
-             "KeyError: 'splits'"],
-            "KeyError: 'splits' (an unexpected error: its traceback is in the log)",
-        ),
+        (["FAILED: /nonexistent/mnist.npz: not found"], STEP_FAILED, KFP_FAILED,
+         "FAILED: step 'prepare-data': /nonexistent/mnist.npz: not found", False),
+        (["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+          "KeyError: 'splits'"], STEP_FAILED, KFP_FAILED,
+         "FAILED: step 'prepare-data': KeyError: 'splits' (an unexpected error: its traceback "
+         "is in the log)", True),
+        ([], f"19:12:16.855 - INFO - Task {STEP} finished with status \x1b[92mSUCCESS\x1b[0m",
+         OSError("docker daemon not running"), "FAILED: OSError: docker daemon not running", True),
     ],
-    ids=["expected", "unexpected"],
+    ids=["expected", "unexpected", "outside-any-step"],
 )  # fmt: skip
-def test_a_failed_step_ends_the_console_with_one_failed_line_and_the_log(
-    step_output: list[str], reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """What kfp.local prints of a failed step, then its exception: the console's last two lines
-    are ``FAILED: step '<name>': <reason>`` and the log's path; the log keeps everything."""
+def test_a_failed_run_ends_the_console_with_one_failed_line_and_the_log(
+    step_output: list[str], finished: str, error: Exception, failed: str, logged_traceback: bool,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """What kfp.local prints of a step, then an exception: the console's last two lines are
+    ``FAILED: step '<name>': <reason>`` (an error outside any step: its type and words) and the
+    log's path; the log keeps everything, with the traceback of an error no step expected."""
     log = tmp_path / "run.log"
     with pytest.raises(local_run.RunFailed) as info, quiet_console(log):
         print(f"19:12:15.559 - INFO - Executing task {STEP}")
         print("\n".join("    " + line for line in step_output))
-        print(f"19:12:16.855 - ERROR - Task {STEP} finished with status FAILURE")
-        raise RuntimeError(KFP_FAILED)
+        print(finished)
+        raise error
     console = capsys.readouterr().out.splitlines()
-    assert console[-2:] == [f"FAILED: step 'prepare-data': {reason}", f"log: {log}"]
+    assert console[-2:] == [failed, f"log: {log}"] and str(info.value) == failed
     assert "Traceback" not in "\n".join(console)
-    assert (info.value.step, info.value.reason) == ("prepare-data", reason)
     assert all(line in log.read_text() for line in step_output)
-
-
-def test_an_error_outside_any_step_is_named_by_its_type_and_its_traceback_logged(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    log = tmp_path / "run.log"
-    with pytest.raises(local_run.RunFailed), quiet_console(log):
-        print(f"19:12:15.559 - INFO - Executing task {STEP}")
-        print(f"19:12:16.855 - INFO - Task {STEP} finished with status \x1b[92mSUCCESS\x1b[0m")
-        raise OSError("docker daemon not running")
-    console = capsys.readouterr().out.splitlines()
-    assert console[-2:] == ["FAILED: OSError: docker daemon not running", f"log: {log}"]
-    assert "Traceback (most recent call last):" in log.read_text()
+    assert ("Traceback (most recent call last):" in log.read_text()) == logged_traceback
 
 
 def failed_run_local(tmp_path: Path, *args: str) -> list[str]:
