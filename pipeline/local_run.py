@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from components.common import defaults, failure
-from components.common.defaults import MODEL, PIPELINE_NAME
+from components.common.defaults import PIPELINE_NAME
 from components.train.preflight import check_model_before_launch
 from components.train.summary import paid_line, world_history
 from components.train.summary import read as read_summary
-from pipeline.checks import PIPELINE_PARAMETERS, check_step
+from pipeline.checks import PIPELINE_DEFAULTS, check_step
 from pipeline.pipeline import build_pipeline
 
 
@@ -86,8 +86,8 @@ def run_pipeline_locally(
     images = defaults.image_refs(*(docker_images or ()))
     # The check step, run here before anything else: kfp.local runs each task in its compiled
     # image, so the trainer's is chosen now (build_pipeline's image_at_run_time).
-    declared = {p.name: p.default for p in PIPELINE_PARAMETERS}
-    images["trainer"] = check_step(json.dumps(images), **(declared | params)).trainer_image
+    values = PIPELINE_DEFAULTS | params
+    images["trainer"] = check_step(json.dumps(images), **values).trainer_image
     if params["training_backend"] != "local":
         raise ValueError(
             f"training_backend must be 'local' for a local run (no cluster here), got "
@@ -95,7 +95,7 @@ def run_pipeline_locally(
             "cluster (docs/operating.md)"
         )
     if not docker_images:
-        check_model_before_launch(params.get("model", MODEL))
+        check_model_before_launch(values["model"])
     pipeline_root.mkdir(parents=True, exist_ok=True)
     if docker_images:
         _share_with_image_user(pipeline_root, Path(params["registry_root"]))

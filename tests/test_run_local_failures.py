@@ -13,7 +13,6 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -143,11 +142,11 @@ def test_a_refused_elastic_trainjob_fails_the_check_step_in_one_line(
     run's console ends with the step's name and that reason."""
     import kfp.local
 
-    from pipeline.checks import PIPELINE_PARAMETERS
+    from pipeline.checks import PIPELINE_DEFAULTS
     from pipeline.pipeline import make_check_component
 
-    values: dict[str, Any] = {p.name: p.default for p in PIPELINE_PARAMETERS}
-    values.update(training_backend="trainjob", min_workers=1, registry_root=str(tmp_path / "r"))
+    values = {**PIPELINE_DEFAULTS, "training_backend": "trainjob", "min_workers": 1,
+              "registry_root": str(tmp_path / "r")}  # fmt: skip
     kfp.local.init(
         runner=kfp.local.SubprocessRunner(use_venv=False),
         pipeline_root=str(tmp_path / "root"), raise_on_error=True,
