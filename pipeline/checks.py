@@ -23,6 +23,7 @@ GROUPS = (
     ("Register (`RegisterStep`, components/register/step.py)", REGISTER_PARAMETERS),
 )
 PIPELINE_PARAMETERS: list[Declared] = [p for _, group in GROUPS for p in group]
+PIPELINE_DEFAULTS: dict[str, Any] = {p.name: p.default for p in PIPELINE_PARAMETERS}
 
 
 class Checked(NamedTuple):
@@ -80,6 +81,5 @@ def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
             values[name] = click.types.convert_type(declared[name].type).convert(raw, None, None)
         except click.BadParameter as exc:
             raise ValueError(f"parameter {name!r}: {exc.message}") from exc
-    declared_defaults = {name: p.default for name, p in declared.items()}
-    declare.check(PIPELINE_PARAMETERS, declared_defaults | values, "pipeline parameters")
+    declare.check(PIPELINE_PARAMETERS, PIPELINE_DEFAULTS | values, "pipeline parameters")
     return values

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from components.common import declare as rules
 from components.common import defaults, failure
-from components.common.defaults import MODEL, PIPELINE_NAME
+from components.common.defaults import PIPELINE_NAME
 from components.train.preflight import check_model_before_launch
 from components.train.summary import paid_line, world_history
 from components.train.summary import read as read_summary
-from pipeline.checks import PIPELINE_PARAMETERS
+from pipeline.checks import PIPELINE_DEFAULTS, check_step
 from pipeline.pipeline import build_pipeline
 
 
@@ -84,7 +83,11 @@ def run_pipeline_locally(
     default_registry = (pipeline_root if docker_images else root) / "registry"
     params.setdefault("registry_root", str(default_registry))
     params.setdefault("training_backend", "local")
-    rules.check(PIPELINE_PARAMETERS, params, "pipeline parameters")
+    images = defaults.image_refs(*(docker_images or ()))
+    # The check step, run here before anything else: kfp.local runs each task in its compiled
+    # image, so the trainer's is chosen now (build_pipeline's image_at_run_time).
+    values = PIPELINE_DEFAULTS | params
+    images["trainer"] = check_step(json.dumps(images), **values).trainer_image
     if params["training_backend"] != "local":
         raise ValueError(
             f"training_backend must be 'local' for a local run (no cluster here), got "
@@ -92,7 +95,7 @@ def run_pipeline_locally(
             "cluster (docs/operating.md)"
         )
     if not docker_images:
-        check_model_before_launch(params.get("model", MODEL))
+        check_model_before_launch(values["model"])
     pipeline_root.mkdir(parents=True, exist_ok=True)
     if docker_images:
         _share_with_image_user(pipeline_root, Path(params["registry_root"]))
@@ -101,11 +104,6 @@ def run_pipeline_locally(
         kfp.local.DockerRunner() if docker_images else kfp.local.SubprocessRunner(use_venv=False)
     )
     kfp.local.init(runner=runner, pipeline_root=str(pipeline_root), raise_on_error=True)
-    images = defaults.image_refs(*(docker_images or ()))
-    # kfp.local runs each task in its compiled image: choose the trainer's now, as the check
-    # step would (build_pipeline's image_at_run_time).
-    gpus, image = params.get("gpus_per_worker", 0), params.get("trainer_image", "")
-    images["trainer"] = defaults.trainer_image(gpus, images, image)
     pipeline_func = build_pipeline(images, image_at_run_time=False)
     started = time.monotonic()
     log = root / "logs" / time.strftime("run-local-%Y%m%d-%H%M%S.log")

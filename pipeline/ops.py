@@ -188,8 +188,6 @@ def connect(host: str | None, namespace: str | None, token: str | None,
                 credentials=credentials)  # fmt: skip
 
 
-package_option = click.option("--package", type=click.Path(exists=True, dir_okay=False),
-                              default=None, help="[default: build/pipeline.yaml]")  # fmt: skip
 pipeline_option = click.option("--pipeline-name", default=defaults.PIPELINE_NAME,
                                show_default=True)  # fmt: skip
 param_option = click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
@@ -246,7 +244,8 @@ def upload_command(package: str, pipeline_name: str, version_name: str | None,
 
 
 @click.command("submit")
-@package_option
+@click.option("--package", type=click.Path(exists=True, dir_okay=False),
+              help="[default: build/pipeline.yaml]")  # fmt: skip
 @click.option("--version-name", help="Run this uploaded version instead of the package.")
 @pipeline_option
 @param_option

@@ -16,7 +16,7 @@ from kfp import components
 
 from components.common import defaults
 from pipeline.build import compile_pipeline
-from pipeline.checks import PIPELINE_PARAMETERS, check_step, parameters_markdown
+from pipeline.checks import PIPELINE_DEFAULTS, check_step, parameters_markdown
 
 EXPECTED_PARAMETERS = {
     "workers", "epochs", "batch_size_per_worker", "learning_rate", "warmup_epochs", "lr_scaling",
@@ -129,8 +129,7 @@ def test_output_does_not_depend_on_who_compiles_it(compiled: Path, tmp_path: Pat
 
 
 def _check(**overrides: object) -> Any:
-    values: dict[str, Any] = {p.name: p.default for p in PIPELINE_PARAMETERS}
-    values.update({"registry_root": "gs://b/models", **overrides})
+    values = {**PIPELINE_DEFAULTS, "registry_root": "gs://b/models", **overrides}
     return check_step(images=json.dumps(defaults.image_refs("r.example/p", "7")), **values)
 
 

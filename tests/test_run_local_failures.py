@@ -13,7 +13,6 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -44,82 +43,72 @@ def test_the_console_shows_the_steps_lines_and_the_log_keeps_everything(
 
 
 STEP = "\x1b[96m'prepare-data'\x1b[0m"  # kfp.local colours the task's name
-KFP_FAILED = (
+STEP_FAILED = f"19:12:16.855 - ERROR - Task {STEP} finished with status FAILURE"
+KFP_FAILED = RuntimeError(
     f"Pipeline 'kfp-horovod-mnist' finished with status FAILURE. Inner task failed: {STEP}."
 )
 
 
 @pytest.mark.parametrize(
-    ("step_output", "reason"),
+    ("step_output", "finished", "error", "failed", "logged_traceback"),
     [
-        (["FAILED: /nonexistent/mnist.npz: not found"], "/nonexistent/mnist.npz: not found"),
-        (
-            ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
-             "KeyError: 'splits'"],
-            "KeyError: 'splits' (an unexpected error: its traceback is in the log)",
-        ),
+        (["FAILED: /nonexistent/mnist.npz: not found"], STEP_FAILED, KFP_FAILED,
+         "FAILED: step 'prepare-data': /nonexistent/mnist.npz: not found", False),
+        (["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+          "KeyError: 'splits'"], STEP_FAILED, KFP_FAILED,
+         "FAILED: step 'prepare-data': KeyError: 'splits' (an unexpected error: its traceback "
+         "is in the log)", True),
+        ([], f"19:12:16.855 - INFO - Task {STEP} finished with status \x1b[92mSUCCESS\x1b[0m",
+         OSError("docker daemon not running"), "FAILED: OSError: docker daemon not running", True),
     ],
-    ids=["expected", "unexpected"],
+    ids=["expected", "unexpected", "outside-any-step"],
 )  # fmt: skip
-def test_a_failed_step_ends_the_console_with_one_failed_line_and_the_log(
-    step_output: list[str], reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """What kfp.local prints of a failed step, then its exception: the console's last two lines
-    are ``FAILED: step '<name>': <reason>`` and the log's path; the log keeps everything."""
+def test_a_failed_run_ends_the_console_with_one_failed_line_and_the_log(
+    step_output: list[str], finished: str, error: Exception, failed: str, logged_traceback: bool,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """What kfp.local prints of a step, then an exception: the console's last two lines are
+    ``FAILED: step '<name>': <reason>`` (an error outside any step: its type and words) and the
+    log's path; the log keeps everything, with the traceback of an error no step expected."""
     log = tmp_path / "run.log"
     with pytest.raises(local_run.RunFailed) as info, quiet_console(log):
         print(f"19:12:15.559 - INFO - Executing task {STEP}")
         print("\n".join("    " + line for line in step_output))
-        print(f"19:12:16.855 - ERROR - Task {STEP} finished with status FAILURE")
-        raise RuntimeError(KFP_FAILED)
+        print(finished)
+        raise error
     console = capsys.readouterr().out.splitlines()
-    assert console[-2:] == [f"FAILED: step 'prepare-data': {reason}", f"log: {log}"]
+    assert console[-2:] == [failed, f"log: {log}"] and str(info.value) == failed
     assert "Traceback" not in "\n".join(console)
-    assert (info.value.step, info.value.reason) == ("prepare-data", reason)
     assert all(line in log.read_text() for line in step_output)
+    assert ("Traceback (most recent call last):" in log.read_text()) == logged_traceback
 
 
-def test_an_error_outside_any_step_is_named_by_its_type_and_its_traceback_logged(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    log = tmp_path / "run.log"
-    with pytest.raises(local_run.RunFailed), quiet_console(log):
-        print(f"19:12:15.559 - INFO - Executing task {STEP}")
-        print(f"19:12:16.855 - INFO - Task {STEP} finished with status \x1b[92mSUCCESS\x1b[0m")
-        raise OSError("docker daemon not running")
-    console = capsys.readouterr().out.splitlines()
-    assert console[-2:] == ["FAILED: OSError: docker daemon not running", f"log: {log}"]
-    assert "Traceback (most recent call last):" in log.read_text()
-
-
-def run_local(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
+def failed_run_local(tmp_path: Path, *args: str) -> list[str]:
+    """The console of ``python -m pipeline run-local`` that failed (exit 1)."""
+    proc = subprocess.run(
         [sys.executable, "-m", "pipeline", "run-local", "--root", str(tmp_path), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-
-
-def assert_failed_in_one_line(
-    proc: subprocess.CompletedProcess, step: str, reason: str, tmp_path: Path
-) -> list[str]:
-    """The run failed, ending with its FAILED line and the log's path; returns the console."""
-    console = (proc.stdout + proc.stderr).splitlines()
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    failed, log = console[-2:]
+    return (proc.stdout + proc.stderr).splitlines()
+
+
+def assert_failed_in_one_line(console: list[str], step: str, reason: str, log: str) -> None:
+    """The console ends with the FAILED line and the path of the log (`log` its start), says the
+    reason once and shows no traceback; the log has the step's own line."""
+    failed, said_log = console[-2:]
     assert failed.startswith(f"FAILED: step '{step}': {reason}"), failed
-    assert log.startswith(f"log: {tmp_path}/logs/run-local-") and Path(log[5:]).is_file()
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert said_log.startswith(f"log: {log}") and Path(said_log[5:]).is_file()
+    assert "Traceback" not in "\n".join(console)
     assert sum(reason in line for line in console) == 1, console
-    assert f"FAILED: {reason}" in Path(log[5:]).read_text()  # the step's own line, in the log
-    return console
+    assert f"FAILED: {reason}" in Path(said_log[5:]).read_text()
 
 
 @pytest.mark.e2e
 def test_a_missing_data_source_ends_run_local_with_one_failed_line(tmp_path: Path) -> None:
-    proc = run_local(tmp_path, "--data-source", "/nonexistent/mnist.npz")
-    console = assert_failed_in_one_line(
-        proc, "prepare-data", "/nonexistent/mnist.npz: not found", tmp_path
-    )
+    console = failed_run_local(tmp_path, "--data-source", "/nonexistent/mnist.npz")
+    reason, log = "/nonexistent/mnist.npz: not found", f"{tmp_path}/logs/run-local-"
+    assert_failed_in_one_line(console, "prepare-data", reason, log)
     assert len(console) <= 8, console  # the tasks' lines, the FAILED line, the log
 
 
@@ -130,7 +119,7 @@ def test_a_gpu_request_on_a_cpu_machine_is_refused_once_naming_each_library_once
 ) -> None:
     """Both ranks refuse; rank 0 says so once, and the FAILED line carries it: no per-rank
     copies, no copy with mpirun's tag."""
-    proc = run_local(
+    console = failed_run_local(
         tmp_path, "--gpus-per-worker", "1", "--workers", "2", "--epochs", "1",
         "--data-limit", "200",
     )  # fmt: skip
@@ -138,7 +127,7 @@ def test_a_gpu_request_on_a_cpu_machine_is_refused_once_naming_each_library_once
         "2 of 2 ranks cannot train: this job asked for 1 GPU(s) per worker, but the trainer runs "
         "in a CPU image: TensorFlow cannot load libcudart.so.12, "
     )
-    console = assert_failed_in_one_line(proc, "train", reason, tmp_path)
+    assert_failed_in_one_line(console, "train", reason, f"{tmp_path}/logs/run-local-")
     text = "\n".join(console)
     assert text.count("libcudnn.so.9") == 1 and text.count("asked for 1 GPU(s)") == 1
     assert "<stdout>:" not in text and "cannot train:" not in text.replace(reason, "")
@@ -153,11 +142,11 @@ def test_a_refused_elastic_trainjob_fails_the_check_step_in_one_line(
     run's console ends with the step's name and that reason."""
     import kfp.local
 
-    from pipeline.checks import PIPELINE_PARAMETERS
+    from pipeline.checks import PIPELINE_DEFAULTS
     from pipeline.pipeline import make_check_component
 
-    values: dict[str, Any] = {p.name: p.default for p in PIPELINE_PARAMETERS}
-    values.update(training_backend="trainjob", min_workers=1, registry_root=str(tmp_path / "r"))
+    values = {**PIPELINE_DEFAULTS, "training_backend": "trainjob", "min_workers": 1,
+              "registry_root": str(tmp_path / "r")}  # fmt: skip
     kfp.local.init(
         runner=kfp.local.SubprocessRunner(use_venv=False),
         pipeline_root=str(tmp_path / "root"), raise_on_error=True,
@@ -166,13 +155,11 @@ def test_a_refused_elastic_trainjob_fails_the_check_step_in_one_line(
     log = tmp_path / "run.log"
     with pytest.raises(local_run.RunFailed), quiet_console(log):
         check(**values, images=json.dumps(defaults.image_refs()))
-    console = capsys.readouterr().out.splitlines()
     reason = (
         "invalid pipeline parameters: min_workers=1: elastic training needs mpi-operator's "
         "discover_hosts.sh, which Kubeflow Trainer v2 does not provide"
     )
-    assert console[-2].startswith(f"FAILED: step 'check-parameters': {reason}"), console
+    console = capsys.readouterr().out.splitlines()
+    assert_failed_in_one_line(console, "check-parameters", reason, str(log))
     assert console[-1] == f"log: {log}"
-    assert sum(reason in line for line in console) == 1
     assert "Traceback" not in log.read_text()  # an expected error: not even in the log
-    assert f"FAILED: {reason}" in log.read_text()

@@ -22,7 +22,7 @@ from components.common.defaults import MIN_ACCURACY, MODEL_NAME, PRODUCTION_ALIA
 from components.common.model_files import DIGEST_KEY, ModelError
 from components.register.registry import REGISTRY_FORMAT, ModelStore, challenger_wins, check_name
 from components.register.serving import ServingFolder
-from components.register.step import REGISTER_PARAMETERS
+from components.register.step import REGISTER_PARAMETERS, RegisterStep
 from components.train import summary as run_summary
 from components.train.summary import RunSummary
 
@@ -81,7 +81,7 @@ def _check_score(name: str, value: float, upper: float | None) -> None:
 
 @dataclass(frozen=True)
 class Candidate:
-    """The checked inputs of one registration (ValueError naming a bad name, score or run id)."""
+    """The inputs of one registration (ValueError naming a bad score, alias or run id)."""
 
     model_uri: str
     model_name: str
@@ -97,7 +97,6 @@ class Candidate:
         check_name("alias", self.alias)  # the model name: by ModelStore
         _check_score("accuracy", self.accuracy, 1.0)
         _check_score("loss", self.loss, None)
-        _check_score("min_accuracy", self.min_accuracy, 1.0)
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -230,6 +229,7 @@ def register(
     """Gate, publish and maybe promote the SavedModel at `model_uri`. Every input is checked
     before the registry is touched (ValueError, DataError, ModelError)."""
     clock = now or (lambda: datetime.now(timezone.utc))
+    RegisterStep(float(min_accuracy), model_name, registry_root)  # the declared rules
     scores = float(accuracy), float(loss), float(min_accuracy)
     candidate = Candidate(model_uri, model_name, pipeline_run_id, alias, *scores)
     store = ModelStore(registry_root, model_name)

@@ -61,6 +61,12 @@ def _parse_json(data: bytes, where: str) -> dict[str, Any]:
     return record
 
 
+def read_record(uri: str) -> tuple[dict[str, Any] | None, str]:
+    """The JSON record at `uri` (None if absent) and its compare-and-swap token."""
+    data, token = storage.read_versioned(uri)
+    return (None if data is None else _parse_json(data, uri)), token
+
+
 def challenger_wins(candidate: dict[str, Any], champion: dict[str, Any] | None) -> tuple[bool, str]:
     """Champion/challenger rule: higher accuracy wins; equal accuracy, lower loss wins."""
     if champion is None:
@@ -131,20 +137,14 @@ class ModelStore:
         if previous is not None:
             return int(previous["version"])
         version = self.claim_next_version({"pipeline_run_id": run_id, "claimed_at": started})
-        if self.bind_run(run_id, {"pipeline_run_id": run_id, "version": version}):
+        record = {"pipeline_run_id": run_id, "version": version}
+        if storage.create_exclusive(self._run_uri(run_id), json_bytes(record)):
             return version
         bound = self.find_run(run_id)  # the same run registering concurrently got there first
         return int(bound["version"]) if bound else version
 
     def find_run(self, run_id: str) -> dict[str, Any] | None:
-        """The record of what `run_id` registered, or None."""
-        uri = self._run_uri(run_id)
-        data, _ = storage.read_versioned(uri)
-        return None if data is None else _parse_json(data, uri)
-
-    def bind_run(self, run_id: str, record: dict[str, Any]) -> bool:
-        """Record that `run_id` registers `record['version']`; False if the run already had one."""
-        return storage.create_exclusive(self._run_uri(run_id), json_bytes(record))
+        return read_record(self._run_uri(run_id))[0]
 
     def update_run(self, run_id: str, record: dict[str, Any]) -> None:
         storage.write_bytes(self._run_uri(run_id), json_bytes(record))
@@ -158,11 +158,9 @@ class ModelStore:
         (staged under ``_staging/`` on GCS, which cannot rename). A complete version is left
         alone; a partial one (an attempt that died while copying) is overwritten."""
         dest = self.version_uri(version)
-        staging = None
-        if storage.is_gcs(dest):
-            staging = storage.join(self.base, STAGING, f"{version}.{uuid.uuid4().hex}")
         if self.is_published(version):
             return dest
+        staging = storage.join(self.base, STAGING, f"{version}.{uuid.uuid4().hex}")  # GCS only
         with tempfile.TemporaryDirectory(prefix="register-") as tmp:
             staged = Path(tmp) / "version"
             shutil.copytree(model_dir, staged)
@@ -184,9 +182,7 @@ class ModelStore:
 
     def read_alias(self, alias: str) -> tuple[dict[str, Any] | None, str]:
         """The alias record (None if unset) and its compare-and-swap token."""
-        uri = self.alias_uri(alias)
-        data, token = storage.read_versioned(uri)
-        return (None if data is None else _parse_json(data, uri)), token
+        return read_record(self.alias_uri(alias))
 
     def move_alias_if(
         self,

@@ -1,17 +1,13 @@
 """The serving folder of an alias, ``<root>/<model>/_serving/<alias>/<N>/``: exactly the version
 the alias names, so a server pointed at it serves the champion, not the newest version (TF
 Serving serves the highest number it finds, and every version that passes the gate gets one).
-
 `ServingFolder.sync` makes it match the alias, after every registration's compare-and-swap and
-as ``python -m pipeline sync-serving``: only read when it already matches; else, under the
-folder's lease, the alias's version copied in (``saved_model.pb`` last on GCS; staged under a
-dot-name and renamed locally), checked file by file, and only then the others removed. What a
-server sees meanwhile, and why GCS cannot do better: components/register/README.md.
+as ``python -m pipeline sync-serving``. What a server sees meanwhile, and why GCS cannot do
+better: components/register/README.md.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import time
@@ -28,6 +24,7 @@ from components.register.registry import (
     RegistryError,
     check_name,
     json_bytes,
+    read_record,
 )
 
 SERVING = "_serving"
@@ -77,7 +74,6 @@ class ServingFolder:
         return bool(want) and all(have.get(rel) == digest for rel, digest in want.items())
 
     def matches(self, version: int) -> bool:
-        """True if the folder holds `version`, whole, and no other."""
         return self.versions() == [version] and self.holds(version)
 
     def alias_version(self) -> int | None:
@@ -87,7 +83,8 @@ class ServingFolder:
 
     def sync(self) -> int | None:
         """Make the folder hold exactly the alias's version and return it; None (nothing
-        touched) if the alias is not set. Only reads when the folder already matches."""
+        touched) if the alias is not set. Only reads when the folder already matches; else, under
+        the folder's lease, copies the version in, checks it, and only then removes the others."""
         version = self.alias_version()
         if version is None or self.matches(version):
             return version
@@ -156,14 +153,14 @@ class ServingFolder:
         try:
             yield
         finally:
-            data, token = storage.read_versioned(self.lease_uri)
-            if data is not None and json.loads(data).get("holder") == holder:
+            lease, token = read_record(self.lease_uri)
+            if lease is not None and lease.get("holder") == holder:
                 released = {"holder": None, "expires": 0}
                 storage.write_if_unchanged(self.lease_uri, json_bytes(released), token)
 
     def _take(self, holder: str) -> bool:
-        data, token = storage.read_versioned(self.lease_uri)
-        if data is not None and float(json.loads(data).get("expires", 0)) > self.clock():
+        lease, token = read_record(self.lease_uri)
+        if lease is not None and float(lease.get("expires", 0)) > self.clock():
             return False
         record = {"holder": holder, "expires": self.clock() + self.lease_s}
         return storage.write_if_unchanged(self.lease_uri, json_bytes(record), token)

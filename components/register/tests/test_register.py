@@ -123,8 +123,7 @@ def test_a_rerun_returns_its_version_and_finishes_a_half_done_one(
 ) -> None:
     store = ModelStore(storage_root, "mnist-cnn")
     # The state a crash between claiming and publishing leaves behind.
-    version = store.claim_next_version({"pipeline_run_id": "run-1"})
-    assert store.bind_run("run-1", {"pipeline_run_id": "run-1", "version": version})
+    assert store.claim_for_run("run-1", None, FIXED_TIME.isoformat()) == 1
     assert store.published_versions() == []
     first = register_run(trained_model, trained_summary, storage_root, "run-1", 0.95)
     assert first.version == 1 and first.promoted  # finished, not duplicated
@@ -178,14 +177,14 @@ def _bad_cases(model: TrainedModel, summary: str, tmp_path: Path):
         ({"summary": str(tmp_path / "summary.txt")}, ValueError, "summary.txt: not valid JSON"),
         ({"summary": str(tmp_path / "list.json")}, ValueError, "expected a JSON object"),
         ({"data": str(tmp_path)}, DataError, "manifest.json: missing"),
-        ({"model_name": "../escape"}, ValueError, "model name '../escape' is not allowed"),
+        ({"model_name": "../escape"}, ValueError, "model_name must be 1-63 lowercase letters"),
         ({"alias": "prod/x"}, ValueError, "alias 'prod/x' is not allowed"),
         ({"accuracy": 1.5}, ValueError, "accuracy must be a finite number in 0..1.0, got 1.5"),
         ({"accuracy": math.nan}, ValueError, "accuracy must be a finite number"),
         ({"loss": -1.0}, ValueError, "loss must be a finite number >= 0"),
-        ({"min_accuracy": -0.1}, ValueError, "min_accuracy must be a finite number"),
+        ({"min_accuracy": -0.1}, ValueError, "min_accuracy must be >= 0, got -0.1"),
         ({"pipeline_run_id": " "}, ValueError, "pipeline_run_id is empty"),
-        ({"registry_root": ""}, ValueError, "registry root is empty"),
+        ({"registry_root": ""}, ValueError, "registry_root is empty: set it"),
     ]  # fmt: skip
 
 
