@@ -168,11 +168,12 @@ def _read_verified(root: str, rel: str, expected_sha256: str) -> np.ndarray:
 
 
 def load_range(
-    manifest: Manifest, split: str, start: int, stop: int
+    manifest: Manifest, split: str, start: int = 0, stop: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Samples ``[start, stop)`` of `split`, from only the shards that overlap it, each checked
-    against its sha256 and validated."""
+    """Samples ``[start, stop)`` of `split` (by default all of it), from only the shards that
+    overlap it, each checked against its sha256 and validated."""
     total = manifest.count(split)
+    stop = total if stop is None else stop
     if not 0 <= start <= stop <= total:
         raise ValueError(f"range [{start}, {stop}) outside split {split!r} of {total} samples")
     xs, ys = [], []
@@ -192,8 +193,3 @@ def load_range(
     if not xs:
         return np.zeros((0, *IMAGE_SHAPE), np.uint8), np.zeros((0,), np.uint8)
     return np.concatenate(xs), np.concatenate(ys)
-
-
-def load_split(uri: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-    manifest = read_manifest(uri)
-    return load_range(manifest, split, 0, manifest.count(split))

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from components.common.dataset import load_split
+from components.common.dataset import load_range, read_manifest
 from components.common.defaults import EVAL_BATCH_SIZE
 from components.common.model_files import load_serving
 from components.register.tests.registering import register_run
@@ -115,7 +115,7 @@ def test_serves_the_champion_with_the_evaluate_steps_predictions(
     root = str(tmp_path / "registry")
     assert register_model(trained_model, root, "run-a", 0.90, tmp_path).promoted
     assert not register_model(challenger_model, root, "run-b", 0.80, tmp_path).promoted  # v2
-    images, labels = load_split(trained_model.dataset, "test")
+    images, labels = load_range(read_manifest(trained_model.dataset), "test")
     champion = evaluate_step_predictions(trained_model.path, images)
     challenger = evaluate_step_predictions(challenger_model.path, images)
     assert (champion.argmax(1) != challenger.argmax(1)).any()  # the two models can be told apart
