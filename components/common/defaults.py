@@ -23,8 +23,6 @@ IMAGE_NAMES: dict[str, str] = {
     "evaluate": "kfp-horovod-evaluate",
     "register": "kfp-horovod-register",
 }
-# The images of the pipeline's steps (trainer_gpu is only the cluster job's pods').
-STEP_IMAGES: tuple[str, ...] = tuple(name for name in IMAGE_NAMES if name != "trainer_gpu")
 
 
 # `make images-local` tags its builds so (never pushed); `run-local --runner docker` and the
