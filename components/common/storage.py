@@ -27,10 +27,6 @@ ABSENT = "0"
 _log = logging.getLogger(__name__)
 
 
-class StorageError(RuntimeError):
-    """A read or write failed; the message names the URI."""
-
-
 def is_gcs(uri: str) -> bool:
     return uri.startswith("gs://")
 
@@ -310,7 +306,7 @@ def read_versioned(uri: str) -> tuple[bytes | None, str]:
         except (errors.NotFound, errors.PreconditionFailed):
             continue
         return bytes(data), str(generation)
-    raise StorageError(f"{uri}: kept changing while being read")
+    raise RuntimeError(f"{uri}: kept changing while being read")
 
 
 def write_if_unchanged(uri: str, data: bytes, token: str) -> bool:
