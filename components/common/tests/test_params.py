@@ -7,16 +7,16 @@ import pytest
 from components.common.declare import (
     data_sha256_problem,
     data_source_problem,
+    field_problems,
     is_positive_quantity,
     joint_problems,
-    problems,
 )
 from pipeline.checks import PIPELINE_PARAMETERS
 
 
 def pipeline_problems(values: dict) -> list[str]:
     """What the check step says of `values` (the pipeline's declared parameters' rules)."""
-    return problems(PIPELINE_PARAMETERS, values)
+    return field_problems(PIPELINE_PARAMETERS, values) + joint_problems(values)
 
 
 @pytest.mark.parametrize(
