@@ -4,7 +4,6 @@ import functools
 import hashlib
 import http.server
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from components.common import dataset, storage
 from components.common.defaults import BUNDLED_SOURCE, NUM_CLASSES
 from components.data_prep import prep
+from standins.fake_gcs import free_port
 
 
 def _digits(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -50,12 +50,6 @@ def http_dir(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return int(sock.getsockname()[1])  # closed again when the block ends
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -154,7 +148,7 @@ def _bad(make_source, sha256, message, error=dataset.DataError, id="", **kwargs)
 @pytest.mark.parametrize(
     ("make_source", "kwargs", "message", "error"),
     [
-        _bad(lambda tmp: f"http://localhost:{_closed_port()}/mnist.npz", None, "unreachable",
+        _bad(lambda tmp: f"http://127.0.0.1:{free_port()}/mnist.npz", None, "unreachable",
              id="unreachable"),
         _bad(lambda tmp: str(tmp / "missing.npz"), None, "not found", id="missing"),
         _bad(_corrupt, None, "not a readable .npz", id="corrupt"),

@@ -4,7 +4,6 @@ protocol, checked against the evaluate step on the same digits."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from components.common.defaults import EVAL_BATCH_SIZE
 from components.common.model_files import load_serving
 from components.register.tests.registering import register_run
 from components.serve import server
+from standins.fake_gcs import free_port
 from tests.conftest import summary_json
 
 MODEL = "mnist-cnn"
@@ -42,16 +42,10 @@ def register_model(model: Any, root: str, run_id: str, accuracy: float, tmp_path
     return register_run(model, str(summary), root, run_id, accuracy)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def running(root: str) -> Iterator[tuple[str, str]]:
     """``python -m components.serve`` on a free loopback port: yields (its banner, its URL)."""
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "components.serve", "--registry-root", root]
     proc = subprocess.Popen(
         [*command, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
