@@ -94,10 +94,10 @@ def write_dataset(
     source: dict[str, Any],
     shard_size: int,
 ) -> dict[str, Any]:
-    """Write `splits` as checked shards, then ``manifest.json``; return the manifest."""
+    """Write `splits` (arrays as `validate_arrays` returns them) as shards, then ``manifest.json``;
+    return the manifest."""
     manifest: dict[str, Any] = {"format": FORMAT, "source": source, "splits": {}}
-    for name, (images, labels) in splits.items():
-        x, y = validate_arrays(images, labels, f"{source.get('uri', 'source')} [{name}]")
+    for name, (x, y) in splits.items():
         if len(x) == 0:
             raise DataError(f"{source.get('uri', 'source')} [{name}]: the split is empty")
         shards = []

@@ -59,7 +59,7 @@ def prepare(
     data = load_bundled() if bundled else load_mnist_npz(source, expected_sha256)
     splits = {}
     for name, (x, y) in data.splits.items():  # the whole source validates, not just the limit
-        dataset.validate_arrays(x, y, f"{data.description.get('uri', source)} [{name}]")
+        x, y = dataset.validate_arrays(x, y, f"{data.description['uri']} [{name}]")
         splits[name] = (x[:limit], y[:limit])
     description = dict(data.description)
     if limit is not None:
