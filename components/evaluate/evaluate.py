@@ -38,16 +38,12 @@ class Evaluation:
     dataset_manifest_sha256: str
     saved_model_sha256: str  # of the saved_model.pb that was scored
 
-    def to_markdown(
-        self, model_uri: str = "", dataset_uri: str = "", tensorboard_uri: str = ""
-    ) -> str:
-        lines = ["# Evaluation", ""]
-        if model_uri:
-            lines.append(f"- model: `{model_uri}`")
+    def to_markdown(self, model_uri: str, dataset_uri: str, tensorboard_uri: str = "") -> str:
+        lines = ["# Evaluation", "", f"- model: `{model_uri}`"]
         if tensorboard_uri:
             lines.append(f"- TensorBoard: `tensorboard --logdir {tensorboard_uri}`")
-        lines.append(f"- saved_model.pb sha256: `{self.saved_model_sha256}`")
         lines += [
+            f"- saved_model.pb sha256: `{self.saved_model_sha256}`",
             f"- dataset: `{dataset_uri}` (manifest sha256 `{self.dataset_manifest_sha256}`)",
             f"- split: {self.split}, {self.samples} samples",
             f"- **accuracy: {self.accuracy:.4f}**, loss: {self.loss:.4f}",
