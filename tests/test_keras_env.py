@@ -106,10 +106,7 @@ def test_tensorflow_import_noise_is_dropped_and_nothing_else() -> None:
         "    os.write(2, b'a real error\\n')\n"
         "keras_env.keras()\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )  # fmt: skip
+    out = _python(code)
     assert out.returncode == 0, out.stderr
     assert "a real error" in out.stderr
     assert "Unable to register" not in out.stderr
