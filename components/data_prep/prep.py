@@ -61,11 +61,10 @@ def prepare(
     for name, (x, y) in data.splits.items():  # the whole source validates, not just the limit
         x, y = dataset.validate_arrays(x, y, f"{data.description['uri']} [{name}]")
         splits[name] = (x[:limit], y[:limit])
-    description = dict(data.description)
     if limit is not None:
-        description["limit"] = limit
+        data.description["limit"] = limit
     with tempfile.TemporaryDirectory(prefix="data-prep-") as staging:
-        manifest = dataset.write_dataset(staging, splits, description, shard_size)
+        manifest = dataset.write_dataset(staging, splits, data.description, shard_size)
         if not storage.is_gcs(output) and os.path.isdir(output):
             os.rmdir(output)  # an empty directory made by the caller (e.g. KFP); checked above
         storage.upload_dir(staging, output, last=dataset.MANIFEST)
