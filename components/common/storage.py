@@ -52,10 +52,7 @@ def split_gcs(uri: str) -> tuple[str, str]:
 def _client() -> Any:
     from google.cloud import storage  # imported lazily: local-only users need no GCS stack
 
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        from google.auth.credentials import AnonymousCredentials
-
-        return storage.Client(project="emulator", credentials=AnonymousCredentials())
+    # With STORAGE_EMULATOR_HOST set, the client talks to that emulator without credentials.
     return storage.Client()
 
 
