@@ -61,23 +61,18 @@ def _blob(uri: str) -> Any:
     return _client().bucket(bucket).blob(key)
 
 
-def _describe(exc: BaseException) -> str:
-    status = getattr(exc, "code", None)
-    response = getattr(exc, "response", None)
-    if not isinstance(status, int) and response is not None:
-        status = getattr(response, "status_code", None)
-    if isinstance(status, int):
-        return f"HTTP {status} ({type(exc).__name__})"
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _retry(operation: str, uri: str) -> Any:
     """``DEFAULT_RETRY``'s predicate and back-off, logging each retry once."""
     from google.api_core.retry import Retry
     from google.cloud.storage.retry import DEFAULT_RETRY
 
     def log_retry(exc: Exception) -> None:
-        _log.warning("GCS %s %s failed: %s; retrying", operation, uri, _describe(exc))
+        # An API error's HTTP status is its `code`; google-resumable-media's, its response's.
+        response = getattr(exc, "response", None)
+        status = getattr(exc, "code", None) or getattr(response, "status_code", None)
+        name = type(exc).__name__
+        what = f"HTTP {status} ({name})" if isinstance(status, int) else f"{name}: {exc}"
+        _log.warning("GCS %s %s failed: %s; retrying", operation, uri, what)
 
     # google-api-core has no public copy-with-on_error; DEFAULT_RETRY's predicate is reused as
     # it is (tests/test_gcs_faults.py checks that it retries 429 and 503).
