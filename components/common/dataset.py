@@ -9,7 +9,6 @@ globally in that order, as the trainer's sharding reads them) with their counts 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import numpy as np
 
 from components.common import storage
 from components.common.defaults import IMAGE_SHAPE, NUM_CLASSES
+from components.common.storage import sha256_bytes  # re-exported: dataset.sha256_bytes
 
 FORMAT = "kfp-horovod/mnist-shards/v1"
 MANIFEST = "manifest.json"
@@ -27,10 +27,6 @@ SPLITS = ("train", "test")
 
 class DataError(ValueError):
     """Bad or missing data. The message names the file and the problem."""
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def validate_arrays(images: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarray]:

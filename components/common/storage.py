@@ -199,7 +199,7 @@ def checksums(uri: str) -> dict[str, str]:
     downloaded; locally: sha256)."""
     if is_gcs(uri):
         return {rel: str(blob.crc32c) for rel, blob in _listing(uri)}
-    return {rel: _sha256(path.read_bytes()) for rel, path in _listing(uri)}
+    return {rel: sha256_bytes(path.read_bytes()) for rel, path in _listing(uri)}
 
 
 def copy_file(src: str, dest: str) -> None:
@@ -285,7 +285,7 @@ def read_versioned(uri: str) -> tuple[bytes | None, str]:
             data = Path(uri).read_bytes()
         except FileNotFoundError:
             return None, ABSENT
-        return data, _sha256(data)
+        return data, sha256_bytes(data)
     bucket, key = split_gcs(uri)
     errors = _gcs_errors()
     for _ in range(5):  # the object may be replaced between the metadata read and download
@@ -321,5 +321,5 @@ def write_if_unchanged(uri: str, data: bytes, token: str) -> bool:
         return True
 
 
-def _sha256(data: bytes) -> str:
+def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
