@@ -105,6 +105,11 @@ def test_cli_in_a_fresh_process(trained_model, tmp_path: Path) -> None:
 
 
 def _not_models(model_dir: str, tmp_path: Path) -> list[tuple[str, str]]:
+    import tensorflow as tf
+
+    plain = tf.Module()  # a SavedModel without a serving signature
+    plain.v = tf.Variable(1.0)
+    tf.saved_model.save(plain, str(tmp_path / "plain"))
     empty = tmp_path / "empty"
     empty.mkdir()
     corrupt = tmp_path / "corrupt"  # a real model whose saved_model.pb was damaged
@@ -121,6 +126,7 @@ def _not_models(model_dir: str, tmp_path: Path) -> list[tuple[str, str]]:
         (str(corrupt), "saved_model.pb is corrupt"),
         (str(a_file), "not a directory"),
         (str(no_variables), "SavedModel is incomplete (no variables/variables.index)"),
+        (str(tmp_path / "plain"), "SavedModel has no 'serving_default' signature"),
     ]
 
 
@@ -158,16 +164,6 @@ def test_the_recorded_digest_is_checked(trained_model, tmp_path: Path) -> None:
     args = ["--model", trained_model.path, "--dataset", trained_model.dataset]
     with pytest.raises(SystemExit, match=f"^{EXIT_EXPECTED}$"):
         ev.main([*args, "--saved-model-sha256", other])
-
-
-def test_savedmodel_without_serving_signature(trained_model, tmp_path: Path) -> None:
-    import tensorflow as tf
-
-    module = tf.Module()
-    module.v = tf.Variable(1.0)
-    tf.saved_model.save(module, str(tmp_path / "plain"))
-    with pytest.raises(ModelError, match="no 'serving_default' signature"):
-        ev.evaluate(str(tmp_path / "plain"), trained_model.dataset)
 
 
 def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path, capsys) -> None:
