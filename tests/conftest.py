@@ -110,11 +110,11 @@ def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedMode
     """`build_model` (``small``, `seed`) trained `epochs` quick epochs on `dataset` without Horovod
     and exported at `path` as the trainer does (``model.save(dir, include_optimizer=False)``)."""
     from components.common import keras_env
-    from components.common.dataset import load_split
+    from components.common.dataset import load_range, read_manifest
     from components.train.model import build_model
 
-    x, y = load_split(dataset, "train")
-    x_test, y_test = load_split(dataset, "test")
+    manifest = read_manifest(dataset)
+    (x, y), (x_test, y_test) = load_range(manifest, "train"), load_range(manifest, "test")
     model = build_model(seed=seed, model="small")
     model.compile(
         optimizer=keras_env.keras().optimizers.Adam(0.003),

@@ -20,7 +20,7 @@ import pytest
 
 from components.common import dataset, storage
 from standins.fake_gcs import FaultProxy, create_bucket
-from tests.conftest import summary_json
+from tests.conftest import storage_emulator, summary_json
 
 SHARE = 0.2  # of the requests answered with a fault
 STORAGE_LOGGER = "components.common.storage"
@@ -54,19 +54,11 @@ class Faulty:
 
 
 @pytest.fixture
-def faulty(
-    gcs_emulator: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> Iterator[Faulty]:
+def faulty(gcs_emulator: str, caplog: pytest.LogCaptureFixture) -> Iterator[Faulty]:
     name = f"faults-{next(_ids)}"
     create_bucket(gcs_emulator, name)
-    with FaultProxy(gcs_emulator, share=0.0, seed=11) as proxy:
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-        monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "emulator")
-        storage._client.cache_clear()
-        try:
-            yield Faulty(proxy, f"gs://{name}", caplog)
-        finally:
-            storage._client.cache_clear()
+    with FaultProxy(gcs_emulator, share=0.0, seed=11) as proxy, storage_emulator(proxy.url):
+        yield Faulty(proxy, f"gs://{name}", caplog)
 
 
 def logged_retries(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -54,9 +54,9 @@ def test_dockerfiles_pass_hadolint() -> None:
 
 def test_every_dockerfile_builds_on_the_one_pinned_base() -> None:
     """``ARG BASE_IMAGE`` (which hadolint cannot read through) defaults to defaults.BASE_IMAGE in
-    every Dockerfile, an exact Python PYTHON_VERSION.x tag; the offline base stands in for it."""
-    tag = re.escape(defaults.PYTHON_VERSION) + r"\.\d+-\w+"
-    assert re.fullmatch(rf"python:{tag}-\w+", defaults.BASE_IMAGE), defaults.BASE_IMAGE
+    every Dockerfile, an exact Python tag of the offline base's Python, which stands in for it."""
+    minor = defaults.OFFLINE_BASE_IMAGE.rpartition("-py3")[2]
+    assert re.fullmatch(rf"python:3\.{minor}\.\d+-slim-bookworm", defaults.BASE_IMAGE), minor
     for path in DOCKERFILES:
         if path.parent.name != "base":
             text = path.read_text()
@@ -89,7 +89,7 @@ def test_requirements_files_are_generated_from_in_files_and_the_locks() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     for image in IMAGE_NAMES:
         kfp = pinned(IMAGES / image / "requirements.txt").get("kfp")
-        assert kfp == defaults.KFP_VERSION, f"images/{image}: kfp {kfp}"
+        assert kfp == md.version("kfp"), f"images/{image}: kfp {kfp}"
 
 
 def test_gpu_trainer_is_the_trainer_plus_tensorflows_cuda_libraries() -> None:

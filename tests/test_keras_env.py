@@ -98,7 +98,7 @@ def test_tensorflow_import_noise_is_dropped_and_nothing_else() -> None:
     code = (
         "import os\n"
         "from components.common import keras_env\n"
-        "with keras_env._without_import_noise():\n"
+        "with keras_env.stderr_without(keras_env.IMPORT_NOISE):\n"
         "    os.write(2, b'E0000 cuda_dnn.cc] Unable to register cuDNN factory: '\n"
         "                b'Attempting to register factory for plugin cuDNN\\n')\n"
         "    os.write(2, b'I0000 00:00:1796410369.275781    8731 cudart_stub.cc:31] Could not '\n"
@@ -106,10 +106,7 @@ def test_tensorflow_import_noise_is_dropped_and_nothing_else() -> None:
         "    os.write(2, b'a real error\\n')\n"
         "keras_env.keras()\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )  # fmt: skip
+    out = _python(code)
     assert out.returncode == 0, out.stderr
     assert "a real error" in out.stderr
     assert "Unable to register" not in out.stderr

@@ -9,7 +9,6 @@ globally in that order, as the trainer's sharding reads them) with their counts 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import numpy as np
 
 from components.common import storage
 from components.common.defaults import IMAGE_SHAPE, NUM_CLASSES
+from components.common.storage import sha256_bytes  # re-exported: dataset.sha256_bytes
 
 FORMAT = "kfp-horovod/mnist-shards/v1"
 MANIFEST = "manifest.json"
@@ -27,10 +27,6 @@ SPLITS = ("train", "test")
 
 class DataError(ValueError):
     """Bad or missing data. The message names the file and the problem."""
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def validate_arrays(images: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -94,10 +90,10 @@ def write_dataset(
     source: dict[str, Any],
     shard_size: int,
 ) -> dict[str, Any]:
-    """Write `splits` as checked shards, then ``manifest.json``; return the manifest."""
+    """Write `splits` (arrays as `validate_arrays` returns them) as shards, then ``manifest.json``;
+    return the manifest."""
     manifest: dict[str, Any] = {"format": FORMAT, "source": source, "splits": {}}
-    for name, (images, labels) in splits.items():
-        x, y = validate_arrays(images, labels, f"{source.get('uri', 'source')} [{name}]")
+    for name, (x, y) in splits.items():
         if len(x) == 0:
             raise DataError(f"{source.get('uri', 'source')} [{name}]: the split is empty")
         shards = []
@@ -168,11 +164,12 @@ def _read_verified(root: str, rel: str, expected_sha256: str) -> np.ndarray:
 
 
 def load_range(
-    manifest: Manifest, split: str, start: int, stop: int
+    manifest: Manifest, split: str, start: int = 0, stop: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Samples ``[start, stop)`` of `split`, from only the shards that overlap it, each checked
-    against its sha256 and validated."""
+    """Samples ``[start, stop)`` of `split` (by default all of it), from only the shards that
+    overlap it, each checked against its sha256 and validated."""
     total = manifest.count(split)
+    stop = total if stop is None else stop
     if not 0 <= start <= stop <= total:
         raise ValueError(f"range [{start}, {stop}) outside split {split!r} of {total} samples")
     xs, ys = [], []
@@ -192,8 +189,3 @@ def load_range(
     if not xs:
         return np.zeros((0, *IMAGE_SHAPE), np.uint8), np.zeros((0,), np.uint8)
     return np.concatenate(xs), np.concatenate(ys)
-
-
-def load_split(uri: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-    manifest = read_manifest(uri)
-    return load_range(manifest, split, 0, manifest.count(split))

@@ -250,15 +250,10 @@ def joint_problems(p: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def problems(params: Sequence[Declared], values: Mapping[str, Any]) -> list[str]:
-    """Every problem with `values`: each declared field's rule, then the joint rules."""
-    return field_problems(params, values) + joint_problems(values)
-
-
 def check(params: Sequence[Declared], values: Mapping[str, Any], what: str, *more: str) -> None:
-    """Raise ValueError "invalid `what`: ..." listing every bad value of `values` by name (and
-    the `more` problems its caller found)."""
-    if found := [*problems(params, values), *more]:
+    """Raise ValueError "invalid `what`: ..." listing every bad value of `values` by name: each
+    declared field's rule, then the joint rules (and the `more` problems its caller found)."""
+    if found := [*field_problems(params, values), *joint_problems(values), *more]:
         raise ValueError(f"invalid {what}: " + "; ".join(found))
 
 

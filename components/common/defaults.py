@@ -9,12 +9,6 @@ from components import __version__
 
 PACKAGE_VERSION = __version__
 
-# Toolchain pins. The images and `make install` use the same numbers.
-PYTHON_VERSION = "3.11"
-TENSORFLOW_VERSION = "2.21.0"  # with tf-keras 2.21.0: the Keras 2 API (docs/versions.md)
-HOROVOD_VERSION = "0.28.1"  # with the patch series of make/horovod (its SOURCE pins the sdist)
-KFP_VERSION = "2.17.3"
-
 # The pipeline's name in KFP (and the prefix of kfp.local's run folders).
 PIPELINE_NAME = "kfp-horovod-mnist"
 
@@ -29,8 +23,6 @@ IMAGE_NAMES: dict[str, str] = {
     "evaluate": "kfp-horovod-evaluate",
     "register": "kfp-horovod-register",
 }
-# The images of the pipeline's steps (trainer_gpu is only the cluster job's pods').
-STEP_IMAGES: tuple[str, ...] = tuple(name for name in IMAGE_NAMES if name != "trainer_gpu")
 
 
 # `make images-local` tags its builds so (never pushed); `run-local --runner docker` and the

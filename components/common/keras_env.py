@@ -42,7 +42,8 @@ def tensorflow() -> ModuleType:
     scikit-learn: ``import tensorflow`` took 5.6-6.4 s that way, 4.0-4.6 s with Keras 2 selected.
     """
     os.environ[LEGACY_KERAS_ENV] = "1"
-    with _without_import_noise():
+    first = "tensorflow" not in sys.modules  # the noise comes with the first import only
+    with stderr_without(IMPORT_NOISE) if first else contextlib.nullcontext():
         import tensorflow as tf
     return tf
 
@@ -65,15 +66,6 @@ def keras() -> ModuleType:
             f"its callbacks use {callbacks.K.__name__}, not tf_keras.backend (docs/versions.md)"
         )
     return tf_keras
-
-
-@contextlib.contextmanager
-def _without_import_noise() -> Iterator[None]:
-    if "tensorflow" in sys.modules:
-        yield
-        return
-    with stderr_without(IMPORT_NOISE):
-        yield
 
 
 @contextlib.contextmanager

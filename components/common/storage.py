@@ -27,10 +27,6 @@ ABSENT = "0"
 _log = logging.getLogger(__name__)
 
 
-class StorageError(RuntimeError):
-    """A read or write failed; the message names the URI."""
-
-
 def is_gcs(uri: str) -> bool:
     return uri.startswith("gs://")
 
@@ -56,10 +52,7 @@ def split_gcs(uri: str) -> tuple[str, str]:
 def _client() -> Any:
     from google.cloud import storage  # imported lazily: local-only users need no GCS stack
 
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        from google.auth.credentials import AnonymousCredentials
-
-        return storage.Client(project="emulator", credentials=AnonymousCredentials())
+    # With STORAGE_EMULATOR_HOST set, the client talks to that emulator without credentials.
     return storage.Client()
 
 
@@ -68,23 +61,18 @@ def _blob(uri: str) -> Any:
     return _client().bucket(bucket).blob(key)
 
 
-def _describe(exc: BaseException) -> str:
-    status = getattr(exc, "code", None)
-    response = getattr(exc, "response", None)
-    if not isinstance(status, int) and response is not None:
-        status = getattr(response, "status_code", None)
-    if isinstance(status, int):
-        return f"HTTP {status} ({type(exc).__name__})"
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _retry(operation: str, uri: str) -> Any:
     """``DEFAULT_RETRY``'s predicate and back-off, logging each retry once."""
     from google.api_core.retry import Retry
     from google.cloud.storage.retry import DEFAULT_RETRY
 
     def log_retry(exc: Exception) -> None:
-        _log.warning("GCS %s %s failed: %s; retrying", operation, uri, _describe(exc))
+        # An API error's HTTP status is its `code`; google-resumable-media's, its response's.
+        response = getattr(exc, "response", None)
+        status = getattr(exc, "code", None) or getattr(response, "status_code", None)
+        name = type(exc).__name__
+        what = f"HTTP {status} ({name})" if isinstance(status, int) else f"{name}: {exc}"
+        _log.warning("GCS %s %s failed: %s; retrying", operation, uri, what)
 
     # google-api-core has no public copy-with-on_error; DEFAULT_RETRY's predicate is reused as
     # it is (tests/test_gcs_faults.py checks that it retries 429 and 503).
@@ -211,7 +199,7 @@ def checksums(uri: str) -> dict[str, str]:
     downloaded; locally: sha256)."""
     if is_gcs(uri):
         return {rel: str(blob.crc32c) for rel, blob in _listing(uri)}
-    return {rel: _sha256(path.read_bytes()) for rel, path in _listing(uri)}
+    return {rel: sha256_bytes(path.read_bytes()) for rel, path in _listing(uri)}
 
 
 def copy_file(src: str, dest: str) -> None:
@@ -297,7 +285,7 @@ def read_versioned(uri: str) -> tuple[bytes | None, str]:
             data = Path(uri).read_bytes()
         except FileNotFoundError:
             return None, ABSENT
-        return data, _sha256(data)
+        return data, sha256_bytes(data)
     bucket, key = split_gcs(uri)
     errors = _gcs_errors()
     for _ in range(5):  # the object may be replaced between the metadata read and download
@@ -310,7 +298,7 @@ def read_versioned(uri: str) -> tuple[bytes | None, str]:
         except (errors.NotFound, errors.PreconditionFailed):
             continue
         return bytes(data), str(generation)
-    raise StorageError(f"{uri}: kept changing while being read")
+    raise RuntimeError(f"{uri}: kept changing while being read")
 
 
 def write_if_unchanged(uri: str, data: bytes, token: str) -> bool:
@@ -333,5 +321,5 @@ def write_if_unchanged(uri: str, data: bytes, token: str) -> bool:
         return True
 
 
-def _sha256(data: bytes) -> str:
+def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()

@@ -14,6 +14,7 @@ from components.common import dataset, storage
 from components.common.dataset import read_manifest
 from components.common.declare import add_arguments
 from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SHARD_SIZE
+from components.common.failure import one_line_failures
 from components.data_prep.sources import load_bundled, load_mnist_npz
 from components.data_prep.step import PREP_PARAMETERS, PrepStep
 
@@ -28,13 +29,12 @@ def check_output_free(output: str) -> None:
     if not output:
         raise ValueError("output location is empty")
     if storage.is_gcs(output):
-        storage.split_gcs(output)  # raises for a URI without a bucket
         if storage.list_files(output):
-            raise FileExistsError(f"{output}: not empty; refusing to overwrite")
+            raise ValueError(f"{output}: not empty; refusing to overwrite")
         return
     path = Path(output)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise FileExistsError(f"{output}: already exists and is not empty; refusing to overwrite")
+        raise ValueError(f"{output}: already exists and is not empty; refusing to overwrite")
 
 
 def prepare(
@@ -59,13 +59,12 @@ def prepare(
     data = load_bundled() if bundled else load_mnist_npz(source, expected_sha256)
     splits = {}
     for name, (x, y) in data.splits.items():  # the whole source validates, not just the limit
-        dataset.validate_arrays(x, y, f"{data.description.get('uri', source)} [{name}]")
+        x, y = dataset.validate_arrays(x, y, f"{data.description['uri']} [{name}]")
         splits[name] = (x[:limit], y[:limit])
-    description = dict(data.description)
     if limit is not None:
-        description["limit"] = limit
+        data.description["limit"] = limit
     with tempfile.TemporaryDirectory(prefix="data-prep-") as staging:
-        manifest = dataset.write_dataset(staging, splits, description, shard_size)
+        manifest = dataset.write_dataset(staging, splits, data.description, shard_size)
         if not storage.is_gcs(output) and os.path.isdir(output):
             os.rmdir(output)  # an empty directory made by the caller (e.g. KFP); checked above
         storage.upload_dir(staging, output, last=dataset.MANIFEST)
@@ -87,17 +86,15 @@ def prepare_step(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m components.data_prep.prep --data-source bundled --output DIR``."""
+    """CLI: ``python -m components.data_prep.prep --data-source bundled --output DIR``; bad
+    input ends it as it ends the step (`one_line_failures`)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", required=True, help="dataset directory (local or gs://)")
     add_arguments(parser, PREP_PARAMETERS)
     args = parser.parse_args(argv)
     sha256 = parse_sha256(args.data_sha256)
-    try:
+    with one_line_failures():
         manifest = prepare(args.data_source, args.output, args.shard_size, sha256, args.data_limit)
-    except (ValueError, FileExistsError, storage.StorageError) as exc:  # DataError: a ValueError
-        print(f"data prep failed: {exc}", file=sys.stderr)
-        return 2
     counts = {k: v["count"] for k, v in manifest["splits"].items()}
     print(f"dataset written to {args.output}: {json.dumps(counts)}")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -24,7 +24,7 @@ class SourceData:
     """A source's arrays, not yet validated, and where they came from."""
 
     splits: dict[str, tuple[Any, Any]]
-    description: dict[str, Any] = field(default_factory=dict)
+    description: dict[str, Any]
 
 
 def load_bundled(test_fraction: float = TEST_FRACTION, seed: int = SPLIT_SEED) -> SourceData:

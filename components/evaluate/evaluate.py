@@ -18,6 +18,7 @@ import numpy as np
 
 from components.common import dataset, keras_env
 from components.common.defaults import EVAL_BATCH_SIZE, NUM_CLASSES
+from components.common.failure import one_line_failures
 from components.common.model_files import ModelError, fetch_model, load_serving, verify_digest
 
 # Keras clips probabilities to [eps, 1 - eps] in its cross-entropy; do the same so the logged
@@ -37,16 +38,12 @@ class Evaluation:
     dataset_manifest_sha256: str
     saved_model_sha256: str  # of the saved_model.pb that was scored
 
-    def to_markdown(
-        self, model_uri: str = "", dataset_uri: str = "", tensorboard_uri: str = ""
-    ) -> str:
-        lines = ["# Evaluation", ""]
-        if model_uri:
-            lines.append(f"- model: `{model_uri}`")
+    def to_markdown(self, model_uri: str, dataset_uri: str, tensorboard_uri: str = "") -> str:
+        lines = ["# Evaluation", "", f"- model: `{model_uri}`"]
         if tensorboard_uri:
             lines.append(f"- TensorBoard: `tensorboard --logdir {tensorboard_uri}`")
-        lines.append(f"- saved_model.pb sha256: `{self.saved_model_sha256}`")
         lines += [
+            f"- saved_model.pb sha256: `{self.saved_model_sha256}`",
             f"- dataset: `{dataset_uri}` (manifest sha256 `{self.dataset_manifest_sha256}`)",
             f"- split: {self.split}, {self.samples} samples",
             f"- **accuracy: {self.accuracy:.4f}**, loss: {self.loss:.4f}",
@@ -109,7 +106,7 @@ def evaluate(
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     manifest = dataset.read_manifest(dataset_uri)
-    images, labels = dataset.load_range(manifest, split, 0, manifest.count(split))
+    images, labels = dataset.load_range(manifest, split)
     with tempfile.TemporaryDirectory(prefix="evaluate-") as workdir:
         local = fetch_model(model_uri, workdir)
         digest = verify_digest(local, saved_model_sha256, model_uri)
@@ -153,7 +150,8 @@ def evaluate_step(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m components.evaluate.evaluate --model DIR --dataset DIR``."""
+    """CLI: ``python -m components.evaluate.evaluate --model DIR --dataset DIR``; bad input ends
+    it as it ends the step (`one_line_failures`)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True, help="SavedModel directory (local or gs://)")
     parser.add_argument("--dataset", required=True, help="dataset directory (local or gs://)")
@@ -162,13 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--saved-model-sha256", help="the digest the trainer recorded, to verify")
     parser.add_argument("--output-json", help="also write the evaluation as JSON here")
     args = parser.parse_args(argv)
-    try:
+    with one_line_failures():  # ModelError and DataError are ValueErrors
         result = evaluate(
             args.model, args.dataset, args.split, args.batch_size, args.saved_model_sha256
         )
-    except ValueError as exc:  # ModelError and DataError among them
-        print(f"evaluation failed: {exc}", file=sys.stderr)
-        return 2
     text = json.dumps(asdict(result), indent=2, sort_keys=True)
     if args.output_json:
         Path(args.output_json).write_text(text)

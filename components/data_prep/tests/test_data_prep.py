@@ -4,7 +4,6 @@ import functools
 import hashlib
 import http.server
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from components.common import dataset, storage
 from components.common.defaults import BUNDLED_SOURCE, NUM_CLASSES
 from components.data_prep import prep
+from standins.fake_gcs import free_port
 
 
 def _digits(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -52,12 +52,6 @@ def http_dir(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         server.server_close()
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return int(sock.getsockname()[1])  # closed again when the block ends
-
-
 def _tree(root: Path) -> dict[str, bytes]:
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
@@ -88,7 +82,7 @@ def test_bundled_is_deterministic_and_manifest_is_complete(tmp_path: Path) -> No
         for shard in body["shards"]:
             for kind in ("images", "labels"):
                 assert hashlib.sha256(tree_a[shard[kind]]).hexdigest() == shard[f"{kind}_sha256"]
-        x, y = dataset.load_split(str(a), split)
+        x, y = dataset.load_range(dataset.read_manifest(str(a)), split)
         assert x.shape == (150, 28, 28) and x.dtype == np.uint8 and y.dtype == np.uint8
         histogram = np.bincount(y, minlength=NUM_CLASSES)
         assert body["label_histogram"] == {str(k): int(v) for k, v in enumerate(histogram)}
@@ -118,11 +112,11 @@ def test_an_npz_source_and_output_local_or_gcs(
     assert manifest["source"] == {"uri": source, "sha256": digest}
     assert manifest["splits"]["train"]["count"] == 120 and manifest["splits"]["test"]["count"] == 40
     assert len(storage.list_files(out)) == 1 + 2 * 3 + 2 * 1  # manifest, 3 + 1 shards (x and y)
-    x, y = dataset.load_split(out, "train")
+    x, y = dataset.load_range(dataset.read_manifest(out), "train")
     with np.load(path) as npz:
         np.testing.assert_array_equal(x, npz["x_train"])
         np.testing.assert_array_equal(y, npz["y_train"])
-    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+    with pytest.raises(ValueError, match="refusing to overwrite"):
         prep.prepare(source, out, expected_sha256=digest)
     missing = storage.join(storage_root, "raw", "nope.npz")
     with pytest.raises(dataset.DataError, match="not found"):
@@ -130,16 +124,12 @@ def test_an_npz_source_and_output_local_or_gcs(
     assert storage.list_files(storage.join(storage_root, "ds-2")) == []
 
 
-def _write_npz(tmp_path: Path, **overrides: np.ndarray) -> str:
+def _write_npz(tmp_path: Path, **overrides: np.ndarray | None) -> str:
+    """An mnist.npz with `overrides` of its arrays (None: left out)."""
     x, y = _digits(30, 3)
     arrays = {"x_train": x, "y_train": y, "x_test": x[:10], "y_test": y[:10], **overrides}
-    np.savez(tmp_path / "bad.npz", **arrays)
+    np.savez(tmp_path / "bad.npz", **{k: v for k, v in arrays.items() if v is not None})
     return str(tmp_path / "bad.npz")
-
-
-def _partial_npz(tmp: Path) -> str:
-    np.savez(tmp / "partial.npz", x_train=np.zeros((1, 28, 28), np.uint8))
-    return str(tmp / "partial.npz")
 
 
 def _corrupt(tmp: Path) -> str:
@@ -154,13 +144,13 @@ def _bad(make_source, sha256, message, error=dataset.DataError, id="", **kwargs)
 @pytest.mark.parametrize(
     ("make_source", "kwargs", "message", "error"),
     [
-        _bad(lambda tmp: f"http://localhost:{_closed_port()}/mnist.npz", None, "unreachable",
+        _bad(lambda tmp: f"http://127.0.0.1:{free_port()}/mnist.npz", None, "unreachable",
              id="unreachable"),
         _bad(lambda tmp: str(tmp / "missing.npz"), None, "not found", id="missing"),
         _bad(_corrupt, None, "not a readable .npz", id="corrupt"),
         _bad(_write_npz, "0" * 64, "sha256 mismatch", id="sha-mismatch"),
-        _bad(_partial_npz, None, "missing arrays ['x_test', 'y_test', 'y_train']",
-             id="missing-arrays"),
+        _bad(lambda tmp: _write_npz(tmp, y_train=None, x_test=None, y_test=None), None,
+             "missing arrays ['x_test', 'y_test', 'y_train']", id="missing-arrays"),
         _bad(lambda tmp: _write_npz(tmp, x_train=np.zeros((30, 28, 27), np.uint8)), None,
              "images have shape (30, 28, 27)", id="image-shape"),
         _bad(lambda tmp: _write_npz(tmp, y_train=np.zeros((30, 1), np.uint8)), None,
@@ -199,13 +189,13 @@ def test_refuses_to_overwrite(tmp_path: Path) -> None:
     out = tmp_path / "ds"
     prep.prepare("bundled", str(out), limit=20)
     before = _tree(out)
-    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+    with pytest.raises(ValueError, match="refusing to overwrite"):
         prep.prepare("bundled", str(out), limit=30)
     assert _tree(out) == before
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+    with pytest.raises(ValueError, match="refusing to overwrite"):
         prep.prepare("bundled", str(other), limit=20)
     empty = tmp_path / "empty"
     empty.mkdir()  # KFP may create the output directory: an empty one is fine
@@ -219,8 +209,10 @@ def test_cli(tmp_path: Path, good_npz: tuple[Path, str], capsys) -> None:
     assert prep.main([*args, str(tmp_path / "a"), "--data-sha256", digest]) == 0
     assert '"train": 120' in capsys.readouterr().out
     assert prep.main([*args, str(tmp_path / "b"), "--data-sha256", "NONE"]) == 0
-    assert prep.main([*args, str(tmp_path / "c")]) == 2  # default hash: the canonical file
-    assert "sha256 mismatch" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="^2$"):  # default hash: the canonical file's
+        prep.main([*args, str(tmp_path / "c")])
+    failed = capsys.readouterr().out.splitlines()[-1]
+    assert failed.startswith("FAILED: ") and "sha256 mismatch" in failed
     assert not (tmp_path / "c").exists()
 
 
@@ -244,7 +236,7 @@ def test_a_reader_never_sees_a_half_published_dataset_on_gcs(
             states.append("absent")
             return
         for split in manifest.splits:  # reads and checks the sha256 of every shard
-            dataset.load_split(out, split)
+            dataset.load_range(manifest, split)
         states.append("complete")
 
     monkeypatch.setattr(Blob, "upload_from_filename", inspect_after)
@@ -270,7 +262,7 @@ def test_component_compiles_and_runs_with_kfp_local(tmp_path: Path) -> None:
     artifact = task.outputs["dataset"]
     assert artifact.metadata["train_count"] == 40 and artifact.metadata["test_shards"] == 2
     assert artifact.metadata["manifest_sha256"] == dataset.read_manifest(artifact.path).sha256
-    x, _ = dataset.load_split(artifact.path, "train")
+    x, _ = dataset.load_range(dataset.read_manifest(artifact.path), "train")
     assert x.shape == (40, 28, 28)
 
 

@@ -60,7 +60,7 @@ def test_evaluate_matches_keras(trained_model, storage_root: str) -> None:
     assert result.accuracy == pytest.approx(trained_model.accuracy, abs=1e-6)
     assert result.loss == pytest.approx(trained_model.loss, rel=1e-4)
     assert result.accuracy > 0.3  # trained well above chance (0.1)
-    _, labels = dataset.load_split(trained_model.dataset, "test")
+    _, labels = dataset.load_range(dataset.read_manifest(trained_model.dataset), "test")
     cm = np.array(result.confusion_matrix)
     assert cm.shape == (10, 10) and cm.sum() == result.samples == 400
     assert np.trace(cm) / cm.sum() == pytest.approx(result.accuracy)
@@ -105,6 +105,11 @@ def test_cli_in_a_fresh_process(trained_model, tmp_path: Path) -> None:
 
 
 def _not_models(model_dir: str, tmp_path: Path) -> list[tuple[str, str]]:
+    import tensorflow as tf
+
+    plain = tf.Module()  # a SavedModel without a serving signature
+    plain.v = tf.Variable(1.0)
+    tf.saved_model.save(plain, str(tmp_path / "plain"))
     empty = tmp_path / "empty"
     empty.mkdir()
     corrupt = tmp_path / "corrupt"  # a real model whose saved_model.pb was damaged
@@ -121,6 +126,7 @@ def _not_models(model_dir: str, tmp_path: Path) -> list[tuple[str, str]]:
         (str(corrupt), "saved_model.pb is corrupt"),
         (str(a_file), "not a directory"),
         (str(no_variables), "SavedModel is incomplete (no variables/variables.index)"),
+        (str(tmp_path / "plain"), "SavedModel has no 'serving_default' signature"),
     ]
 
 
@@ -129,10 +135,15 @@ def test_bad_model_directories(trained_model, tmp_path: Path, capsys) -> None:
         with pytest.raises(ModelError) as info:
             ev.evaluate(path, trained_model.dataset)
         assert path in str(info.value) and message in str(info.value)
-    assert ev.main(["--model", str(tmp_path / "nope"), "--dataset", trained_model.dataset]) == 2
-    assert "model directory is missing" in capsys.readouterr().err
-    assert ev.main(["--model", trained_model.path, "--dataset", str(tmp_path)]) == 2
-    assert "manifest.json: missing" in capsys.readouterr().err
+    capsys.readouterr()
+    for model, data, message in [
+        (str(tmp_path / "nope"), trained_model.dataset, "model directory is missing"),
+        (trained_model.path, str(tmp_path), "manifest.json: missing"),
+    ]:
+        with pytest.raises(SystemExit, match=f"^{EXIT_EXPECTED}$"):
+            ev.main(["--model", model, "--dataset", data])
+        (failed,) = capsys.readouterr().out.splitlines()
+        assert failed.startswith("FAILED: ") and message in failed
 
 
 def test_the_recorded_digest_is_checked(trained_model, tmp_path: Path) -> None:
@@ -151,17 +162,8 @@ def test_the_recorded_digest_is_checked(trained_model, tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="'nope' is not a sha256 hex digest"):
         ev.evaluate(trained_model.path, trained_model.dataset, saved_model_sha256="nope")
     args = ["--model", trained_model.path, "--dataset", trained_model.dataset]
-    assert ev.main([*args, "--saved-model-sha256", other]) == 2
-
-
-def test_savedmodel_without_serving_signature(trained_model, tmp_path: Path) -> None:
-    import tensorflow as tf
-
-    module = tf.Module()
-    module.v = tf.Variable(1.0)
-    tf.saved_model.save(module, str(tmp_path / "plain"))
-    with pytest.raises(ModelError, match="no 'serving_default' signature"):
-        ev.evaluate(str(tmp_path / "plain"), trained_model.dataset)
+    with pytest.raises(SystemExit, match=f"^{EXIT_EXPECTED}$"):
+        ev.main([*args, "--saved-model-sha256", other])
 
 
 def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path, capsys) -> None:

@@ -4,7 +4,6 @@ protocol, checked against the evaluate step on the same digits."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -18,11 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from components.common.dataset import load_split
+from components.common.dataset import load_range, read_manifest
 from components.common.defaults import EVAL_BATCH_SIZE
 from components.common.model_files import load_serving
 from components.register.tests.registering import register_run
 from components.serve import server
+from standins.fake_gcs import free_port
 from tests.conftest import summary_json
 
 MODEL = "mnist-cnn"
@@ -42,16 +42,10 @@ def register_model(model: Any, root: str, run_id: str, accuracy: float, tmp_path
     return register_run(model, str(summary), root, run_id, accuracy)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def running(root: str) -> Iterator[tuple[str, str]]:
     """``python -m components.serve`` on a free loopback port: yields (its banner, its URL)."""
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "components.serve", "--registry-root", root]
     proc = subprocess.Popen(
         [*command, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -115,7 +109,7 @@ def test_serves_the_champion_with_the_evaluate_steps_predictions(
     root = str(tmp_path / "registry")
     assert register_model(trained_model, root, "run-a", 0.90, tmp_path).promoted
     assert not register_model(challenger_model, root, "run-b", 0.80, tmp_path).promoted  # v2
-    images, labels = load_split(trained_model.dataset, "test")
+    images, labels = load_range(read_manifest(trained_model.dataset), "test")
     champion = evaluate_step_predictions(trained_model.path, images)
     challenger = evaluate_step_predictions(challenger_model.path, images)
     assert (champion.argmax(1) != challenger.argmax(1)).any()  # the two models can be told apart

@@ -5,6 +5,7 @@ folders against TensorFlow's own RUNPATH (``readelf``)."""
 from __future__ import annotations
 
 import _ctypes
+import importlib.metadata as md
 import json
 import os
 import re
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from components.common import defaults
 from components.train import cuda
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -110,7 +110,7 @@ def test_the_image_check_fails_here_naming_each_missing_library_and_its_horovod_
     for soname in cuda.TF_CUDA_LIBRARIES:
         assert f"cuda: {soname}: MISSING" in out.stdout
         assert f"cuda check: cannot load {soname}: " in out.stderr
-    assert f"cuda: TensorFlow {defaults.TENSORFLOW_VERSION}: CUDA 12" in out.stdout
+    assert f"cuda: TensorFlow {md.version('tensorflow')}: CUDA 12" in out.stdout
     assert "all checks pass" not in out.stdout
     ok = _run("-m", "components.train.cuda", "--check-horovod", "--gradient-allreduce", "host")
     assert ok.returncode == 0, ok.stderr

@@ -116,11 +116,11 @@ def test_exported_model_loads_and_predicts_in_a_fresh_process(
 ) -> None:
     code = f"""
 import json, numpy as np, tensorflow as tf
-from components.common.dataset import load_split
+from components.common.dataset import load_range, read_manifest
 from components.common.keras_env import keras
 from components.train.model import weights_fingerprint
 model = keras().models.load_model({str(job["output"] / "model")!r}, compile=False)
-x, y = load_split({mnist_1000!r}, "test")
+x, y = load_range(read_manifest({mnist_1000!r}), "test")
 p = model.predict(x[:200], verbose=0)
 sig = tf.saved_model.load({str(job["output"] / "model")!r}).signatures["serving_default"]
 served = sig(image=tf.constant(x[:5], tf.float32))["probabilities"].numpy()
