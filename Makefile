@@ -138,7 +138,7 @@ test-jobs: install ## the tests that run real multi-rank Horovod jobs and the wh
 # The benchmarks (bench/) run end to end at tiny sizes: their real jobs and the JSON they write.
 # Kept out of `make test` for its 8 minutes; .ci/run runs it.
 test-bench: install ## the benchmarks' real jobs at tiny sizes (writes no results)
-	$(PY) -m pytest -m bench bench/test_bench_smoke.py
+	$(PY) -m pytest -m bench tests/test_bench_smoke.py
 
 # The conformance suite of the Horovod the project builds (tests/horovod/README.md): every
 # collective and Keras piece the trainer and the elastic path use, checked on values under
