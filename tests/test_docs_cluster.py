@@ -60,6 +60,8 @@ def pipeline_commands(name: str) -> list[list[str]]:
 
 
 RENDERS = pipeline_commands("render-mpijob") + pipeline_commands("render-trainjob")
+(ROLE,) = [d for d in yaml.safe_load_all((ROOT / "deploy/rbac.yaml").read_text())
+           if d["kind"] == "Role"]  # fmt: skip
 
 
 def _flag(args: list[str], flag: str) -> str | None:
@@ -134,9 +136,7 @@ def _sed_rbac() -> list[dict[str, Any]]:
 
 def test_the_multi_user_rbac_is_deploy_rbac_in_the_profiles_namespace_for_default_editor() -> None:
     role, binding = sorted(_sed_rbac(), key=lambda d: d["kind"])  # Role, RoleBinding
-    (original,) = [d for d in yaml.safe_load_all((ROOT / "deploy/rbac.yaml").read_text())
-                   if d["kind"] == "Role"]  # fmt: skip
-    assert role["rules"] == original["rules"]
+    assert role["rules"] == ROLE["rules"]
     (subject,) = binding["subjects"]
     assert subject["name"] == "default-editor"
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == subject["namespace"]
@@ -154,25 +154,17 @@ def test_each_yaml_manifest_is_checked_against_a_vendored_crd_or_deploy_rbac() -
             assert crd_problems(doc) == []
 
 
-def _kubectl_commands() -> list[list[str]]:
-    inline = re.findall(r"`(kubectl [^`]+)`", TEXT)
-    every = [c for c in shell_commands() if c.startswith("kubectl ")] + inline
-    return [shlex.split(c.split(" | ")[0], comments=True) for c in every]
-
-
 def test_kubectl_commands_that_follow_a_run_ask_for_what_deploy_rbac_grants() -> None:
-    role = next(d for d in yaml.safe_load_all((ROOT / "deploy/rbac.yaml").read_text())
-                if d["kind"] == "Role")  # fmt: skip
-    rights = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
-    namespace = role["metadata"]["namespace"]
+    rights = {(r, v) for rule in ROLE["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    inline = re.findall(r"`(kubectl [^`]+)`", TEXT)
     checked = 0
-    for words in _kubectl_commands():
+    for command in [c for c in shell_commands() if c.startswith("kubectl ")] + inline:
+        words = shlex.split(command.split(" | ")[0], comments=True)
         for flag in ("-f", "-k"):  # a file of this repository must exist
             target = _flag(words, flag)
             if target and target != "-" and "://" not in target and "github.com" not in target:
                 assert (ROOT / target).exists(), words
-        ns = _flag(words, "-n")
-        if ns != namespace or len(words) < 4:
+        if _flag(words, "-n") != ROLE["metadata"]["namespace"] or len(words) < 4:
             continue
         verb, what = words[3], words[4] if len(words) > 4 else ""
         if verb == "get" and what in {r for r, _ in rights}:

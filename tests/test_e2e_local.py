@@ -12,9 +12,25 @@ import pytest
 
 from components.train.summary import parse
 from tests.conftest import LocalRun, run_local_pipeline
-from tests.tensorboard_events import read_scalars
 
 pytestmark = pytest.mark.e2e
+
+
+def read_scalars(log_dir: Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """Every scalar of the event files under `log_dir`, read with TensorBoard's own reader:
+    run -> tag -> [(step, value)], as TensorBoard shows them."""
+    from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    runs: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for run_dir in sorted(p for p in log_dir.iterdir() if p.is_dir()):
+        events = EventAccumulator(str(run_dir), size_guidance={TENSORS: 0})
+        events.Reload()
+        runs[run_dir.name] = {
+            tag: [(e.step, float(make_ndarray(e.tensor_proto))) for e in events.Tensors(tag)]
+            for tag in events.Tags()["tensors"]
+        }
+    return runs
 
 
 def test_make_run_equivalent_end_to_end(local_pipeline_run: LocalRun) -> None:

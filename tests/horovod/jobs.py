@@ -1,13 +1,7 @@
-"""The conformance suite's jobs: one real 2-rank launch per launcher (``mpi``: mpirun; ``gloo``:
-``horovodrun --gloo``; ``elastic``: elastic ``horovodrun --gloo`` with one host name of this
-machine per slot), with the command lines the project starts its own jobs with
-(components/train/launch.py; tests/horovod/README.md has the table).
-
-Every rank runs ``python -m tests.horovod.jobs OUT CONTROLLER`` (`main`): it starts as
-`components.train.trainer.run` does (Keras 2 selected before Horovod is imported, then
-``hvd.init()``), runs every check of `CHECKS` in order, and writes ``OUT/<check>.rank<r>.json``
-as soon as each is done: ``{"values": ...}`` (what must also be the same on every rank, for the
-tests) or ``{"error": traceback}`` (a failed assertion too).
+"""The conformance suite's jobs: one real 2-rank launch per launcher, with the command lines the
+project starts its own jobs with (tests/horovod/README.md has the table). Every rank runs
+`main`, which writes each check's ``{"values": ...}`` or ``{"error": traceback}`` to
+``OUT/<check>.rank<r>.json`` as soon as it is done.
 """
 
 from __future__ import annotations

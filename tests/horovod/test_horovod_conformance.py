@@ -63,13 +63,9 @@ def per_rank(run: Launch, check: str) -> list[Any]:
     return found
 
 
-def test_the_job_ran_every_check_and_ended_cleanly(job: Launch) -> None:
+def test_the_job_ended_cleanly(job: Launch) -> None:
+    """(Each check's own test fails for a rank that wrote no result.)"""
     assert job.returncode == 0, f"{job.command}\nexit code {job.returncode}:\n{job.tail()}"
-    missing = [
-        f"{check}.rank{r}" for check in CHECKS for r in range(WORLD)
-        if not (job.results / f"{check}.rank{r}.json").exists()
-    ]  # fmt: skip
-    assert missing == [], job.tail()
 
 
 @pytest.mark.parametrize("check", CHECKS)
