@@ -47,8 +47,6 @@ def mpirun_command(
     """``mpirun -np N ... PROGRAM`` on `hosts` (default: Open MPI's hostfile), the environment
     `forward`-ed to the ranks (``NAME`` or ``NAME=VALUE``: ranks started over ssh do not
     inherit the launcher's)."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
     command = ["mpirun", "-np", str(world_size), "--tag-output", *(["-H", hosts] if hosts else [])]
     command += ["-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", *YIELD_WHEN_IDLE]
     command += ["-wdir", workdir] if workdir else []

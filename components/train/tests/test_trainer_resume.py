@@ -30,15 +30,19 @@ def _wait_for_checkpoint(marker: Path, proc: subprocess.Popen, timeout: float = 
     raise AssertionError("no checkpoint within the timeout")
 
 
+def _small_job(data: str, output: Path, epochs: int, *extra: str) -> list[str]:
+    return [
+        "--data", data, "--output", str(output), "--workers", "2", "--epochs", str(epochs),
+        "--batch-size-per-worker", "32", "--threads-per-worker", "1", "--model", "small", *extra,
+    ]  # fmt: skip
+
+
 def test_killed_run_resumes_at_the_next_epoch(
     mnist_1000: str, tmp_path: Path, run_job: Any
 ) -> None:
     epochs = 6
-    args = [
-        "--data", mnist_1000, "--output", str(tmp_path / "out"), "--workers", "2",
-        "--epochs", str(epochs), "--batch-size-per-worker", "16", "--threads-per-worker", "1",
-        "--model", "small", "--augment",  # augmentation's draws across ranks, killed, resumed
-    ]  # fmt: skip
+    # augmentation's draws across ranks, killed, resumed
+    args = _small_job(mnist_1000, tmp_path / "out", epochs, "--augment")
     marker = tmp_path / "out" / "checkpoints" / "latest.json"
     first = subprocess.Popen(
         local_command(2, args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -67,13 +71,6 @@ def test_killed_run_resumes_at_the_next_epoch(
 # --- a damaged latest checkpoint --------------------------------------------------------------
 
 DATA_FILE = "ckpt.data-00000-of-00001"
-
-
-def _small_job(data: str, output: Path, epochs: int, *extra: str) -> list[str]:
-    return [
-        "--data", data, "--output", str(output), "--workers", "2", "--epochs", str(epochs),
-        "--batch-size-per-worker", "32", "--threads-per-worker", "1", "--model", "small", *extra,
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
