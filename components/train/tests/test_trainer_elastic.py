@@ -12,6 +12,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,21 +44,17 @@ def _config(data: str, out: Path) -> TrainConfig:
     )  # fmt: skip
 
 
-def _when_checkpointed(out: Path, epoch: int, action: Any) -> threading.Thread:
-    """Run `action()` once rank 0 has checkpointed `epoch` (in a thread; gives up after 5 min)."""
+def _wait_until(done: Callable[[], bool]) -> None:
+    """Until `done()` (or 5 minutes passed: the test's own checks then fail)."""
+    deadline = time.monotonic() + 300
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _checkpointed(out: Path) -> int:
+    """The epoch of rank 0's latest checkpoint (0: none yet)."""
     marker = out / "checkpoints" / "latest.json"
-
-    def wait() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if marker.exists() and json.loads(marker.read_text())["epoch"] >= epoch:
-                action()
-                return
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=wait, daemon=True)
-    thread.start()
-    return thread
+    return int(json.loads(marker.read_text())["epoch"]) if marker.exists() else 0
 
 
 def _check_one_model(out: Path, lines: list[str], world: int) -> dict[str, Any]:
@@ -88,14 +85,19 @@ def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
     hosts.offer(3)
     killed: list[int] = []
 
-    def kill_rank_1() -> None:
+    def kill_rank_1_then_grow() -> None:
+        _wait_until(lambda: _checkpointed(out) >= 1)
         time.sleep(0.3)  # into the next epoch
         proc = rank_processes(os.getpid())[1]  # the launcher watch's own lookup
         killed.append(proc.pid)
         proc.send_signal(signal.SIGKILL)
-        _when_resumed_at_two_and_checkpointed(out, lines, lambda: hosts.offer(4))
+        _wait_until(lambda: any(WENT_ON_AT_TWO in line for line in lines))
+        done = _checkpointed(out)
+        _wait_until(lambda: _checkpointed(out) > done)  # the job of 2 checkpointed on its own
+        hosts.offer(4)
 
-    watcher = _when_checkpointed(out, 1, kill_rank_1)
+    watcher = threading.Thread(target=kill_rank_1_then_grow, daemon=True)
+    watcher.start()
     code = run_local(_config(mnist_3000, out), timeout_s=400, log=lines.append, hosts=hosts)
     watcher.join(timeout=1)
     assert killed, "rank 1 was never killed"
@@ -109,14 +111,3 @@ def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
     sizes = [r["world_size"] for r in summary["elastic"]["epochs"]]
     assert sizes == [3] * shrunk + [2] * (grown - shrunk) + [3] * (EPOCHS - grown), sizes
     assert any(WENT_ON_AT_TWO in line for line in lines)
-
-
-def _when_resumed_at_two_and_checkpointed(out: Path, lines: list[str], action: Any) -> None:
-    """Run `action()` once the job of 2 has written a checkpoint of its own (or 5 min passed)."""
-    deadline = time.monotonic() + 300
-    while not any(WENT_ON_AT_TWO in line for line in lines):
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.05)
-    done = json.loads((out / "checkpoints" / "latest.json").read_text())["epoch"]
-    _when_checkpointed(out, done + 1, action)
