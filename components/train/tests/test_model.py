@@ -89,12 +89,8 @@ def test_a_trainer_given_no_model_trains_the_horovod_examples_network() -> None:
 
 def test_the_same_seed_builds_the_same_weights_for_every_choice() -> None:
     for choice in ("mnist_advanced", f"{USER}:build"):
-        assert weights_fingerprint(build_model(3, choice)) == weights_fingerprint(
-            build_model(3, choice)
-        )
-        assert weights_fingerprint(build_model(3, choice)) != weights_fingerprint(
-            build_model(4, choice)
-        )
+        first, again, other = (weights_fingerprint(build_model(s, choice)) for s in (3, 3, 4))
+        assert first == again != other
 
 
 def test_a_users_entry_point_is_wrapped_into_the_trainers_contract() -> None:
