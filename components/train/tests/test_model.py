@@ -13,12 +13,7 @@ import pytest
 
 from components.common import defaults
 from components.common.keras_env import keras
-from components.train.model import (
-    ModelChoiceError,
-    build_model,
-    check_model,
-    weights_fingerprint,
-)
+from components.train.model import build_model, weights_fingerprint
 from components.train.preflight import PreflightError, check_model_before_launch
 
 USER = "components.train.tests.user_model"
@@ -94,7 +89,7 @@ def test_the_same_seed_builds_the_same_weights_for_every_choice() -> None:
 
 
 def test_a_users_entry_point_is_wrapped_into_the_trainers_contract() -> None:
-    model = check_model(f"{USER}:build")
+    model = build_model(0, f"{USER}:build")
     assert (model.input_shape, model.output_shape) == ((None, 28, 28), (None, 10))
     assert model.input_names == ["image"] and model.layers[-1].name == "probabilities"
     assert model.layers[-2].name == "users_tiny_cnn"
@@ -128,10 +123,7 @@ def test_a_users_entry_point_is_wrapped_into_the_trainers_contract() -> None:
     ],
 )  # fmt: skip
 def test_a_model_that_cannot_be_trained_is_named_with_the_reason(choice: str, message: str) -> None:
-    with pytest.raises(ModelChoiceError) as info:
-        check_model(choice)
-    assert message in str(info.value)
-    with pytest.raises(PreflightError) as preflight:  # the launchers': the same words
+    with pytest.raises(PreflightError) as preflight:  # the ranks' ModelChoiceError, its words
         check_model_before_launch(choice)
     problem = str(preflight.value)
     assert message in problem and problem.startswith("kfp-horovod preflight failed: ")
