@@ -160,7 +160,13 @@ def read_shard(job: Job) -> Shard:
     from horovod.tensorflow import allgather_object
 
     config, rank, size = job.config, job.rank, job.size
-    error = _device_problem(job)
+    error: str | None = None
+    if config.gpus_per_worker > 0:  # a job that asked for GPUs trains on them or not at all
+        from components.train.cuda import missing_cuda_libraries
+
+        local_size, found = int(job.hvd.local_size()), job.devices.gpus_found
+        missing = list(missing_cuda_libraries())
+        error = gpu_problem(config.gpus_per_worker, local_size, found, missing)
     shard: Shard | None = None
     if error is None:
         try:
@@ -180,17 +186,6 @@ def read_shard(job: Job) -> Shard:
     assert shard is not None
     _log_plan(job, shard)
     return shard
-
-
-def _device_problem(job: Job) -> str | None:
-    """Why this rank cannot train on the GPUs the job asked for (`devices.gpu_problem`)."""
-    if job.config.gpus_per_worker <= 0:
-        return None
-    from components.train.cuda import missing_cuda_libraries
-
-    local_size, found = int(job.hvd.local_size()), job.devices.gpus_found
-    missing = list(missing_cuda_libraries())
-    return gpu_problem(job.config.gpus_per_worker, local_size, found, missing)
 
 
 # 4. Model and 5. optimizer -------------------------------------------------------------------
