@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -37,13 +36,6 @@ def mnist_3000(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
-def _config(data: str, out: Path) -> TrainConfig:
-    return TrainConfig(
-        data=data, output=str(out), workers=3, min_workers=2, epochs=EPOCHS,
-        batch_size_per_worker=16, threads_per_worker=1, model="small",
-    )  # fmt: skip
-
-
 def _wait_until(done: Callable[[], bool]) -> None:
     """Until `done()` (or 5 minutes passed: the test's own checks then fail)."""
     deadline = time.monotonic() + 300
@@ -57,29 +49,13 @@ def _checkpointed(out: Path) -> int:
     return int(json.loads(marker.read_text())["epoch"]) if marker.exists() else 0
 
 
-def _check_one_model(out: Path, lines: list[str], world: int) -> dict[str, Any]:
-    """Exactly one model from rank 0, identical weights, every epoch logged once, each
-    covered exactly once at the world size it ran with; returns the summary."""
-    assert [p.parent for p in out.rglob("saved_model.pb")] == [out / "model"]
-    summary = json.loads((out / "run_summary.json").read_text())
-    assert summary["world_size"] == world and len(summary["per_rank"]) == world
-    assert summary["weights_identical_across_ranks"] is True
-    assert len({r["weights_sha256"] for r in summary["per_rank"]}) == 1
-    logged = [int(n) for n in re.findall(rf"\] Epoch (\d+)/{EPOCHS} ", "\n".join(lines))]
-    assert logged == list(range(1, EPOCHS + 1)), lines
-    records = summary["elastic"]["epochs"]
-    assert [r["epoch"] for r in records] == list(range(1, EPOCHS + 1))
-    assert all(r["disjoint"] and r["covers_all"] and r["seen_per_epoch"] == 3000 for r in records)
-    assert summary["coverage"]["covers_all"] and summary["coverage"]["epochs_checked"] == EPOCHS
-    return dict(summary)
-
-
 def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
     mnist_3000: str, tmp_path: Path
 ) -> None:
     """3 ranks; rank 1 SIGKILLed 0.3 s into epoch 2: the other 2 go on as one job; once it has
     checkpointed, a 4th name is listed (the killed rank's stays blacklisted): back to 3."""
-    out, lines = tmp_path / "out", []
+    out = tmp_path / "out"
+    lines: list[str] = []
     hosts = LocalHosts(tmp_path / "hosts")
     hosts.directory.mkdir()
     hosts.offer(3)
@@ -98,16 +74,32 @@ def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
 
     watcher = threading.Thread(target=kill_rank_1_then_grow, daemon=True)
     watcher.start()
-    code = run_local(_config(mnist_3000, out), timeout_s=400, log=lines.append, hosts=hosts)
+    config = TrainConfig(
+        data=mnist_3000, output=str(out), workers=3, min_workers=2, epochs=EPOCHS,
+        batch_size_per_worker=16, threads_per_worker=1, model="small",
+    )  # fmt: skip
+    code = run_local(config, timeout_s=400, log=lines.append, hosts=hosts)
     watcher.join(timeout=1)
     assert killed, "rank 1 was never killed"
     assert code == 0, "\n".join(lines)
-    summary = _check_one_model(out, lines, world=3)
+    # exactly one model from rank 0, identical weights, every epoch logged once, each covered
+    # exactly once at the world size it ran with
+    assert [p.parent for p in out.rglob("saved_model.pb")] == [out / "model"]
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["world_size"] == 3 and len(summary["per_rank"]) == 3
+    assert summary["weights_identical_across_ranks"] is True
+    assert len({r["weights_sha256"] for r in summary["per_rank"]}) == 1
+    logged = [int(n) for n in re.findall(rf"\] Epoch (\d+)/{EPOCHS} ", "\n".join(lines))]
+    assert logged == list(range(1, EPOCHS + 1)), lines
+    records = summary["elastic"]["epochs"]
+    assert [r["epoch"] for r in records] == list(range(1, EPOCHS + 1))
+    assert all(r["disjoint"] and r["covers_all"] and r["seen_per_epoch"] == 3000 for r in records)
+    assert summary["coverage"]["covers_all"] and summary["coverage"]["epochs_checked"] == EPOCHS
     history = summary["elastic"]["world_size_history"]
     assert [h["world_size"] for h in history] == [3, 2, 3], history
     assert "worker was lost" in history[1]["why"] and "hosts changed" in history[2]["why"]
     shrunk, grown = history[1]["epoch"], history[2]["epoch"]
     assert 1 <= shrunk < grown < EPOCHS, history
-    sizes = [r["world_size"] for r in summary["elastic"]["epochs"]]
+    sizes = [r["world_size"] for r in records]
     assert sizes == [3] * shrunk + [2] * (grown - shrunk) + [3] * (EPOCHS - grown), sizes
     assert any(WENT_ON_AT_TWO in line for line in lines)
