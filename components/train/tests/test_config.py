@@ -131,21 +131,24 @@ def test_uris_derive_from_output_once() -> None:
     assert (moved.model_uri, moved.checkpoint_uri) == ("/m", "/c")
 
 
-def test_linear_sqrt_and_none() -> None:
-    one = {"learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
-    assert adam_settings("linear", 0.001, 4) == {**one, "learning_rate": 0.004}
-    assert adam_settings("none", 0.001, 4) == one
-    sqrt = adam_settings("sqrt", 0.001, 2)  # Malladi et al.: a batch k = 2 times larger
-    assert sqrt["learning_rate"] == pytest.approx(0.001 * math.sqrt(2))
-    assert (sqrt["beta_1"], sqrt["beta_2"]) == (pytest.approx(0.8), pytest.approx(0.998))
-    assert sqrt["epsilon"] == pytest.approx(1e-7 / math.sqrt(2))
-    assert adam_settings("sqrt", 0.001, 1) == one  # one rank: unchanged
+ONE = {"learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
 
 
-def test_the_rule_in_words() -> None:
-    assert lr_formula("linear", 0.001, 2, 0.002) == "0.002 = 0.001 x 2 workers (linear)"
-    assert lr_formula("sqrt", 0.001, 4, 0.002) == "0.002 = 0.001 x sqrt(4 workers) (sqrt)"
-    assert lr_formula("none", 0.001, 4, 0.001) == "0.001 = 0.001 for 4 workers (none)"
+@pytest.mark.parametrize(
+    ("rule", "k", "adam", "words"),
+    [("linear", 4, {**ONE, "learning_rate": 0.004}, "0.004 = 0.001 x 4 workers (linear)"),
+     ("none", 4, ONE, "0.001 = 0.001 for 4 workers (none)"),
+     ("sqrt", 1, ONE, "0.001 = 0.001 x sqrt(1 workers) (sqrt)"),  # one rank: unchanged
+     # Malladi et al.: a batch k = 2 times larger
+     ("sqrt", 2, {"learning_rate": 0.001 * math.sqrt(2), "beta_1": 0.8, "beta_2": 0.998,
+                  "epsilon": 1e-7 / math.sqrt(2)}, "0.00141421 = 0.001 x sqrt(2 workers) (sqrt)")],
+)  # fmt: skip
+def test_each_rule_sets_adam_for_the_world_size_and_says_so_in_words(
+    rule: str, k: int, adam: dict[str, float], words: str
+) -> None:
+    settings = adam_settings(rule, 0.001, k)
+    assert settings == pytest.approx(adam)
+    assert lr_formula(rule, 0.001, k, settings["learning_rate"]) == words
 
 
 def test_sqrt_beyond_its_range_is_refused_by_name() -> None:
