@@ -3,7 +3,7 @@
 Layout: ``epoch-0003/ckpt.*`` (the ``tf.train.Checkpoint``), ``epoch-0003/checkpoint.json``
 (epoch, prefix, metrics, model, and each file's bytes and sha256), written after the other
 files, and ``latest.json`` (the same without the files) after the whole epoch directory: a run
-killed mid-write resumes from the previous complete checkpoint. The last `keep` are kept.
+killed mid-write resumes from the previous complete checkpoint. The last `KEEP` are kept.
 
 `latest` checks the epoch ``latest.json`` names and the older ones, newest first, against their
 own ``checkpoint.json``; one log line says which were passed over and why. Once anything was
@@ -26,6 +26,7 @@ from components.common import storage
 
 LATEST = "latest.json"
 EPOCH_MARKER = "checkpoint.json"
+KEEP = 2
 _EPOCH_DIR = re.compile(r"^epoch-(\d{4,})$")
 _log = logging.getLogger(__name__)
 
@@ -135,12 +136,7 @@ def latest(checkpoint_uri: str, log: logging.Logger | None = None) -> Checkpoint
 
 
 def save(
-    checkpoint: Any,
-    checkpoint_uri: str,
-    epoch: int,
-    metrics: dict[str, float],
-    model: str,
-    keep: int = 2,
+    checkpoint: Any, checkpoint_uri: str, epoch: int, metrics: dict[str, float], model: str
 ) -> None:
     """Write `checkpoint` (a ``tf.train.Checkpoint``) as the state after `epoch` finished epochs
     of training `model`: its files, its ``checkpoint.json`` last, then ``latest.json``."""
@@ -160,7 +156,7 @@ def save(
         storage.remove_tree(target)  # a leftover from a run killed while writing this epoch
         storage.upload_dir(tmp, target, last=EPOCH_MARKER)
     storage.write_text(storage.join(checkpoint_uri, LATEST), json.dumps(marker, sort_keys=True))
-    for old in range(epoch - keep, 0, -1):
+    for old in range(epoch - KEEP, 0, -1):
         old_uri = storage.join(checkpoint_uri, epoch_dir(old))
         if not storage.list_files(old_uri) and not storage.exists(old_uri):
             break

@@ -1,9 +1,5 @@
-"""Thin CLI of the trainer.
-
-``mpirun -np N python -m components.train --data ... --workers N``
-
-The flags are read by `components.train.config.from_argv`, the inverse of `to_argv`.
-"""
+"""The trainer's command line: ``mpirun -np N python -m components.train --data ... --workers N``
+(its flags: `components.train.config.from_argv`)."""
 
 from __future__ import annotations
 

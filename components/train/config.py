@@ -87,7 +87,6 @@ class TrainConfig(Validated):
 
     @property
     def world_size(self) -> int:
-        """The Horovod world size: workers x slots per worker."""
         return self.workers * self.slots_per_worker
 
     @property
@@ -102,7 +101,6 @@ class TrainConfig(Validated):
 
     @property
     def model_uri(self) -> str:
-        """Where the single SavedModel is exported."""
         return self.model_dir or storage.join(self.output, "model")
 
     @property
@@ -117,7 +115,6 @@ class TrainConfig(Validated):
 
     @property
     def summary_uri(self) -> str:
-        """Where rank 0 writes ``run_summary.json``."""
         return storage.join(self.output, "run_summary.json")
 
 
@@ -155,4 +152,3 @@ def from_argv(argv: list[str] | None = None) -> TrainConfig:
         return TrainConfig(**values)
     except ValueError as exc:
         parser.error(str(exc))
-        raise  # unreachable: parser.error exits

@@ -34,8 +34,6 @@ def steps_per_epoch(num_samples: int, size: int, batch_size: int) -> int:
 
 def batch_bounds(shard_size: int, steps: int) -> list[tuple[int, int]]:
     """Split ``range(shard_size)`` into `steps` consecutive, non-empty, nearly equal batches."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
     if shard_size < steps:
         raise ValueError(
             f"a shard of {shard_size} samples cannot fill {steps} steps without an empty batch; "

@@ -92,11 +92,9 @@ def configure_devices(
 def gpu_problem(
     gpus_per_worker: int, local_size: int, gpus_found: int, missing_libraries: Sequence[str]
 ) -> str | None:
-    """Why a job asking for `gpus_per_worker` GPUs per worker cannot train on this rank's host
-    (the CUDA libraries TensorFlow cannot load, the GPUs it found, one per local rank), or
+    """Why a job asking for `gpus_per_worker` (> 0) GPUs per worker cannot train on this rank's
+    host (the CUDA libraries TensorFlow cannot load, the GPUs it found, one per local rank), or
     None."""
-    if gpus_per_worker <= 0:
-        return None
     asked = f"this job asked for {gpus_per_worker} GPU(s) per worker"
     if missing_libraries:
         return (

@@ -26,6 +26,7 @@ from components.train.mpiwatch import HEARTBEAT_ENV, RankLines, period_for, watc
 from components.train.preflight import check_model_before_launch
 
 YIELD_WHEN_IDLE = ("-mca", "mpi_yield_when_idle", "1")  # a waiting rank yields its core
+TRAINER = (sys.executable, "-m", "components.train")  # every rank's program here
 # Symbols only a Horovod built with each controller has: Gloo's rendezvous context class, and
 # Horovod's MPI controller class (mangled; compiled only with HAVE_MPI).
 BUILD_MARKERS = {"GLOO": b"gloo::rendezvous::Context", "MPI": b"N7horovod6common13MPIControllerE"}
@@ -47,8 +48,6 @@ def mpirun_command(
     """``mpirun -np N ... PROGRAM`` on `hosts` (default: Open MPI's hostfile), the environment
     `forward`-ed to the ranks (``NAME`` or ``NAME=VALUE``: ranks started over ssh do not
     inherit the launcher's)."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
     command = ["mpirun", "-np", str(world_size), "--tag-output", *(["-H", hosts] if hosts else [])]
     command += ["-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", *YIELD_WHEN_IDLE]
     command += ["-wdir", workdir] if workdir else []
@@ -64,8 +63,7 @@ def horovodrun_command(args: Sequence[str], program: Sequence[str]) -> list[str]
 
 def local_command(workers: int, args: list[str]) -> list[str]:
     """The trainer as one static job here: ``mpirun -np N ... python -m components.train ARGS``."""
-    trainer = [sys.executable, "-m", "components.train", *args]
-    return mpirun_command(workers, trainer, hosts=f"localhost:{workers}")
+    return mpirun_command(workers, [*TRAINER, *args], hosts=f"localhost:{workers}")
 
 
 # Names of this machine (inet_aton's spellings of 127.0.0.1), one per slot of a local elastic job:
@@ -174,8 +172,7 @@ def run_local(
                 hosts = LocalHosts(Path(tmp))
                 hosts.offer(config.world_size)
             args = elastic_launcher_args(config.world_size, config.min_world_size, hosts)
-            trainer = [sys.executable, "-m", "components.train", *to_argv(config)]
-            command = horovodrun_command(args, trainer)
+            command = horovodrun_command(args, [*TRAINER, *to_argv(config)])
         return watch(command, ranks, bound, log, env=job_env, timeout_s=timeout_s)
 
 

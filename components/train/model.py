@@ -146,25 +146,6 @@ def _user_model(keras: Any, model: str, front: list[Any]) -> Any:
     return wrapped
 
 
-def check_model(model: str) -> Any:
-    """`build_model`, and for a user's model one run on a black and a white image whose rows
-    must be probabilities; ModelChoiceError saying what does not fit."""
-    import numpy as np
-
-    built = build_model(0, model)
-    if model in BUILT_IN:
-        return built
-    images = np.stack([np.zeros(IMAGE_SHAPE), np.full(IMAGE_SHAPE, 255.0)]).astype(np.float32)
-    rows = np.asarray(built(images, training=False))
-    if not (np.isfinite(rows).all() and (rows >= 0).all() and np.allclose(rows.sum(1), 1, 1e-3)):
-        raise ModelChoiceError(
-            f"model {model!r} returns outputs that are not class probabilities (rows of "
-            f"non-negative numbers summing to 1, e.g. {np.round(rows[0], 3).tolist()}): end it "
-            "with a softmax; the trainer's loss is sparse_categorical_crossentropy on probabilities"
-        )
-    return built
-
-
 def weights_fingerprint(model: Any) -> str:
     """sha256 over every weight's bytes: equal fingerprints mean identical models."""
     import hashlib

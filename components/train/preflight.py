@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from components.common.defaults import MODELS
+from components.common.defaults import IMAGE_SHAPE, MODELS
 
 EXIT_PREFLIGHT = 3
 
@@ -57,13 +57,25 @@ def world_size_problem(
 
 def check_model_before_launch(model: str) -> None:
     """Raise PreflightError if the trainer cannot train `model`. A built-in name needs no
-    TensorFlow here; anything else is built once, here, as every rank would build it, and
-    checked (``components.train.model.check_model``, which refuses a malformed name too)."""
+    TensorFlow here; anything else is built once, here, as every rank would build it (which
+    refuses a malformed name too), and run on a black and a white image whose rows must be
+    probabilities."""
     if model in MODELS:
         return
-    from components.train.model import ModelChoiceError, check_model
+    import numpy as np
+
+    from components.train.model import ModelChoiceError, build_model
 
     try:
-        check_model(model)
+        images = np.stack([np.zeros(IMAGE_SHAPE), np.full(IMAGE_SHAPE, 255.0)]).astype(np.float32)
+        rows = np.asarray(build_model(0, model)(images, training=False))
+        sums_to_1 = np.allclose(rows.sum(1), 1, 1e-3)
+        if not (np.isfinite(rows).all() and (rows >= 0).all() and sums_to_1):
+            raise ModelChoiceError(
+                f"model {model!r} returns outputs that are not class probabilities (rows of "
+                f"non-negative numbers summing to 1, e.g. {np.round(rows[0], 3).tolist()}): end "
+                "it with a softmax; the trainer's loss is sparse_categorical_crossentropy on "
+                "probabilities"
+            )
     except ModelChoiceError as exc:
         raise PreflightError(f"kfp-horovod preflight failed: {exc}. No rank was started.") from exc

@@ -267,14 +267,13 @@ def resource_lines(s: RunSummary) -> list[str]:
 
 
 def _elastic_lines(s: RunSummary) -> list[str]:
-    history = world_history(s)
-    if history is None or s.elastic is None:
+    if not s.elastic:
         return []
     keys = ("epoch", "world_size", "seen_per_epoch", "disjoint", "covers_all")
     return [
         "## Elastic training",
         "",
-        f"- {history}",
+        f"- {world_history(s)}",
         "",
         _row("epoch", "workers", "samples seen", "disjoint", "all covered"),
         "|---:|---:|---:|---|---|",

@@ -115,7 +115,13 @@ def run(config: TrainConfig, train: Callable[[Job], int] | None = None) -> int:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     log = rank_logger(rank, size)
-    _quiet_tensorflow(tf, rank)
+    # TF's and Python's warnings from rank 0 only (one copy, not one per rank), without the
+    # first-step callback-timing note.
+    if rank != 0:
+        warnings.simplefilter("ignore")
+    tf_logger = tf.get_logger()
+    tf_logger.setLevel(logging.WARNING if rank == 0 else logging.ERROR)
+    tf_logger.addFilter(lambda record: "compared to the batch time" not in record.getMessage())
     fewest = config.min_world_size if config.elastic else 0
     problem = world_size_problem(size, config.world_size, rank, fewest)
     if problem:
@@ -151,8 +157,16 @@ def train_static(job: Job) -> int:
 def read_shard(job: Job) -> Shard:
     """Check this rank's devices and read its shard; every rank learns whether any rank failed
     before anyone trains (a JobError on every rank, rank 0 saying why)."""
+    from horovod.tensorflow import allgather_object
+
     config, rank, size = job.config, job.rank, job.size
-    error = _device_problem(job)
+    error: str | None = None
+    if config.gpus_per_worker > 0:  # a job that asked for GPUs trains on them or not at all
+        from components.train.cuda import missing_cuda_libraries
+
+        local_size, found = int(job.hvd.local_size()), job.devices.gpus_found
+        missing = list(missing_cuda_libraries())
+        error = gpu_problem(config.gpus_per_worker, local_size, found, missing)
     shard: Shard | None = None
     if error is None:
         try:
@@ -163,7 +177,7 @@ def read_shard(job: Job) -> Shard:
                 )
         except (dataset.DataError, ValueError) as exc:
             error = str(exc)
-    errors = agree(error)
+    errors = allgather_object(error)  # nobody waits for a rank that gave up
     if any(errors):
         first = next(e for e in errors if e)
         if error and error != first:  # rank 0 reports `first` once, for every rank that shares it
@@ -172,24 +186,6 @@ def read_shard(job: Job) -> Shard:
     assert shard is not None
     _log_plan(job, shard)
     return shard
-
-
-def _device_problem(job: Job) -> str | None:
-    """Why this rank cannot train on the GPUs the job asked for (`devices.gpu_problem`)."""
-    if job.config.gpus_per_worker <= 0:
-        return None
-    from components.train.cuda import missing_cuda_libraries
-
-    local_size, found = int(job.hvd.local_size()), job.devices.gpus_found
-    missing = list(missing_cuda_libraries())
-    return gpu_problem(job.config.gpus_per_worker, local_size, found, missing)
-
-
-def agree(error: str | None) -> list[str | None]:
-    """Every rank learns every rank's error (or None): nobody waits for a rank that gave up."""
-    from horovod.tensorflow import allgather_object
-
-    return list(allgather_object(error))
 
 
 # 4. Model and 5. optimizer -------------------------------------------------------------------
@@ -239,18 +235,16 @@ def adam_settings(rule: str, learning_rate: float, k: int) -> dict[str, float]:
       2205.10287): learning rate x sqrt(k), beta_1 <- 1 - k (1 - beta_1), beta_2 <- 1 - k
       (1 - beta_2), epsilon <- epsilon / sqrt(k);
     - ``none``: the single-worker settings, whatever k.
+
+    `rule` is one of these: TrainConfig's declared rule for ``lr_scaling`` checked it.
     """
-    if rule == "linear":
-        return {"learning_rate": learning_rate * k, "beta_1": BETA_1, "beta_2": BETA_2,
-                "epsilon": EPSILON}  # fmt: skip
-    if rule == "none":
-        return adam_settings("linear", learning_rate, 1)
     if rule == "sqrt":
         return {
             "learning_rate": learning_rate * math.sqrt(k), "beta_1": 1 - k * (1 - BETA_1),
             "beta_2": 1 - k * (1 - BETA_2), "epsilon": EPSILON / math.sqrt(k),
         }  # fmt: skip
-    raise ValueError(f"unknown lr_scaling rule {rule!r}")
+    scaled = learning_rate * k if rule == "linear" else learning_rate
+    return {"learning_rate": scaled, "beta_1": BETA_1, "beta_2": BETA_2, "epsilon": EPSILON}
 
 
 def distributed_optimizer(job: Job) -> Any:
@@ -366,16 +360,6 @@ def rank_logger(rank: int, size: int) -> logging.Logger:
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logger.propagate = False
     return logger
-
-
-def _quiet_tensorflow(tf: Any, rank: int) -> None:
-    """TF's and Python's warnings only from rank 0 (one copy, not one per rank), without the
-    first-step callback-timing note."""
-    if rank != 0:
-        warnings.simplefilter("ignore")
-    tf_logger = tf.get_logger()
-    tf_logger.setLevel(logging.WARNING if rank == 0 else logging.ERROR)
-    tf_logger.addFilter(lambda record: "compared to the batch time" not in record.getMessage())
 
 
 def _log_plan(job: Job, shard: Shard) -> None:

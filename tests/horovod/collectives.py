@@ -135,7 +135,7 @@ def _record(rank: int) -> dict[str, Any]:
 
 
 def allgather_object(me: Rank) -> dict[str, Any]:
-    """Every rank's object, in rank order (trainer.agree's errors; telemetry.py's epoch costs,
+    """Every rank's object, in rank order (trainer.read_shard's errors; telemetry.py's epoch costs,
     the run summary's per-rank records and sample ids)."""
     from horovod.tensorflow import allgather_object as gather
 

@@ -89,39 +89,34 @@ def test_each_epoch_records_its_files_and_the_newest_is_chosen(
     assert _fallback_lines(caplog) == []
 
 
+EPOCH_3 = "checkpoint after epoch 3 is unreadable ("
+
+
 @pytest.mark.parametrize(
-    ("damage", "why"),
+    ("damage", "epoch", "said"),
     [
-        (lambda u: storage.write_bytes(f"{u}/epoch-0003/{DATA}", b"e3" * 10),
-         f"{DATA} has 20 bytes, 200 were written"),
-        (lambda u: storage.write_bytes(f"{u}/epoch-0003/{DATA}", b"xx" * 100),
-         f"{DATA} does not match the sha256 recorded when it was written"),
-        (lambda u: _delete(f"{u}/epoch-0003/{DATA}"), f"{DATA} is missing"),
-        (lambda u: storage.remove_tree(f"{u}/epoch-0003"), "its directory is missing"),
-        (lambda u: storage.write_text(f"{u}/epoch-0003/checkpoint.json", "{"),
-         "unreadable: Expecting property name"),
+        (lambda u: storage.write_bytes(f"{u}/epoch-0003/{DATA}", b"e3" * 10), 2,
+         f"{EPOCH_3}{DATA} has 20 bytes, 200 were written); "),
+        (lambda u: storage.write_bytes(f"{u}/epoch-0003/{DATA}", b"xx" * 100), 2,
+         f"{EPOCH_3}{DATA} does not match the sha256 recorded when it was written); "),
+        (lambda u: _delete(f"{u}/epoch-0003/{DATA}"), 2, f"{EPOCH_3}{DATA} is missing); "),
+        (lambda u: storage.remove_tree(f"{u}/epoch-0003"), 2, f"{EPOCH_3}its directory is missing"),
+        (lambda u: storage.write_text(f"{u}/epoch-0003/checkpoint.json", "{"), 2,
+         f"{EPOCH_3}unreadable: Expecting property name"),
+        # latest.json unreadable: the newest complete epoch
+        (lambda u: storage.write_text(f"{u}/latest.json", '{"epoch": 3, "pre'), 3,
+         "latest.json is unreadable: "),
     ],
-    ids=["truncated", "corrupt", "data-deleted", "dir-deleted", "marker-corrupt"],
+    ids=["truncated", "corrupt", "data-deleted", "dir-deleted", "marker-corrupt", "latest-json"],
 )  # fmt: skip
-def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(
-    three_epochs: str, caplog: pytest.LogCaptureFixture, damage, why: str
+def test_a_damaged_checkpoint_is_passed_over_in_one_line(
+    three_epochs: str, caplog: pytest.LogCaptureFixture, damage, epoch: int, said: str
 ) -> None:
     damage(three_epochs)
     info = checkpoints.latest(three_epochs)
-    assert info is not None and (info.epoch, info.metrics) == (2, {"loss": 0.5})
+    assert info is not None and (info.epoch, info.metrics) == (epoch, {"loss": 1 / epoch})
     (line,) = _fallback_lines(caplog)
-    assert line.startswith(f"checkpoint after epoch 3 is unreadable ({why}")
-    assert line.endswith("); resuming from epoch 2")
-
-
-def test_an_unreadable_latest_json_resumes_from_the_newest_complete_epoch(
-    three_epochs: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    storage.write_text(f"{three_epochs}/latest.json", '{"epoch": 3, "pre')
-    info = checkpoints.latest(three_epochs)
-    assert info is not None and info.epoch == 3
-    (line,) = _fallback_lines(caplog)
-    assert line.startswith("latest.json is unreadable: ") and line.endswith("resuming from epoch 3")
+    assert line.startswith(said) and line.endswith(f"; resuming from epoch {epoch}")
 
 
 def test_an_epoch_written_after_latest_json_is_not_committed(tmp_path: Path) -> None:

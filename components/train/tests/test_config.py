@@ -56,9 +56,12 @@ def test_every_field_has_one_flag_under_its_own_name() -> None:
     config = TrainConfig(
         data="/d", output="/o", workers=3, slots_per_worker=2, batch_size_per_worker=16,
         learning_rate=0.01, threads_per_worker=2, model_dir="/m", checkpoint_dir="/c",
+        model="team.models:build", augment=True,
     )  # fmt: skip
     argv = to_argv(config)
+    argv.remove("--augment")  # a switch, no value: --augment or --no-augment
     flag = dict(zip(argv[::2], argv[1::2], strict=True))
+    assert flag["--model"] == "team.models:build"
     assert (flag["--workers"], flag["--slots-per-worker"]) == ("3", "2")  # no world-size flag
     assert (flag["--batch-size-per-worker"], flag["--learning-rate"]) == ("16", "0.01")
     assert (flag["--threads-per-worker"], flag["--model-dir"], flag["--checkpoint-dir"]) == (
@@ -69,13 +72,7 @@ def test_every_field_has_one_flag_under_its_own_name() -> None:
     }
     plain = to_argv(TrainConfig(data="/d", output="/o", workers=2))
     assert plain == ["--data", "/d", "--output", "/o"]  # the defaults (workers 2 too) left out
-
-
-def test_model_and_augment_flags() -> None:
-    config = TrainConfig(data="/d", output="/o", workers=2, model="team.models:build", augment=True)
-    argv = to_argv(config)
-    assert argv[argv.index("--model") + 1] == "team.models:build" and "--augment" in argv
-    assert from_argv(["--data", "/d", "--output", "/o", "--no-augment"]).augment is False
+    assert from_argv([*plain, "--no-augment"]).augment is False
 
 
 BAD_FIELDS = [
@@ -134,23 +131,24 @@ def test_uris_derive_from_output_once() -> None:
     assert (moved.model_uri, moved.checkpoint_uri) == ("/m", "/c")
 
 
-def test_linear_sqrt_and_none() -> None:
-    one = {"learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
-    assert adam_settings("linear", 0.001, 4) == {**one, "learning_rate": 0.004}
-    assert adam_settings("none", 0.001, 4) == one
-    sqrt = adam_settings("sqrt", 0.001, 2)  # Malladi et al.: a batch k = 2 times larger
-    assert sqrt["learning_rate"] == pytest.approx(0.001 * math.sqrt(2))
-    assert (sqrt["beta_1"], sqrt["beta_2"]) == (pytest.approx(0.8), pytest.approx(0.998))
-    assert sqrt["epsilon"] == pytest.approx(1e-7 / math.sqrt(2))
-    assert adam_settings("sqrt", 0.001, 1) == one  # one rank: unchanged
-    with pytest.raises(ValueError, match="unknown lr_scaling rule 'cubic'"):
-        adam_settings("cubic", 0.001, 2)
+ONE = {"learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
 
 
-def test_the_rule_in_words() -> None:
-    assert lr_formula("linear", 0.001, 2, 0.002) == "0.002 = 0.001 x 2 workers (linear)"
-    assert lr_formula("sqrt", 0.001, 4, 0.002) == "0.002 = 0.001 x sqrt(4 workers) (sqrt)"
-    assert lr_formula("none", 0.001, 4, 0.001) == "0.001 = 0.001 for 4 workers (none)"
+@pytest.mark.parametrize(
+    ("rule", "k", "adam", "words"),
+    [("linear", 4, {**ONE, "learning_rate": 0.004}, "0.004 = 0.001 x 4 workers (linear)"),
+     ("none", 4, ONE, "0.001 = 0.001 for 4 workers (none)"),
+     ("sqrt", 1, ONE, "0.001 = 0.001 x sqrt(1 workers) (sqrt)"),  # one rank: unchanged
+     # Malladi et al.: a batch k = 2 times larger
+     ("sqrt", 2, {"learning_rate": 0.001 * math.sqrt(2), "beta_1": 0.8, "beta_2": 0.998,
+                  "epsilon": 1e-7 / math.sqrt(2)}, "0.00141421 = 0.001 x sqrt(2 workers) (sqrt)")],
+)  # fmt: skip
+def test_each_rule_sets_adam_for_the_world_size_and_says_so_in_words(
+    rule: str, k: int, adam: dict[str, float], words: str
+) -> None:
+    settings = adam_settings(rule, 0.001, k)
+    assert settings == pytest.approx(adam)
+    assert lr_formula(rule, 0.001, k, settings["learning_rate"]) == words
 
 
 def test_sqrt_beyond_its_range_is_refused_by_name() -> None:

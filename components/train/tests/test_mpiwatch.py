@@ -130,12 +130,6 @@ def mpirun(*action: str) -> list[str]:
             *exported, sys.executable, str(RANK_PROGRAM), *action]  # fmt: skip
 
 
-def run_watch(command: list[str], bound_s: float) -> tuple[int, str]:
-    lines: list[str] = []
-    env = job_environment({**os.environ, "PYTHONPATH": str(ROOT)})
-    return mpiwatch.watch(command, 2, bound_s, lines.append, env=env), "\n".join(lines)
-
-
 def rank_pids(output: str) -> dict[int, int]:
     return {int(r): int(p) for r, p in re.findall(r":rank (\d+) pid (\d+)$", output, re.M)}
 
@@ -161,7 +155,10 @@ def test_a_frozen_rank_ends_the_job_in_one_line_else_mpiruns_code_passes(
 ) -> None:
     """Rank 1 stops itself: named alone, no rank left. Both ranks beat for 2 bounds, then exit
     3: mpirun's code. (The bound leaves time for a loaded machine to start the ranks.)"""
-    got, out = run_watch(mpirun(*action.split()), bound_s=5)
+    lines: list[str] = []
+    env = job_environment({**os.environ, "PYTHONPATH": str(ROOT)})
+    got = mpiwatch.watch(mpirun(*action.split()), 2, 5, lines.append, env=env)
+    out = "\n".join(lines)
     assert got == code and sorted(rank_pids(out)) == [0, 1], out
     assert "kfp-horovod-heartbeat" not in out
     said = [line for line in out.splitlines() if line.startswith("mpiwatch: ")]

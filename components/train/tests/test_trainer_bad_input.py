@@ -37,10 +37,6 @@ def _replace_array(dataset: Path, rel: str, array: np.ndarray, count: int | None
     (dataset / "manifest.json").write_text(json.dumps(manifest))
 
 
-def _copy(mnist_1000: str, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(mnist_1000, tmp_path / "data"))
-
-
 def _corrupt_shard(d: Path) -> str:
     raw = bytearray((d / "train/images-00002.npy").read_bytes())
     raw[-100:] = bytes(100)
@@ -108,7 +104,7 @@ def _gpus_asked(d: Path) -> str:
 def test_bad_input_fails_clearly_on_every_rank(
     breaker: Any, mnist_1000: str, tmp_path: Path, run_job: Any
 ) -> None:
-    data = _copy(mnist_1000, tmp_path)
+    data = Path(shutil.copytree(mnist_1000, tmp_path / "data"))
     expected = breaker(data)
     out = tmp_path / "out"
     args = ["--data", str(data), "--output", str(out), "--workers", "2", "--epochs", "1"]

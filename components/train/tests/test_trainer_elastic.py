@@ -12,8 +12,8 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -36,36 +36,57 @@ def mnist_3000(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
-def _config(data: str, out: Path) -> TrainConfig:
-    return TrainConfig(
-        data=data, output=str(out), workers=3, min_workers=2, epochs=EPOCHS,
+def _wait_until(done: Callable[[], bool]) -> None:
+    """Until `done()` (or 5 minutes passed: the test's own checks then fail)."""
+    deadline = time.monotonic() + 300
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _checkpointed(out: Path) -> int:
+    """The epoch of rank 0's latest checkpoint (0: none yet)."""
+    marker = out / "checkpoints" / "latest.json"
+    return int(json.loads(marker.read_text())["epoch"]) if marker.exists() else 0
+
+
+def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
+    mnist_3000: str, tmp_path: Path
+) -> None:
+    """3 ranks; rank 1 SIGKILLed 0.3 s into epoch 2: the other 2 go on as one job; once it has
+    checkpointed, a 4th name is listed (the killed rank's stays blacklisted): back to 3."""
+    out = tmp_path / "out"
+    lines: list[str] = []
+    hosts = LocalHosts(tmp_path / "hosts")
+    hosts.directory.mkdir()
+    hosts.offer(3)
+    killed: list[int] = []
+
+    def kill_rank_1_then_grow() -> None:
+        _wait_until(lambda: _checkpointed(out) >= 1)
+        time.sleep(0.3)  # into the next epoch
+        proc = rank_processes(os.getpid())[1]  # the launcher watch's own lookup
+        killed.append(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        _wait_until(lambda: any(WENT_ON_AT_TWO in line for line in lines))
+        done = _checkpointed(out)
+        _wait_until(lambda: _checkpointed(out) > done)  # the job of 2 checkpointed on its own
+        hosts.offer(4)
+
+    watcher = threading.Thread(target=kill_rank_1_then_grow, daemon=True)
+    watcher.start()
+    config = TrainConfig(
+        data=mnist_3000, output=str(out), workers=3, min_workers=2, epochs=EPOCHS,
         batch_size_per_worker=16, threads_per_worker=1, model="small",
     )  # fmt: skip
-
-
-def _when_checkpointed(out: Path, epoch: int, action: Any) -> threading.Thread:
-    """Run `action()` once rank 0 has checkpointed `epoch` (in a thread; gives up after 5 min)."""
-    marker = out / "checkpoints" / "latest.json"
-
-    def wait() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if marker.exists() and json.loads(marker.read_text())["epoch"] >= epoch:
-                action()
-                return
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=wait, daemon=True)
-    thread.start()
-    return thread
-
-
-def _check_one_model(out: Path, lines: list[str], world: int) -> dict[str, Any]:
-    """Exactly one model from rank 0, identical weights, every epoch logged once, each
-    covered exactly once at the world size it ran with; returns the summary."""
+    code = run_local(config, timeout_s=400, log=lines.append, hosts=hosts)
+    watcher.join(timeout=1)
+    assert killed, "rank 1 was never killed"
+    assert code == 0, "\n".join(lines)
+    # exactly one model from rank 0, identical weights, every epoch logged once, each covered
+    # exactly once at the world size it ran with
     assert [p.parent for p in out.rglob("saved_model.pb")] == [out / "model"]
     summary = json.loads((out / "run_summary.json").read_text())
-    assert summary["world_size"] == world and len(summary["per_rank"]) == world
+    assert summary["world_size"] == 3 and len(summary["per_rank"]) == 3
     assert summary["weights_identical_across_ranks"] is True
     assert len({r["weights_sha256"] for r in summary["per_rank"]}) == 1
     logged = [int(n) for n in re.findall(rf"\] Epoch (\d+)/{EPOCHS} ", "\n".join(lines))]
@@ -74,49 +95,11 @@ def _check_one_model(out: Path, lines: list[str], world: int) -> dict[str, Any]:
     assert [r["epoch"] for r in records] == list(range(1, EPOCHS + 1))
     assert all(r["disjoint"] and r["covers_all"] and r["seen_per_epoch"] == 3000 for r in records)
     assert summary["coverage"]["covers_all"] and summary["coverage"]["epochs_checked"] == EPOCHS
-    return dict(summary)
-
-
-def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
-    mnist_3000: str, tmp_path: Path
-) -> None:
-    """3 ranks; rank 1 SIGKILLed 0.3 s into epoch 2: the other 2 go on as one job; once it has
-    checkpointed, a 4th name is listed (the killed rank's stays blacklisted): back to 3."""
-    out, lines = tmp_path / "out", []
-    hosts = LocalHosts(tmp_path / "hosts")
-    hosts.directory.mkdir()
-    hosts.offer(3)
-    killed: list[int] = []
-
-    def kill_rank_1() -> None:
-        time.sleep(0.3)  # into the next epoch
-        proc = rank_processes(os.getpid())[1]  # the launcher watch's own lookup
-        killed.append(proc.pid)
-        proc.send_signal(signal.SIGKILL)
-        _when_resumed_at_two_and_checkpointed(out, lines, lambda: hosts.offer(4))
-
-    watcher = _when_checkpointed(out, 1, kill_rank_1)
-    code = run_local(_config(mnist_3000, out), timeout_s=400, log=lines.append, hosts=hosts)
-    watcher.join(timeout=1)
-    assert killed, "rank 1 was never killed"
-    assert code == 0, "\n".join(lines)
-    summary = _check_one_model(out, lines, world=3)
     history = summary["elastic"]["world_size_history"]
     assert [h["world_size"] for h in history] == [3, 2, 3], history
     assert "worker was lost" in history[1]["why"] and "hosts changed" in history[2]["why"]
     shrunk, grown = history[1]["epoch"], history[2]["epoch"]
     assert 1 <= shrunk < grown < EPOCHS, history
-    sizes = [r["world_size"] for r in summary["elastic"]["epochs"]]
+    sizes = [r["world_size"] for r in records]
     assert sizes == [3] * shrunk + [2] * (grown - shrunk) + [3] * (EPOCHS - grown), sizes
     assert any(WENT_ON_AT_TWO in line for line in lines)
-
-
-def _when_resumed_at_two_and_checkpointed(out: Path, lines: list[str], action: Any) -> None:
-    """Run `action()` once the job of 2 has written a checkpoint of its own (or 5 min passed)."""
-    deadline = time.monotonic() + 300
-    while not any(WENT_ON_AT_TWO in line for line in lines):
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.05)
-    done = json.loads((out / "checkpoints" / "latest.json").read_text())["epoch"]
-    _when_checkpointed(out, done + 1, action)

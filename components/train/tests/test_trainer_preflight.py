@@ -26,15 +26,10 @@ def test_message_explains_independent_copies_and_the_fix() -> None:
 def test_independent_copies_fail_at_once(mnist_1000: str, tmp_path: Path) -> None:
     """The original report: 3 copies of the script, each a world of 1. All three must stop."""
     args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--workers", "3"]
+    command = [sys.executable, "-m", "components.train", *args]
+    pipe, env = subprocess.PIPE, job_environment()
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "components.train", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=job_environment(),
-        )  # fmt: skip
-        for _ in range(3)
+        subprocess.Popen(command, stdout=pipe, stderr=pipe, text=True, env=env) for _ in range(3)
     ]
     for proc in procs:
         out, err = proc.communicate(timeout=180)

@@ -19,34 +19,30 @@ from components.train.mpiwatch import kill_job
 pytestmark = pytest.mark.horovod
 
 
-def _wait_for_checkpoint(marker: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if marker.exists():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"job ended before its first checkpoint: {proc.communicate()}")
-        time.sleep(0.05)
-    raise AssertionError("no checkpoint within the timeout")
+def _small_job(data: str, output: Path, epochs: int, *extra: str) -> list[str]:
+    return [
+        "--data", data, "--output", str(output), "--workers", "2", "--epochs", str(epochs),
+        "--batch-size-per-worker", "32", "--threads-per-worker", "1", "--model", "small", *extra,
+    ]  # fmt: skip
 
 
 def test_killed_run_resumes_at_the_next_epoch(
     mnist_1000: str, tmp_path: Path, run_job: Any
 ) -> None:
     epochs = 6
-    args = [
-        "--data", mnist_1000, "--output", str(tmp_path / "out"), "--workers", "2",
-        "--epochs", str(epochs), "--batch-size-per-worker", "16", "--threads-per-worker", "1",
-        "--model", "small", "--augment",  # augmentation's draws across ranks, killed, resumed
-    ]  # fmt: skip
+    # augmentation's draws across ranks, killed, resumed
+    args = _small_job(mnist_1000, tmp_path / "out", epochs, "--augment")
     marker = tmp_path / "out" / "checkpoints" / "latest.json"
     first = subprocess.Popen(
         local_command(2, args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=job_environment(), start_new_session=True,
     )  # fmt: skip
-    _wait_for_checkpoint(marker, first)
+    deadline = time.monotonic() + 240
+    while not marker.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     kill_job(first.pid)  # the whole job, as a node loss would
-    first.communicate(timeout=60)
+    output, _ = first.communicate(timeout=60)
+    assert marker.exists(), f"no checkpoint before the job ended or 240 s passed: {output}"
     k = json.loads(marker.read_text())["epoch"]
     assert 1 <= k < epochs, "the job should have been killed mid-training"
     assert not (tmp_path / "out" / "model").exists(), "a killed run must not export a model"
@@ -67,13 +63,6 @@ def test_killed_run_resumes_at_the_next_epoch(
 # --- a damaged latest checkpoint --------------------------------------------------------------
 
 DATA_FILE = "ckpt.data-00000-of-00001"
-
-
-def _small_job(data: str, output: Path, epochs: int, *extra: str) -> list[str]:
-    return [
-        "--data", data, "--output", str(output), "--workers", "2", "--epochs", str(epochs),
-        "--batch-size-per-worker", "32", "--threads-per-worker", "1", "--model", "small", *extra,
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
