@@ -73,7 +73,7 @@ def test_idle_threads_are_named_and_a_good_job_is_told_so() -> None:
 
 
 # Each rank trains a small dense model through Horovod's DistributedOptimizer with the clock;
-# rank 1 sleeps 50 ms before every step, so rank 0 waits about that long in every allreduce.
+# rank 1 sleeps 300 ms before every step, so rank 0 waits about that long in every allreduce.
 RANK_PROGRAM = """
 import time
 from components.common import keras_env
