@@ -178,9 +178,10 @@ def _listing(uri: str) -> Iterator[tuple[str, Any]]:
         prefix = key.rstrip("/") + "/" if key else ""
         for blob in _client().list_blobs(bucket, prefix=prefix, retry=_retry("list", uri)):
             yield blob.name[len(prefix) :], blob
-    elif Path(uri).is_dir():
-        for path in Path(uri).rglob("*"):
-            if path.is_file():
+    else:  # os.walk skips a folder removed while it is listed, as a GCS listing does
+        for folder, _, names in os.walk(uri):
+            for name in names:
+                path = Path(folder, name)
                 yield path.relative_to(uri).as_posix(), path
 
 
@@ -199,7 +200,11 @@ def checksums(uri: str) -> dict[str, str]:
     downloaded; locally: sha256)."""
     if is_gcs(uri):
         return {rel: str(blob.crc32c) for rel, blob in _listing(uri)}
-    return {rel: sha256_bytes(path.read_bytes()) for rel, path in _listing(uri)}
+    sums = {}
+    for rel, path in _listing(uri):
+        with contextlib.suppress(FileNotFoundError):  # removed since listed: absent, as on GCS
+            sums[rel] = sha256_bytes(path.read_bytes())
+    return sums
 
 
 def copy_file(src: str, dest: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,23 @@ def test_bad_gcs_uris_are_named() -> None:
         storage.split_gcs("gs:///key")
     with pytest.raises(ValueError, match="not a gs:// URI"):
         storage.split_gcs("/local/path")
+
+
+def test_a_folder_removed_while_it_is_summed_reads_as_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A serving sync checks the folder before it takes the lease, while another sync may rename
+    a version away: what is gone by the time it is listed or read is absent, as in a GCS
+    listing, not an error."""
+    folder = tmp_path / "7"
+    for rel in ("fingerprint.pb", "saved_model.pb", "variables/variables.index"):
+        storage.write_bytes(str(folder / rel), b"x")
+    read_bytes = Path.read_bytes
+
+    def read_then_removed(path: Path) -> bytes:
+        data = read_bytes(path)
+        shutil.rmtree(folder, ignore_errors=True)  # the other sync, right after the first read
+        return data
+
+    monkeypatch.setattr(Path, "read_bytes", read_then_removed)
+    assert len(storage.checksums(str(folder))) == 1
