@@ -13,7 +13,6 @@ committed, a resume never silently starts from scratch: no checkpoint that check
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -94,7 +93,7 @@ def _check_epoch(checkpoint_uri: str, epoch: int, present: set[str]) -> Checkpoi
             data = storage.read_bytes(storage.join(checkpoint_uri, folder, name))
             if len(data) != int(want["bytes"]):
                 return f"{name} has {len(data)} bytes, {int(want['bytes'])} were written"
-            if hashlib.sha256(data).hexdigest() != want["sha256"]:
+            if storage.sha256_bytes(data) != want["sha256"]:
                 return f"{name} does not match the sha256 recorded when it was written"
         info = CheckpointInfo.of(raw)
     except (KeyError, TypeError, ValueError) as exc:
@@ -147,7 +146,7 @@ def save(
         files = {
             f.name: {
                 "bytes": f.stat().st_size,
-                "sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
+                "sha256": storage.sha256_bytes(f.read_bytes()),
             }
             for f in sorted(Path(tmp).iterdir())
         }
