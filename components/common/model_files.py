@@ -7,7 +7,6 @@ imports TensorFlow: the register image has none.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import tempfile
 from collections.abc import Callable
@@ -57,10 +56,14 @@ def check_digest_text(value: object, source: str) -> str:
     return value
 
 
+def saved_model_sha256(local_dir: str | Path) -> str:
+    """The model's digest: the sha256 of its ``saved_model.pb`` (the trainer records it)."""
+    return storage.sha256_bytes((Path(local_dir) / SAVED_MODEL_PB).read_bytes())
+
+
 def verify_digest(local_dir: str | Path, recorded: str | None, where: str) -> str:
-    """The sha256 of the model's ``saved_model.pb``; ModelError unless it equals `recorded`
-    (when given)."""
-    actual = hashlib.sha256((Path(local_dir) / SAVED_MODEL_PB).read_bytes()).hexdigest()
+    """`saved_model_sha256`; ModelError unless it equals `recorded` (when given)."""
+    actual = saved_model_sha256(local_dir)
     if recorded is not None and actual != check_digest_text(recorded, where):
         raise ModelError(
             f"{where}: {SAVED_MODEL_PB} has sha256 {actual}, but the trainer recorded "

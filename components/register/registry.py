@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from components.common import storage
+from components.common.model_files import SAVED_MODEL_PB
 
 CLAIMS = "_claims"
 RUNS = "_runs"
 ALIASES = "_aliases"
 STAGING = "_staging"
 METADATA_FILE = "kfp_horovod_metadata.json"
-SAVED_MODEL_PB = "saved_model.pb"
 REGISTRY_FORMAT = "kfp-horovod/model-registry/v1"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_CLAIM_ATTEMPTS = 1000

@@ -36,6 +36,7 @@ from typing import Any
 
 from components.common import dataset, keras_env, storage
 from components.common.board import Board
+from components.common.model_files import SAVED_MODEL_PB, saved_model_sha256
 from components.train import checkpoints
 from components.train.config import TrainConfig
 from components.train.data import Shard, epoch_ids, load_shard, make_dataset
@@ -171,7 +172,7 @@ def read_shard(job: Job) -> Shard:
     if error is None:
         try:
             shard = load_shard(config.data, config.batch_size_per_worker, rank, size)
-            if rank == 0 and storage.exists(storage.join(config.model_uri, "saved_model.pb")):
+            if rank == 0 and storage.exists(storage.join(config.model_uri, SAVED_MODEL_PB)):
                 error = (
                     f"{config.model_uri}: a model is already exported there; refusing to overwrite"
                 )
@@ -339,8 +340,8 @@ def save_model(model: Any, model_uri: str) -> str:
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         local = Path(tmp) / "model"
         model.save(str(local), include_optimizer=False, save_format="tf")
-        pb_sha256 = dataset.sha256_bytes((local / "saved_model.pb").read_bytes())
-        storage.upload_dir(local, model_uri, last="saved_model.pb")
+        pb_sha256 = saved_model_sha256(local)
+        storage.upload_dir(local, model_uri, last=SAVED_MODEL_PB)
     return pb_sha256
 
 

@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from components.common import storage
 from components.common.crd import Crd
+from components.common.model_files import SAVED_MODEL_PB
 from components.train import summary
 from components.train.cluster.job import (
     ANNOTATION_RUN_ID,
@@ -282,7 +283,7 @@ def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSumma
             f"run summary {train.summary_uri} names model_uri {record.model_uri!r}, "
             f"expected {train.model_uri!r}"
         )
-    saved_model = storage.join(train.model_uri, "saved_model.pb")
+    saved_model = storage.join(train.model_uri, SAVED_MODEL_PB)
     if not storage.exists(saved_model):
         raise JobError(f"the {kind} succeeded but there is no model at {saved_model}")
     for key, value in (("world_size", record.world_size), ("workers", record.config.world_size)):
