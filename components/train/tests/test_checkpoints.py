@@ -33,8 +33,8 @@ def test_marker_records_the_model_and_refuses_another(tmp_path: Path) -> None:
                       "model": "small"}  # fmt: skip
     info = checkpoints.latest(uri)
     assert info is not None and info.model == "small"
-    assert info.model_problem("small", uri) is None
-    assert info.model_problem("mnist_advanced", uri) == (
+    assert info.resume_problem("small", uri) is None
+    assert info.resume_problem("mnist_advanced", uri) == (
         f"the checkpoints at {uri} were written training model 'small', and this run trains "
         "'mnist_advanced': resume with model='small', or start the run in a fresh output (or "
         "checkpoint) directory"
