@@ -108,10 +108,12 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedModel:
     """`build_model` (``small``, `seed`) trained `epochs` quick epochs on `dataset` without Horovod
-    and exported at `path` as the trainer does (``model.save(dir, include_optimizer=False)``)."""
+    and exported at `path` as the trainer does (`trainer.export_saved_model`)."""
     from components.common import keras_env
     from components.common.dataset import load_range, read_manifest
+    from components.common.model_files import saved_model_sha256
     from components.train.model import build_model
+    from components.train.trainer import export_saved_model
 
     manifest = read_manifest(dataset)
     (x, y), (x_test, y_test) = load_range(manifest, "train"), load_range(manifest, "test")
@@ -123,9 +125,8 @@ def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedMode
     )
     model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
     loss, accuracy = model.evaluate(x_test, y_test, batch_size=400, verbose=0)
-    model.save(str(path), include_optimizer=False)
-    digest = hashlib.sha256((path / "saved_model.pb").read_bytes()).hexdigest()
-    return TrainedModel(str(path), dataset, float(accuracy), float(loss), digest)
+    export_saved_model(model, path)
+    return TrainedModel(str(path), dataset, float(accuracy), float(loss), saved_model_sha256(path))
 
 
 @pytest.fixture(scope="session")

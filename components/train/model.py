@@ -16,6 +16,7 @@ same initial weights.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -132,7 +133,8 @@ def _user_model(keras: Any, model: str, front: list[Any]) -> Any:
         )
     except Exception as exc:  # Keras says why the input does not fit in its own words
         reason = next(
-            (line for line in str(exc).splitlines() if line.strip() and "encountered" not in line),
+            (line for line in _plain(str(exc)).splitlines()
+             if line.strip() and "encountered" not in line),
             type(exc).__name__,
         )  # Keras' reason, without its "Exception encountered when calling layer" wrapping
         raise ModelChoiceError(
@@ -146,6 +148,11 @@ def _user_model(keras: Any, model: str, front: list[Any]) -> Any:
             f"(None, {NUM_CLASSES}): one probability per class"
         )
     return wrapped
+
+
+def _plain(text: str) -> str:
+    """`text` without the terminal colour codes Keras 3 puts in its errors."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def _import_model_module(model: str, module_name: str) -> Any:

@@ -35,6 +35,15 @@ def build(input_shape: tuple[int, int, int], num_classes: int) -> Any:
     return keras.Model(inputs, outputs, name="users_tiny_cnn")
 
 
+def per_rank_weights(input_shape: tuple[int, int, int], num_classes: int) -> Any:
+    """`build`, but every rank draws its own initial weights, as a model that seeds itself from
+    the rank would: the ranks train one model only because rank 0's state is broadcast."""
+    import horovod.tensorflow as hvd
+
+    keras.utils.set_random_seed(1000 + (hvd.rank() if hvd.is_initialized() else 0))
+    return build(input_shape, num_classes)
+
+
 def sequential(input_shape: tuple[int, int, int], num_classes: int) -> Any:
     """Keras 2 style: a plain Sequential of built-in layers, which Keras 3 runs as it is."""
     return keras.Sequential(
