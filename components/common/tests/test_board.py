@@ -9,19 +9,7 @@ from pathlib import Path
 from components.common import storage
 from components.common.board import Board
 from components.common.keras_env import tensorflow
-
-
-def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """tag -> [(step, value)] of the run folder `log_dir`, read as TensorBoard reads it."""
-    from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
-    from tensorboard.util.tensor_util import make_ndarray
-
-    events = EventAccumulator(str(log_dir), size_guidance={TENSORS: 0})
-    events.Reload()
-    return {
-        tag: [(e.step, float(make_ndarray(e.tensor_proto))) for e in events.Tensors(tag)]
-        for tag in events.Tags()["tensors"]
-    }
+from tests.test_e2e_local import read_scalars
 
 
 def test_every_write_reaches_the_log_directory_readable_by_tensorboard(
@@ -31,11 +19,11 @@ def test_every_write_reaches_the_log_directory_readable_by_tensorboard(
     board = Board(tensorflow(), uri, "train", tmp_path / "work")
     for epoch in (1, 2, 3):
         board.write(epoch, {"loss": 0.5**epoch, "accuracy": 0.25 * epoch})
-        (local,) = [p for p in (tmp_path / "work" / "tensorboard" / "train").iterdir()]
+        (local,) = (tmp_path / "work" / "tensorboard" / "train").iterdir()  # one file a run
         assert storage.list_files(uri) == [storage.join(uri, "train", local.name)]
         assert storage.read_bytes(storage.join(uri, "train", local.name)) == local.read_bytes()
     copy = storage.download_dir(uri, tmp_path / "copy")
-    assert _scalars(copy / "train") == {
+    assert read_scalars(copy)["train"] == {
         "accuracy": [(1, 0.25), (2, 0.5), (3, 0.75)],
         "loss": [(1, 0.5), (2, 0.25), (3, 0.125)],  # float32: exact
     }
