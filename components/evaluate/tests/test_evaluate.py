@@ -24,8 +24,11 @@ def test_score_by_hand() -> None:
     out = ev.score(p, labels)
     assert out["accuracy"] == 0.75
     assert out["samples"] == 4
-    cm = np.array(out["confusion_matrix"])
-    assert cm[0, 0] == 1 and cm[1, 1] == 1 and cm[2, 1] == 1 and cm[3, 3] == 1 and cm.sum() == 4
+    expected = [[0] * 10 for _ in range(10)]  # rows: true class, columns: predicted class
+    for true, predicted in [(0, 0), (1, 1), (2, 1), (3, 3)]:
+        expected[true][predicted] = 1
+    assert out["confusion_matrix"] == expected
+    assert all(type(n) is int for row in out["confusion_matrix"] for n in row)  # JSON-ready
     assert out["precision"][1] == 0.5 and out["recall"][1] == 1.0
     assert out["precision"][2] == 0.0 and out["recall"][2] == 0.0  # never predicted / missed
     assert out["recall"][5] == 0.0  # class absent: reported as 0, not NaN

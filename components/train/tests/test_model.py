@@ -5,7 +5,11 @@ Real Keras throughout; every build is a few milliseconds to a second on CPU.
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -134,9 +138,22 @@ def test_a_model_that_cannot_be_trained_is_named_with_the_reason(choice: str, me
     assert problem.endswith("No rank was started.")
 
 
-def test_built_in_names_pass_the_preflight_without_building() -> None:
-    for model in ("small", "mnist_advanced", f"{USER}:build"):
-        check_model_before_launch(model)
+def test_built_in_names_pass_the_preflight_without_tensorflow_a_users_is_built() -> None:
+    """In a fresh process, as the launcher runs it: after each model's preflight, whether it
+    passed and whether TensorFlow is loaded. Built-in names pass untouched; a user's entry
+    point that works is built (so TensorFlow is loaded) and passes."""
+    program = (
+        "import json, sys; from components.train.preflight import check_model_before_launch; "
+        "print(json.dumps([(check_model_before_launch(m), 'tensorflow' in sys.modules)[1] "
+        "for m in sys.argv[1:]]))"
+    )
+    models = [*defaults.MODELS, f"{USER}:build"]
+    out = subprocess.run(
+        [sys.executable, "-c", program, *models], capture_output=True, text=True, timeout=300,
+        cwd=Path(__file__).resolve().parents[3],
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == [False, False, True]
 
 
 # Augmentation
