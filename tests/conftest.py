@@ -9,9 +9,7 @@ does not on reads, which is safe: a token read and then written with is checked 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,15 +23,6 @@ from components.train.config import TrainConfig
 from components.train.summary import RunSummary, to_json
 
 _bucket_ids = itertools.count()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Start every test's subprocesses from the environment a user's shell has: once a test has
-    called `keras_env.keras()` (it sets ``TF_USE_LEGACY_KERAS=1``), every later subprocess would
-    inherit Keras 2, and a program that forgets to select it would pass here and fail for users
-    (bench.allreduce's ranks did). In-process, TensorFlow stays bound to the Keras it imported."""
-    os.environ.pop("TF_USE_LEGACY_KERAS", None)
 
 
 @pytest.fixture(scope="session")

@@ -133,8 +133,11 @@ def _user_model(keras: Any, model: str, front: list[Any]) -> Any:
         )
     except Exception as exc:  # Keras says why the input does not fit in its own words
         reason = next(
-            (line for line in _plain(str(exc)).splitlines()
-             if line.strip() and "encountered" not in line),
+            (
+                line
+                for line in _plain(str(exc)).splitlines()
+                if line.strip() and "encountered" not in line
+            ),
             type(exc).__name__,
         )  # Keras' reason, without its "Exception encountered when calling layer" wrapping
         raise ModelChoiceError(

@@ -106,8 +106,7 @@ def averaged(logs: dict[str, Any], costs: list[EpochCost]) -> bool:
     own = [dict(c.own_metrics) for c in costs]
     keys = [k for k in ("loss", "accuracy") if k in logs and all(k in m for m in own)]
     return bool(keys) and all(
-        abs(float(logs[k]) - statistics.fmean(m[k] for m in own)) <= AVERAGE_TOLERANCE
-        for k in keys
+        abs(float(logs[k]) - statistics.fmean(m[k] for m in own)) <= AVERAGE_TOLERANCE for k in keys
     )
 
 
@@ -262,9 +261,10 @@ class Telemetry:
         slowest = max(c.seconds for c in costs)
         job = {**step_split(costs), "examples_per_second": self.samples * len(costs) / slowest}
         own = [dict(c.own_metrics).get("loss", float("nan")) for c in costs]
+        losses = ", ".join(f"{v:.4f}" for v in own)
         how = (
             f"averaged over {len(costs)} ranks" if self.metrics_averaged[-1]
-            else f"rank 0's own, NOT averaged: the ranks' losses are {', '.join(f'{v:.4f}' for v in own)}"
+            else f"rank 0's own, NOT averaged: the ranks' losses are {losses}"
         )  # fmt: skip
         self.log.info(
             "Epoch %d/%d - loss %.4f - accuracy %.4f (%s) - lr %.5f - "
@@ -318,7 +318,7 @@ class Telemetry:
             coverage=coverage(all_ids, shard.total),
             weights_identical_across_ranks=len({r["weights_sha256"] for r in per_rank}) == 1,
             start_weights_identical_across_ranks=len(set(self.start_fingerprints)) == 1,
-            metrics_averaged_across_ranks=bool(self.metrics_averaged) and all(self.metrics_averaged),
+            metrics_averaged_across_ranks=all(self.metrics_averaged or [False]),
             resource_use=resource_use(self.costs, {r["rank"]: r["host"] for r in per_rank})
             if self.costs
             else None,

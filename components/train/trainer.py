@@ -283,7 +283,11 @@ def callbacks(job: Job, trainee: Trainee, shard: Shard) -> list[Any]:
     """
     hvd, config, keras = job.hvd, job.config, keras_env.keras()
     telemetry = job.telemetry
-    found: list[Any] = [telemetry.own_metrics_callback(keras), hvd.callbacks.MetricAverageCallback()]
+    # The telemetry keeps each rank's own metrics before they are averaged, and checks after.
+    found: list[Any] = [
+        telemetry.own_metrics_callback(keras),
+        hvd.callbacks.MetricAverageCallback(),
+    ]
     if not config.elastic:
         found.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
     if config.warmup_epochs > 0:
