@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from components.common import defaults, storage
+from components.common import defaults, failure, storage, storage_access
 from components.common.declare import Declared, declared
 from components.data_prep.step import PREP_PARAMETERS
 from components.register.step import REGISTER_PARAMETERS
@@ -51,7 +51,8 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 
 @click.command("run-local")
 @declared_options([*PIPELINE_TRAIN_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS])
-@click.option("--root", default="runs", show_default=True, help="where runs and the registry go")
+@click.option("--root", default="runs", show_default=True, help="the local folder where runs "
+              "(and the registry, unless --registry-root) go; not a URI")  # fmt: skip
 @click.option("--runner", type=click.Choice(["subprocess", "docker"]), default="subprocess",
               show_default=True, help="subprocess: every step in this environment; docker: every "
               "step in its image (build them with `make images-local`)")  # fmt: skip
@@ -67,9 +68,8 @@ def run_local_command(root: str, runner: str, image_registry: str, image_tag: st
         del params["registry_root"]
     images = (image_registry, image_tag) if runner == "docker" else None
     try:
-        run = run_pipeline_locally(root, docker_images=images, **params)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
+        with failure.one_line_failures():  # bad input, storage it cannot use: one FAILED line
+            run = run_pipeline_locally(root, docker_images=images, **params)
     except RunFailed as exc:  # the console ends with its FAILED line and the log's path
         raise SystemExit(1) from exc
     click.echo("=" * 80)
@@ -161,6 +161,13 @@ def registry_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--registry-root", required=True, help=help_text)(func)
 
 
+def check_registry_access(registry_root: str, writes: bool) -> None:
+    """A ``gs://`` registry this identity cannot read (or, `writes`, write) ends the command
+    in one ``FAILED:`` line naming what is missing, before anything is read or written."""
+    with failure.one_line_failures():
+        storage_access.check([storage_access.Location("--registry-root", registry_root, writes)])
+
+
 def _serving_folder(registry_root: str, model_name: str, alias: str) -> Any:
     from components.register.registry import ModelStore
     from components.register.serving import ServingFolder
@@ -197,6 +204,7 @@ def render_inferenceservice(
     from components.register.registry import RegistryError
     from components.serve import inferenceservice as isvc
 
+    check_registry_access(registry_root, writes=False)
     try:
         folder = _serving_folder(registry_root, model_name, alias)
         manifest = isvc.build_inferenceservice(name or model_name, folder.uri, **options)
@@ -224,6 +232,7 @@ def sync_serving(registry_root: str, model_name: str, alias: str) -> None:
     that stopped between moving the alias and publishing it)."""
     from components.register.registry import RegistryError
 
+    check_registry_access(registry_root, writes=True)
     try:
         folder = _serving_folder(registry_root, model_name, alias)
         version = folder.sync()

@@ -85,6 +85,52 @@ class TrainedModel:
     saved_model_sha256: str
 
 
+def bucket_objects(emulator_url: str, name: str) -> list[str] | None:
+    """The names of the objects in bucket `name`, read straight from the emulator at
+    `emulator_url` (not through a proxy); None if there is no such bucket."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs
+
+    options = {"api_endpoint": emulator_url}
+    client = gcs.Client("emulator", AnonymousCredentials(), client_options=options)
+    if client.lookup_bucket(name) is None:
+        return None
+    return sorted(blob.name for blob in client.list_blobs(name))
+
+
+@pytest.fixture
+def read_only_bucket(gcs_emulator: str) -> Iterator[str]:
+    """A new bucket holding ``reg/kept.txt``, which the storage client (this process's and its
+    subprocesses') reaches through `standins.fake_gcs.ReadOnlyProxy`: reads work, every write
+    is refused with 403 as for an identity without write access. Yields its name."""
+    from components.common import storage
+    from standins.fake_gcs import ReadOnlyProxy
+
+    with storage_emulator(gcs_emulator):
+        name = create_bucket(f"test-bucket-{next(_bucket_ids)}")
+        storage.write_text(f"gs://{name}/reg/kept.txt", "kept")
+    with ReadOnlyProxy(gcs_emulator) as proxy, storage_emulator(proxy.url):
+        yield name
+
+
+@pytest.fixture
+def no_credentials(tmp_path: Path) -> dict[str, str]:
+    """An environment for a subprocess in which google-auth finds no credentials and reaches no
+    network: no emulator, no GOOGLE_APPLICATION_CREDENTIALS, an empty HOME and gcloud config,
+    the metadata server's check off (``NO_GCE_CHECK``) and its address a closed port on
+    127.0.0.1. (Not this process's: google-auth reads those variables when it is imported.)"""
+    from standins.fake_gcs import free_port
+
+    env = dict(os.environ)
+    for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        env.pop(name, None)
+    home, closed = tmp_path / "empty-home", f"127.0.0.1:{free_port()}"
+    home.mkdir()
+    env.update(HOME=str(home), CLOUDSDK_CONFIG=str(home), NO_GCE_CHECK="true",
+               GCE_METADATA_HOST=closed, GCE_METADATA_IP=closed)  # fmt: skip
+    return env
+
+
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The bundled digits, 400 train / 400 test samples, in the dataset format (session-wide)."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import dataset, keras_env, storage
+from components.common import dataset, keras_env, storage, storage_access
 from components.common.board import Board
 from components.common.defaults import IMAGE_SHAPE
 from components.common.model_files import SAVED_MODEL_PB, SERVING_SIGNATURE, saved_model_sha256
@@ -176,7 +176,8 @@ def read_shard(job: Job) -> Shard:
         error = gpu_problem(config.gpus_per_worker, local_size, found, missing)
     shard: Shard | None = None
     if error is None:
-        try:
+        try:  # the workers' identity reads the data; rank 0 checks it writes where the job does
+            storage_access.check_job(config, writes=rank == 0)
             shard = load_shard(config.data, config.batch_size_per_worker, rank, size)
             if rank == 0 and storage.exists(storage.join(config.model_uri, SAVED_MODEL_PB)):
                 error = (
