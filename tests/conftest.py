@@ -10,6 +10,7 @@ does not on reads, which is safe: a token read and then written with is checked 
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
