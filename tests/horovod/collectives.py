@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from tests.horovod.common import TOLERANCE, WORLD, Rank
+from tests.horovod.common import WORLD, Check, Rank, assert_close
 
 
-def tensors(rank: int) -> dict[str, np.ndarray]:
+def tensors(rank: int) -> dict[str, Any]:
     """Rank `rank`'s tensors: a scalar (a metric), a matrix and a vector (gradients)."""
     rng = np.random.default_rng(100 + rank)
     return {
@@ -58,7 +58,7 @@ def allreduce(me: Rank, op_name: str, grouped: bool = False) -> dict[str, Any]:
         assert not np.array_equal(given[0], given[1]), "the ranks' inputs must differ"
         assert value.dtype == tf.float32, f"{key}: {value.dtype}"
         want = reduce(np.asarray(given), axis=0)
-        np.testing.assert_allclose(value.numpy(), want, **TOLERANCE, err_msg=f"{op_name} {key}")
+        assert_close(value.numpy(), want, f"{op_name} {key}")
     return {"same": {k: v.numpy().tolist() for k, v in out.items()}}
 
 
@@ -144,7 +144,7 @@ def allgather_object(me: Rank) -> dict[str, Any]:
     return {}
 
 
-CHECKS = {
+CHECKS: dict[str, Check] = {
     "ranks": ranks,
     "allreduce_average": functools.partial(allreduce, op_name="Average"),
     "allreduce_sum": functools.partial(allreduce, op_name="Sum"),

@@ -9,6 +9,7 @@ collective (a rank that fails early would leave the other waiting in a collectiv
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +17,8 @@ import numpy as np
 
 WORLD = 2
 FEATURES, CLASSES, BATCH = 8, 4, 16
-# Horovod's float32 results against the same sums and steps computed here.
-TOLERANCE = {"rtol": 1e-6, "atol": 1e-6}
+# Horovod's float32 results against the same sums and steps computed here (relative and absolute).
+TOLERANCE = 1e-6
 # ``horovodrun --check-build`` in a Python that has imported horovod.tensorflow: the check forks
 # once per question (TensorFlow? MPI? Gloo? ...), and the forks then do not import TensorFlow
 # again (7 s of CPU instead of 34 s). Also run in the trainer images (tests/containers).
@@ -35,8 +36,9 @@ def built_with(check_build_output: str) -> set[str]:
 
 @dataclass(frozen=True)
 class Rank:
-    """This process in the job: Horovod's Keras API (as the trainer imports it), TF, tf-keras,
-    the launcher that started it (``mpi``, ``gloo`` or ``elastic``), its rank and the size."""
+    """This process in the job: Horovod's Keras API (as the trainer imports it), TF, Keras 3
+    (``import keras``), the launcher that started it (``mpi``, ``gloo`` or ``elastic``), its
+    rank and the size."""
 
     hvd: Any
     tf: Any
@@ -44,6 +46,10 @@ class Rank:
     controller: str
     rank: int
     size: int
+
+
+# A check: run on every rank, asserts on this rank's values, returns what the test compares.
+Check = Callable[[Rank], dict[str, Any]]
 
 
 def small_model(keras: Any, seed: int) -> Any:
@@ -73,16 +79,48 @@ def dataset(me: Rank, steps: int) -> Any:
     return data.batch(BATCH).repeat()
 
 
-def compile_distributed(me: Rank, model: Any, learning_rate: float, **options: Any) -> Any:
-    """Compile `model` as `components.train.trainer.build_or_resume` does: tf-keras' legacy Adam
-    in Horovod's DistributedOptimizer, timed by the trainer's AllreduceClock. Returns the
-    optimizer."""
+def compile_distributed(me: Rank, model: Any, base: Any, **options: Any) -> Any:
+    """Compile `model` as `components.train.trainer.build_or_resume` does: the Keras 3
+    optimizer `base` (not built yet) in Horovod's DistributedOptimizer, timed by the trainer's
+    AllreduceClock, without XLA. Returns the optimizer."""
     from components.train.telemetry import AllreduceClock
 
-    adam = me.keras.optimizers.legacy.Adam(learning_rate=learning_rate)
-    optimizer = AllreduceClock(me.tf).wrap(me.hvd.DistributedOptimizer(adam, **options))
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    optimizer = AllreduceClock(me.tf).wrap(me.hvd.DistributedOptimizer(base, **options))
+    model.compile(
+        optimizer=optimizer,
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        jit_compile=False,
+    )
     return optimizer
+
+
+def resume_optimizer(optimizer: Any, model: Any, rank: int) -> None:
+    """Build `optimizer` for `model` and give it rank `rank`'s own state, as a resumed job's
+    optimizer holds one: ``iterations`` 10 + rank, and every other variable (the learning rate,
+    Adam's moments) a positive value of its own per rank."""
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    rng = np.random.default_rng(500 + rank)
+    for var in optimizer.variables:
+        if var is optimizer.iterations:
+            var.assign(10 + rank)
+        else:
+            var.assign(rng.uniform(0.001, 0.01, size=var.shape).astype(np.float32))
+
+
+def optimizer_state(optimizer: Any) -> list[float]:
+    """A Keras 3 optimizer's variables (``iterations``, the learning rate, the slots) as one flat
+    list, in order."""
+    return flat(v.numpy() for v in optimizer.variables)
+
+
+def assert_close(actual: Any, desired: Any, what: str) -> None:
+    """`actual` equals `desired` to TOLERANCE (relative and absolute), element by element."""
+    np.testing.assert_allclose(
+        np.asarray(actual, dtype=np.float64), np.asarray(desired, dtype=np.float64),
+        rtol=TOLERANCE, atol=TOLERANCE, err_msg=what,
+    )  # fmt: skip
 
 
 def flat(arrays: Any) -> list[float]:

@@ -1,5 +1,6 @@
 """Horovod's elastic state as components/train/elastic.py uses it: ``hvd.elastic.KerasState``
-over the model, its DistributedOptimizer (slots created first) and the job's own records;
+over the model, its Keras 3 DistributedOptimizer (which the state builds, so its slots are
+committed and synced from the start) and the job's own records;
 ``hvd.elastic.run``, whose sync broadcasts rank 0's state; ``CommitStateCallback`` committing
 at epoch ends only; and restore, which gives back what the last commit saved.
 
@@ -12,24 +13,35 @@ from __future__ import annotations
 from typing import Any
 
 from components.train.elastic import COMMIT_AT_EPOCH_ENDS_ONLY
-from tests.horovod.common import Rank, compile_distributed, dataset, flat, small_model
+from tests.horovod.common import (
+    Check,
+    Rank,
+    compile_distributed,
+    dataset,
+    flat,
+    optimizer_state,
+    resume_optimizer,
+    small_model,
+)
 
 LEARNING_RATE = 0.01
 
 
-def _trainee(me: Rank, seed: int) -> tuple[Any, Any]:
-    """A compiled model with its optimizer's slots created, as train_elastic does before it
-    builds the state (every rank then holds the same variables for the sync)."""
+def _trainee(me: Rank, seed: int, **records: Any) -> tuple[Any, Any, Any]:
+    """A compiled model, its optimizer and their ``KerasState`` with `records`, as
+    train_elastic builds them; the state builds the Keras 3 optimizer (its first step would),
+    so every slot is in what it commits and syncs."""
     model = small_model(me.keras, seed)
-    optimizer = compile_distributed(me, model, LEARNING_RATE)
-    optimizer._create_all_weights(model.trainable_variables)
-    return model, optimizer
+    optimizer = compile_distributed(me, model, me.keras.optimizers.Adam(LEARNING_RATE))
+    state = me.hvd.elastic.KerasState(model, optimizer, **records)
+    assert optimizer.built, "KerasState did not build the Keras 3 optimizer"
+    return model, optimizer, state
 
 
 def _snapshot(model: Any, optimizer: Any, state: Any) -> dict[str, Any]:
     return {
         "weights": flat(model.get_weights()),
-        "optimizer_state": flat(v.numpy() for v in optimizer.variables()),
+        "optimizer_state": optimizer_state(optimizer),
         "epoch": state.epoch,
         "metrics": state.metrics,
         "epochs": state.epochs,
@@ -43,13 +55,13 @@ def _assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
 
 def state_sync(me: Rank) -> dict[str, Any]:
     """``hvd.elastic.run``'s sync before the first attempt: ranks that hold different weights,
-    optimizer state and records all hold rank 0's in the attempt."""
+    optimizer state (iterations, learning rate, moments) and records all hold rank 0's in the
+    attempt."""
     held = []
     for rank in range(me.size):  # what every rank holds; this rank runs its own
-        model, optimizer = _trainee(me, seed=100 + rank)
-        optimizer.iterations.assign(10 + rank)
         records = {"epoch": 3 + rank, "metrics": {"loss": float(rank)}, "epochs": [{"rank": rank}]}
-        state = me.hvd.elastic.KerasState(model, optimizer, **records)
+        model, optimizer, state = _trainee(me, seed=100 + rank, **records)
+        resume_optimizer(optimizer, model, rank)
         held.append((model, optimizer, state))
     before = [_snapshot(*h) for h in held]
     model, optimizer, state = held[me.rank]
@@ -72,8 +84,7 @@ def commit_callback(me: Rank) -> dict[str, Any]:
     committed weights, optimizer state and records (restored by ``hvd.elastic.run`` after a
     lost worker)."""
     hvd, keras = me.hvd, me.keras
-    model, optimizer = _trainee(me, seed=7)
-    state = hvd.elastic.KerasState(model, optimizer, epoch=0, metrics={}, epochs=[])
+    model, optimizer, state = _trainee(me, seed=7, epoch=0, metrics={}, epochs=[])
     commits: list[int] = []
     commit = state.commit
 
@@ -102,7 +113,8 @@ def commit_callback(me: Rank) -> dict[str, Any]:
     trained = attempt(state)
     # An uncommitted step and epoch (records assigned, never mutated, as elastic.py does).
     model.set_weights([w + 1.0 for w in model.get_weights()])
-    optimizer.iterations.assign(99)
+    for var in optimizer.variables:  # iterations, learning rate, moments
+        var.assign(var + 1)
     state.epoch, state.metrics = 3, {"loss": 0.25}
     state.epochs = [*state.epochs, {"epoch": 3, "world_size": me.size}]
     changed = _snapshot(model, optimizer, state)
@@ -115,7 +127,7 @@ def commit_callback(me: Rank) -> dict[str, Any]:
     return {"same": {"trained": trained}}
 
 
-CHECKS = {
+CHECKS: dict[str, Check] = {
     "elastic_state_sync": state_sync,
     "elastic_commit_callback": commit_callback,
 }

@@ -11,16 +11,20 @@ import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from components.train import launch as project
 from components.train.mpiwatch import kill_job
 from standins.jobs import static_command
-from tests.horovod import collectives, elastic_checks, keras_checks
-from tests.horovod.common import WORLD, Rank
+from tests.horovod import (
+    callback_checks,
+    collectives,
+    elastic_checks,
+    keras_checks,
+    refusal_checks,
+)
+from tests.horovod.common import WORLD, Check, Rank
 
 REPO = Path(__file__).resolve().parents[2]
 CONTROLLERS = ("mpi", "gloo", "elastic")
@@ -71,22 +75,23 @@ def launch(controller: str, work: Path) -> Launch:
 
 
 # Every check, in the order every rank runs them (each its collectives in the same order).
-CHECKS: dict[str, Callable[[Rank], dict[str, Any]]] = {
+CHECKS: dict[str, Check] = {
     **collectives.CHECKS,
     **keras_checks.CHECKS,
+    **callback_checks.CHECKS,
     **elastic_checks.CHECKS,
+    **refusal_checks.CHECKS,
 }
 
 
 def main(argv: list[str]) -> int:
-    """Start as the trainer does, run `CHECKS`, write each result."""
-    from components.common import keras_env
-
+    """Start as the trainer does (Horovod's Keras API on Keras 3's ``keras``), run `CHECKS`,
+    write each result."""
     out, controller = Path(argv[0]), argv[1]
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    keras = keras_env.keras()  # first: Keras 2 and the `keras` alias, before Horovod loads
     import horovod.tensorflow.keras as hvd
+    import keras
     import tensorflow as tf
 
     hvd.init()

@@ -71,7 +71,8 @@ def test_the_job_ended_cleanly(job: Launch) -> None:
 @pytest.mark.parametrize("check", CHECKS)
 def test_check(job: Launch, check: str) -> None:
     """Every rank passed its own assertions (tests/horovod/collectives.py, keras_checks.py,
-    elastic_checks.py), and what must be identical on every rank is."""
+    callback_checks.py, elastic_checks.py, refusal_checks.py), and what must be identical on
+    every rank is."""
     ranks = per_rank(job, check)
     for key, value in ranks[0].get("same", {}).items():
         others = [r["same"][key] for r in ranks[1:]]
