@@ -33,7 +33,7 @@ from components.train.step import TrainStep
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = "v1alpha1"
-_CRDS = Path("deploy") / "crd" / "trainer"
+_CRDS = Path("deploy") / "crd" / "trainer" / defaults.TRAINER_VERSION  # one folder per release
 TRAINJOB = Crd(
     API_GROUP, API_VERSION, "TrainJob", "trainjobs",
     relative_path=_CRDS / "trainer.kubeflow.org_trainjobs.yaml",
