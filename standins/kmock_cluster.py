@@ -85,7 +85,7 @@ class Cluster:
         self.logs: dict[str, str] = {}  # launcher log per pod name, served by a reaction
         self.log_containers: dict[str, str] = {}  # the container that log is of, per pod
         self.ended: set[str] = set()  # pods whose launcher container ended (its log is whole)
-        self.closing = False
+        self.closing, self.streams_ended = False, 0
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -127,11 +127,17 @@ class Cluster:
             return self._follow(name)
         return self.logs.get(name, "").encode()
 
+    def end_log_streams(self) -> None:
+        """End every open log stream while the containers run on, as the API server may end a
+        long request (its clients must open it again)."""
+        self.streams_ended += 1
+
     async def _follow(self, name: str) -> AsyncIterator[bytes]:
         yield b""  # the response starts at once, as the kubelet's
-        sent = 0
+        sent, generation = 0, self.streams_ended
         while True:
             ended = name in self.ended or self.closing  # before the text: all of it is there
+            ended = ended or self.streams_ended != generation
             text = self.logs.get(name, "")
             if len(text) > sent:
                 yield text[sent:].encode()
