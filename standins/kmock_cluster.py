@@ -7,8 +7,7 @@ of mpi-operator and of a Kubeflow Trainer release (v2.3.0 unless a test names an
 kmock cannot emulate is played here, and said so:
 
 * the API server's pruning of custom resources, its ``fieldValidation=Strict`` and its OpenAPI
-  v3 documents: `standins.kmock_api`;
-
+  v3 documents: `standins.kmock_api`, which stands in for the API server there;
 * the controllers: an `Operator` thread plays the controller of one `Kind` of job
   (`standins.kmock_jobs`: `MPIJOB_KIND` for mpi-operator, `TRAINJOB_KIND` for Kubeflow Trainer
   v2.3 with JobSet, whose docstring says how each shows), moving its conditions by patching its
