@@ -188,7 +188,7 @@ gcs-emulator-image: docker-ready ## the container tests' GCS emulator image
 	images/build-local.sh $(LOCAL_REGISTRY) $(LOCAL_TAG) $(BASE_IMAGE) $(OFFLINE_BASE_IMAGE) gcs-emulator=gcs-emulator
 
 # The MPIJob CRD the manifests are validated against (deploy/crd/SOURCE.md); the Trainer CRDs are
-# copied by hand (deploy/crd/trainer/SOURCE.md). Every CRD's schema is packaged for the image.
+# copied by hand, one folder per release (deploy/crd/trainer/README.md). Every CRD's schema is packaged for the image.
 MPI_OPERATOR_REF ?= caa3c47
 crd: install ## refresh deploy/crd from kubeflow/mpi-operator at MPI_OPERATOR_REF, and the packaged schemas
 	curl -fsSL -o deploy/crd/kubeflow.org_mpijobs.yaml \

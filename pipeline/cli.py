@@ -103,8 +103,9 @@ def step_options(backend: str) -> list[Declared]:
 def render(backend: str, namespace: str | None, crd_dir: str | None, data: str | None,
            output: str | None, model_dir: str | None, image_registry: str, image_tag: str,
            **options: Any) -> str:  # fmt: skip
-    """The validated manifests of `backend` for the command's options, as YAML documents;
-    ValueError lists every bad option at once."""
+    """The validated manifests of `backend` for the command's options, as YAML documents,
+    written for the job's CRD in `crd_dir` (a release's: deploy/crd/trainer/<version>) as the
+    train step writes them for the cluster's; ValueError lists every bad option at once."""
     import yaml
 
     from components.train.cluster import job
@@ -123,7 +124,9 @@ def render(backend: str, namespace: str | None, crd_dir: str | None, data: str |
     except ValueError as exc:
         raise ValueError("; ".join([str(exc), *job.uri_problems(data, output, model_dir)])) from exc
     params = job.ClusterJobParams(train=train, step=TrainStep(**options), **run)
-    manifests = job.validated(job.backend(backend), params, namespace, crd_dir)
+    manifests, deadline = job.validated(job.backend(backend), params, namespace, crd_dir)
+    if deadline.by == job.BY_STEP:
+        click.echo(f"note: {deadline.said(0)}", err=True)
     return yaml.safe_dump_all(manifests, sort_keys=False, default_flow_style=False)
 
 
@@ -140,7 +143,7 @@ def render_command(backend: str, what: str) -> click.Command:
     @click.option("--image-tag", default=defaults.PACKAGE_VERSION, show_default=True)
     @click.option(
         "--crd-dir", default=None, type=click.Path(exists=True, file_okay=False),
-        help="Folder of the CRD files [deploy/crd/...].",
+        help="Folder of the CRD files, e.g. deploy/crd/trainer/v2.1.0 [the packaged ones].",
     )  # fmt: skip
     @declared_options(TRAINER_OPTIONS)
     @declared_options(step_options(backend), {"run_name": "dry-run"})

@@ -2,8 +2,10 @@
 benchmarks (never importing either):
 
 - `fake_gcs`: GCS, the real fake-gcs-server, with a fault-injecting proxy;
-- `kmock_cluster` (with `kmock_jobs`): the Kubernetes API (kmock) for the real ``kubernetes``
-  client, with mpi-operator's part, or Kubeflow Trainer's and JobSet's, played on it;
+- `kmock_cluster` (with `kmock_jobs` and `kmock_api`): the Kubernetes API (kmock) for the real
+  ``kubernetes`` client, with the API server's handling of custom resources (pruning, Strict
+  field validation, OpenAPI documents) from the CRDs of a chosen Kubeflow Trainer release, and
+  mpi-operator's part, or Kubeflow Trainer's and JobSet's, played on it;
 - `pods`: the kubelet, running a job's pods in Docker containers on one network, and what
   the two operators' harnesses share (sshd workers, SSH and hostfile volumes, the launcher's
   run, logs, teardown); `mpijob_harness` (mpi-operator) and `trainjob_harness` (Kubeflow

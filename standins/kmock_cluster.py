@@ -2,16 +2,22 @@
 
 Used by the MPIJob and TrainJob lifecycle tests, the pipeline's train step test and the fault
 benchmark (bench/faults/), with the real ``kubernetes`` client. The cluster serves the MPIJob,
-TrainJob and TrainingRuntime APIs (discovery included), or the ones a test names. What kmock
-cannot emulate is played here, and said so:
+TrainJob and TrainingRuntime APIs (discovery included), or the ones a test names, with the CRDs
+of mpi-operator and of a Kubeflow Trainer release (v2.3.0 unless a test names another). What
+kmock cannot emulate is played here, and said so:
 
+* the API server's pruning of custom resources, its ``fieldValidation=Strict`` and its OpenAPI
+  v3 documents: `standins.kmock_api`, which stands in for the API server there;
 * the controllers: an `Operator` thread plays the controller of one `Kind` of job
   (`standins.kmock_jobs`: `MPIJOB_KIND` for mpi-operator, `TRAINJOB_KIND` for Kubeflow Trainer
   v2.3 with JobSet, whose docstring says how each shows), moving its conditions by patching its
   status through the API and creating its pods from their templates' specs, as the
   controllers do, so that each carries its template's placement;
-* pod logs: kmock has no kubelet, so a reaction serves ``pods/<name>/log`` from a dict the
-  operator thread appends to, for the pod's launcher container only;
+* pod logs and the launcher's end: kmock has no kubelet, so a reaction serves
+  ``pods/<name>/log`` from a dict the operator thread appends to, for the pod's launcher
+  container only; with ``follow`` true it streams, as the kubelet does, until the container
+  ends: `Operator.end` marks the launcher pod Succeeded or Failed (its container terminated),
+  then ends the stream; deleting the pod ends it too;
 * garbage collection: kmock does not cascade deletes, so `Operator.collect` deletes the job's
   pods once the job is gone, as Kubernetes' garbage collector would;
 * the pods themselves: `TrainerOperator` runs the launcher's trainer command line on this
@@ -28,7 +34,7 @@ import asyncio
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import kmock
@@ -41,6 +47,7 @@ from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig
 from standins.jobs import rank_processes
+from standins.kmock_api import Emulator, Schema, served_schemas
 from standins.kmock_jobs import (
     MPIJOB_KIND,
     TRAINJOB_KIND,
@@ -56,6 +63,7 @@ __all__ = [
 ]  # fmt: skip
 
 NS = "kubeflow-user"
+GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")  # the API server's booleans (strconv.ParseBool)
 G, V, P = MPIJOB.group, MPIJOB.version, MPIJOB.plural
 
 
@@ -63,13 +71,20 @@ class Cluster:
     """kmock's KubernetesEmulator served on a local port; `api` is a real kubernetes client.
 
     It serves the APIs of `kinds` (default: MPIJob, TrainJob and TrainingRuntime), as a cluster
-    with those CRDs installed would."""
+    with those CRDs installed would: Kubeflow Trainer's of release `trainer` (default: the one
+    the project builds against), or a test's own `schemas` of some."""
 
-    def __init__(self, kinds: tuple[Crd, ...] = (MPIJOB, TRAINJOB, TRAINING_RUNTIME)) -> None:
+    def __init__(
+        self, kinds: tuple[Crd, ...] = (MPIJOB, TRAINJOB, TRAINING_RUNTIME),
+        trainer: str | None = None, schemas: Mapping[Crd, Schema] | None = None,
+    ) -> None:  # fmt: skip
         self.kinds = kinds
-        self.emu = kmock.KubernetesEmulator()
+        self.emu = Emulator()
+        self.schemas = {**served_schemas(kinds, trainer), **(schemas or {})}
         self.logs: dict[str, str] = {}  # launcher log per pod name, served by a reaction
         self.log_containers: dict[str, str] = {}  # the container that log is of, per pod
+        self.ended: set[str] = set()  # pods whose launcher container ended (its log is whole)
+        self.closing, self.streams_ended = False, 0
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -87,12 +102,10 @@ class Cluster:
     def __enter__(self) -> Cluster:
         self._thread.start()
         assert self._ready.wait(10), "kmock did not start"
-        for crd in self.kinds:
-            self.emu.resources[f"{crd.api_version}/{crd.plural}"] = kmock.ResourceInfo(
-                namespaced=True, kind=crd.kind, verbs={"create", "get", "list", "delete", "patch"},
-                subresources={"status"},
-            )  # fmt: skip
-        self.emu.resources["v1/pods"] = kmock.ResourceInfo(namespaced=True, kind="Pod")
+        self.emu.serve(self.schemas)
+        self.emu.resources["v1/pods"] = kmock.ResourceInfo(
+            namespaced=True, kind="Pod", subresources={"status", "log"}
+        )
         self.emu["get", kmock.subresource("log")] << self._log
         config = client.Configuration()
         config.host = self.url
@@ -103,15 +116,38 @@ class Cluster:
         self.core.create_namespaced_pod(NS, pod("unrelated", {"app": "other"}))
         return self
 
-    def _log(self, request: kmock.Request) -> bytes:
-        """A pod's log; empty for a container other than the launcher's (or for none named)."""
-        wanted = request.params.get("container")
-        if wanted != self.log_containers.get(str(request.name)):
+    def _log(self, request: kmock.Request) -> Any:
+        """A pod's log, streamed until its container ends with ``follow=true``; empty for a
+        container other than the launcher's (or for none named)."""
+        name = str(request.name)
+        if request.params.get("container") != self.log_containers.get(name):
             return b""
-        return self.logs.get(str(request.name), "").encode()
+        if request.params.get("follow") in GO_TRUE:
+            return self._follow(name)
+        return self.logs.get(name, "").encode()
+
+    def end_log_streams(self) -> None:
+        """End every open log stream while the containers run on, as the API server may end a
+        long request (its clients must open it again)."""
+        self.streams_ended += 1
+
+    async def _follow(self, name: str) -> AsyncIterator[bytes]:
+        yield b""  # the response starts at once, as the kubelet's
+        sent, generation = 0, self.streams_ended
+        while True:
+            ended = name in self.ended or self.closing  # before the text: all of it is there
+            ended = ended or self.streams_ended != generation
+            text = self.logs.get(name, "")
+            if len(text) > sent:
+                yield text[sent:].encode()
+                sent = len(text)
+            if ended:
+                return
+            await asyncio.sleep(0.01)
 
     def __exit__(self, *exc: object) -> None:
         assert self._loop is not None and self._stop is not None
+        self.closing = True
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
@@ -140,8 +176,8 @@ class Cluster:
 
 
 def pod(
-    name: str, labels: dict[str, str], uid: str = "", reason: str | None = None,
-    container: str = "launcher", template: dict[str, Any] | None = None,
+    name: str, labels: dict[str, str], uid: str = "", container: str = "launcher",
+    template: dict[str, Any] | None = None,
 ) -> dict:  # fmt: skip
     """A pod `name`; made from a pod `template` spec if given, else of one `container`."""
     spec = dict(template) if template else {"containers": [{"name": container, "image": "x"}]}
@@ -153,8 +189,6 @@ def pod(
     }
     if uid:
         body["metadata"]["uid"] = uid
-    if reason:
-        body["status"] = {"phase": "Failed", "reason": reason}
     return body
 
 
@@ -165,6 +199,7 @@ class Operator:
     def __init__(self, cluster: Cluster, kind: Kind = MPIJOB_KIND) -> None:
         self.c = cluster
         self.kind = kind
+        self.launchers: dict[str, str] = {}  # each job's launcher pod
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
@@ -195,17 +230,14 @@ class Operator:
             crd.group, crd.version, NS, crd.plural, name, {"status": {"conditions": conditions}}
         )
 
-    def launcher(self, name: str, reason: str | None = None) -> str:
-        """Create the job's pods (the launcher's failed for `reason`, if given); return the
-        launcher pod's name."""
+    def launcher(self, name: str) -> str:
+        """Create the job's pods; return the launcher pod's name."""
         pods = self.kind.pods(self.c.job, self.job(name))
         for i, (pod_name, labels, container, template) in enumerate(pods):
             if i == 0:
                 self.c.logs[pod_name], self.c.log_containers[pod_name] = "", container
-            body = pod(
-                pod_name, labels, reason=reason if i == 0 else None, container=container,
-                template=template,
-            )  # fmt: skip
+                self.launchers[name] = pod_name
+            body = pod(pod_name, labels, container=container, template=template)
             self.c.core.create_namespaced_pod(NS, body)
         if self.kind.jobs_status is not None:
             crd, status = self.kind.crd, {"jobsStatus": self.kind.jobs_status(pods)}
@@ -227,8 +259,24 @@ class Operator:
             self.conditions(name, *self.kind.running)
         return pod_name
 
+    def end(self, name: str, code: int, reason: str | None = None) -> None:
+        """Job `name`'s launcher container exits with `code` (its pod Failed for `reason`, if
+        given, as an evicted pod): the kubelet marks the pod, then its log stream ends."""
+        pod_name = self.launchers.get(name)
+        if pod_name is None:
+            return
+        phase = "Succeeded" if code == 0 and not reason else "Failed"
+        state = {"terminated": {"exitCode": code, "reason": reason or "Completed"}}
+        status = {"phase": phase, "reason": reason, "containerStatuses": [
+            {"name": self.c.log_containers[pod_name], "state": state, "restartCount": 0,
+             "ready": False, "image": "x", "imageID": ""},
+        ]}  # fmt: skip
+        self.c.core.patch_namespaced_pod_status(pod_name, NS, {"status": status})
+        self.c.ended.add(pod_name)
+
     def finish(self, name: str, code: int) -> None:
         """The job ends as its launcher did: exit `code` 0 succeeds, any other fails."""
+        self.end(name, code)
         done = self.kind.succeeded if code == 0 else self.kind.failed(code)
         self.conditions(name, *self.kind.running, done)
 
@@ -257,6 +305,7 @@ class Operator:
         for pod_name in self.c.pod_names():
             if pod_name.startswith(f"{name}-"):
                 self.c.core.delete_namespaced_pod(pod_name, NS)
+                self.c.ended.add(pod_name)  # its containers are gone
 
     def play(self, script: Callable[[Operator], None]) -> None:
         def run() -> None:

@@ -62,8 +62,8 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
 
 
-def _cluster(*kinds: Any) -> Iterator[Cluster]:
-    with Cluster(*kinds) as c:
+def _cluster(*kinds: Any, trainer: str | None = None) -> Iterator[Cluster]:
+    with Cluster(*kinds, trainer=trainer) as c:
         c.core.create_namespaced_pod(NS, pod(TASK_POD, {}, uid=TASK_POD_UID))  # the step's pod
         yield c
     Step.stop_all()
@@ -77,8 +77,8 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def trainer_cluster() -> Iterator[Cluster]:
-    """A stock Kubeflow platform: Kubeflow Trainer, no mpi-operator."""
-    yield from _cluster((TRAINJOB, TRAINING_RUNTIME))
+    """A stock Kubeflow platform, 26.03: Kubeflow Trainer v2.1.0, no mpi-operator."""
+    yield from _cluster((TRAINJOB, TRAINING_RUNTIME), trainer="v2.1.0")
 
 
 def run_values(compiled: dict[str, Any], bucket: str, **overrides: Any) -> dict[str, Any]:
@@ -320,7 +320,9 @@ def test_auto_picks_the_trainjob_and_the_task_config_reaches_every_rank_pod(
     compiled: dict[str, Any], trainer_cluster: Cluster, gcs_uri: str, tmp_path: Path
 ) -> None:
     """``auto`` on a Trainer-only cluster says so first; the author's task config and the
-    placement parameters land on the TrainJob's pods, merged; the backend is recorded."""
+    placement parameters land on the TrainJob's pods, merged; the backend is recorded. Its
+    Trainer, v2.1.0, has no TrainJob deadline field: the step sends none and keeps the
+    deadline itself, and the run summary says so."""
     cluster, op = trainer_cluster, Operator(trainer_cluster, TRAINJOB_KIND)
     step = Step(compiled, cluster, gcs_uri, "run-9", tmp_path / "a", task_config=TASK_CONFIG,
                 **PLACED)  # fmt: skip
@@ -354,8 +356,13 @@ def test_auto_picks_the_trainjob_and_the_task_config_reaches_every_rank_pod(
     ]  # fmt: skip
     assert len(pods) == 2 and all(p.spec.node_selector["pool"] == "training" for p in pods)
     summary = json.loads(step.output("run_summary").read_text())
-    assert summary["training_backend"] == "trainjob"
-    assert "- Backend: **trainjob**" in step.output("coordination_report").read_text()
+    assert summary["training_backend"] == "trainjob" and summary["deadline_enforced_by"] == "step"
+    report = step.output("coordination_report").read_text()
+    assert "- Backend: **trainjob**" in report and "- Deadline enforced by: **step**" in report
+    (post,) = cluster.requests("POST", "/trainjobs")
+    assert "activeDeadlineSeconds" not in json.loads(post.body)["spec"]
+    assert any(line.startswith("deadline: 21600 s (active_deadline_seconds), enforced by the "
+                               "train step") for line in own)  # fmt: skip
     metadata = json.loads((tmp_path / "a" / "out" / "executor_output.json").read_text())
     run = metadata["artifacts"]["run_summary"]["artifacts"][0]["metadata"]
     assert run["training_backend"] == "trainjob"

@@ -1,9 +1,12 @@
 """Check a manifest against its CustomResourceDefinition's schema (vendored under ``deploy/crd/``;
-for a backend, the copy packaged beside it, which the trainer image has too) before anything
-is sent. The check is jsonschema's, with two differences from the API server:
+for a backend, the copy packaged beside it, which the trainer image has too) offline, where
+nothing else checks it: the ``render-*`` commands and the manifest tests. What is sent to a
+cluster the API server checks itself (the train step creates with ``fieldValidation=Strict``).
+The check is jsonschema's, with two differences from the API server:
 
-* The API server *prunes* unknown fields of a structural schema silently; here an unknown field
-  is an error (a typo like ``slotPerWorker`` would otherwise vanish on the way in).
+* The API server *prunes* unknown fields of a structural schema silently (unless asked to be
+  strict); here an unknown field is an error (a typo like ``slotPerWorker`` would otherwise
+  vanish on the way in).
 * ``x-kubernetes-*`` extensions (CEL rules among them) are ignored by jsonschema;
   int-or-string fields already carry an ``anyOf`` of integer and string, which it understands.
 """

@@ -125,7 +125,8 @@ MPI_SSHD_CONFIG = "/home/mpiuser/.sshd_config"
 MPI_SSHD_PORT = 2222
 TRAINER_WORKDIR = "/app"
 # The Kubeflow Trainer release the TrainJob backend is built and tested against (its CRDs are
-# vendored in deploy/crd/trainer, SOURCE.md there), and the TrainingRuntime's name prefix.
+# vendored in deploy/crd/trainer/<version>, beside those of every release a platform ships),
+# and the TrainingRuntime's name prefix.
 TRAINER_VERSION = "v2.3.0"
 # The mpi-operator release the MPIJob backend is built and tested against (its CRD is vendored in
 # deploy/crd); `training_backend=auto` names it, with Trainer, when a cluster serves neither.

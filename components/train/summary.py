@@ -52,6 +52,9 @@ class RunSummary:
     elastic: Record | None = None
     training_backend: str = ""
     training_backend_reason: str = ""
+    # a cluster job's deadline: "cluster" (its own deadline field) or "step" (the train step
+    # deletes it; the cluster's CRD has no such field); empty for a local run
+    deadline_enforced_by: str = ""
     kind: str = field(default=KIND)
 
     @property
@@ -203,6 +206,8 @@ def coordination_report(summary: RunSummary) -> str:
         f"{', '.join(s.hosts)}).",
         "",
         *([f"- Backend: **{s.training_backend}**{reason}"] if s.training_backend else []),
+        *([f"- Deadline enforced by: **{s.deadline_enforced_by}**"]
+          if s.deadline_enforced_by else []),
         f"- Gradient allreduce: **{s.gradient_allreduce}**, "
         f"{ALLREDUCE_TEXT.get(s.gradient_allreduce, s.gradient_allreduce)}",
         f"- Global batch: **{s.global_batch_size}** = {size} workers x "

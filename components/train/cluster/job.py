@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kubernetes.client import CustomObjectsApi
 
     from components.common.crd import Crd
+    from components.train.cluster.schema import Schema
 
 # Labels. KFP v2 itself labels task pods with ``pipeline/runid``; we reuse the key.
 LABEL_RUN_ID = "pipeline/runid"
@@ -205,7 +206,8 @@ class Backend:
     `problems` checks what the CRD cannot say; `terminal` maps terminal condition types to
     Failed or Succeeded; the job's pods carry ``pod_label: <job name>``, its launcher pod
     `launcher_label` too; `refused` names the train step's parameters it cannot take (set
-    otherwise than their default), and why.
+    otherwise than their default), and why. The job's own deadline is at `deadline` in its
+    manifest, a field its CRD has had since `deadline_since`.
     """
 
     name: str
@@ -218,6 +220,8 @@ class Backend:
     launcher_label: tuple[str, str]
     launcher_container: str
     install: str
+    deadline: tuple[str, ...]
+    deadline_since: str
     refused: Mapping[str, str] = field(default_factory=dict)
 
     def what(self, namespace: str, name: str) -> str:
@@ -265,12 +269,74 @@ def check_manifests(
         raise_problems(manifest, crd, manifest_problems(manifest, crd, path) + b.problems(manifest))
 
 
+# Who enforces a job's deadline: the cluster (the job's own deadline field, which its operator
+# enforces) or the train step (it deletes the job when the deadline passes).
+BY_CLUSTER, BY_STEP = "cluster", "step"
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The job's deadline (`seconds`, ``active_deadline_seconds``), who enforces it and why."""
+
+    seconds: int
+    by: str
+    why: str
+
+    def said(self, grace_s: float) -> str:
+        """The deadline in one line, for the step's log."""
+        if self.by == BY_STEP:
+            return (
+                f"deadline: {self.seconds} s (active_deadline_seconds), enforced by the train step "
+                f"({self.why}): it deletes the job when the deadline passes"
+            )
+        return (
+            f"deadline: {self.seconds} s (active_deadline_seconds), enforced by the cluster "
+            f"({self.why}); the train step deletes the job {grace_s:g} s after it, if it runs on"
+        )
+
+    def exceeded(self, phase: str, grace_s: float) -> str:
+        """Why the train step deleted a job still in `phase` (one line, naming the deadline)."""
+        if self.by == BY_STEP:
+            return (
+                f"still {phase} when its {self.seconds} s deadline (active_deadline_seconds) "
+                f"passed, which the train step enforces ({self.why}); the job was deleted"
+            )
+        return (
+            f"still {phase} {grace_s:g} s after its {self.seconds} s deadline "
+            f"(active_deadline_seconds), which the cluster did not enforce; the job was deleted"
+        )
+
+
+def fit_deadline(b: Backend, job: dict[str, Any], seconds: int, schema: Schema | None) -> Deadline:
+    """Who enforces `job`'s deadline of `seconds`, for `schema` (the job's, as the cluster
+    serves it; None: not known): where it lacks the deadline field, the field is taken out of
+    `job` and the train step enforces the deadline."""
+    path, what = b.deadline, ".".join(b.deadline)
+    if schema is None or schema.has(path):
+        return Deadline(seconds, BY_CLUSTER, f"the {b.crd.kind}'s {what}")
+    parent = job
+    for key in path[:-1]:
+        parent = parent[key]
+    del parent[path[-1]]
+    why = f"this cluster's {b.crd.kind} has no {what}, which {b.deadline_since} added"
+    return Deadline(seconds, BY_STEP, why)
+
+
 def validated(
     b: Backend, p: ClusterJobParams, namespace: str | None = None, crd_dir: str | None = None
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], Deadline]:
+    """`b`'s manifests for `p`, fitted to the job's CRD (of the same name in `crd_dir`, else
+    the packaged one) and checked against the CRDs offline (`check_manifests`), and who
+    enforces the deadline."""
+    from components.common.crd import load_schema
+    from components.train.cluster.schema import Schema
+
+    path = str(Path(crd_dir) / b.crd.relative_path.name) if crd_dir else None
     manifests = b.build(p, namespace)
+    schema = Schema(load_schema(b.crd, path))
+    deadline = fit_deadline(b, manifests[-1], p.step.active_deadline_seconds, schema)
     check_manifests(b, manifests, crd_dir)
-    return manifests
+    return manifests, deadline
 
 
 def serves(api: CustomObjectsApi, crd: Crd) -> bool:

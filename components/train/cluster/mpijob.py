@@ -110,4 +110,6 @@ BACKEND = Backend(
     launcher_container="launcher",
     install=f"install mpi-operator {defaults.MPI_OPERATOR_VERSION} (docs/cluster.md), or choose "
     "training_backend=trainjob on a cluster with Kubeflow Trainer v2",
+    deadline=("spec", "runPolicy", "activeDeadlineSeconds"),
+    deadline_since="mpi-operator's first kubeflow.org/v2beta1 release",
 )

@@ -1,6 +1,9 @@
 """Run one cluster job through the official ``kubernetes`` client, the same steps for every
 backend (`cluster.job.Backend`): `run_job`.
 
+Everything is created with ``fieldValidation=Strict``: the API server refuses a field its CRD
+lacks instead of dropping it. The job's deadline field is written only where the cluster's
+schema of the job has it; elsewhere the train step enforces the deadline itself.
 A job that an earlier attempt of the same task created is reattached to, unless it already
 failed: that one is replaced, so a KFP retry really retries. SIGTERM (the KFP task is
 cancelled) deletes the job with foreground propagation and waits for its pods to go.
@@ -8,40 +11,43 @@ cancelled) deletes the job with foreground propagation and waits for its pods to
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import json
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from components.common import storage
-from components.common.crd import Crd
+from components.common.crd import Crd, raise_problems
 from components.common.model_files import SAVED_MODEL_PB
 from components.train import summary
 from components.train.cluster.job import (
     ANNOTATION_RUN_ID,
     ANNOTATION_RUN_NAME,
+    BY_STEP,
     SPEC_ANNOTATION,
     Backend,
     ClusterJobParams,
+    Deadline,
     JobCancelled,
     JobError,
     JobFailed,
+    fit_deadline,
     serves,
-    validated,
 )
-from components.train.mpiwatch import RankLines
+from components.train.cluster.launcher_log import LauncherLog
+from components.train.cluster.schema import Schema, served_schema
 from components.train.summary import RunSummary
 
 Log = Callable[[str], None]
-DEADLINE_GRACE_S = 300.0
-LOG_TAIL_LINES = 50
+DEADLINE_GRACE_S = 300.0  # past a deadline the cluster enforces, the train step's backstop
 
 
 def default_api_client() -> client.ApiClient:
@@ -81,6 +87,10 @@ class _Run:
     def what(self) -> str:
         return self.b.what(self.namespace, self.name)
 
+    @property
+    def container(self) -> str:
+        return self.b.launcher_container
+
     def get(self, crd: Crd, name: str) -> dict[str, Any] | None:
         where = (crd.group, crd.version, self.namespace, crd.plural, name)
         try:
@@ -91,15 +101,21 @@ class _Run:
             raise
 
     def create(self, crd: Crd, manifest: dict[str, Any]) -> bool:
-        """False if one of that name is there (409)."""
+        """False if one of that name is there (409); `JobError` if the server refuses it (a
+        field its CRD lacks: Strict validation, or a value it does not accept)."""
         try:
             self.api.create_namespaced_custom_object(
-                crd.group, crd.version, self.namespace, crd.plural, manifest
-            )
+                crd.group, crd.version, self.namespace, crd.plural, manifest,
+                field_validation="Strict",
+            )  # fmt: skip
         except ApiException as exc:
-            if exc.status != 409:
+            if exc.status == 409:
+                return False
+            if exc.status not in (400, 422):
                 raise
-            return False
+            what = f"{crd.kind} {self.namespace}/{manifest['metadata']['name']}"
+            hint = f": {self.b.install}" if exc.status == 400 else ""
+            raise JobError(f"the cluster refused {what}: {_message(exc)}{hint}") from exc
         return True
 
     def pods(self, launcher: bool = False) -> list[Any]:
@@ -169,35 +185,35 @@ class _Run:
             self.delete(cleanup_timeout_s, poll_interval_s=0.5, pods=False)
         raise JobError(f"could not create {self.what}: it keeps reappearing")
 
-    def follow(self, deadline_s: float, poll_interval_s: float) -> None:
+    def follow(self, deadline: Deadline, poll_interval_s: float, grace_s: float) -> None:
         """Poll the job until it succeeds, or raise `JobFailed` (with the launcher log's last
-        lines); past `deadline_s`, a backstop to the job's own deadline, delete it first."""
-        launcher = LauncherLog(self)
-        start = time.monotonic()
-        last_phase = ""
-        while True:
-            job = self.get(self.b.crd, self.name)
-            launcher.poll()
-            tail = list(launcher.tail)
-            if job is None:
-                raise JobFailed(self.what, "Deleted", "the job was deleted while running", tail)
-            state = self.b.state(job)
-            if state.phase != last_phase:
-                said = ": ".join(part for part in (state.reason, state.message) if part)
-                self.log(f"{self.what}: {state.phase}" + (f" ({said})" if said else ""))
-                last_phase = state.phase
-            if state.phase == "Succeeded":
-                return
-            if state.phase == "Failed":
-                reason = state.reason or "Failed"
-                if launcher.pod_reason == "Evicted" and "Evict" not in reason:
-                    reason = f"{reason} (launcher pod Evicted)"
-                raise JobFailed(self.what, reason, state.message, tail)
-            if time.monotonic() - start > deadline_s:
-                self.delete()
-                still = f"still {state.phase} after {deadline_s:.0f}s; the job was deleted"
-                raise JobFailed(self.what, "DeadlineExceeded", still, tail)
-            time.sleep(poll_interval_s)
+        lines) while its log streams into ours. Past the deadline (where the cluster enforces
+        it, `grace_s` past it, as a backstop), counted from the job's creation, delete it."""
+        limit = deadline.seconds + (0.0 if deadline.by == BY_STEP else grace_s)
+        with LauncherLog(self, poll_interval_s) as launcher:
+            start, last_phase = None, ""
+            while True:
+                launcher.check()
+                job = self.get(self.b.crd, self.name)
+                if job is None:
+                    raise _failed(self, launcher, "Deleted", "the job was deleted while running")
+                start = start if start is not None else time.monotonic() - _age_s(job)
+                state = self.b.state(job)
+                if state.phase != last_phase:
+                    said = ": ".join(part for part in (state.reason, state.message) if part)
+                    self.log(f"{self.what}: {state.phase}" + (f" ({said})" if said else ""))
+                    last_phase = state.phase
+                if state.phase == "Succeeded":
+                    launcher.close()
+                    return
+                if state.phase == "Failed":
+                    raise _failed(self, launcher, state.reason or "Failed", state.message)
+                if time.monotonic() - start > limit:
+                    self.delete()
+                    raise _failed(
+                        self, launcher, "DeadlineExceeded", deadline.exceeded(state.phase, grace_s)
+                    )
+                time.sleep(poll_interval_s)
 
     def delete(
         self, timeout_s: float = 60.0, poll_interval_s: float = 1.0, pods: bool = True
@@ -230,44 +246,29 @@ class _Run:
             time.sleep(poll_interval_s)
 
 
-class LauncherLog:
-    """Copies new lines of the launcher pod's log into the run's log, and keeps the last ones:
-    each poll reads the whole log of the newest launcher pod and emits the lines past those
-    already emitted; a new launcher pod (or a restarted container whose log is shorter) starts
-    over."""
+def _failed(run: _Run, launcher: LauncherLog, reason: str, message: str) -> JobFailed:
+    """`JobFailed` of `run` once the launcher's log has ended (an evicted launcher said)."""
+    launcher.close()
+    if reason != "DeadlineExceeded" and "Evict" not in reason:
+        reason += " (launcher pod Evicted)" if launcher.pod_reason() == "Evicted" else ""
+    return JobFailed(run.what, reason, message, list(launcher.tail))
 
-    def __init__(self, run: _Run) -> None:
-        self.run, self.log = run, RankLines(run.log)  # each line once: components.train.mpiwatch
-        self.pod_name: str | None = None
-        self.emitted, self.pod_reason = 0, ""
-        self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
 
-    def poll(self) -> None:
-        pods = self.run.pods(launcher=True)
-        if not pods:
-            return
-        pod = max(pods, key=lambda p: (str(p.metadata.creation_timestamp or ""), p.metadata.name))
-        self.pod_reason = (pod.status.reason or "") if pod.status else ""
-        if pod.metadata.name != self.pod_name:
-            if self.pod_name is not None:
-                self.log(f"--- new launcher pod {pod.metadata.name} ---")
-            self.pod_name, self.emitted = pod.metadata.name, 0
-        try:
-            text = self.run.core.read_namespaced_pod_log(
-                pod.metadata.name, self.run.namespace, container=self.run.b.launcher_container
-            )
-        except ApiException as exc:
-            if exc.status in (400, 404):  # container not started yet, or pod gone
-                return
-            raise
-        lines = str(text or "").splitlines()
-        if len(lines) < self.emitted:
-            self.log("--- launcher container restarted ---")
-            self.emitted = 0
-        for line in lines[self.emitted :]:
-            self.log(line)
-            self.tail.append(line)
-        self.emitted = len(lines)
+def _age_s(job: dict[str, Any]) -> float:
+    """Seconds since the job's creation (0 where the server gave no time)."""
+    created = (job.get("metadata") or {}).get("creationTimestamp")
+    try:
+        return max(0.0, (datetime.now(UTC) - datetime.fromisoformat(str(created))).total_seconds())
+    except ValueError:
+        return 0.0
+
+
+def _message(exc: ApiException) -> str:
+    """The message of the API's Status in `exc`, else its reason."""
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(exc.reason)
 
 
 def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSummary:
@@ -320,19 +321,20 @@ def run_job(
     api_client: client.ApiClient | None = None,
     poll_interval_s: float = 5.0,
     log: Log = print,
-    crd_dir: str | None = None,
     cleanup_timeout_s: float = 60.0,
     deadline_grace_s: float = DEADLINE_GRACE_S,
 ) -> RunSummary:
-    """Run the trainer as backend `b`'s job in `namespace`; return its checked run summary.
+    """Run the trainer as backend `b`'s job in `namespace`; return its checked run summary,
+    which says who enforced the deadline.
 
-    ValueError (what `b` cannot do, or a manifest its CRD refuses) comes before any request;
-    then `JobError` (the cluster does not serve `b`'s APIs, or the outputs are wrong),
-    `JobFailed` and `JobCancelled` (on SIGTERM, after deleting the job).
+    ValueError (what `b` cannot do, or what its operator refuses) comes before any request;
+    then `JobError` (the cluster does not serve `b`'s APIs, refuses a manifest, or the outputs
+    are wrong), `JobFailed` and `JobCancelled` (on SIGTERM, after deleting the job).
     """
     if not namespace:
         raise ValueError("namespace is empty")
-    *shared, manifest = validated(b, params, namespace, crd_dir)
+    *shared, manifest = b.build(params, namespace)
+    raise_problems(manifest, b.crd, b.problems(manifest))
     api_client = api_client or default_api_client()
     custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
     run = _Run(custom, core, b, namespace, manifest["metadata"]["name"], log)
@@ -342,16 +344,34 @@ def run_job(
                 f"this cluster does not serve {crd.kind} ({crd.plural}.{crd.api_version}): "
                 f"{b.install}"
             )
+    deadline = fit_deadline(
+        b, manifest, params.step.active_deadline_seconds, _served_schema(api_client, b, log)
+    )
+    log(deadline.said(deadline_grace_s))
     with _sigterm_interrupts():
         try:
             for crd, obj in zip(b.shared, shared, strict=True):
                 run.ensure_shared(crd, obj)
             run.add_owner(params.owner_pod_name, manifest)
             run.create_or_reattach(manifest, cleanup_timeout_s)
-            run.follow(params.step.active_deadline_seconds + deadline_grace_s, poll_interval_s)
+            run.follow(deadline, poll_interval_s, deadline_grace_s)
         except KeyboardInterrupt as exc:
             log(f"task cancelled: deleting {run.what}")
             left = run.delete(cleanup_timeout_s)
             suffix = f"; pods still present: {', '.join(left)}" if left else ""
             raise JobCancelled(f"cancelled; {run.what} deleted{suffix}") from exc
-    return check_run(params, b.crd.kind, log)
+    record = check_run(params, b.crd.kind, log)
+    record.deadline_enforced_by = deadline.by
+    return record
+
+
+def _served_schema(api_client: client.ApiClient, b: Backend, log: Log) -> Schema | None:
+    """The cluster's schema of `b`'s job, or None (said) if it publishes none."""
+    schema = served_schema(api_client, b.crd)
+    if schema is None:
+        log(
+            f"WARNING: this cluster publishes no OpenAPI v3 schema of {b.crd.kind} "
+            f"{b.crd.api_version}; its deadline field is written, and the server refuses it "
+            "(fieldValidation=Strict) if its CRD lacks it"
+        )
+    return schema

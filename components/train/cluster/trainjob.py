@@ -33,7 +33,7 @@ from components.train.step import TrainStep
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = "v1alpha1"
-_CRDS = Path("deploy") / "crd" / "trainer"
+_CRDS = Path("deploy") / "crd" / "trainer" / defaults.TRAINER_VERSION  # one folder per release
 TRAINJOB = Crd(
     API_GROUP, API_VERSION, "TrainJob", "trainjobs",
     relative_path=_CRDS / "trainer.kubeflow.org_trainjobs.yaml",
@@ -196,5 +196,7 @@ BACKEND = Backend(
     launcher_container=NODE,
     install=f"install Kubeflow Trainer {defaults.TRAINER_VERSION} (its CRDs, controller and "
     "JobSet; docs/cluster.md), or choose training_backend=mpijob on a cluster with mpi-operator",
+    deadline=("spec", "activeDeadlineSeconds"),
+    deadline_since="Kubeflow Trainer v2.2.0 (kubeflow/trainer#3258)",  # 26.03 ships v2.1.0
     refused=REFUSED,
 )

@@ -1,6 +1,8 @@
-"""The CRD-schema check every cluster manifest passes before it is printed or sent: the
-vendored CRDs are found from the project, each packaged copy equals its CRD, and the packaged
-copy is what validates where the CRD is absent (the trainer image)."""
+"""The offline CRD-schema check of the render commands: the vendored CRDs are found from the
+project, each packaged copy equals its CRD, and the packaged copy is what validates where the
+CRD is absent (the trainer image); and every rendered object checked against the CRDs of each
+Kubeflow Trainer release vendored, unknown fields found as the API server's pruning
+(`standins.kmock_api.prune`) would drop them."""
 
 from __future__ import annotations
 
@@ -9,11 +11,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from components.common import crd as crds
+from components.common import defaults
 from components.common.crd import Crd
+from components.train.cluster.job import backend
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
+from pipeline.cli import cli
+from standins.kmock_api import prune, schema_of, trainer_crds
 
 ALL = [MPIJOB, TRAINJOB, TRAINING_RUNTIME]
 
@@ -47,3 +54,66 @@ def test_packaged_schema_equals_the_crd_and_validates_where_the_crd_is_absent(
     crds.load_schema.cache_clear()  # read anew, where the vendored CRD cannot be read
     monkeypatch.setattr(crds, "find_crd", lambda *_: pytest.fail("the vendored CRD was read"))
     assert crds.load_schema(crd)["properties"]["spec"]["additionalProperties"] is False
+
+
+# --- every Kubeflow Trainer a current platform release ships (deploy/crd/trainer/<version>/)
+
+TRAINERS = sorted(p.name for p in crds.find_crd(TRAINJOB).parents[1].glob("v*"))
+SETTINGS = [  # the defaults, and a GPU run placed, scheduled and sized by hand
+    [],
+    ["--workers", "4", "--slots-per-worker", "2", "--gpus-per-worker", "2",
+     "--node-selector", '{"cloud.google.com/gke-accelerator": "nvidia-l4"}',
+     "--tolerations", '[{"key": "team", "operator": "Exists", "effect": "NoSchedule"}]',
+     "--trainer-service-account", "trainer", "--priority-class", "batch",
+     "--scheduler-name", "volcano", "--backoff-limit", "2", "--active-deadline-seconds", "600"],
+]  # fmt: skip
+
+
+def test_the_vendored_trainers_are_those_platform_releases_ship() -> None:
+    assert TRAINERS == ["v2.1.0", "v2.2.0", "v2.3.0"]
+    assert defaults.TRAINER_VERSION in TRAINERS  # the one the backend is built against
+
+
+@pytest.mark.parametrize("args", SETTINGS, ids=["defaults", "gpu-placed"])
+@pytest.mark.parametrize("version", TRAINERS)
+def test_each_rendered_object_is_valid_on_each_trainer_and_keeps_every_field_there(
+    version: str, args: list[str]
+) -> None:
+    """``render-trainjob --crd-dir`` of a release: each object passes its CRD's schema (types,
+    enums, required fields) and loses nothing to the API server's pruning; the TrainJob holds
+    the deadline field only where the release has it (the train step enforces it elsewhere)."""
+    folder = trainer_crds(version)
+    result = CliRunner().invoke(cli, ["render-trainjob", "--crd-dir", str(folder), *args])
+    assert result.exit_code == 0, result.output
+    runtime, job = yaml.safe_load_all(result.stdout)
+    for doc, crd in ((runtime, TRAINING_RUNTIME), (job, TRAINJOB)):
+        path = str(folder / crd.relative_path.name)
+        assert crds.manifest_problems(doc, crd, path) == [], (version, crd.kind)
+        assert prune(doc, schema_of(crd, folder))[1] == [], (version, crd.kind)
+    has_deadline = "activeDeadlineSeconds" in job["spec"]
+    assert has_deadline == (version != "v2.1.0")
+    note = "note: deadline: " in result.stderr and "enforced by the train step" in result.stderr
+    assert note == (not has_deadline)
+
+
+@pytest.mark.parametrize("version", TRAINERS)
+def test_the_trainjob_written_for_v2_3_loses_only_its_deadline_on_an_older_trainer(
+    version: str,
+) -> None:
+    """What the API server of each release would drop from the TrainJob as the project builds
+    it (for v2.3.0): on v2.1.0 (Kubeflow 26.03), the deadline, which is why the train step
+    reads the cluster's schema before it writes."""
+    from components.train.tests.cluster_jobs import make_params
+
+    runtime, job = backend("trainjob").build(make_params(), "team-a")
+    folder = trainer_crds(version)
+    dropped = ["spec.activeDeadlineSeconds"] if version == "v2.1.0" else []
+    assert prune(job, schema_of(TRAINJOB, folder))[1] == dropped
+    assert prune(runtime, schema_of(TRAINING_RUNTIME, folder))[1] == []
+
+
+def test_the_rendered_mpijob_keeps_every_field_on_its_crd() -> None:
+    result = CliRunner().invoke(cli, ["render-mpijob", *SETTINGS[1]])
+    assert result.exit_code == 0, result.output
+    (doc,) = yaml.safe_load_all(result.stdout)
+    assert prune(doc, schema_of(MPIJOB))[1] == []

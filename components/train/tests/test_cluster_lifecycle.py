@@ -9,18 +9,16 @@ parameters of a test, or in a test of one backend.
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import time
-from pathlib import Path
-from typing import Any
 from unittest import mock
 
 import pytest
-import yaml
 
 from components.common import defaults, storage
-from components.common.crd import Crd, ManifestError, find_crd
+from components.common.crd import Crd
 from components.train.cluster import job as jobs
 from components.train.cluster.job import JobCancelled, JobError, JobFailed
 from components.train.cluster.mpijob import MPIJOB
@@ -36,6 +34,7 @@ from components.train.tests.cluster_jobs import (
     run,
     store,
 )
+from standins.kmock_api import schema_of
 from standins.kmock_cluster import NS, Cluster, Operator, pod
 from standins.kmock_jobs import write_rank0_outputs
 
@@ -84,10 +83,14 @@ def test_create_follow_and_succeed(cluster: Cluster, gcs_uri: str, name: str) ->
         "[1,0]<stdout>:[rank 0/4] epoch 2/4 loss 0.5",
         "[1,0]<stdout>:[rank 0/4] done",
     ]
+    # streamed: one request, followed as the launcher wrote, never read again
+    (log,) = cluster.requests("GET", "/log")
+    assert log.params["follow"].lower() == "true"
     phases = [line.split(": ", 1)[1] for line in lines if line.startswith(f"{what}: ")]
     assert RUNNING[name] in phases and phases[-1].startswith("Succeeded")
     assert phases.index(RUNNING[name]) < len(phases) - 1
     assert lines[-1].startswith(f"run summary at {p.train.summary_uri}: world_size 4")
+    assert summary.deadline_enforced_by == "cluster"
     assert not cluster.requests("DELETE", f"/{b.crd.plural}")  # the TTL cleans it up
 
 
@@ -115,11 +118,11 @@ def test_failure_carries_reason_and_log_tail(
 
     def script(op: Operator) -> None:
         job = op.wait_for_job()
-        pod_name = op.launcher(job, reason=pod_reason)
+        pod_name = op.launcher(job)
         op.say(pod_name, *[f"line {i}" for i in range(80)])
         time.sleep(0.2)
         op.say(pod_name, "[1,1]<stderr>:[rank 1/4] trainer: world size 3 != workers x slots 4")
-        time.sleep(0.2)
+        op.end(job, 3, reason=pod_reason)
         op.conditions(job, ("Failed", reason, message))
 
     op = Operator(cluster, kind)
@@ -138,14 +141,16 @@ def test_failure_carries_reason_and_log_tail(
 
 
 @BOTH
-def test_client_side_deadline_deletes_a_stuck_job(
+def test_the_step_deletes_a_job_the_cluster_lets_run_past_its_deadline(
     cluster: Cluster, gcs_uri: str, name: str
 ) -> None:
+    """A backstop: the job's own deadline is the cluster's to enforce (its CRD has the
+    field); one still running `deadline_grace_s` after it is deleted by the step."""
     b, kind = pair(name)
 
     def script(op: Operator) -> None:
         op.start(op.wait_for_job())  # and it never ends
-        assert op.collect(NAME, timeout=10)
+        assert op.collect(NAME, timeout=60)
 
     op = Operator(cluster, kind)
     op.play(script)
@@ -153,7 +158,11 @@ def test_client_side_deadline_deletes_a_stuck_job(
         run(cluster, b, make_params(gcs_uri, active_deadline_seconds=1), lambda _: None,
             deadline_grace_s=0.5)  # fmt: skip
     op.join()
-    assert "still Running after 2s; the job was deleted" in str(info.value)
+    assert str(info.value).splitlines()[0] == (
+        f"{b.what(NS, NAME)} failed: DeadlineExceeded: still Running 0.5 s after its 1 s "
+        "deadline (active_deadline_seconds), which the cluster did not enforce; the job was "
+        "deleted"
+    )
     assert cluster.job_names(b.crd) == [] and cluster.pod_names() == ["unrelated"]
 
 
@@ -258,9 +267,11 @@ def test_a_same_named_job_of_another_run_is_not_adopted(
 
 
 @BOTH
-def test_the_task_pods_owns_the_job_and_the_manifests_are_built_and_checked_once(
+def test_the_task_pods_owns_the_job_built_once_and_checked_by_the_server(
     cluster: Cluster, gcs_uri: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The manifests are built once; the API server checks them (Strict field validation on
+    every create), not an offline copy of the CRD."""
     b, kind = pair(name)
     check, build = mock.Mock(wraps=jobs.check_manifests), mock.Mock(wraps=b.build)
     monkeypatch.setattr(jobs, "check_manifests", check)
@@ -270,7 +281,9 @@ def test_the_task_pods_owns_the_job_and_the_manifests_are_built_and_checked_once
     op.play(lambda op: complete(op, NAME, op.start(op.wait_for_job())))
     run(cluster, jobs.Backend(**{**b.__dict__, "build": build}), p, lambda _: None)
     op.join()
-    assert (build.call_count, check.call_count) == (1, 1)
+    assert (build.call_count, check.call_count) == (1, 0)
+    creates = [r for crd in (b.crd, *b.shared) for r in cluster.requests("POST", f"/{crd.plural}")]
+    assert creates and {r.params.get("fieldValidation") for r in creates} == {"Strict"}
     stored = cluster.job(NAME, b.crd)
     assert stored is not None
     (ref,) = stored["metadata"]["ownerReferences"]
@@ -278,28 +291,37 @@ def test_the_task_pods_owns_the_job_and_the_manifests_are_built_and_checked_once
 
 
 @pytest.mark.parametrize(
-    ("name", "field", "train", "error"),
-    [("mpijob", "launcherCreationPolicy", {}, ManifestError),
-     ("trainjob", "activeDeadlineSeconds", {}, ManifestError),
-     ("trainjob", None, {"min_workers": 1}, ValueError)],  # the TrainJob cannot be elastic
+    ("name", "crd", "path"),
+    [("mpijob", MPIJOB, ("spec", "launcherCreationPolicy")),
+     ("trainjob", TRAINING_RUNTIME, ("spec", "mlPolicy", "mpi", "runLauncherAsNode"))],
 )  # fmt: skip
-def test_what_an_older_crd_or_the_backend_refuses_is_refused_before_any_request(
-    cluster: Cluster, gcs_uri: str, tmp_path: Path, name: str, field: str | None,
-    train: dict[str, Any], error: type[Exception],
-) -> None:  # fmt: skip
+def test_a_field_the_clusters_crd_lacks_is_refused_by_the_server_and_nothing_is_created(
+    gcs_uri: str, name: str, crd: Crd, path: tuple[str, ...]
+) -> None:
+    """An older operator's CRD without a field the manifests set: the real client's create,
+    with Strict field validation, is refused by the server, naming the field, in one line."""
     b, _ = pair(name)
-    for crd in (b.crd, *b.shared):
-        doc = yaml.safe_load(find_crd(crd).read_text())
-        if crd is b.crd and field:
-            spec = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-            del spec["properties"][field]
-        (tmp_path / crd.relative_path.name).write_text(yaml.safe_dump(doc))
+    older = copy.deepcopy(dict(schema_of(crd)))
+    node = older
+    for key in path[:-1]:
+        node = node["properties"][key]
+    del node["properties"][path[-1]]
+    with Cluster(schemas={crd: older}) as cluster:
+        with pytest.raises(JobError) as info:
+            run(cluster, b, make_params(gcs_uri), lambda _: None)
+        assert all(cluster.job_names(c) == [] for c in (b.crd, *b.shared))
+    said = str(info.value)
+    assert said.startswith(f"the cluster refused {crd.kind} {NS}/") and "\n" not in said
+    assert f'strict decoding error: unknown field "{".".join(path)}"' in said
+    assert said.endswith(b.install)
+
+
+def test_what_the_backend_cannot_do_is_refused_before_any_request(
+    cluster: Cluster, gcs_uri: str
+) -> None:
     sent_before = len(list(cluster.emu))
-    said = (
-        rf"spec: .*'{field}' was unexpected" if field else "min_workers=1: elastic training needs"
-    )
-    with pytest.raises(error, match=said):
-        run(cluster, b, make_params(gcs_uri, **train), lambda _: None, crd_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="min_workers=1: elastic training needs"):
+        run(cluster, pair("trainjob")[0], make_params(gcs_uri, min_workers=1), lambda _: None)
     assert len(list(cluster.emu)) == sent_before  # nothing was sent
 
 

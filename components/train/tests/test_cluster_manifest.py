@@ -46,13 +46,13 @@ def container(manifest: dict[str, Any], role: str) -> dict[str, Any]:
 
 def mpijob(**overrides: Any) -> dict[str, Any]:
     """The MPIJob of `params(**overrides)`, checked against its CRD."""
-    (manifest,) = validated(backend("mpijob"), params(**overrides))
+    (manifest,), _ = validated(backend("mpijob"), params(**overrides))
     return manifest
 
 
 def trainjob(**overrides: Any) -> list[dict[str, Any]]:
     """The TrainingRuntime and TrainJob of `params(**overrides)` in team-a, checked."""
-    return validated(backend("trainjob"), params(**overrides), "team-a")
+    return validated(backend("trainjob"), params(**overrides), "team-a")[0]
 
 
 def flag(command: list[str], name: str, default: str | None = None) -> str | None:

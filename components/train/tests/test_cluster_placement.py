@@ -35,7 +35,7 @@ def params(gpus: int = 1, **overrides: Any) -> ClusterJobParams:
 @BOTH
 def test_every_pod_is_placed_and_tolerates_the_gpu_taint_once(name: str) -> None:
     """The launcher (the MPIJob's runs no rank) goes to the same pool; it asks for no GPU."""
-    specs = pod_specs(validated(backend(name), params(), NS))  # the vendored CRDs
+    specs = pod_specs(validated(backend(name), params(), NS)[0])  # the vendored CRDs
     assert len(specs) == 2
     for spec in specs:
         assert spec["nodeSelector"] == SELECTOR
@@ -56,8 +56,8 @@ def test_the_task_config_reaches_every_rank_pod_of_both_backends() -> None:
         volume_mounts=[{"name": "scratch", "mountPath": "/scratch"}],
     )  # fmt: skip
     p = params(task_config=passed)
-    runtime, trainjob = validated(backend("trainjob"), p, NS)
-    specs = pod_specs([runtime, *validated(backend("mpijob"), p, NS)])
+    runtime, trainjob = validated(backend("trainjob"), p, NS)[0]
+    specs = pod_specs([runtime, *validated(backend("mpijob"), p, NS)[0]])
     assert len(specs) == 4
     for spec in specs:
         assert spec["nodeSelector"] == {**SELECTOR, "pool": "gpu"}

@@ -63,9 +63,12 @@ _VERBS = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update
 
 
 def _right(method: str, path: str, params: Any) -> tuple[str, str, str] | None:
-    """The ``(apiGroup, resource, verb)`` a request needs; None for API discovery (granted to
-    every authenticated user by the cluster's system:discovery role)."""
+    """The ``(apiGroup, resource, verb)`` a request needs; None for API discovery and the
+    OpenAPI documents (granted to every authenticated user by the cluster's system:discovery
+    role: /api, /apis and /openapi with what is below them)."""
     parts = path.strip("/").split("/")
+    if parts[0] == "openapi":
+        return None
     if parts[0] == "api":
         group, rest = "", parts[2:]
     else:
