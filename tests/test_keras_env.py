@@ -28,8 +28,8 @@ pytestmark = pytest.mark.skipif(
 TRAINER_PROBE = """
 import json, sys
 from components.train.cli import main
-from components.train.preflight import EXIT_PREFLIGHT
-assert main(["--data", {data!r}, "--output", {out!r}, "--workers", "2"]) == EXIT_PREFLIGHT
+from components.common.failure import ExitCode
+assert main(["--data", {data!r}, "--output", {out!r}, "--workers", "2"]) == ExitCode.PREFLIGHT
 import horovod.tensorflow.keras as hvd_keras
 import horovod.tensorflow.keras.callbacks as callbacks
 import tensorflow as tf

@@ -22,8 +22,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from components.common.failure import InputError
+
 # The compare-and-swap token of a file that does not exist (GCS's ifGenerationMatch=0).
 ABSENT = "0"
+NO_CREDENTIALS = (
+    "no Google Cloud credentials to reach gs://: sign in with Application Default Credentials "
+    "(gcloud auth application-default login), run as a Kubernetes service account with a "
+    "Workload Identity binding (docs/cluster.md), or set STORAGE_EMULATOR_HOST for an emulator"
+)
 _log = logging.getLogger(__name__)
 
 
@@ -41,19 +48,23 @@ def join(uri: str, *parts: str) -> str:
 def split_gcs(uri: str) -> tuple[str, str]:
     """``gs://bucket/a/b`` -> ``("bucket", "a/b")``."""
     if not is_gcs(uri):
-        raise ValueError(f"not a gs:// URI: {uri!r}")
+        raise InputError(f"not a gs:// URI: {uri!r}")
     bucket, _, key = uri.removeprefix("gs://").partition("/")
     if not bucket:
-        raise ValueError(f"gs:// URI has no bucket: {uri!r}")
+        raise InputError(f"gs:// URI has no bucket: {uri!r}")
     return bucket, key
 
 
 @lru_cache(maxsize=1)
 def _client() -> Any:
+    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import storage  # imported lazily: local-only users need no GCS stack
 
     # With STORAGE_EMULATOR_HOST set, the client talks to that emulator without credentials.
-    return storage.Client()
+    try:
+        return storage.Client()
+    except DefaultCredentialsError as exc:
+        raise InputError(NO_CREDENTIALS) from exc
 
 
 def _blob(uri: str) -> Any:

@@ -20,13 +20,14 @@ from typing import Any
 from components.common import keras_env
 from components.common.declare import model_problem
 from components.common.defaults import AUGMENT, IMAGE_SHAPE, MODEL, MODELS, NUM_CLASSES
+from components.common.failure import InputError
 
 # What the user's function gets: one channel of 28x28, ten classes.
 INPUT_SHAPE = (*IMAGE_SHAPE, 1)
 OUTPUT_NAME = "probabilities"
 
 
-class ModelChoiceError(ValueError):
+class ModelChoiceError(InputError):
     """The ``model`` parameter names no model the trainer can build."""
 
 

@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from components.common import storage
 from components.common.crd import Crd
+from components.common.failure import InputError
 from components.common.model_files import SAVED_MODEL_PB
 from components.train import summary
 from components.train.cluster.job import (
@@ -331,7 +332,7 @@ def run_job(
     `JobFailed` and `JobCancelled` (on SIGTERM, after deleting the job).
     """
     if not namespace:
-        raise ValueError("namespace is empty")
+        raise InputError("namespace is empty")
     *shared, manifest = validated(b, params, namespace, crd_dir)
     api_client = api_client or default_api_client()
     custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
