@@ -239,7 +239,8 @@ def upload_command(package: str, pipeline_name: str, version_name: str | None,
 @param_option
 @experiment_option
 @click.option("--run-name", help="[default: <pipeline> <version> <UTC time>]")
-@click.option("--wait", is_flag=True, help="Follow the run; exit 3 if it fails, 4 on timeout.")
+@click.option("--wait", is_flag=True, help=f"Follow the run; exit {ExitCode.RUN_FAILED:d} if it "
+              f"fails, {ExitCode.TIMED_OUT:d} on timeout.")  # fmt: skip
 @click.option("--timeout", type=click.FloatRange(min=1), default=3600.0, show_default=True)
 @connection
 def submit_command(package: str | None, version_name: str | None, pipeline_name: str,
