@@ -19,9 +19,10 @@ TF_VERSION := $(shell sed -n 's/^tensorflow==//p' requirements/lock.txt)
 HOROVOD_CACHE ?= $(HOME)/.cache/kfp-horovod
 HOROVOD_MARK := $(VENV)/.horovod-wheel
 HOROVOD_SCRIPTS := make/horovod/build.sh make/horovod/SOURCE $(wildcard make/horovod/patches/*.patch)
-# TensorFlow distributions the lock no longer holds that write the same files as its `tensorflow`
-# (tensorflow-cpu up to 2.15): removed before the lock installs, or their files would mix.
-STALE_TF_DISTS := tensorflow-cpu tensorflow-estimator
+# Distributions the lock no longer holds, removed before the lock installs: those that write the
+# same files as its `tensorflow` (tensorflow-cpu up to 2.15), and tf-keras (the Keras 2 the
+# trainer ran on before Keras 3; pip freeze spells it tf_keras).
+STALE_TF_DISTS := tensorflow-cpu tensorflow-estimator tf[-_]keras
 
 WORKERS ?= $(call defaults,WORKERS)
 EPOCHS ?= $(call defaults,EPOCHS)
@@ -68,7 +69,7 @@ $(STAMP): requirements/lock.txt pyproject.toml $(HOROVOD_SCRIPTS)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(PY) -m pip check --disable-pip-version-check
 	$(PY) -c "import horovod.tensorflow as hvd; assert hvd.mpi_built() and hvd.gloo_built(); hvd.init()"
-	$(PY) -c "from components.common.keras_env import keras; keras(); import horovod.tensorflow.keras, kfp, tensorflow as tf; print('env ok: tf', tf.__version__, 'kfp', kfp.__version__)"
+	$(PY) -c "from components.common.keras_env import keras; k = keras(); import horovod.tensorflow.keras, kfp, tensorflow as tf; print('env ok: tf', tf.__version__, 'keras', k.__version__, 'kfp', kfp.__version__)"
 	@touch $@
 
 # Re-resolve the project's declared dependencies (pyproject.toml, all extras) and Horovod's build

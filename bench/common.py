@@ -344,6 +344,6 @@ def scratch(work: Path | None, name: str) -> Path:
 
     if work is None:
         return Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
-    path = work / name
+    path = (work / name).resolve()  # absolute: a job may run in another checkout (bench.stack)
     path.mkdir(parents=True, exist_ok=True)
     return path

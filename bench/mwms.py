@@ -104,20 +104,24 @@ def worker(
     images, labels = dataset.load_range(manifest, "train", start, stop)
     steps = steps_per_epoch(total, size, batch_size)
 
-    def dataset_fn(_: Any) -> Any:
-        ds = tf.data.Dataset.from_tensor_slices((images, labels))
-        return ds.shuffle(len(labels), seed=seed + index).repeat().batch(batch_size).prefetch(2)
+    # This worker's shard, already split by worker: Keras 3 distributes it over the strategy
+    # (one replica per worker) without sharding it again.
+    ds = tf.data.Dataset.from_tensor_slices((images, labels))
+    ds = ds.shuffle(len(labels), seed=seed + index).repeat().batch(batch_size).prefetch(2)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    ds = ds.with_options(options)
 
     with strategy.scope():
         model = build_model(seed, model_name or MODEL)
         model.compile(
-            optimizer=keras.optimizers.legacy.Adam(learning_rate=0.001 * size),
+            optimizer=keras.optimizers.Adam(learning_rate=0.001 * size),
             loss="sparse_categorical_crossentropy",
             metrics=["accuracy"],
         )
     seconds: list[float] = []
     history = model.fit(
-        keras.utils.experimental.DatasetCreator(dataset_fn),
+        ds,
         epochs=epochs,
         steps_per_epoch=steps,
         callbacks=[_epoch_timer(keras, seconds)],

@@ -13,7 +13,12 @@ built for its TF). Per stack, interleaved round by round: 1x1, 2x1 and two 1x1 j
     python -m bench.stack --other-python /path/to/venv-tf218/bin/python --other-name tf-2.18
 
 The other environment needs the lock's runtime packages and a Horovod built for its TF, but
-not this project installed: its ranks run ``python -m components.train`` from this checkout.
+not this project installed: its ranks run ``python -m components.train`` from this checkout, or
+from ``--other-checkout`` (another checkout's trainer: the tf-keras trainer before the move to
+Keras 3, say, with a venv of its lock):
+
+    python -m bench.stack --other-python /path/to/old/.venv/bin/python \
+        --other-checkout /path/to/old-checkout --other-name tf-keras --name keras-3
 """
 
 from __future__ import annotations
@@ -46,11 +51,13 @@ LAYOUTS = ("1x1", "2x1", COPIES)
 
 
 def versions(python: str) -> dict[str, str]:
-    """The TensorFlow, tf-keras, Horovod and Python versions of `python`'s environment."""
+    """The TensorFlow, Keras, tf-keras, Horovod and Python versions of `python`'s environment
+    (None for a distribution it does not have)."""
     code = (
-        "import importlib.metadata as m, json, platform; print(json.dumps({'python': "
-        "platform.python_version(), **{n: m.version(n) for n in ('tensorflow', 'tf-keras', "
-        "'horovod')}}))"
+        "import importlib.metadata as m, json, platform\n"
+        "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
+        "print(json.dumps({'python': platform.python_version(), **{n: v(n) for n in "
+        "('tensorflow', 'keras', 'tf-keras', 'horovod')}}))"
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout))
@@ -67,6 +74,15 @@ def measure(
     args = trainer_args(data, work / name, workers, epochs, 1, batch_size_per_worker=batch)
     _, summary = run_trainer(workers, args, python=python)
     return {"examples_per_second": job_throughput(summary)}
+
+
+def in_checkout(python: str, checkout: Path, work: Path) -> str:
+    """A launcher for `python` that runs it in `checkout`, so that ``python -m components.train``
+    is that checkout's trainer (``-m`` looks in the working directory first)."""
+    wrapper = work / "other-python"
+    wrapper.write_text(f'#!/bin/sh\ncd "{checkout.resolve()}" && exec "{python}" "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
 
 
 def figures(medians: dict[str, float]) -> dict[str, float]:
@@ -117,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p = base_parser(__doc__ or NAME)
     p.add_argument("--other-python", required=True, help="the other environment's python")
     p.add_argument("--other-name", default="other", help="its name in the results")
+    p.add_argument("--other-checkout", type=Path, help="run the other stack's trainer from here")
     p.add_argument("--name", default="this", help="this environment's name in the results")
     p.add_argument("--train-samples", type=int, default=8000)
     p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
@@ -124,8 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.quick:
         a.train_samples, a.epochs, a.repeats = 600, 2, 1
-    stacks = {a.name: sys.executable, a.other_name: a.other_python}
     work = scratch(a.work, NAME)
+    other = a.other_python
+    if a.other_checkout is not None:
+        other = in_checkout(other, a.other_checkout, work)
+    stacks = {a.name: sys.executable, a.other_name: other}
     result = run(stacks, a.train_samples, a.epochs, a.repeats, work, a.batch_size)
     write_result(NAME, result, a.out)
     print(result["this_over_other"], result["figures"])

@@ -38,9 +38,9 @@ def _adadelta() -> None:
     keras = keras_env.keras()
 
     def adadelta(learning_rate: float, **_: Any) -> Any:
-        return keras.optimizers.legacy.Adadelta(learning_rate=learning_rate)
+        return keras.optimizers.Adadelta(learning_rate=learning_rate)
 
-    keras.optimizers.legacy.Adam = adadelta
+    keras.optimizers.Adam = adadelta
 
 
 def snapshot_callback(keras: Any, out: Path, per_epoch: int, steps: int) -> Any:
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from components.common import keras_env
     from components.train import cli
 
-    keras_env.keras()  # Keras 2 first, before Horovod is imported (as the trainer does)
+    keras_env.keras()  # Keras 3 on TensorFlow, checked before Horovod is imported (as the trainer)
     if a.groups:
         _grouped(a.groups)
     if a.optimizer == "adadelta":

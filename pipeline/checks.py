@@ -1,6 +1,7 @@
 """The pipeline's parameters, in the order of its signature, from the steps' declarations; the
-check step, first in every run, which refuses bad values before any work; and the same checks
-for the ``NAME=VALUE`` arguments ``python -m pipeline submit | schedule`` send."""
+check step, first in every run, which refuses bad values and storage it cannot use before any
+work; and the same parameter checks for the ``NAME=VALUE`` arguments ``python -m pipeline
+submit | schedule`` send."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from components.common import declare, defaults
+from components.common import declare, defaults, storage_access
 from components.common.declare import Declared
 from components.common.failure import InputError
 from components.data_prep.step import PREP_PARAMETERS
@@ -43,6 +44,26 @@ def check_step(images: str, **values: Any) -> Checked:
     image = defaults.trainer_image(gpus, json.loads(images), values["trainer_image"])
     local = values["training_backend"] == "local"
     return Checked(image, values["workers"] * gpus if local else 0)
+
+
+def storage_locations(values: dict[str, Any]) -> list[storage_access.Location]:
+    """The locations a run's steps read and write by parameter: the data source (read) and the
+    registry (read and written). The pipeline root is not among them: KFP's backend does not
+    resolve ``dsl.PIPELINE_ROOT_PLACEHOLDER`` for a task (only the job's and task's names and
+    ids), so the check step cannot know it; the job's workers check it, where they write the
+    model (`storage_access.check_job`)."""
+    return [
+        storage_access.Location("data_source", values["data_source"]),
+        storage_access.Location("registry_root", values["registry_root"], writes=True),
+    ]
+
+
+def run_checks(images: str, **values: Any) -> Checked:
+    """The check step: `check_step`'s parameters, then every ``gs://`` location of
+    `storage_locations` with this step's own identity (StorageAccessError, one line)."""
+    checked = check_step(images, **values)
+    storage_access.check(storage_locations(values))
+    return checked
 
 
 def parameters_markdown() -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from components.common import defaults, storage
+from components.common import defaults, storage, storage_access
 from components.common.declare import Declared, declared
 from components.common.failure import InputError, one_line_failures
 from components.data_prep.step import PREP_PARAMETERS
@@ -52,7 +52,8 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 
 @click.command("run-local")
 @declared_options([*PIPELINE_TRAIN_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS])
-@click.option("--root", default="runs", show_default=True, help="where runs and the registry go")
+@click.option("--root", default="runs", show_default=True, help="the local folder where runs "
+              "(and the registry, unless --registry-root) go; not a URI")  # fmt: skip
 @click.option("--runner", type=click.Choice(["subprocess", "docker"]), default="subprocess",
               show_default=True, help="subprocess: every step in this environment; docker: every "
               "step in its image (build them with `make images-local`)")  # fmt: skip
@@ -157,6 +158,12 @@ def registry_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--registry-root", required=True, help=help_text)(func)
 
 
+def check_registry_access(registry_root: str, writes: bool) -> None:
+    """A ``gs://`` registry this identity cannot read (or, `writes`, write) ends the command
+    in one ``FAILED:`` line naming what is missing, before anything is read or written."""
+    storage_access.check([storage_access.Location("--registry-root", registry_root, writes)])
+
+
 def _serving_folder(registry_root: str, model_name: str, alias: str) -> Any:
     from components.register.registry import ModelStore
     from components.register.serving import ServingFolder
@@ -191,6 +198,7 @@ def render_inferenceservice(
 
     from components.serve import inferenceservice as isvc
 
+    check_registry_access(registry_root, writes=False)
     folder = _serving_folder(registry_root, model_name, alias)
     manifest = isvc.build_inferenceservice(name or model_name, folder.uri, **options)
     version = folder.alias_version()
@@ -213,6 +221,7 @@ def render_inferenceservice(
 def sync_serving(registry_root: str, model_name: str, alias: str) -> None:
     """Make the alias's serving folder hold exactly the alias's version (repairs a registration
     that stopped between moving the alias and publishing it)."""
+    check_registry_access(registry_root, writes=True)
     folder = _serving_folder(registry_root, model_name, alias)
     version = folder.sync()
     if version is None:

@@ -22,7 +22,7 @@ from components.common.failure import ExitCode, ExpectedError, InputError
 from components.train.preflight import check_model_before_launch
 from components.train.summary import paid_line, world_history
 from components.train.summary import read as read_summary
-from pipeline.checks import PIPELINE_DEFAULTS, check_step
+from pipeline.checks import PIPELINE_DEFAULTS, run_checks
 from pipeline.pipeline import build_pipeline
 
 
@@ -72,13 +72,20 @@ def run_pipeline_locally(
 ) -> LocalRun:
     """Run the pipeline with kfp.local under `root`; return where everything went.
 
-    `params` are pipeline parameters, checked before anything runs (``registry_root`` defaults
-    to ``<root>/registry``, ``training_backend`` to ``local``: the compiled default, ``auto``,
-    needs a cluster). With `docker_images` = ``(registry, tag)`` every step runs in its image
-    (``DockerRunner``, the train step building the ``model`` there), else in this environment.
+    `root` is a local folder (a URI is refused: kfp.local writes to local disk). `params` are
+    pipeline parameters, checked before anything runs, their ``gs://`` locations included
+    (``registry_root`` defaults to ``<root>/registry``, ``training_backend`` to ``local``: the
+    compiled default, ``auto``, needs a cluster). With `docker_images` = ``(registry, tag)``
+    every step runs in its image (``DockerRunner``, the train step building the ``model``
+    there), else in this environment.
     """
     import kfp.local
 
+    if URI.match(str(root)):
+        raise InputError(
+            f"--root must be a local folder (kfp.local writes the runs to local disk), got the URI "
+            f"{str(root)!r}; a run can put its registry on GCS: --registry-root gs://..."
+        )
     root = Path(root).resolve()
     pipeline_root = root / "pipeline-root"
     default_registry = (pipeline_root if docker_images else root) / "registry"
@@ -88,7 +95,7 @@ def run_pipeline_locally(
     # The check step, run here before anything else: kfp.local runs each task in its compiled
     # image, so the trainer's is chosen now (build_pipeline's image_at_run_time).
     values = PIPELINE_DEFAULTS | params
-    images["trainer"] = check_step(json.dumps(images), **values).trainer_image
+    images["trainer"] = run_checks(json.dumps(images), **values).trainer_image
     if params["training_backend"] != "local":
         raise InputError(
             f"training_backend must be 'local' for a local run (no cluster here), got "
@@ -118,6 +125,8 @@ def run_pipeline_locally(
     return LocalRun(runs[0], outputs, time.monotonic() - started, log)
 
 
+# A URI (``gs://``, any ``scheme://``), which `run_pipeline_locally`'s root may not be.
+URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # What a run prints to the console: kfp.local's task lines, and what the trainer's ranks and
 # launcher say (rank-tagged lines, the launcher's watch). Everything goes to the log file.
 SHOWN = re.compile(r"Executing task|finished with status|\[rank \d+/\d+\]|launcher: |mpiwatch: ")

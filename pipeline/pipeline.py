@@ -31,12 +31,13 @@ PIPELINE_DESCRIPTION = (
 
 
 def make_check_component(image: str) -> dsl.base_component.BaseComponent:
-    """The check step (`pipeline.checks.check_step`) as a KFP component."""
+    """The check step (`pipeline.checks.run_checks`) as a KFP component."""
     signature = [(p.name, p.type.__name__) for p in PIPELINE_PARAMETERS] + [("images", "str")]
     returns = 'NamedTuple("Checked", [("trainer_image", str), ("train_step_gpus", int)])'
     func = kfp_function(
-        "check_parameters", signature, returns, "pipeline.checks:check_step",
-        "Fail the run before any work if a parameter is bad; choose the trainer's image.",
+        "check_parameters", signature, returns, "pipeline.checks:run_checks",
+        "Fail the run before any work if a parameter is bad or its storage cannot be used; "
+        "choose the trainer's image.",
     )  # fmt: skip
     return dsl.component(base_image=image, install_kfp_package=False)(func)
 

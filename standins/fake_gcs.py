@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 EMULATOR_START_S = 30.0  # the binary is up in well under a second; this only bounds a hang
 FAULT_STATUSES = (503, 429)
 _BUCKET_METADATA = re.compile(r"^/storage/v1/b/[^/]+/?$")
-_REASONS = {503: "backendError", 429: "rateLimitExceeded"}
+_REASONS = {503: "backendError", 429: "rateLimitExceeded", 403: "forbidden"}
 # Headers that belong to one hop and are not forwarded (the proxy sets its own lengths).
 _HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
@@ -213,6 +213,25 @@ class FaultProxy:
     def rewrite(self, data: bytes) -> bytes:
         """`data` with the upstream's URL replaced by the proxy's."""
         return data.replace(self.upstream.encode(), self.url.encode())
+
+
+class ReadOnlyProxy(FaultProxy):
+    """fake-gcs-server as an identity that may read the bucket but not write it sees it: every
+    write (POST, PUT, PATCH, DELETE) is answered 403, as GCS answers an identity without
+    ``storage.objects.create`` or ``delete``; reads are forwarded. It stands in for the bucket's
+    IAM policy, which fake-gcs-server does not have (any caller may do anything there)."""
+
+    WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream, share=0.0, seed=0, statuses=(403,))
+
+    def fault_for(self, method: str, path: str) -> int | None:
+        if method not in self.WRITES:
+            return None
+        with self._lock:
+            self.requests.append(Request(time.monotonic(), method, path, 403, True))
+        return 403
 
 
 def fault_body(status: int) -> bytes:

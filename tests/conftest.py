@@ -9,9 +9,7 @@ does not on reads, which is safe: a token read and then written with is checked 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,15 +23,6 @@ from components.train.config import TrainConfig
 from components.train.summary import RunSummary, to_json
 
 _bucket_ids = itertools.count()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Start every test's subprocesses from the environment a user's shell has: once a test has
-    called `keras_env.keras()` (it sets ``TF_USE_LEGACY_KERAS=1``), every later subprocess would
-    inherit Keras 2, and a program that forgets to select it would pass here and fail for users
-    (bench.allreduce's ranks did). In-process, TensorFlow stays bound to the Keras it imported."""
-    os.environ.pop("TF_USE_LEGACY_KERAS", None)
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +85,52 @@ class TrainedModel:
     saved_model_sha256: str
 
 
+def bucket_objects(emulator_url: str, name: str) -> list[str] | None:
+    """The names of the objects in bucket `name`, read straight from the emulator at
+    `emulator_url` (not through a proxy); None if there is no such bucket."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs
+
+    options = {"api_endpoint": emulator_url}
+    client = gcs.Client("emulator", AnonymousCredentials(), client_options=options)
+    if client.lookup_bucket(name) is None:
+        return None
+    return sorted(blob.name for blob in client.list_blobs(name))
+
+
+@pytest.fixture
+def read_only_bucket(gcs_emulator: str) -> Iterator[str]:
+    """A new bucket holding ``reg/kept.txt``, which the storage client (this process's and its
+    subprocesses') reaches through `standins.fake_gcs.ReadOnlyProxy`: reads work, every write
+    is refused with 403 as for an identity without write access. Yields its name."""
+    from components.common import storage
+    from standins.fake_gcs import ReadOnlyProxy
+
+    with storage_emulator(gcs_emulator):
+        name = create_bucket(f"test-bucket-{next(_bucket_ids)}")
+        storage.write_text(f"gs://{name}/reg/kept.txt", "kept")
+    with ReadOnlyProxy(gcs_emulator) as proxy, storage_emulator(proxy.url):
+        yield name
+
+
+@pytest.fixture
+def no_credentials(tmp_path: Path) -> dict[str, str]:
+    """An environment for a subprocess in which google-auth finds no credentials and reaches no
+    network: no emulator, no GOOGLE_APPLICATION_CREDENTIALS, an empty HOME and gcloud config,
+    the metadata server's check off (``NO_GCE_CHECK``) and its address a closed port on
+    127.0.0.1. (Not this process's: google-auth reads those variables when it is imported.)"""
+    from standins.fake_gcs import free_port
+
+    env = dict(os.environ)
+    for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        env.pop(name, None)
+    home, closed = tmp_path / "empty-home", f"127.0.0.1:{free_port()}"
+    home.mkdir()
+    env.update(HOME=str(home), CLOUDSDK_CONFIG=str(home), NO_GCE_CHECK="true",
+               GCE_METADATA_HOST=closed, GCE_METADATA_IP=closed)  # fmt: skip
+    return env
+
+
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The bundled digits, 400 train / 400 test samples, in the dataset format (session-wide)."""
@@ -108,10 +143,12 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedModel:
     """`build_model` (``small``, `seed`) trained `epochs` quick epochs on `dataset` without Horovod
-    and exported at `path` as the trainer does (``model.save(dir, include_optimizer=False)``)."""
+    and exported at `path` as the trainer does (`trainer.export_saved_model`)."""
     from components.common import keras_env
     from components.common.dataset import load_range, read_manifest
+    from components.common.model_files import saved_model_sha256
     from components.train.model import build_model
+    from components.train.trainer import export_saved_model
 
     manifest = read_manifest(dataset)
     (x, y), (x_test, y_test) = load_range(manifest, "train"), load_range(manifest, "test")
@@ -123,9 +160,8 @@ def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedMode
     )
     model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
     loss, accuracy = model.evaluate(x_test, y_test, batch_size=400, verbose=0)
-    model.save(str(path), include_optimizer=False)
-    digest = hashlib.sha256((path / "saved_model.pb").read_bytes()).hexdigest()
-    return TrainedModel(str(path), dataset, float(accuracy), float(loss), digest)
+    export_saved_model(model, path)
+    return TrainedModel(str(path), dataset, float(accuracy), float(loss), saved_model_sha256(path))
 
 
 @pytest.fixture(scope="session")

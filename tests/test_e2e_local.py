@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from components.train.summary import parse
@@ -82,3 +83,25 @@ def test_make_run_equivalent_end_to_end(local_pipeline_run: LocalRun) -> None:
     assert second["registry_entry"] == "(none)"
     versions = sorted(p.name for p in (root / "registry" / "mnist-cnn").iterdir())
     assert [v for v in versions if v.isdigit()] == ["1"]
+
+
+def test_a_keras_3_users_model_trains_registers_and_serves(tmp_path: Path) -> None:
+    """A model written for today's Keras (``keras.ops``, a custom layer, the functional API)
+    goes through ``run-local`` across 2 ranks, is registered, and `make serve`'s server answers
+    with what the evaluate step computed from the same SavedModel."""
+    from components.common.dataset import load_range, read_manifest
+    from components.serve.tests.test_serve import evaluate_step_predictions, running, served
+
+    user = "components.train.tests.user_model:build"
+    run = run_local_pipeline(tmp_path, "--model", user, "--min-accuracy", "0").outputs()
+    summary = parse(Path(run["run_summary"]).read_text())
+    assert (summary.config.model, summary.world_size) == (user, 2)
+    assert summary.weights_identical_across_ranks and summary.metrics_averaged_across_ranks
+    assert run["decision"].startswith("registered as version 1; promoted")
+    dataset = Path(run["dataset"])
+    images = load_range(read_manifest(str(dataset)), "test")[0][:50]
+    with running(str(tmp_path / "registry")) as (banner, url):
+        answered = served(url, images.astype(np.float32))
+    assert banner.startswith("serving ") and answered.shape == (50, 10)
+    expected = evaluate_step_predictions(run["model"], images)
+    np.testing.assert_allclose(answered, expected, atol=1e-5)

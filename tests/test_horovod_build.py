@@ -33,16 +33,28 @@ FILE = re.findall(r"^\+\+\+ b/(\S+)", FIRST.read_text(), re.M)[0]
 SDIST = f"horovod-{VERSION}.tar.gz"
 
 
-def _before(patch: Path) -> str:
-    """A file the first file of `patch` applies to: its hunks' context and removed lines."""
-    body = patch.read_text().split("\n+++ ", 1)[1].splitlines()[1:]
-    lines: list[str] = []
-    for line in body:
-        if line.startswith(("--- ", "diff ")):  # the next file's header, or the signature
-            break
-        if line[:1] in (" ", "-"):
-            lines.append(line[1:])
-    return "\n".join(lines) + "\n"
+def _pre_images(patches: list[Path]) -> dict[str, str]:
+    """For every file the series changes (not those it creates), a file it applies to: the
+    hunks' context and removed lines, in order (patch finds each hunk at its offset)."""
+    found: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for patch in patches:
+        old = ""
+        for line in patch.read_text().splitlines():
+            if line.startswith("--- "):
+                old, current = line, None
+            elif line.startswith("+++ b/"):
+                name = line[6:].split()[0]
+                new_file = old.startswith("--- /dev/null") or name in found
+                current = None if new_file else found.setdefault(name, [])
+            elif line.startswith("diff "):
+                current = None
+            elif current is not None and line[:1] in (" ", "-"):
+                current.append(line[1:])
+    return {name: "\n".join(lines) + "\n" for name, lines in found.items()}
+
+
+PRE_IMAGES = _pre_images(PATCHES)
 
 
 def _write_sdist(path: Path, files: dict[str, str]) -> str:
@@ -60,7 +72,8 @@ def _write_sdist(path: Path, files: dict[str, str]) -> str:
 # SDIST_SHA256 stands for the sdist's own sha256).
 CASES: dict[str, tuple[dict[str, str] | None, bool, str, str]] = {
     "a patch that no longer applies is named with the file": (
-        {FILE: _before(FIRST).replace("xla_mpi_ops.cc", "xla_ops_v2.cc")}, True, SUPPORTED,
+        {**PRE_IMAGES, FILE: PRE_IMAGES[FILE].replace("xla_mpi_ops.cc", "xla_ops_v2.cc")}, True,
+        SUPPORTED,
         rf"horovod build: patch {FIRST.name} does not apply to .*{FILE} \(Hunk #1 FAILED at .*",
     ),
     "a patch whose file the sdist lacks names that file": (
@@ -69,12 +82,12 @@ CASES: dict[str, tuple[dict[str, str] | None, bool, str, str]] = {
         rf".*{FILE} \(not in the sdist\)",
     ),
     "an sdist with another hash is refused naming both hashes": (
-        {FILE: _before(FIRST)}, False, SUPPORTED,
+        PRE_IMAGES, False, SUPPORTED,
         rf"horovod build: {SDIST} has sha256 SDIST_SHA256, expected "
         rf"{SOURCE['HOROVOD_SHA256']} \(make/horovod/SOURCE\)",
     ),
     "a tensorflow the series was not made for is refused naming the supported": (
-        {FILE: _before(FIRST)}, True, "2.20.1",
+        PRE_IMAGES, True, "2.20.1",
         "horovod build: the patch series in make/horovod/patches was made for TensorFlow "
         + re.escape(f"{SOURCE['HOROVOD_TENSORFLOW']}; {sys.executable} has TensorFlow 2.20.1"),
     ),
@@ -83,7 +96,7 @@ CASES: dict[str, tuple[dict[str, str] | None, bool, str, str]] = {
     ),
     # The control: the doctored runs above stop for their own cause, not for the fakes.
     "with every input right the build gets to compiling": (
-        {FILE: _before(FIRST)}, True, SUPPORTED,
+        PRE_IMAGES, True, SUPPORTED,
         rf"horovod build: compiling Horovod {VERSION} failed \(above\)",
     ),
 }  # fmt: skip

@@ -1,8 +1,8 @@
-"""The trainer selects Keras 2 through components/common/keras_env.py before it imports
-Horovod, so Horovod 0.28.1's callbacks get Keras 2's backend (tf_keras), never Keras 3's.
+"""The trainer runs Keras 3 on its TensorFlow backend through components/common/keras_env.py,
+and Horovod's Keras API (the project's patched build) works on it: Keras 2 (tf-keras) is
+neither installed nor selected, and another backend is refused by name.
 
-Each check runs in a fresh interpreter, without TF_USE_LEGACY_KERAS in its environment: what
-matters is the order of first imports.
+Each check runs in a fresh interpreter: what matters is what a process imports first.
 """
 
 from __future__ import annotations
@@ -16,79 +16,83 @@ from pathlib import Path
 
 import pytest
 
-# Not importorskip: importing horovod.tensorflow binds tf.keras to Keras 3 in this process.
-# In CI (CI set) the tests run regardless, so a missing Horovod fails them instead of skipping.
+# Not importorskip: in CI (CI set) the tests run regardless, so a missing Horovod fails them.
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("horovod") is None and not os.environ.get("CI"),
     reason="needs Horovod (make install)",
 )
 
 # A rank's real path (python -m components.train -> cli.main -> trainer.run), stopped by the
-# preflight (1 rank, 2 expected) right after hvd.init(); then what Horovod's Keras API got.
+# preflight (1 rank, 2 expected) right after hvd.init(); then what Keras and Horovod are.
 TRAINER_PROBE = """
-import json, sys
+import importlib.util, json, sys
 from components.train.cli import main
 from components.common.failure import ExitCode
 assert main(["--data", {data!r}, "--output", {out!r}, "--workers", "2"]) == ExitCode.PREFLIGHT
-import horovod.tensorflow.keras as hvd_keras
-import horovod.tensorflow.keras.callbacks as callbacks
-import tensorflow as tf
-import tf_keras
+import horovod.tensorflow.keras as hvd
+import keras, tensorflow as tf
+optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01))
 print(json.dumps({{
-    "callbacks_K": callbacks.K.__name__,
-    "K_is_tf_keras_backend": callbacks.K is tf_keras.backend and hvd_keras.K is tf_keras.backend,
-    "K_has_constant": hasattr(callbacks.K, "constant"),
-    "tf_keras_model": tf.keras.Model.__module__,
-    "keras3_modules": sorted(m for m in sys.modules if m.startswith("keras.src")),
+    "keras": keras.__version__, "backend": keras.backend.backend(),
+    "tf_keras_is_keras": tf.keras.Model is keras.Model,
+    "tf_keras_installed": importlib.util.find_spec("tf_keras") is not None,
+    "optimizer": [type(optimizer).__module__, type(optimizer).__name__],
+    "averages_in_apply": "apply" in type(optimizer).__mro__[1].__dict__,
 }}))
 """
 
 
-def _python(code: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **env}
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=environment
     )
 
 
-def test_trainer_gives_horovod_callbacks_the_keras2_backend(tmp_path: Path) -> None:
+def test_the_trainer_runs_keras_3_and_horovods_optimizer_averages_in_apply(tmp_path: Path) -> None:
     proc = _python(TRAINER_PROBE.format(data=str(tmp_path / "no-data"), out=str(tmp_path / "out")))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["callbacks_K"] == "tf_keras.backend"
-    assert result["K_is_tf_keras_backend"] is True
-    assert result["K_has_constant"] is True  # what MetricAverageCallback needs
-    assert result["tf_keras_model"].startswith("tf_keras.")
-    assert result["keras3_modules"] == []
+    assert result["keras"].startswith("3.") and result["backend"] == "tensorflow"
+    assert result["tf_keras_is_keras"] is True
+    assert result["tf_keras_installed"] is False  # not in the lock, not in the images
+    # The wrapped class keeps Adam's name and module (a saved model loads without Horovod); the
+    # Horovod mix-in before it overrides Keras 3's public hook, `apply`.
+    assert result["optimizer"] == ["keras.src.optimizers.adam", "Adam"]
+    assert result["averages_in_apply"] is True
 
 
 def test_importing_the_trainer_loads_no_keras_or_tensorflow() -> None:
-    """Nothing happens at import: the selection is made by calling keras_env.keras()."""
+    """Nothing happens at import: Keras is reached by calling keras_env.keras()."""
     proc = _python(
-        "import sys, os\n"
+        "import sys\n"
         "from components.train import cli, trainer, model\n"
         "from components.evaluate import evaluate\n"
         "from components.common import keras_env\n"
-        "loaded = [m for m in ('tensorflow', 'keras', 'tf_keras', 'horovod') if m in sys.modules]\n"
-        "print(loaded, os.environ.get('TF_USE_LEGACY_KERAS'))\n"
+        "print([m for m in ('tensorflow', 'keras', 'horovod') if m in sys.modules])\n"
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[] None"
+    assert proc.stdout.strip() == "[]"
 
 
-def test_horovod_imported_before_keras_env_is_refused() -> None:
-    """Horovod's Keras API imported first binds Keras 3's backend: keras_env.keras() says so."""
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_a_keras_backend_other_than_tensorflow_is_refused_by_name(backend: str) -> None:
     proc = _python(
-        "import horovod.tensorflow.keras\n"
         "from components.common import keras_env\n"
         "try:\n"
         "    keras_env.keras()\n"
-        "except keras_env.Keras3Loaded as exc:\n"
-        "    print('refused:', exc)\n"
+        "except keras_env.KerasSetupError as exc:\n"
+        "    print(exc)\n"
+        "import sys; print('keras' in sys.modules)\n",
+        KERAS_BACKEND=backend,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1].startswith("refused: ")
+    said, imported = proc.stdout.strip().splitlines()
+    assert said == (
+        f"KERAS_BACKEND={backend}: Horovod's collectives are TensorFlow ops, so the trainer runs "
+        "Keras 3 on its TensorFlow backend; unset KERAS_BACKEND or set it to tensorflow"
+    )
+    assert imported == "False"  # refused before Keras read the variable
 
 
 def test_tensorflow_import_noise_is_dropped_and_nothing_else() -> None:

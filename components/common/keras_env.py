@@ -1,10 +1,10 @@
-"""The one way into Keras: ``keras()``, never ``tf.keras``; the trainer calls it before it
-imports Horovod. Code that needs only TensorFlow imports it through ``tensorflow()``.
+"""The one way into TensorFlow and Keras: ``tensorflow()`` and ``keras()``.
 
-Why: Horovod 0.28.1 does ``from keras import backend as K``, and from TF 2.16 on ``keras`` is
-Keras 3, which breaks Horovod's callbacks: so select Keras 2 (tf-keras), aliased as ``keras``.
-TF reads ``TF_USE_LEGACY_KERAS`` when ``tf.keras`` is first accessed, so ``keras()`` sets it
-before that (nothing happens at import) and raises Keras3Loaded if Keras 3 got there first.
+Keras is Keras 3 (``keras``, which ``tf.keras`` also is from TF 2.16 on) on its TensorFlow
+backend: Horovod's collectives are TensorFlow ops, and the project's Horovod patch series
+(make/horovod/patches) makes Horovod's Keras API work on Keras 3 there. ``keras()`` refuses
+another backend (``KERAS_BACKEND``) by name; `check_not_tf_keras` refuses tf-keras, the legacy
+Keras 2 package, where a user's model module brought it in. Nothing happens at import.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ import tempfile
 from collections.abc import Iterator
 from types import ModuleType
 
-LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+from components.common.failure import InputError
+
+BACKEND_ENV = "KERAS_BACKEND"
+TF_KERAS = "tf_keras"
 # What the `tensorflow` wheel's C++ writes to stderr on import, through absl logging
 # (TF_CPP_MIN_LOG_LEVEL does not reach it): 2.18 on every machine, its CUDA plugins registering
 # twice; 2.21 on a machine without a GPU driver, its CUDA runtime stub saying so, twice (the
@@ -31,17 +34,12 @@ IMPORT_NOISE = re.compile(
 )
 
 
-class Keras3Loaded(RuntimeError):
-    """``tf.keras`` or Horovod's Keras API was bound to Keras 3 before `keras` ran."""
+class KerasSetupError(InputError):
+    """Keras is not Keras 3 on TensorFlow, or a model module brought in tf-keras."""
 
 
 def tensorflow() -> ModuleType:
-    """TensorFlow with Keras 2 selected, imported without its noise.
-
-    Without ``TF_USE_LEGACY_KERAS`` set first, TF's import also imports Keras 3 and, through it,
-    scikit-learn: ``import tensorflow`` took 5.6-6.4 s that way, 4.0-4.6 s with Keras 2 selected.
-    """
-    os.environ[LEGACY_KERAS_ENV] = "1"
+    """TensorFlow, imported without its noise."""
     first = "tensorflow" not in sys.modules  # the noise comes with the first import only
     with stderr_without(IMPORT_NOISE) if first else contextlib.nullcontext():
         import tensorflow as tf
@@ -49,23 +47,32 @@ def tensorflow() -> ModuleType:
 
 
 def keras() -> ModuleType:
-    """Select Keras 2 and return ``tf_keras``; ``import keras`` gives it too (Horovod's ``K``)."""
-    tf = tensorflow()
-    import tf_keras
+    """Keras 3 on the TensorFlow backend (KerasSetupError for any other backend)."""
+    backend = os.environ.get(BACKEND_ENV, "tensorflow")
+    if backend != "tensorflow":  # checked before Keras reads it: it cannot change afterwards
+        raise KerasSetupError(
+            f"{BACKEND_ENV}={backend}: Horovod's collectives are TensorFlow ops, so the trainer "
+            f"runs Keras 3 on its TensorFlow backend; unset {BACKEND_ENV} or set it to tensorflow"
+        )
+    tensorflow()
+    import keras as keras3
 
-    sys.modules["keras"] = tf_keras
-    if tf.keras.Model is not tf_keras.Model:
-        raise Keras3Loaded(
-            f"tf.keras was loaded as {tf.keras.Model.__module__} before "
-            "components.common.keras_env.keras() selected Keras 2 (docs/versions.md)"
+    if keras3.backend.backend() != "tensorflow":
+        raise KerasSetupError(
+            f"Keras runs on its {keras3.backend.backend()} backend (~/.keras/keras.json?); the "
+            "trainer needs the TensorFlow backend: set KERAS_BACKEND=tensorflow"
         )
-    callbacks = sys.modules.get("horovod.tensorflow.keras.callbacks")
-    if callbacks is not None and getattr(callbacks, "K", None) is not tf_keras.backend:
-        raise Keras3Loaded(
-            "horovod.tensorflow.keras was imported before components.common.keras_env.keras(): "
-            f"its callbacks use {callbacks.K.__name__}, not tf_keras.backend (docs/versions.md)"
+    return keras3
+
+
+def check_not_tf_keras(what: str, loaded_before: set[str]) -> None:
+    """KerasSetupError if `what` (a model module being imported) brought in tf-keras: its
+    layers and models are Keras 2 objects, which Keras 3 and the Horovod build cannot train."""
+    if TF_KERAS in sys.modules and TF_KERAS not in loaded_before:
+        raise KerasSetupError(
+            f"{what} imports tf_keras, the legacy Keras 2 package; the trainer runs Keras 3: "
+            "write the model with `import keras` (or `from tensorflow import keras`)"
         )
-    return tf_keras
 
 
 @contextlib.contextmanager

@@ -26,11 +26,6 @@ from components.common.failure import InputError
 
 # The compare-and-swap token of a file that does not exist (GCS's ifGenerationMatch=0).
 ABSENT = "0"
-NO_CREDENTIALS = (
-    "no Google Cloud credentials to reach gs://: sign in with Application Default Credentials "
-    "(gcloud auth application-default login), run as a Kubernetes service account with a "
-    "Workload Identity binding (docs/cluster.md), or set STORAGE_EMULATOR_HOST for an emulator"
-)
 _log = logging.getLogger(__name__)
 
 
@@ -57,14 +52,10 @@ def split_gcs(uri: str) -> tuple[str, str]:
 
 @lru_cache(maxsize=1)
 def _client() -> Any:
-    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import storage  # imported lazily: local-only users need no GCS stack
 
     # With STORAGE_EMULATOR_HOST set, the client talks to that emulator without credentials.
-    try:
-        return storage.Client()
-    except DefaultCredentialsError as exc:
-        raise InputError(NO_CREDENTIALS) from exc
+    return storage.Client()
 
 
 def _blob(uri: str) -> Any:

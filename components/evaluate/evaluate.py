@@ -75,9 +75,8 @@ def score(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
         raise ModelError("model output rows are not probabilities (expected a softmax output)")
     if len(y) == 0:
         raise dataset.DataError("the evaluation split is empty")
-    predicted = p.argmax(axis=1)
-    confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=np.int64)
-    np.add.at(confusion, (y, predicted), 1)
+    tf = keras_env.tensorflow()
+    confusion = tf.math.confusion_matrix(y, p.argmax(axis=1), NUM_CLASSES, dtype=tf.int64).numpy()
     true_positive = np.diag(confusion).astype(np.float64)
 
     def per_class(count: np.ndarray) -> list[float]:  # 0.0 where `count` is 0

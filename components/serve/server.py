@@ -10,6 +10,7 @@ import socket
 import sys
 import warnings
 
+from components.common import storage_access
 from components.common.defaults import MODEL_NAME, PRODUCTION_ALIAS, SERVE_MAX_BATCH
 from components.common.failure import InputError, one_line_failures
 from components.register.registry import ModelStore
@@ -42,8 +43,10 @@ def serve(name: str, model_dir: str, host: str, port: int, banner: str) -> None:
 
 
 def serve_alias(registry_root: str, model_name: str, alias: str, host: str, port: int) -> None:
-    """Sync `alias`'s serving folder, then serve the version in it; InputError when there is
-    none, or when `host`:`port` cannot be listened on."""
+    """Sync `alias`'s serving folder, then serve the version in it; InputError when the registry
+    cannot be read and written (`storage_access`), has no such version, or when `host`:`port`
+    cannot be listened on."""
+    storage_access.check([storage_access.Location("--registry-root", registry_root, True)])
     folder = ServingFolder(ModelStore(registry_root, model_name), alias)
     version = folder.sync()
     if version is None:

@@ -1,7 +1,8 @@
 """Per-epoch checkpoints, written by rank 0 only, to a local path or gs://.
 
 Layout: ``epoch-0003/ckpt.*`` (the ``tf.train.Checkpoint``), ``epoch-0003/checkpoint.json``
-(epoch, prefix, metrics, model, and each file's bytes and sha256), written after the other
+(epoch, prefix, metrics, model, the Keras major version, and each file's bytes and sha256),
+written after the other
 files, and ``latest.json`` (the same without the files) after the whole epoch directory: a run
 killed mid-write resumes from the previous complete checkpoint. The last `KEEP` are kept.
 
@@ -27,6 +28,9 @@ from components.common.failure import InputError
 LATEST = "latest.json"
 EPOCH_MARKER = "checkpoint.json"
 KEEP = 2
+# The Keras that wrote a checkpoint: its object graph is Keras 3's. The tf-keras (Keras 2)
+# trainer wrote no such field; its checkpoints are refused by name, never half-restored.
+KERAS_MAJOR = 3
 _EPOCH_DIR = re.compile(r"^epoch-(\d{4,})$")
 _log = logging.getLogger(__name__)
 
@@ -43,15 +47,22 @@ class CheckpointInfo:
     prefix: str
     metrics: dict[str, float]
     model: str
+    keras: int = KERAS_MAJOR
 
     @classmethod
     def of(cls, raw: Any) -> CheckpointInfo:
         """From a parsed marker; raises KeyError, TypeError or ValueError."""
         return cls(int(raw["epoch"]), str(raw["prefix"]), dict(raw.get("metrics", {})),
-                   str(raw["model"]))  # fmt: skip
+                   str(raw["model"]), int(raw.get("keras", 2)))  # fmt: skip
 
-    def model_problem(self, model: str, checkpoint_uri: str) -> str | None:
+    def resume_problem(self, model: str, checkpoint_uri: str) -> str | None:
         """Why a run training `model` cannot resume from this checkpoint, or None."""
+        if self.keras != KERAS_MAJOR:
+            return (
+                f"the checkpoints at {checkpoint_uri} were written by the tf-keras (Keras "
+                f"{self.keras}) trainer, whose checkpoints Keras {KERAS_MAJOR} cannot restore: "
+                "start the run in a fresh output (or checkpoint) directory"
+            )
         if self.model == model:
             return None
         return (
@@ -141,7 +152,8 @@ def save(
     """Write `checkpoint` (a ``tf.train.Checkpoint``) as the state after `epoch` finished epochs
     of training `model`: its files, its ``checkpoint.json`` last, then ``latest.json``."""
     name = epoch_dir(epoch)
-    marker = {"epoch": epoch, "prefix": f"{name}/ckpt", "metrics": metrics, "model": model}
+    marker = {"epoch": epoch, "prefix": f"{name}/ckpt", "metrics": metrics, "model": model,
+              "keras": KERAS_MAJOR}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
         checkpoint.write(str(Path(tmp) / "ckpt"))
         files = {
@@ -164,8 +176,15 @@ def save(
 
 
 def restore(checkpoint: Any, checkpoint_uri: str, info: CheckpointInfo, workdir: Path) -> None:
-    """Load `info`'s checkpoint into `checkpoint` (any rank), through `workdir`, which must
-    outlive the first training step: TensorFlow restores the optimizer's slots then."""
+    """Load `info`'s checkpoint into `checkpoint` (any rank), through `workdir`: every value it
+    holds, into a model and optimizer built already (else an AssertionError: never a part)."""
     folder = info.prefix.rsplit("/", 1)[0]
     local = storage.download_dir(storage.join(checkpoint_uri, folder), workdir / folder)
-    checkpoint.read(str(local / "ckpt")).expect_partial()
+    try:
+        checkpoint.read(str(local / "ckpt")).assert_consumed()
+    except AssertionError as exc:  # TF says which values found no variable, or the reverse
+        raise CheckpointError(
+            f"the checkpoint after epoch {info.epoch} at {checkpoint_uri} does not fit the "
+            f"model and optimizer of this run ({str(exc).splitlines()[0][:200]}); start the run "
+            "in a fresh output (or checkpoint) directory"
+        ) from exc

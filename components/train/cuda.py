@@ -15,7 +15,9 @@ import argparse
 import ctypes
 import importlib.util
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from components.common.failure import ExitCode
 from components.common.keras_env import tensorflow
@@ -23,6 +25,10 @@ from components.common.keras_env import tensorflow
 # What TF dlopens, by soname (the majors of its CUDA 12.5 / cuDNN 9 / NCCL 2 build), and the
 # wheel that ships each. TF registers no GPU unless the first seven load; libnccl serves NCCL
 # collectives, libcupti the profiler. libcuda.so.1, the driver, comes from the node, not here.
+# TF itself names none of them: tf.sysconfig.get_build_info() gives the CUDA and cuDNN versions
+# only (test_cuda.py holds the table to them), and without a GPU TF tries libcudart and
+# libcuda alone, so tf.config.list_physical_devices("GPU") is [] in a CPU image and in a GPU
+# image on a node without a GPU alike: only this table tells the two apart.
 TF_CUDA_LIBRARIES: dict[str, str] = {
     "libcudart.so.12": "nvidia-cuda-runtime-cu12",
     "libcublas.so.12": "nvidia-cublas-cu12",
@@ -68,6 +74,19 @@ def missing_cuda_libraries(folder: Path | None = None) -> dict[str, str]:
     return {soname: why for soname, (ok, why) in loaded.items() if not ok}
 
 
+def cuda_build(version: str, info: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """The image check's line on TensorFlow `version`'s build, from its
+    ``tf.sysconfig.get_build_info()``, and the problem if it is not a CUDA build."""
+    if info.get("is_cuda_build") is not True:
+        problem = f"TensorFlow {version} is not a CUDA build: {dict(info)}"
+        return f"cuda: TensorFlow {version}: not a CUDA build", [problem]
+    capabilities = ",".join(info.get("cuda_compute_capabilities") or [])
+    return (
+        f"cuda: TensorFlow {version}: CUDA {info.get('cuda_version')}, cuDNN "
+        f"{info.get('cudnn_version')}, compute capabilities {capabilities}"
+    ), []
+
+
 def check_image(gradient_allreduce: str, cuda: bool = True) -> int:
     """Print what the image has; `ExitCode.OK` if every check passes, else `BAD_INPUT` (the
     problems on stderr).
@@ -79,14 +98,9 @@ def check_image(gradient_allreduce: str, cuda: bool = True) -> int:
             print(f"cuda: {soname}: {f'loads from {what}' if ok else 'MISSING'}")
             problems += [] if ok else [f"cannot load {soname}: {what}"]
         tf = tensorflow()
-        info = dict(tf.sysconfig.get_build_info())
-        print(
-            f"cuda: TensorFlow {tf.__version__}: CUDA {info.get('cuda_version')}, cuDNN "
-            f"{info.get('cudnn_version')}, compute capabilities "
-            f"{','.join(info.get('cuda_compute_capabilities') or [])}"
-        )
-        if not (tf.test.is_built_with_cuda() and info.get("is_cuda_build")):
-            problems.append(f"TensorFlow {tf.__version__} is not a CUDA build: {info}")
+        line, not_cuda = cuda_build(tf.__version__, tf.sysconfig.get_build_info())
+        print(line)
+        problems += not_cuda
     tensorflow()
     import horovod.tensorflow as hvd
 

@@ -40,9 +40,6 @@ def train_elastic(job: Job) -> int:
 
     hvd, config = job.hvd, job.config
     trainee = trainer.build_or_resume(job)
-    # Every rank must hold the same variables before the first sync broadcasts them: create
-    # the optimizer's slots now (zeros, as on first use; a resumed checkpoint fills them).
-    trainee.model.optimizer._create_all_weights(trainee.model.trainable_variables)
     start = "resumed from the checkpoint" if trainee.resume else "start"
     state = hvd.elastic.KerasState(
         trainee.model, trainee.model.optimizer, epoch=trainee.initial_epoch,
@@ -96,9 +93,11 @@ def _attempt(job: Job, trainee: Trainee, state: Any) -> tuple[Any, int]:
     optimizer, start = trainee.model.optimizer, state.epoch
     adam = job.adam
     if start < job.config.warmup_epochs:  # warmup sets the learning rate itself until then
-        adam["learning_rate"] = float(optimizer.lr.numpy())
+        adam["learning_rate"] = float(optimizer.learning_rate.numpy())
     for name, value in adam.items():  # this world size's settings (lr_scaling)
         setattr(optimizer, name, value)
+    # Keras 3's compiled step read beta_1, beta_2 and epsilon as constants: traced anew.
+    trainee.model.make_train_function(force=True)
     keras = keras_env.keras()
 
     def record_epoch(epoch: int, logs: Any) -> None:

@@ -29,7 +29,11 @@ from components.train.preflight import check_model_before_launch
 YIELD_WHEN_IDLE = ("-mca", "mpi_yield_when_idle", "1")  # a waiting rank yields its core
 TRAINER = (sys.executable, "-m", "components.train")  # every rank's program here
 # Symbols only a Horovod built with each controller has: Gloo's rendezvous context class, and
-# Horovod's MPI controller class (mangled; compiled only with HAVE_MPI).
+# Horovod's MPI controller class (mangled; compiled only with HAVE_MPI). Read from the file, as
+# Horovod's own answer (hvd.mpi_built(), hvd.gloo_built()) needs its TensorFlow extension loaded:
+# horovod.common.util's checks import TF (7-8 s for both); the extension alone loads TF's C++
+# libraries (+0.5 s a launch in a child process; in this one, +320 MB resident and a later
+# `import ssl` bound to TF's BoringSSL). Reading the file: 0.1 s.
 BUILD_MARKERS = {"GLOO": b"gloo::rendezvous::Context", "MPI": b"N7horovod6common13MPIControllerE"}
 # Rank 0's line saying why the job stopped before training, as it reaches the launcher.
 RANK0_FAILED = re.compile(r"\[rank 0/\d+\] training failed: (.+)$")

@@ -3,9 +3,11 @@
 
 - ``mnist_advanced`` (the default): the network of Horovod's ``keras_mnist_advanced.py``.
 - ``small``: the project's first CNN, the same weights for the same seed as before the choice.
-- ``package.module:function``: the user's own, called as ``function((28, 28, 1), 10)``: a Keras
-  model from float32 images scaled to [0, 1] (as the Horovod example feeds them) to softmax
-  probabilities, wrapped between the ``image`` input, the scaling and ``probabilities``.
+- ``package.module:function``: the user's own, called as ``function((28, 28, 1), 10)``: a Keras 3
+  model (``import keras``: layers, ``keras.ops``, custom layers, functional or Sequential) from
+  float32 images scaled to [0, 1] (as the Horovod example feeds them) to softmax probabilities,
+  wrapped between the ``image`` input, the scaling and ``probabilities``. A module that brings in
+  tf-keras (Keras 2) is refused by name.
 
 `build_model` seeds every random generator with the run's seed first, so every rank builds the
 same initial weights.
@@ -14,6 +16,8 @@ same initial weights.
 from __future__ import annotations
 
 import importlib
+import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +28,7 @@ from components.common.failure import InputError
 
 # What the user's function gets: one channel of 28x28, ten classes.
 INPUT_SHAPE = (*IMAGE_SHAPE, 1)
-OUTPUT_NAME = "probabilities"
+INPUT_NAME, OUTPUT_NAME = "image", "probabilities"
 
 
 class ModelChoiceError(InputError):
@@ -67,10 +71,13 @@ assert tuple(BUILT_IN) == MODELS, "defaults.MODELS names the built-in models"
 def build_model(seed: int, model: str = MODEL, augment: bool = AUGMENT) -> Any:
     """The Keras model `model`, initialised identically on every rank for a given `seed`
     (ModelChoiceError if a user's model does not import, build or fit)."""
-    keras = keras_env.keras()
+    try:
+        keras = keras_env.keras()
+    except keras_env.KerasSetupError as exc:  # the backend is not TensorFlow
+        raise ModelChoiceError(str(exc)) from exc
     keras.utils.set_random_seed(seed)
     front = [
-        keras.layers.Input(shape=IMAGE_SHAPE, name="image"),
+        keras.layers.Input(shape=IMAGE_SHAPE, name=INPUT_NAME),
         keras.layers.Rescaling(1.0 / 255),
         keras.layers.Reshape(INPUT_SHAPE),
     ]
@@ -87,7 +94,7 @@ def _with_augmentation(keras: Any, built: Any) -> Any:
     as built: augmentation layers made first would shift the weights' random draws."""
     from components.train.augment import augmentation_layers
 
-    image = keras.layers.Input(shape=IMAGE_SHAPE, name="image")
+    image = keras.layers.Input(shape=IMAGE_SHAPE, name=INPUT_NAME)
     layers = [image, *built.layers[:2], *augmentation_layers(keras), *built.layers[2:]]
     return keras.Sequential(layers, name=built.name)
 
@@ -99,13 +106,7 @@ def _user_model(keras: Any, model: str, front: list[Any]) -> Any:
     if problem:
         raise ModelChoiceError(problem)
     module_name, function_name = model.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module may fail in any way while importing
-        raise ModelChoiceError(
-            f"model {model!r}: cannot import module {module_name!r} "
-            f"({type(exc).__name__}: {exc}); is it installed or on PYTHONPATH in the trainer?"
-        ) from exc
+    module = _import_model_module(model, module_name)
     function = getattr(module, function_name, None)
     if not callable(function):
         found = "is not callable" if hasattr(module, function_name) else "is not defined"
@@ -121,9 +122,11 @@ def _user_model(keras: Any, model: str, front: list[Any]) -> Any:
             f"num_classes={NUM_CLASSES}) raised {type(exc).__name__}: {exc}"
         ) from exc
     if not isinstance(built, keras.Model):
+        made = f"{type(built).__module__}.{type(built).__qualname__}"
+        keras2 = " (a tf-keras, Keras 2, object: build it with `import keras`)"
         raise ModelChoiceError(
-            f"model {model!r} returned {type(built).__module__}.{type(built).__qualname__}, "
-            "not a Keras model (keras.Model, e.g. keras.Sequential)"
+            f"model {model!r} returned {made}, not a Keras 3 model (keras.Model, e.g. "
+            f"keras.Sequential){keras2 if made.startswith(keras_env.TF_KERAS) else ''}"
         )
     try:
         wrapped = keras.Sequential(
@@ -131,7 +134,11 @@ def _user_model(keras: Any, model: str, front: list[Any]) -> Any:
         )
     except Exception as exc:  # Keras says why the input does not fit in its own words
         reason = next(
-            (line for line in str(exc).splitlines() if line.strip() and "encountered" not in line),
+            (
+                line
+                for line in _plain(str(exc)).splitlines()
+                if line.strip() and "encountered" not in line
+            ),
             type(exc).__name__,
         )  # Keras' reason, without its "Exception encountered when calling layer" wrapping
         raise ModelChoiceError(
@@ -145,6 +152,36 @@ def _user_model(keras: Any, model: str, front: list[Any]) -> Any:
             f"(None, {NUM_CLASSES}): one probability per class"
         )
     return wrapped
+
+
+def _plain(text: str) -> str:
+    """`text` without the terminal colour codes Keras 3 puts in its errors."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def _import_model_module(model: str, module_name: str) -> Any:
+    """The user's model module, or ModelChoiceError: it does not import, or it brings in
+    tf-keras (Keras 2), whose models Keras 3 cannot train."""
+    keras2 = f"model {model!r}: module {module_name!r}"
+    loaded_before = set(sys.modules)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may fail in any way while importing
+        if isinstance(exc, ModuleNotFoundError) and exc.name == keras_env.TF_KERAS:
+            reason = f"{keras2} imports tf_keras, the legacy Keras 2 package, which"
+            raise ModelChoiceError(
+                f"{reason} the trainer does not have: it runs Keras 3, so write the model "
+                "with `import keras` (or `from tensorflow import keras`)"
+            ) from exc
+        raise ModelChoiceError(
+            f"model {model!r}: cannot import module {module_name!r} "
+            f"({type(exc).__name__}: {exc}); is it installed or on PYTHONPATH in the trainer?"
+        ) from exc
+    try:
+        keras_env.check_not_tf_keras(keras2, loaded_before)
+    except keras_env.KerasSetupError as exc:
+        raise ModelChoiceError(str(exc)) from exc
+    return module
 
 
 def weights_fingerprint(model: Any) -> str:

@@ -44,6 +44,10 @@ class RunSummary:
     coverage: Record  # samples, seen_per_epoch, disjoint, covers_all (, epochs_checked)
     weights_identical_across_ranks: bool
     final_metrics: dict[str, float]
+    # Checked in the run, not assumed: every rank's weights when training began (after rank 0's
+    # broadcast), and every epoch's logged metrics against the mean of the ranks' own.
+    start_weights_identical_across_ranks: bool = False
+    metrics_averaged_across_ranks: bool = False
     saved_model_sha256: str = ""
     resource_use: Record | None = None
     elastic: Record | None = None
@@ -145,6 +149,9 @@ def coordination_lines(summary: RunSummary) -> list[str]:
         f"{s.world_size} workers formed ONE job ({s.controller} controller) and trained ONE "
         f"model (weights identical on all ranks: {s.weights_identical_across_ranks}); "
         f"gradient allreduce {s.gradient_allreduce}.",
+        f"checked in the run: weights identical on all ranks when training began: "
+        f"{s.start_weights_identical_across_ranks}; every epoch's logged metrics the mean of "
+        f"the ranks' own: {s.metrics_averaged_across_ranks}",
         f"model {c.model} ({s.model_parameters:,} parameters), augmentation "
         f"{'on' if c.augment else 'off'}",
     ]

@@ -85,7 +85,8 @@ def _ready(tf: Any, tensors: list[Any]) -> list[Any]:
 
 @dataclass(frozen=True)
 class EpochCost:
-    """One rank's epoch: wall seconds, steps, seconds in the allreduce, CPU seconds used."""
+    """One rank's epoch: wall seconds, steps, seconds in the allreduce, CPU seconds used, and
+    its own metrics (before Horovod's MetricAverageCallback replaced them by the ranks' mean)."""
 
     rank: int
     seconds: float
@@ -93,6 +94,20 @@ class EpochCost:
     allreduce_seconds: float
     cpu_seconds: float
     threads: int
+    own_metrics: tuple[tuple[str, float], ...] = ()
+
+
+# The logged metrics are the ranks' mean when they match it this closely (float32 allreduce).
+AVERAGE_TOLERANCE = 1e-5
+
+
+def averaged(logs: dict[str, Any], costs: list[EpochCost]) -> bool:
+    """Whether `logs`' loss and accuracy are the mean of the ranks' own values of the epoch."""
+    own = [dict(c.own_metrics) for c in costs]
+    keys = [k for k in ("loss", "accuracy") if k in logs and all(k in m for m in own)]
+    return bool(keys) and all(
+        abs(float(logs[k]) - statistics.fmean(m[k] for m in own)) <= AVERAGE_TOLERANCE for k in keys
+    )
 
 
 def step_split(costs: list[EpochCost]) -> dict[str, float]:
@@ -194,25 +209,47 @@ class Telemetry:
         self.clock = AllreduceClock(tf)
         self.costs: list[list[EpochCost]] = []
         self.samples = 0
+        self.own: dict[str, float] = {}
+        self.start_fingerprints: list[str] = []
+        self.metrics_averaged: list[bool] = []
+
+    def own_metrics_callback(self, keras: Any) -> Any:
+        """Put before Horovod's MetricAverageCallback: keeps this rank's own epoch metrics."""
+        telemetry = self
+
+        class OwnMetrics(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+            def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+                telemetry.own = {k: float(v) for k, v in (logs or {}).items()}
+
+        return OwnMetrics()
 
     def callback(self, keras: Any, shard: Shard, epochs: int) -> Any:
-        """The callback of one fit over `shard` (an elastic attempt starts afresh)."""
+        """The callback of one fit over `shard` (an elastic attempt starts afresh), after the
+        broadcast and the metric averaging, which it checks from what every rank holds."""
         from horovod.tensorflow import allgather_object
 
         self.costs, self.samples = [], len(shard.labels)
         telemetry, rank, threads = self, int(self.hvd.rank()), self.devices.threads
 
         class TelemetryCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+            def on_train_begin(self, logs: Any = None) -> None:
+                start = weights_fingerprint(self.model)  # after the broadcast, if any
+                telemetry.start_fingerprints = list(allgather_object(start))
+
             def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
                 self.wall, self.cpu = time.perf_counter(), time.process_time()
 
             def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
                 seconds = time.perf_counter() - self.wall
                 cpu = time.process_time() - self.cpu
-                cost = EpochCost(rank, seconds, shard.steps, telemetry.clock.take(), cpu, threads)
+                own = tuple(sorted(telemetry.own.items()))
+                cost = EpochCost(
+                    rank, seconds, shard.steps, telemetry.clock.take(), cpu, threads, own
+                )
                 telemetry.costs.append(list(allgather_object(cost)))  # every rank, every epoch
+                telemetry.metrics_averaged.append(averaged(logs or {}, telemetry.costs[-1]))
                 if rank == 0:
-                    lr = float(keras.backend.get_value(self.model.optimizer.lr))
+                    lr = float(self.model.optimizer.learning_rate.numpy())
                     telemetry.tell(epoch + 1, epochs, logs or {}, lr)
 
         return TelemetryCallback()
@@ -223,11 +260,17 @@ class Telemetry:
         costs = self.costs[-1]
         slowest = max(c.seconds for c in costs)
         job = {**step_split(costs), "examples_per_second": self.samples * len(costs) / slowest}
+        own = [dict(c.own_metrics).get("loss", float("nan")) for c in costs]
+        losses = ", ".join(f"{v:.4f}" for v in own)
+        how = (
+            f"averaged over {len(costs)} ranks" if self.metrics_averaged[-1]
+            else f"rank 0's own, NOT averaged: the ranks' losses are {losses}"
+        )  # fmt: skip
         self.log.info(
-            "Epoch %d/%d - loss %.4f - accuracy %.4f (averaged over %d ranks) - lr %.5f - "
+            "Epoch %d/%d - loss %.4f - accuracy %.4f (%s) - lr %.5f - "
             "%.0f examples/s - a step: compute %.0f%%, communication %.0f%%, waiting %.0f%%",
             epoch, epochs, logs.get("loss", float("nan")), logs.get("accuracy", float("nan")),
-            len(costs), lr, job["examples_per_second"], 100 * job["compute_share"],
+            how, lr, job["examples_per_second"], 100 * job["compute_share"],
             100 * job["communication_share"], 100 * job["waiting_share"],
         )  # fmt: skip
         if self.board is not None:
@@ -251,6 +294,7 @@ class Telemetry:
             "device": devices.device, **gpu_usage(self.tf, devices), "threads": devices.threads,
             "sample_range": [shard.start, shard.stop], "samples_per_epoch": len(shard.labels),
             "steps_per_epoch": shard.steps, "weights_sha256": weights_fingerprint(model),
+            "own_metrics": dict(self.own),
             "examples_per_second": round(self.samples / statistics.median(timed), 1) if timed
             else 0.0,
         }  # fmt: skip
@@ -273,6 +317,8 @@ class Telemetry:
             per_rank=per_rank,
             coverage=coverage(all_ids, shard.total),
             weights_identical_across_ranks=len({r["weights_sha256"] for r in per_rank}) == 1,
+            start_weights_identical_across_ranks=len(set(self.start_fingerprints)) == 1,
+            metrics_averaged_across_ranks=all(self.metrics_averaged or [False]),
             resource_use=resource_use(self.costs, {r["rank"]: r["host"] for r in per_rank})
             if self.costs
             else None,

@@ -34,20 +34,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import dataset, keras_env, storage
+from components.common import dataset, keras_env, storage, storage_access
 from components.common.board import Board
+from components.common.defaults import IMAGE_SHAPE
 from components.common.failure import ExitCode, ExpectedError
-from components.common.model_files import SAVED_MODEL_PB, saved_model_sha256
+from components.common.model_files import SAVED_MODEL_PB, SERVING_SIGNATURE, saved_model_sha256
 from components.train import checkpoints
 from components.train.config import TrainConfig
 from components.train.data import Shard, epoch_ids, load_shard, make_dataset
 from components.train.devices import Devices, configure_devices, gpu_problem
-from components.train.model import ModelChoiceError, build_model
+from components.train.model import INPUT_NAME, OUTPUT_NAME, ModelChoiceError, build_model
 from components.train.preflight import world_size_problem
 from components.train.summary import coordination_lines, lr_formula, write
 from components.train.telemetry import Telemetry
 
-# tf-keras' Adam defaults: the single-worker settings every lr_scaling rule starts from.
+# Keras' Adam defaults: the single-worker settings every lr_scaling rule starts from.
 BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-7
 
 
@@ -103,7 +104,12 @@ def run(config: TrainConfig, train: Callable[[Job], int] | None = None) -> int:
     """Run this rank's part of the job (`train`: the elastic loop, else `train_static`).
     Returns the process exit code."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    keras_env.keras()  # first: Keras 2 and the `keras` alias, before Horovod loads (keras_env)
+    try:
+        keras_env.keras()  # Keras 3 on TensorFlow, or one line saying why not
+    except keras_env.KerasSetupError as exc:  # (the launcher's preflight says it first)
+        if os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK", "0")) == "0":
+            sys.stderr.write(f"training failed: {exc}\n")  # one line, not one per rank
+        return ExitCode.BAD_INPUT
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
@@ -165,7 +171,8 @@ def read_shard(job: Job) -> Shard:
         error = gpu_problem(config.gpus_per_worker, local_size, found, missing)
     shard: Shard | None = None
     if error is None:
-        try:
+        try:  # the workers' identity reads the data; rank 0 checks it writes where the job does
+            storage_access.check_job(config, writes=rank == 0)
             shard = load_shard(config.data, config.batch_size_per_worker, rank, size)
             if rank == 0 and storage.exists(storage.join(config.model_uri, SAVED_MODEL_PB)):
                 error = (
@@ -203,7 +210,7 @@ def build_or_resume(job: Job) -> Trainee:
         resume = broadcast_object(resume, root_rank=0)
     if isinstance(resume, str):  # every rank learns it: every rank stops here
         raise JobError(resume)
-    problem = resume.model_problem(config.model, config.checkpoint_uri) if resume else None
+    problem = resume.resume_problem(config.model, config.checkpoint_uri) if resume else None
     try:
         if problem:  # every rank has the same marker: every rank stops here
             raise ModelChoiceError(problem)
@@ -215,10 +222,21 @@ def build_or_resume(job: Job) -> Trainee:
         "on (training only)" if config.augment else "off",
     )  # fmt: skip
     optimizer = distributed_optimizer(job)
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    # No XLA: the Horovod build has no XLA kernels (make/horovod/patches/0001), and Keras 3's
+    # "auto" picks XLA wherever a GPU is.
+    model.compile(
+        optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+        jit_compile=False,
+    )  # fmt: skip
+    # Built now, not in the first step: a checkpoint restores every slot, and the broadcast (or
+    # the elastic state) covers them.
+    optimizer.build(model.trainable_variables)
     ckpt = job.tf.train.Checkpoint(model=model, optimizer=optimizer)
     if resume:
-        checkpoints.restore(ckpt, config.checkpoint_uri, resume, job.workdir)
+        try:
+            checkpoints.restore(ckpt, config.checkpoint_uri, resume, job.workdir)
+        except checkpoints.CheckpointError as exc:  # every rank restores: every rank stops
+            raise JobError(str(exc)) from exc
         job.log.info("resuming from checkpoint after epoch %d of %d", resume.epoch, config.epochs)
     return Trainee(model, ckpt, resume)
 
@@ -246,7 +264,7 @@ def adam_settings(rule: str, learning_rate: float, k: int) -> dict[str, float]:
 def distributed_optimizer(job: Job) -> Any:
     """Adam at this world size's settings, in Horovod's DistributedOptimizer (which averages
     the gradients every step), its allreduce timed by the telemetry."""
-    adam = keras_env.keras().optimizers.legacy.Adam(**job.adam)
+    adam = keras_env.keras().optimizers.Adam(**job.adam)
     return job.telemetry.clock.wrap(job.hvd.DistributedOptimizer(adam))
 
 
@@ -260,7 +278,12 @@ def callbacks(job: Job, trainee: Trainee, shard: Shard) -> list[Any]:
     the start of every attempt.
     """
     hvd, config, keras = job.hvd, job.config, keras_env.keras()
-    found: list[Any] = [hvd.callbacks.MetricAverageCallback()]
+    telemetry = job.telemetry
+    # The telemetry keeps each rank's own metrics before they are averaged, and checks after.
+    found: list[Any] = [
+        telemetry.own_metrics_callback(keras),
+        hvd.callbacks.MetricAverageCallback(),
+    ]
     if not config.elastic:
         found.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
     if config.warmup_epochs > 0:
@@ -270,7 +293,7 @@ def callbacks(job: Job, trainee: Trainee, shard: Shard) -> list[Any]:
                 steps_per_epoch=shard.steps,
             )
         )  # fmt: skip
-    found.append(job.telemetry.callback(keras, shard, config.epochs))
+    found.append(telemetry.callback(keras, shard, config.epochs))
     if job.rank == 0:
 
         def checkpoint(epoch: int, logs: Any) -> None:
@@ -299,7 +322,7 @@ def fit(
     data = make_dataset(job.tf, shard, config.seed, job.rank, epochs, job.devices.threads)
     history = trainee.model.fit(
         data, epochs=config.epochs, initial_epoch=start, steps_per_epoch=shard.steps,
-        callbacks=with_callbacks, verbose=0,
+        callbacks=with_callbacks, verbose=0, shuffle=False,  # `data` shuffles each epoch itself
     )  # fmt: skip
     return {k: float(v[-1]) for k, v in history.history.items() if k != "lr"}
 
@@ -334,10 +357,27 @@ def save_model(model: Any, model_uri: str) -> str:
     its ``saved_model.pb``."""
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         local = Path(tmp) / "model"
-        model.save(str(local), include_optimizer=False, save_format="tf")
+        export_saved_model(model, local)
         pb_sha256 = saved_model_sha256(local)
         storage.upload_dir(local, model_uri, last=SAVED_MODEL_PB)
     return pb_sha256
+
+
+def export_saved_model(model: Any, path: Path) -> None:
+    """`model` as a SavedModel whose ``serving_default`` signature takes raw ``(n, 28, 28)``
+    digits as ``image`` and returns ``probabilities`` (the contract evaluate, register, serving
+    and TF Serving read), through Keras 3's own `ExportArchive`."""
+    import tensorflow as tf
+
+    keras = keras_env.keras()
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(
+        name=SERVING_SIGNATURE,
+        fn=lambda image: {OUTPUT_NAME: model(image, training=False)},
+        input_signature=[tf.TensorSpec((None, *IMAGE_SHAPE), tf.float32, name=INPUT_NAME)],
+    )
+    archive.write_out(str(path), verbose=False)
 
 
 # The rank's log ------------------------------------------------------------------------------

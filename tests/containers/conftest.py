@@ -53,6 +53,41 @@ def trainer_image(docker_client: Any) -> str:
     return require_images(docker_client, "trainer")["trainer"]
 
 
+# A user's Keras 3 model module (keras.ops, a custom layer, the functional API), installed into
+# an image built FROM the trainer image, as a user ships their model (components/train/README.md).
+USER_MODEL_MODULE = "keras3_user_model"
+
+
+@pytest.fixture(scope="module")
+def user_model_image(trainer_image: str, docker_client: Any) -> str:
+    """The trainer image plus `USER_MODEL_MODULE` (components/train/tests/user_model.py) in its
+    site-packages: ``--model keras3_user_model:build`` imports it on every pod."""
+    import io
+    import tarfile
+    from pathlib import Path
+
+    from components.common import defaults
+
+    source = Path(__file__).resolve().parents[2] / "components/train/tests/user_model.py"
+    dockerfile = (
+        f"FROM {trainer_image}\nUSER root\nCOPY {USER_MODEL_MODULE}.py /tmp/\n"
+        'RUN python -c "import shutil, sysconfig; shutil.move('
+        f"'/tmp/{USER_MODEL_MODULE}.py', sysconfig.get_paths()['purelib'])\"\n"
+        f"USER {defaults.MPI_USER_UID}\n"
+    )
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        for name, data in (("Dockerfile", dockerfile.encode()),
+                           (f"{USER_MODEL_MODULE}.py", source.read_bytes())):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    context.seek(0)
+    tag = f"{trainer_image.rsplit(':', 1)[0]}-user-model:{trainer_image.rsplit(':', 1)[1]}"
+    docker_client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True)
+    return tag
+
+
 @pytest.fixture(scope="module")
 def data_uri(gcs_host: str) -> str:
     """The bundled digits (1,200 train / 300 test) prepared onto the emulator from here."""

@@ -32,6 +32,7 @@ from standins.mpijob_harness import MPIJobRun
 from standins.outputs import half_written
 from standins.pods import DockerJob
 from standins.trainjob_harness import TrainJobRun
+from tests.containers.conftest import USER_MODEL_MODULE
 from tests.containers.support import new_bucket, require_images
 
 pytestmark = pytest.mark.containers
@@ -126,10 +127,14 @@ def assert_rerun_resumes(backend: str, p: ClusterJobParams, seen: int, *run: Any
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def job_3x1(
-    request: Any, trainer_image: str, data_uri: str, docker_client: Any, gcs_container: Any,
+    request: Any, user_model_image: str, data_uri: str, docker_client: Any, gcs_container: Any,
     tmp_path_factory: Any,
 ) -> dict[str, Any]:  # fmt: skip
-    p = params(trainer_image, data_uri, f"{request.param}-3x1", workers=3, slots_per_worker=1)
+    """A user's Keras 3 model (keras.ops, a custom layer) whose ranks draw different initial
+    weights, in an image built FROM the trainer image, on 3 pods."""
+    model = f"{USER_MODEL_MODULE}:per_rank_weights"
+    p = params(user_model_image, data_uri, f"{request.param}-3x1", workers=3, slots_per_worker=1,
+               model=model)  # fmt: skip
     tmp = tmp_path_factory.mktemp(p.run_name)
     return run_job(request.param, p, docker_client, gcs_container, tmp)
 
@@ -143,8 +148,11 @@ def test_3x1_forms_one_mpi_job_of_3_on_the_pods_in_the_hostfile(job_3x1: dict[st
 
 
 def test_3x1_exports_exactly_one_model_with_identical_weights(job_3x1: dict[str, Any]) -> None:
+    """The Keras 3 model's ranks started apart: rank 0's broadcast made them one model."""
     assert one_model(job_3x1["p"])
     summary = job_3x1["summary"]
+    assert summary["start_weights_identical_across_ranks"] is True
+    assert summary["metrics_averaged_across_ranks"] is True
     assert summary["weights_identical_across_ranks"] is True
     assert len({r["weights_sha256"] for r in summary["per_rank"]}) == 1
     assert summary["coverage"]["disjoint"] and summary["coverage"]["covers_all"]

@@ -158,16 +158,22 @@ def test_trainer_horovod_has_mpi_and_gloo_and_runs_on_the_locked_tensorflow(
 ) -> None:
     image = require_images(docker_client, component)[component]
     script = (
-        "import json, importlib.metadata as md; from components.common import keras_env; "
-        "keras_env.keras(); import horovod.tensorflow as hvd; print(json.dumps({"
-        "'mpi': hvd.mpi_built(), 'gloo': hvd.gloo_built(), **{n: md.version(n) for n in "
-        "('tensorflow', 'tf-keras', 'protobuf')}}))"
+        "import json, importlib.util, importlib.metadata as md; "
+        "from components.common import keras_env; keras = keras_env.keras(); "
+        "import horovod.tensorflow as hvd, horovod.tensorflow.keras as hvd_keras; "
+        "print(json.dumps({"
+        "'mpi': hvd.mpi_built(), 'gloo': hvd.gloo_built(), 'keras_3_apply': 'apply' in "
+        "vars(type(hvd_keras.DistributedOptimizer(keras.optimizers.Adam())).__mro__[1]), "
+        "'tf_keras': importlib.util.find_spec('tf_keras') is not None, "
+        "**{n: md.version(n) for n in ('tensorflow', 'keras', 'protobuf')}}))"
     )
     out, _ = _run(docker_client, image, ["python", "-c", script])
     built = json.loads(out.splitlines()[-1])
     assert (built["mpi"], built["gloo"]) == (True, True), built
     assert built["tensorflow"] == TENSORFLOW_VERSION, built
-    assert built["tf-keras"].startswith("2."), "Keras 3 breaks Horovod 0.28: tf-keras 2 needed"
+    # Keras 3, no tf-keras; Horovod's optimizer averages in Keras 3's `apply` (patch 0002).
+    assert built["keras"].startswith("3.") and built["tf_keras"] is False, built
+    assert built["keras_3_apply"] is True, built
     assert built["protobuf"].startswith("6."), "kfp 2.17 and TF 2.21 both need protobuf 6"
     # Every package is installed --no-deps: pip's own check finds nothing missing or clashing.
     assert "No broken requirements found" in _run(docker_client, image, ["pip", "check"])[0]

@@ -174,6 +174,15 @@ def test_no_production_version_says_so_in_one_line_and_points_at_make_run(tmp_pa
     assert not empty.exists()  # nothing written
 
 
+def test_a_gs_registry_without_credentials_is_one_line(no_credentials: dict[str, str]) -> None:
+    command = [sys.executable, "-m", "components.serve", "--registry-root", "gs://my-bucket/reg"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=no_credentials)
+    assert (proc.returncode, proc.stdout) == (ExitCode.BAD_INPUT, "")
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("FAILED: --registry-root gs://my-bucket/reg: this process's identity "
+                           "found no Google credentials to reach bucket 'my-bucket'; ")  # fmt: skip
+
+
 def test_a_bad_registry_and_a_taken_port_are_one_line(trained_model, tmp_path: Path) -> None:
     """A registry the server cannot read, and a port another process holds, end in one line
     (a RegistryError escaped the old handler with its traceback)."""

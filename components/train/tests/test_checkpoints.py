@@ -30,14 +30,31 @@ def test_marker_records_the_model_and_refuses_another(tmp_path: Path) -> None:
     checkpoints.save(_FakeCheckpoint(), uri, 2, {"loss": 0.5}, "small")
     marker = json.loads((tmp_path / "checkpoints" / "latest.json").read_text())
     assert marker == {"epoch": 2, "prefix": "epoch-0002/ckpt", "metrics": {"loss": 0.5},
-                      "model": "small"}  # fmt: skip
+                      "model": "small", "keras": 3}  # fmt: skip
     info = checkpoints.latest(uri)
     assert info is not None and info.model == "small"
-    assert info.model_problem("small", uri) is None
-    assert info.model_problem("mnist_advanced", uri) == (
+    assert info.resume_problem("small", uri) is None
+    assert info.resume_problem("mnist_advanced", uri) == (
         f"the checkpoints at {uri} were written training model 'small', and this run trains "
         "'mnist_advanced': resume with model='small', or start the run in a fresh output (or "
         "checkpoint) directory"
+    )
+
+
+def test_a_checkpoint_of_the_tf_keras_trainer_is_refused_by_name(tmp_path: Path) -> None:
+    """The tf-keras (Keras 2) trainer's markers have no "keras" field; Keras 3's object graph
+    differs from theirs, so a resume is refused before anything is restored."""
+    uri = str(tmp_path / "checkpoints")
+    checkpoints.save(_FakeCheckpoint(), uri, 2, {"loss": 0.5}, "small")
+    for marker in (tmp_path / "checkpoints").rglob("*.json"):  # as the tf-keras trainer wrote
+        marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items()
+                                      if k != "keras"}))  # fmt: skip
+    info = checkpoints.latest(uri)
+    assert info is not None and info.keras == 2
+    assert info.resume_problem("small", uri) == (
+        f"the checkpoints at {uri} were written by the tf-keras (Keras 2) trainer, whose "
+        "checkpoints Keras 3 cannot restore: start the run in a fresh output (or checkpoint) "
+        "directory"
     )
 
 

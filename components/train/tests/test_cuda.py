@@ -123,3 +123,19 @@ def test_the_image_check_fails_here_naming_each_missing_library_and_its_horovod_
     assert (
         capsys.readouterr().err == f"cuda check: {label}=nccl, but Horovod was built without NCCL\n"
     )
+
+
+def test_the_build_line_is_tensorflows_build_info_and_a_cpu_build_fails_the_check() -> None:
+    from components.common.keras_env import tensorflow
+
+    line, problems = cuda.cuda_build("2.21.0", tensorflow().sysconfig.get_build_info())
+    assert problems == [], problems
+    capabilities = r"compute capabilities (sm_\d+,)+compute_\d+"
+    assert re.fullmatch(
+        rf"cuda: TensorFlow 2\.21\.0: CUDA 12\.\d+\.\d+, cuDNN 9, {capabilities}", line
+    ), line
+    cpu = {"cpu_compiler": "clang", "is_cuda_build": False, "is_rocm_build": False}
+    assert cuda.cuda_build("2.21.0", cpu) == (
+        "cuda: TensorFlow 2.21.0: not a CUDA build",
+        [f"TensorFlow 2.21.0 is not a CUDA build: {cpu}"],
+    )

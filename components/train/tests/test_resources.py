@@ -73,9 +73,11 @@ def test_idle_threads_are_named_and_a_good_job_is_told_so() -> None:
 
 
 # Each rank trains a small dense model through Horovod's DistributedOptimizer with the clock;
-# rank 1 sleeps 300 ms before every step, so rank 0 waits about that long in every allreduce.
+# rank 1 sleeps 300 ms before every step, so rank 0 waits about that long in every allreduce. The
+# clock is read after every step: the median step is what the ranks waited, where a sum would
+# also count the moments a loaded machine descheduled one rank and the other waited for that.
 RANK_PROGRAM = """
-import time
+import statistics, sys, time
 from components.common import keras_env
 keras = keras_env.keras()
 import horovod.tensorflow.keras as hvd
@@ -84,20 +86,22 @@ import tensorflow as tf
 from components.train.telemetry import AllreduceClock
 hvd.init()
 clock = AllreduceClock(tf)
-model = keras.Sequential([keras.layers.Dense(64, input_shape=(32,)), keras.layers.Dense(10)])
-model.compile(optimizer=clock.wrap(hvd.DistributedOptimizer(keras.optimizers.legacy.Adam())),
-              loss="mse")
+model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64), keras.layers.Dense(10)])
+model.compile(optimizer=clock.wrap(hvd.DistributedOptimizer(keras.optimizers.Adam())),
+              loss="mse", jit_compile=False)
+steps = []
 class Late(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if hvd.rank() == 1:
             time.sleep(0.3)
+    def on_train_batch_end(self, batch, logs=None):
+        steps.append(clock.take())
 model.fit(np.zeros((320, 32)), np.zeros((320, 10)), batch_size=32, epochs=2, verbose=0,
           callbacks=[Late(), hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-clock.take()
+steps.clear()
 model.fit(np.zeros((320, 32)), np.zeros((320, 10)), batch_size=32, epochs=1, verbose=0,
           callbacks=[Late()])
-import sys
-sys.stdout.write(f"IN_ALLREDUCE {hvd.rank()} {clock.take()}\\n")  # one write: one tagged line
+sys.stdout.write(f"IN_ALLREDUCE {hvd.rank()} {statistics.median(steps)}\\n")  # one tagged line
 sys.stdout.flush()
 """
 
@@ -109,12 +113,12 @@ def test_the_clock_sees_a_rank_wait_for_a_late_one_in_a_real_job() -> None:
         capture_output=True, text=True, timeout=180, env=launch.job_environment(None, 2),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    spent = {}
+    median_step = {}
     for line in done.stdout.splitlines():
         if "IN_ALLREDUCE" in line:
             rank, seconds = line.split("IN_ALLREDUCE ")[1].split()
-            spent[int(rank)] = float(seconds)
-    # 10 steps: rank 0 waits about 10 x 300 ms for rank 1; rank 1 only for the data movement (and,
-    # on a loaded machine, for rank 0 being scheduled: the lateness is large so that noise is not)
-    assert spent[0] > 2.0, spent
-    assert spent[0] - spent[1] > 1.5, spent
+            median_step[int(rank)] = float(seconds)
+    # The median step: rank 0 waited for rank 1's 300 ms of lateness (less its own step's
+    # compute, milliseconds), rank 1 only for the data movement.
+    assert median_step[0] > 0.2, median_step
+    assert median_step[0] - median_step[1] > 0.15, median_step
