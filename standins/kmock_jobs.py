@@ -36,8 +36,7 @@ from components.train.cluster.trainjob import (
     TRAINING_RUNTIME,
     TRAINJOB,
 )
-from components.train.config import TrainConfig
-from components.train.trainer import adam_settings
+from components.train.config import TrainConfig, adam_settings
 
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"

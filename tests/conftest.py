@@ -10,6 +10,7 @@ does not on reads, which is safe: a token read and then written with is checked 
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -143,12 +144,11 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedModel:
     """`build_model` (``small``, `seed`) trained `epochs` quick epochs on `dataset` without Horovod
-    and exported at `path` as the trainer does (`trainer.export_saved_model`)."""
+    and exported at `path` as the trainer does (`model.export_saved_model`)."""
     from components.common import keras_env
     from components.common.dataset import load_range, read_manifest
     from components.common.model_files import saved_model_sha256
-    from components.train.model import build_model
-    from components.train.trainer import export_saved_model
+    from components.train.model import build_model, export_saved_model
 
     manifest = read_manifest(dataset)
     (x, y), (x_test, y_test) = load_range(manifest, "train"), load_range(manifest, "test")

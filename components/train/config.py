@@ -12,6 +12,7 @@ the `TrainConfig` is made.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from components.common import defaults, storage
@@ -152,3 +153,27 @@ def from_argv(argv: list[str] | None = None) -> TrainConfig:
         return TrainConfig(**values)
     except ValueError as exc:
         parser.error(str(exc))
+
+
+# Keras' Adam defaults: the single-worker settings every lr_scaling rule starts from.
+BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-7
+
+
+def adam_settings(rule: str, learning_rate: float, k: int) -> dict[str, float]:
+    """Adam's settings for a world of `k` ranks, whose steps take a batch k times one rank's:
+
+    - ``linear``: learning rate x k (Goyal et al. 2017, the rule Horovod's examples use);
+    - ``sqrt``: the square-root rule for Adam of Malladi et al. (NeurIPS 2022, arXiv
+      2205.10287): learning rate x sqrt(k), beta_1 <- 1 - k (1 - beta_1), beta_2 <- 1 - k
+      (1 - beta_2), epsilon <- epsilon / sqrt(k);
+    - ``none``: the single-worker settings, whatever k.
+
+    `rule` is one of these: TrainConfig's declared rule for ``lr_scaling`` checked it.
+    """
+    if rule == "sqrt":
+        return {
+            "learning_rate": learning_rate * math.sqrt(k), "beta_1": 1 - k * (1 - BETA_1),
+            "beta_2": 1 - k * (1 - BETA_2), "epsilon": EPSILON / math.sqrt(k),
+        }  # fmt: skip
+    scaled = learning_rate * k if rule == "linear" else learning_rate
+    return {"learning_rate": scaled, "beta_1": BETA_1, "beta_2": BETA_2, "epsilon": EPSILON}

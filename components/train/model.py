@@ -19,12 +19,14 @@ import importlib
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from components.common import keras_env
 from components.common.declare import model_problem
 from components.common.defaults import AUGMENT, IMAGE_SHAPE, MODEL, MODELS, NUM_CLASSES
 from components.common.failure import InputError
+from components.common.model_files import SERVING_SIGNATURE
 
 # What the user's function gets: one channel of 28x28, ten classes.
 INPUT_SHAPE = (*IMAGE_SHAPE, 1)
@@ -182,6 +184,21 @@ def _import_model_module(model: str, module_name: str) -> Any:
     except keras_env.KerasSetupError as exc:
         raise ModelChoiceError(str(exc)) from exc
     return module
+
+
+def export_saved_model(model: Any, path: Path) -> None:
+    """`model` as a SavedModel whose ``serving_default`` signature takes raw ``(n, 28, 28)``
+    digits as ``image`` and returns ``probabilities`` (the contract evaluate, register, serving
+    and TF Serving read), through Keras 3's own `ExportArchive`."""
+    tf, keras = keras_env.tensorflow(), keras_env.keras()
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(
+        name=SERVING_SIGNATURE,
+        fn=lambda image: {OUTPUT_NAME: model(image, training=False)},
+        input_signature=[tf.TensorSpec((None, *IMAGE_SHAPE), tf.float32, name=INPUT_NAME)],
+    )
+    archive.write_out(str(path), verbose=False)
 
 
 def weights_fingerprint(model: Any) -> str:

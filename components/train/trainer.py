@@ -24,7 +24,6 @@ An elastic job (``--min-workers`` > 0) runs steps 3, 6 and 7 inside Horovod's el
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -36,20 +35,16 @@ from typing import Any
 
 from components.common import dataset, keras_env, storage, storage_access
 from components.common.board import Board
-from components.common.defaults import IMAGE_SHAPE
 from components.common.failure import ExitCode, ExpectedError
-from components.common.model_files import SAVED_MODEL_PB, SERVING_SIGNATURE, saved_model_sha256
+from components.common.model_files import SAVED_MODEL_PB, saved_model_sha256
 from components.train import checkpoints
-from components.train.config import TrainConfig
+from components.train.config import TrainConfig, adam_settings
 from components.train.data import Shard, epoch_ids, load_shard, make_dataset
 from components.train.devices import Devices, configure_devices, gpu_problem
-from components.train.model import INPUT_NAME, OUTPUT_NAME, ModelChoiceError, build_model
+from components.train.model import ModelChoiceError, build_model, export_saved_model
 from components.train.preflight import world_size_problem
 from components.train.summary import coordination_lines, lr_formula, write
 from components.train.telemetry import Telemetry
-
-# Keras' Adam defaults: the single-worker settings every lr_scaling rule starts from.
-BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-7
 
 
 class JobError(ExpectedError):
@@ -241,26 +236,6 @@ def build_or_resume(job: Job) -> Trainee:
     return Trainee(model, ckpt, resume)
 
 
-def adam_settings(rule: str, learning_rate: float, k: int) -> dict[str, float]:
-    """Adam's settings for a world of `k` ranks, whose steps take a batch k times one rank's:
-
-    - ``linear``: learning rate x k (Goyal et al. 2017, the rule Horovod's examples use);
-    - ``sqrt``: the square-root rule for Adam of Malladi et al. (NeurIPS 2022, arXiv
-      2205.10287): learning rate x sqrt(k), beta_1 <- 1 - k (1 - beta_1), beta_2 <- 1 - k
-      (1 - beta_2), epsilon <- epsilon / sqrt(k);
-    - ``none``: the single-worker settings, whatever k.
-
-    `rule` is one of these: TrainConfig's declared rule for ``lr_scaling`` checked it.
-    """
-    if rule == "sqrt":
-        return {
-            "learning_rate": learning_rate * math.sqrt(k), "beta_1": 1 - k * (1 - BETA_1),
-            "beta_2": 1 - k * (1 - BETA_2), "epsilon": EPSILON / math.sqrt(k),
-        }  # fmt: skip
-    scaled = learning_rate * k if rule == "linear" else learning_rate
-    return {"learning_rate": scaled, "beta_1": BETA_1, "beta_2": BETA_2, "epsilon": EPSILON}
-
-
 def distributed_optimizer(job: Job) -> Any:
     """Adam at this world size's settings, in Horovod's DistributedOptimizer (which averages
     the gradients every step), its allreduce timed by the telemetry."""
@@ -361,23 +336,6 @@ def save_model(model: Any, model_uri: str) -> str:
         pb_sha256 = saved_model_sha256(local)
         storage.upload_dir(local, model_uri, last=SAVED_MODEL_PB)
     return pb_sha256
-
-
-def export_saved_model(model: Any, path: Path) -> None:
-    """`model` as a SavedModel whose ``serving_default`` signature takes raw ``(n, 28, 28)``
-    digits as ``image`` and returns ``probabilities`` (the contract evaluate, register, serving
-    and TF Serving read), through Keras 3's own `ExportArchive`."""
-    import tensorflow as tf
-
-    keras = keras_env.keras()
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint(
-        name=SERVING_SIGNATURE,
-        fn=lambda image: {OUTPUT_NAME: model(image, training=False)},
-        input_signature=[tf.TensorSpec((None, *IMAGE_SHAPE), tf.float32, name=INPUT_NAME)],
-    )
-    archive.write_out(str(path), verbose=False)
 
 
 # The rank's log ------------------------------------------------------------------------------

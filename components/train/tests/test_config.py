@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from components.train.config import TRAIN_PARAMETERS, TrainConfig, from_argv, to_argv
+from components.train.config import TRAIN_PARAMETERS, TrainConfig, adam_settings, from_argv, to_argv
 from components.train.summary import lr_formula
-from components.train.trainer import adam_settings
 
 
 def random_config(rng: random.Random) -> TrainConfig:
