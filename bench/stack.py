@@ -66,14 +66,16 @@ def versions(python: str) -> dict[str, str]:
 def measure(
     data: str, work: Path, epochs: int, batch: int, stack: str, python: str, layout: str, r: int
 ) -> dict[str, Any]:
-    """One run of `layout` under `stack`'s `python`: the job's throughput."""
+    """One run of `layout` under `stack`'s `python`, seeded by its round `r` (both stacks alike):
+    the job's throughput, and its last epoch's (averaged) training accuracy."""
     name = f"{stack}-{layout}-r{r}"
     if layout == COPIES:
         return two_copies(data, work, epochs, batch, name, python=python)
     workers = int(layout[0])
-    args = trainer_args(data, work / name, workers, epochs, 1, batch_size_per_worker=batch)
+    args = trainer_args(data, work / name, workers, epochs, 1, batch_size_per_worker=batch, seed=r)
     _, summary = run_trainer(workers, args, python=python)
-    return {"examples_per_second": job_throughput(summary)}
+    accuracy = summary["final_metrics"].get("accuracy")
+    return {"examples_per_second": job_throughput(summary), "accuracy": accuracy}
 
 
 def in_checkout(python: str, checkout: Path, work: Path) -> str:
@@ -124,6 +126,9 @@ def run(
         "runs": runs,
         "median_examples_per_second": by,
         "this_over_other": {lay: ratio(by[this][lay], by[other][lay]) for lay in LAYOUTS},
+        "accuracy_by_round": {
+            k: [r.get("accuracy") for r in v] for k, v in runs.items() if COPIES not in k
+        },
         "figures": {s: figures(by[s]) for s in stacks},
     }
 

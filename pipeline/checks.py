@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from components.common import declare, defaults, storage_access
 from components.common.declare import Declared
+from components.common.failure import InputError
 from components.data_prep.step import PREP_PARAMETERS
 from components.register.step import REGISTER_PARAMETERS
 from components.train.config import PIPELINE_TRAIN_PARAMETERS
@@ -92,15 +93,15 @@ def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
     for pair in pairs:
         name, sep, raw = pair.partition("=")
         if not sep or not name:
-            raise ValueError(f"bad parameter {pair!r}: expected NAME=VALUE")
+            raise InputError(f"bad parameter {pair!r}: expected NAME=VALUE")
         if name in values:
-            raise ValueError(f"parameter {name!r} is given more than once")
+            raise InputError(f"parameter {name!r} is given more than once")
         if name not in declared:
             known = ", ".join(declared)
-            raise ValueError(f"unknown pipeline parameter {name!r}; the pipeline declares: {known}")
+            raise InputError(f"unknown pipeline parameter {name!r}; the pipeline declares: {known}")
         try:
             values[name] = click.types.convert_type(declared[name].type).convert(raw, None, None)
         except click.BadParameter as exc:
-            raise ValueError(f"parameter {name!r}: {exc.message}") from exc
+            raise InputError(f"parameter {name!r}: {exc.message}") from exc
     declare.check(PIPELINE_PARAMETERS, PIPELINE_DEFAULTS | values, "pipeline parameters")
     return values

@@ -9,8 +9,9 @@ from typing import Any
 
 import click
 
-from components.common import defaults, failure, storage, storage_access
+from components.common import defaults, storage, storage_access
 from components.common.declare import Declared, declared
+from components.common.failure import InputError, one_line_failures
 from components.data_prep.step import PREP_PARAMETERS
 from components.register.step import REGISTER_PARAMETERS
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TRAIN_PARAMETERS
@@ -68,10 +69,9 @@ def run_local_command(root: str, runner: str, image_registry: str, image_tag: st
         del params["registry_root"]
     images = (image_registry, image_tag) if runner == "docker" else None
     try:
-        with failure.one_line_failures():  # bad input, storage it cannot use: one FAILED line
-            run = run_pipeline_locally(root, docker_images=images, **params)
+        run = run_pipeline_locally(root, docker_images=images, **params)
     except RunFailed as exc:  # the console ends with its FAILED line and the log's path
-        raise SystemExit(1) from exc
+        raise SystemExit(exc.exit_code) from exc
     click.echo("=" * 80)
     click.echo(f"kfp-horovod local run finished in {run.wall_seconds:.0f} s")
     click.echo("\n".join(run.report_lines()))
@@ -105,7 +105,7 @@ def render(backend: str, namespace: str | None, crd_dir: str | None, data: str |
            **options: Any) -> str:  # fmt: skip
     """The validated manifests of `backend` for the command's options, as YAML documents,
     written for the job's CRD in `crd_dir` (a release's: deploy/crd/trainer/<version>) as the
-    train step writes them for the cluster's; ValueError lists every bad option at once."""
+    train step writes them for the cluster's; InputError lists every bad option at once."""
     import yaml
 
     from components.train.cluster import job
@@ -122,7 +122,7 @@ def render(backend: str, namespace: str | None, crd_dir: str | None, data: str |
     try:
         train = TrainConfig(data=data, output=output, model_dir=model_dir, **trainer)
     except ValueError as exc:
-        raise ValueError("; ".join([str(exc), *job.uri_problems(data, output, model_dir)])) from exc
+        raise InputError("; ".join([str(exc), *job.uri_problems(data, output, model_dir)])) from exc
     params = job.ClusterJobParams(train=train, step=TrainStep(**options), **run)
     manifests, deadline = job.validated(job.backend(backend), params, namespace, crd_dir)
     if deadline.by == job.BY_STEP:
@@ -148,10 +148,7 @@ def render_command(backend: str, what: str) -> click.Command:
     @declared_options(TRAINER_OPTIONS)
     @declared_options(step_options(backend), {"run_name": "dry-run"})
     def command(**options: Any) -> None:
-        try:
-            click.echo(render(backend, **options), nl=False)
-        except ValueError as exc:  # ManifestError too
-            raise click.UsageError(str(exc)) from exc
+        click.echo(render(backend, **options), nl=False)
 
     return command
 
@@ -167,8 +164,7 @@ def registry_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def check_registry_access(registry_root: str, writes: bool) -> None:
     """A ``gs://`` registry this identity cannot read (or, `writes`, write) ends the command
     in one ``FAILED:`` line naming what is missing, before anything is read or written."""
-    with failure.one_line_failures():
-        storage_access.check([storage_access.Location("--registry-root", registry_root, writes)])
+    storage_access.check([storage_access.Location("--registry-root", registry_root, writes)])
 
 
 def _serving_folder(registry_root: str, model_name: str, alias: str) -> Any:
@@ -203,23 +199,18 @@ def render_inferenceservice(
     run: it reads the alias, writes nothing)."""
     import yaml
 
-    from components.common.crd import ManifestError
-    from components.register.registry import RegistryError
     from components.serve import inferenceservice as isvc
 
     check_registry_access(registry_root, writes=False)
-    try:
-        folder = _serving_folder(registry_root, model_name, alias)
-        manifest = isvc.build_inferenceservice(name or model_name, folder.uri, **options)
-        version = folder.alias_version()
-        if version is None:
-            raise ValueError(
-                f"alias {alias!r} does not exist for model {model_name!r} in {registry_root}: "
-                "no version to serve (a registration that beats the champion sets it)"
-            )
-        isvc.validate_inferenceservice(manifest, crd_path)
-    except (ValueError, ManifestError, RegistryError, FileNotFoundError) as exc:
-        raise click.UsageError(str(exc)) from exc
+    folder = _serving_folder(registry_root, model_name, alias)
+    manifest = isvc.build_inferenceservice(name or model_name, folder.uri, **options)
+    version = folder.alias_version()
+    if version is None:
+        raise InputError(
+            f"alias {alias!r} does not exist for model {model_name!r} in {registry_root}: "
+            "no version to serve (a registration that beats the champion sets it)"
+        )
+    isvc.validate_inferenceservice(manifest, crd_path)
     if not folder.matches(version):
         sync = f"python -m pipeline sync-serving --registry-root {registry_root}"
         click.echo(
@@ -233,23 +224,27 @@ def render_inferenceservice(
 def sync_serving(registry_root: str, model_name: str, alias: str) -> None:
     """Make the alias's serving folder hold exactly the alias's version (repairs a registration
     that stopped between moving the alias and publishing it)."""
-    from components.register.registry import RegistryError
-
     check_registry_access(registry_root, writes=True)
-    try:
-        folder = _serving_folder(registry_root, model_name, alias)
-        version = folder.sync()
-    except (ValueError, RegistryError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    folder = _serving_folder(registry_root, model_name, alias)
+    version = folder.sync()
     if version is None:
-        raise click.ClickException(
+        raise InputError(
             f"alias {alias!r} does not exist for model {model_name!r} in {registry_root}: "
             f"{folder.uri} left as it is"
         )
     click.echo(f"{folder.uri} holds version {version}, the one {alias!r} names")
 
 
+class OneLineGroup(click.Group):
+    """Every command's expected failure (`ExpectedError`) ends in one line and its exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with one_line_failures():
+            return super().invoke(ctx)
+
+
 @click.group(
+    cls=OneLineGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
     commands=[compile_command, run_local_command, parameters_command,
               render_command("mpijob", "the MPIJob manifest"),

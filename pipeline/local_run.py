@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from components.common import defaults, failure
 from components.common.defaults import PIPELINE_NAME
+from components.common.failure import ExitCode, ExpectedError, InputError
 from components.train.preflight import check_model_before_launch
 from components.train.summary import paid_line, world_history
 from components.train.summary import read as read_summary
@@ -81,7 +82,7 @@ def run_pipeline_locally(
     import kfp.local
 
     if URI.match(str(root)):
-        raise ValueError(
+        raise InputError(
             f"--root must be a local folder (kfp.local writes the runs to local disk), got the URI "
             f"{str(root)!r}; a run can put its registry on GCS: --registry-root gs://..."
         )
@@ -96,7 +97,7 @@ def run_pipeline_locally(
     values = PIPELINE_DEFAULTS | params
     images["trainer"] = run_checks(json.dumps(images), **values).trainer_image
     if params["training_backend"] != "local":
-        raise ValueError(
+        raise InputError(
             f"training_backend must be 'local' for a local run (no cluster here), got "
             f"{params['training_backend']!r}: 'auto', 'mpijob' and 'trainjob' run on a Kubeflow "
             "cluster (docs/operating.md)"
@@ -141,9 +142,11 @@ COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 TRACEBACK = "Traceback (most recent call last):"
 
 
-class RunFailed(RuntimeError):
+class RunFailed(ExpectedError):
     """A local run stopped: `step` (or '' before any step) failed with `reason`; `log` holds
     everything it printed."""
+
+    exit_code = ExitCode.RUN_FAILED
 
     def __init__(self, step: str, reason: str, log: Path) -> None:
         self.step, self.reason, self.log = step, reason, log
@@ -226,7 +229,7 @@ def _share_with_image_user(pipeline_root: Path, registry_root: Path) -> None:
     must be inside the pipeline root, and both writable by that user."""
     registry_root = registry_root.resolve()
     if not registry_root.is_relative_to(pipeline_root):
-        raise ValueError(
+        raise InputError(
             f"registry_root must be inside the pipeline root {pipeline_root} with --runner "
             f"docker (DockerRunner mounts only that folder into the steps), got {registry_root}"
         )

@@ -1,8 +1,9 @@
 """``python -m pipeline upload | submit | schedule | version-name``: the pipeline on a Kubeflow
 Pipelines cluster. A real ``kfp.Client`` does the work, kfp's own CLI (``kfp pipeline | run |
 recurring-run``) the rest (docs/operating.md). What this adds: arguments typed and checked by
-their declarations (`pipeline.checks.parse_arguments`), versions named after the commit, a cron
-check naming the field, and ``--wait`` naming the failed task, with an exit code (`OpsError`).
+their declarations (`pipeline.checks.parse_arguments`), versions named after the commit, a
+crontab line refused with the 6-field expression it meant, and ``--wait`` naming the failed
+task, with an exit code (`OpsError`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -20,25 +22,20 @@ import click
 
 from components import __version__
 from components.common import defaults
+from components.common.failure import ExitCode, ExpectedError, InputError
 from pipeline.checks import parse_arguments
 
 MAX_CONSECUTIVE_POLL_ERRORS = 3  # transient (5xx, network) errors in a row a wait tolerates
 
 
-class OpsError(click.ClickException):
-    """An operation failed: exit 1, 3 (the run failed) or 4 (timed out); `transient`: a 5xx."""
-
-    def __init__(self, message: str, transient: bool = False, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.transient = transient
-        self.exit_code = exit_code  # type: ignore[misc]  # a ClassVar in click; one per error here
+class OpsError(ExpectedError):
+    """An operation on KFP failed: refused (`ExitCode.BAD_INPUT`), the run failed
+    (`RUN_FAILED`) or timed out (`TIMED_OUT`), or KFP did not answer (`UNAVAILABLE`: a wait
+    retries it)."""
 
 
 def _arguments(_ctx: Any, _option: Any, pairs: Sequence[str]) -> dict[str, Any]:
-    try:
-        return parse_arguments(pairs)
-    except ValueError as exc:
-        raise OpsError(str(exc)) from exc
+    return parse_arguments(pairs)
 
 
 def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -54,57 +51,47 @@ def call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         with contextlib.suppress(ValueError, AttributeError):  # KFP's JSON error body
             detail = json.loads(detail or "{}").get("message") or detail
         message = f"{what} failed: HTTP {exc.status} {exc.reason or ''}".rstrip()
-        raise OpsError(f"{message}: {detail or '(no details)'}", exc.status >= 500) from exc
+        code = ExitCode.UNAVAILABLE if exc.status >= 500 else ExitCode.BAD_INPUT
+        raise OpsError(f"{message}: {detail or '(no details)'}", code) from exc
     except (urllib3.exceptions.HTTPError, ConnectionError) as exc:
-        raise OpsError(f"{what} failed: no answer from KFP ({exc})", transient=True) from exc
+        raise OpsError(f"{what} failed: no answer from KFP ({exc})", ExitCode.UNAVAILABLE) from exc
     except (OSError, ValueError, ParseError) as exc:  # a package missing or not a pipeline, or
         raise OpsError(f"{what} failed: {exc}") from exc  # a name several pipelines have
 
 
-# KFP's cron (robfig/cron v1) has seconds first and reads a crontab line as "second 0, minute 2,
-# every hour", and its errors name no field: so the field count and each field are checked here.
-MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
-DAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
-CRON_FIELDS: tuple[tuple[str, int, int, Sequence[str]], ...] = (
-    ("second", 0, 59, ()), ("minute", 0, 59, ()), ("hour", 0, 23, ()), ("day of month", 1, 31, ()),
-    ("month", 1, 12, MONTHS), ("day of week", 0, 6, DAYS),
-)  # fmt: skip
+# KFP's cron (robfig/cron v1) has seconds first, and takes a crontab line (5 fields) as "second,
+# minute, hour, day of month, month" with any day of week: `0 2 * * *` would run at minute 2 of
+# every hour. So the fields are counted here; the KFP server checks the expression itself.
+CRONTAB_FIELDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 6))  # minute ... day of week
+CRONTAB_ITEM = re.compile(r"^(\*|\?|[A-Za-z]{3}|\d+)(-([A-Za-z]{3}|\d+))?(/[1-9]\d*)?$")
 
 
-def _cron_value(field: str, text: str, low: int, high: int, names: Sequence[str]) -> int:
-    """The number `text` stands for in cron field `field`, checked against its range."""
-    if text.upper() in names:
-        return names.index(text.upper()) + low
-    if not text.isdigit():
-        raise OpsError(f"cron {field} field: {text!r} is not a number")
-    if not low <= int(text) <= high:
-        raise OpsError(f"cron {field} field: {text} is out of range {low}-{high}")
-    return int(text)
+def _crontab_line(fields: Sequence[str]) -> bool:
+    """Whether `fields` are valid as the last 5 of a KFP expression, so that a leading seconds
+    field makes a valid one: each comma-separated item a value, a range, `*` or `?`, with an
+    optional step, its numbers within the field's range. (Just enough for the hint.)"""
+    for text, (low, high) in zip(fields, CRONTAB_FIELDS, strict=True):
+        for item in text.split(","):
+            found = CRONTAB_ITEM.match(item)
+            if not found:
+                return False
+            numbers = [int(n) for n in (found.group(1), found.group(3)) if n and n.isdigit()]
+            if not all(low <= n <= high for n in numbers):
+                return False
+    return True
 
 
 def validate_cron(expression: str) -> str:
-    """`expression` normalised if it is a 6-field KFP cron expression, e.g. ``0 0 2 * * *``."""
+    """`expression` if it has KFP's 6 fields, e.g. ``0 0 2 * * *`` (the server checks them);
+    a valid crontab line is refused with the 6-field expression it meant."""
     fields = expression.split()
     if len(fields) != 6:
+        meant = len(fields) == 5 and _crontab_line(fields)
         hint = f"; KFP cron has a leading seconds field, did you mean '0 {' '.join(fields)}'?"
-        raise OpsError(
+        raise InputError(
             f"cron expression {expression!r} has {len(fields)} fields, KFP needs 6: SECOND "
-            f"MINUTE HOUR DAY-OF-MONTH MONTH DAY-OF-WEEK{hint if len(fields) == 5 else ''}"
+            f"MINUTE HOUR DAY-OF-MONTH MONTH DAY-OF-WEEK{hint if meant else ''}"
         )
-    for text, (field, low, high, names) in zip(fields, CRON_FIELDS, strict=True):
-        for part in text.split(","):
-            span, slash, step = part.partition("/")
-            if not part:
-                raise OpsError(f"cron {field} field {text!r} has an empty list item")
-            if slash and (not step.isdigit() or int(step) == 0):
-                raise OpsError(f"cron {field} field: step {step!r} must be a positive number")
-            if span == "?" and not field.startswith("day"):
-                raise OpsError(f"cron {field} field: '?' is only allowed in the day fields")
-            if span not in ("*", "?"):
-                first, dash, last = span.partition("-")
-                start = _cron_value(field, first, low, high, names)
-                if dash and _cron_value(field, last, low, high, names) < start:
-                    raise OpsError(f"cron {field} field: range {span!r} runs backwards")
     return " ".join(fields)
 
 
@@ -150,7 +137,7 @@ def wait_for_run(client: Any, run_id: str, timeout: float, poll_interval: float 
             run = call(f"get run {run_id}", client.get_run, run_id=run_id)
         except OpsError as exc:
             errors += 1
-            if not exc.transient or errors > MAX_CONSECUTIVE_POLL_ERRORS:
+            if exc.exit_code != ExitCode.UNAVAILABLE or errors > MAX_CONSECUTIVE_POLL_ERRORS:
                 raise
         else:
             errors = 0
@@ -160,10 +147,11 @@ def wait_for_run(client: Any, run_id: str, timeout: float, poll_interval: float 
             if state == "SUCCEEDED":
                 return run
             if state in ("FAILED", "SKIPPED", "CANCELED"):
-                raise OpsError(f"run {run_id} ended {state}: {failed_tasks(run)}", exit_code=3)
+                message = f"run {run_id} ended {state}: {failed_tasks(run)}"
+                raise OpsError(message, ExitCode.RUN_FAILED)
         if time.monotonic() >= deadline:
             raise OpsError(f"run {run_id} did not finish within {timeout:g} s (last state: "
-                           f"{state or 'UNKNOWN'})", exit_code=4)  # fmt: skip
+                           f"{state or 'UNKNOWN'})", ExitCode.TIMED_OUT)  # fmt: skip
         time.sleep(max(0.0, min(poll_interval, deadline - time.monotonic())))
 
 
@@ -251,7 +239,8 @@ def upload_command(package: str, pipeline_name: str, version_name: str | None,
 @param_option
 @experiment_option
 @click.option("--run-name", help="[default: <pipeline> <version> <UTC time>]")
-@click.option("--wait", is_flag=True, help="Follow the run; exit 3 if it fails, 4 on timeout.")
+@click.option("--wait", is_flag=True, help=f"Follow the run; exit {ExitCode.RUN_FAILED:d} if it "
+              f"fails, {ExitCode.TIMED_OUT:d} on timeout.")  # fmt: skip
 @click.option("--timeout", type=click.FloatRange(min=1), default=3600.0, show_default=True)
 @connection
 def submit_command(package: str | None, version_name: str | None, pipeline_name: str,

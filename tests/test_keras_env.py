@@ -27,8 +27,8 @@ pytestmark = pytest.mark.skipif(
 TRAINER_PROBE = """
 import importlib.util, json, sys
 from components.train.cli import main
-from components.train.preflight import EXIT_PREFLIGHT
-assert main(["--data", {data!r}, "--output", {out!r}, "--workers", "2"]) == EXIT_PREFLIGHT
+from components.common.failure import ExitCode
+assert main(["--data", {data!r}, "--output", {out!r}, "--workers", "2"]) == ExitCode.PREFLIGHT
 import horovod.tensorflow.keras as hvd
 import keras, tensorflow as tf
 optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01))

@@ -14,6 +14,7 @@ import kfp
 import pytest
 from click.testing import CliRunner
 
+from components.common.failure import ExitCode
 from pipeline import ops
 from pipeline.build import compile_pipeline
 from pipeline.checks import parse_arguments
@@ -98,29 +99,41 @@ def test_valid_cron_expressions_pass(expression: str) -> None:
     assert ops.validate_cron(f"  {expression} ") == expression
 
 
+SIX_FIELDS = "KFP needs 6: SECOND MINUTE HOUR DAY-OF-MONTH MONTH DAY-OF-WEEK"
+
+
 @pytest.mark.parametrize(
-    ("expression", "message"),
+    ("expression", "meant"),
     [
-        ("0 2 * * *", "cron expression '0 2 * * *' has 5 fields, KFP needs 6: SECOND MINUTE HOUR "
-         "DAY-OF-MONTH MONTH DAY-OF-WEEK; KFP cron has a leading seconds field, did you mean "
-         "'0 0 2 * * *'?"),
-        ("", "cron expression '' has 0 fields, KFP needs 6: SECOND MINUTE HOUR DAY-OF-MONTH "
-         "MONTH DAY-OF-WEEK"),
-        ("0 0 25 * * *", "cron hour field: 25 is out of range 0-23"),
-        ("60 0 0 * * *", "cron second field: 60 is out of range 0-59"),
-        ("0 0 0 0 * *", "cron day of month field: 0 is out of range 1-31"),
-        ("0 0 0 * 13 *", "cron month field: 13 is out of range 1-12"),
-        ("0 0 0 * * FUNDAY", "cron day of week field: 'FUNDAY' is not a number"),
-        ("0 */0 * * * *", "cron minute field: step '0' must be a positive number"),
-        ("0 ? * * * *", "cron minute field: '?' is only allowed in the day fields"),
-        ("0 0 5-2 * * *", "cron hour field: range '5-2' runs backwards"),
-        ("0 0 1,,2 * * *", "cron hour field '1,,2' has an empty list item"),
+        ("0 2 * * *", "0 0 2 * * *"),
+        ("*/15 9-17 ? * MON-FRI", "0 */15 9-17 ? * MON-FRI"),
+        ("0 0 1,15 JAN-JUN/2 0", "0 0 0 1,15 JAN-JUN/2 0"),
+        # not valid as they are, so a seconds field would not make them valid: no hint
+        ("61 * * * *", None),
+        ("0 24 * * *", None),
+        ("0 0 0 * *", None),
+        ("0 2 * 13 *", None),
+        ("0 2 * * 7", None),
+        ("*/0 * * * *", None),
+        ("0 2 * * FUNDAY", None),
+        ("0 1,,2 * * *", None),
     ],
-)  # fmt: skip
-def test_bad_cron_expressions_are_refused_naming_the_field(expression: str, message: str) -> None:
-    with pytest.raises(ops.OpsError) as info:
+)
+def test_a_crontab_line_is_refused_with_a_hint_only_when_it_is_valid(
+    expression: str, meant: str | None
+) -> None:
+    """KFP would take a 5-field line as seconds first (`0 2 * * *`: minute 2 of every hour)."""
+    with pytest.raises(ops.InputError) as info:
         ops.validate_cron(expression)
-    assert str(info.value) == message
+    hint = f"; KFP cron has a leading seconds field, did you mean '{meant}'?" if meant else ""
+    assert str(info.value) == f"cron expression {expression!r} has 5 fields, {SIX_FIELDS}{hint}"
+
+
+@pytest.mark.parametrize("expression", ["", "0 0 2 * * * 2026"])
+def test_a_cron_expression_of_another_length_is_refused(expression: str) -> None:
+    count = len(expression.split())
+    with pytest.raises(ops.InputError, match=f"^cron expression .* has {count} fields, KFP needs"):
+        ops.validate_cron(expression)
 
 
 def test_version_name_is_the_package_version_commit_and_dirty(tmp_path: Path) -> None:
@@ -160,8 +173,8 @@ def test_upload_creates_the_pipeline_then_the_version_named_from_git(
     assert {r.headers.get("authorization") for r in standin.requests} == {"Bearer from-file"}
 
     again = invoke(standin, "upload", "--package", str(package), KF_PIPELINES_TOKEN="s3cret")
-    assert again.exit_code == 1
-    assert f"already has a version named {name!r}" in again.output
+    assert again.exit_code == ExitCode.BAD_INPUT
+    assert again.output.startswith(f"FAILED: pipeline {NAME!r} already has a version named ")
     kept = invoke(standin, "upload", "--package", str(package), "--reuse-existing")
     assert kept.exit_code == 0 and f"kept existing version {name} " in kept.output
     assert standin.requests[-4].headers["authorization"] == "Bearer s3cret"
@@ -174,36 +187,57 @@ SCHEDULE = ["schedule", "--name", "n", "--version-name", "v", "--param", REGISTR
 
 
 @pytest.mark.parametrize(
-    ("args", "code", "message"),
+    ("args", "line"),
     [
-        (["upload", "--package", "no/such.yaml"], 2, "'no/such.yaml' does not exist"),
-        (["submit", "--param", REGISTRY, "--param", "workers=0"], 1,
-         "Error: invalid pipeline parameters: workers must be >= 1, got 0\n"),
-        ([*SCHEDULE, "--cron", "0 2 * * *"], 1, "did you mean '0 0 2 * * *'?\n"),
-        ([*SCHEDULE, "--cron", "0 0 2 * * *", "--max-concurrency", "11"], 2,
-         "11 is not in the range 1<=x<=10"),
+        (["submit", "--param", REGISTRY, "--param", "workers=0"],
+         "FAILED: invalid pipeline parameters: workers must be >= 1, got 0"),
+        ([*SCHEDULE, "--cron", "0 2 * * *"],
+         f"FAILED: cron expression '0 2 * * *' has 5 fields, {SIX_FIELDS}; KFP cron has a "
+         "leading seconds field, did you mean '0 0 2 * * *'?"),
+        ([*SCHEDULE, "--cron", "61 * * * *"],
+         f"FAILED: cron expression '61 * * * *' has 5 fields, {SIX_FIELDS}"),
     ],
 )  # fmt: skip
 def test_bad_input_is_refused_in_one_line_before_connecting(
-    standin: KfpStandin, args: list[str], code: int, message: str
+    standin: KfpStandin, args: list[str], line: str
 ) -> None:
     result = invoke(standin, *args)
-    assert result.exit_code == code and message in result.output
+    assert (result.exit_code, result.stdout, result.stderr) == (ExitCode.BAD_INPUT, "", line + "\n")
     assert standin.requests == []
 
 
-@pytest.mark.parametrize("status", [409, 500])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["upload", "--package", "no/such.yaml"], "'no/such.yaml' does not exist"),
+        ([*SCHEDULE, "--cron", "0 0 2 * * *", "--max-concurrency", "11"],
+         "11 is not in the range 1<=x<=10"),
+    ],
+)  # fmt: skip
+def test_a_bad_option_is_clicks_usage_error(
+    standin: KfpStandin, args: list[str], message: str
+) -> None:
+    result = invoke(standin, *args)
+    assert result.exit_code == ExitCode.BAD_INPUT and message in result.stderr
+    assert standin.requests == []
+
+
+@pytest.mark.parametrize(
+    ("status", "code"), [(409, ExitCode.BAD_INPUT), (500, ExitCode.UNAVAILABLE)]
+)
 def test_an_api_error_is_one_line_naming_the_operation(
-    standin: KfpStandin, package: Path, status: int
+    standin: KfpStandin, package: Path, status: int, code: int
 ) -> None:
     standin.seed(NAME)
     standin.fail("POST", "/pipelines/upload_version", status, "minio unavailable")
     result = invoke(standin, "upload", "--package", str(package), "--version-name", "v1")
-    assert result.exit_code == 1
-    assert result.output.startswith(f"Error: upload version 'v1' of pipeline '{NAME}' failed: "
-                                    f"HTTP {status} ")  # fmt: skip
-    assert result.output.rstrip().endswith(": minio unavailable")
-    assert len(result.output.strip().splitlines()) == 1
+    assert result.exit_code == code
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(
+        f"FAILED: upload version 'v1' of pipeline '{NAME}' failed: HTTP {status} "
+    )
+    assert line.endswith(": minio unavailable")
+    assert standin.versions == []
 
 
 def test_submit_sends_the_package_and_the_typed_arguments(
@@ -229,9 +263,12 @@ def test_submit_sends_the_package_and_the_typed_arguments(
     ("states", "args", "code", "message"),
     [
         (["PENDING", "RUNNING", "SUCCEEDED"], [], 0, "run run-2 SUCCEEDED"),
-        (["RUNNING", "FAILED"], [], 3, f"run run-2 ended FAILED: {TRAIN_FAILED}"),
-        (["CANCELED"], [], 3, "run run-2 ended CANCELED: no failed task reported"),
-        (["RUNNING"], ["--timeout", "1"], 4, "did not finish within 1 s (last state: RUNNING)"),
+        (["RUNNING", "FAILED"], [], ExitCode.RUN_FAILED,
+         f"run run-2 ended FAILED: {TRAIN_FAILED}"),
+        (["CANCELED"], [], ExitCode.RUN_FAILED,
+         "run run-2 ended CANCELED: no failed task reported"),
+        (["RUNNING"], ["--timeout", "1"], ExitCode.TIMED_OUT,
+         "did not finish within 1 s (last state: RUNNING)"),
     ],
 )  # fmt: skip
 def test_submit_wait_names_the_outcome_in_its_exit_code(
@@ -286,8 +323,8 @@ def test_submit_and_schedule_an_uploaded_version_by_name(
     assert schedule["pipeline_version_reference"]["pipeline_version_id"] == vid
 
     missing = invoke(standin, "submit", "--version-name", "0.0.0-gnone", "--param", REGISTRY)
-    assert missing.exit_code == 1
-    assert f"'{NAME}' has no version named '0.0.0-gnone'; upload it first" in missing.output
+    assert missing.exit_code == ExitCode.BAD_INPUT
+    assert f"'{NAME}' has no version named '0.0.0-gnone'; upload it first" in missing.stderr
     standin.seed(NAME)  # in another namespace: a name is not enough
     twice = invoke(standin, "submit", "--version-name", "0.1.0-gabc", "--param", REGISTRY)
     assert f"look up pipeline '{NAME}' failed: Multiple pipelines with the name" in twice.output
@@ -297,7 +334,7 @@ def test_a_package_that_is_no_pipeline_is_one_error(standin: KfpStandin, tmp_pat
     (tmp_path / "other.yaml").write_text("kind: ConfigMap\n")
     result = invoke(standin, "submit", "--package", str(tmp_path / "other.yaml"), "--param",
                     REGISTRY)  # fmt: skip
-    assert result.exit_code == 1 and not standin.runs
+    assert result.exit_code == ExitCode.BAD_INPUT and not standin.runs
     message = 'failed: Message type "ml_pipelines.PipelineSpec" has no field named "kind"'
     assert message in result.output
 
@@ -306,7 +343,8 @@ def test_the_make_targets_wrap_the_commands(
     standin: KfpStandin, package: Path, tmp_path: Path
 ) -> None:
     """make/ops.mk, included from a stub Makefile (install and compile do nothing), runs
-    ``python -m pipeline`` as CI does: the token from the environment, exit 3 on a failed run."""
+    ``python -m pipeline`` as CI does: the token from the environment, RUN_FAILED's exit code on
+    a failed run."""
     makefile = tmp_path / "Makefile"
     makefile.write_text(f"PY := {sys.executable}\ninstall:\n\t@true\ncompile:\n\t@true\n"
                         f"include {ROOT / 'make' / 'ops.mk'}\n")  # fmt: skip
@@ -324,8 +362,8 @@ def test_the_make_targets_wrap_the_commands(
     standin.script_runs(["FAILED"], FAILED_TASKS)
     submit = make("submit", "VERSION_NAME=v9", f"PARAMS={REGISTRY} epochs=2", "WAIT=1")
     failed, make_said = submit.stderr.splitlines()[-2:]
-    assert failed == f"Error: run {standin.runs[0]['run_id']} ended FAILED: {TRAIN_FAILED}"
-    assert make_said.endswith(": submit] Error 3")  # the run failed: exit 3
+    assert failed == f"FAILED: run {standin.runs[0]['run_id']} ended FAILED: {TRAIN_FAILED}"
+    assert make_said.endswith(f": submit] Error {ExitCode.RUN_FAILED:d}")  # the run failed
     assert standin.runs[0]["runtime_config"]["parameters"]["epochs"] == 2
     schedule = make("schedule", "SCHEDULE_NAME=nightly", "CRON=0 0 2 * * *", "VERSION_NAME=v9",
                     f"PARAMS={REGISTRY}", "MAX_CONCURRENCY=3")  # fmt: skip

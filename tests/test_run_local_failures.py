@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from components.common import defaults
+from components.common.failure import ExitCode
 from pipeline import local_run
 from pipeline.local_run import quiet_console
 
@@ -84,12 +85,12 @@ def test_a_failed_run_ends_the_console_with_one_failed_line_and_the_log(
 
 
 def failed_run_local(tmp_path: Path, *args: str) -> list[str]:
-    """The console of ``python -m pipeline run-local`` that failed (exit 1)."""
+    """The console of ``python -m pipeline run-local`` that failed (`ExitCode.RUN_FAILED`)."""
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline", "run-local", "--root", str(tmp_path), *args],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == ExitCode.RUN_FAILED, proc.stdout + proc.stderr
     return (proc.stdout + proc.stderr).splitlines()
 
 

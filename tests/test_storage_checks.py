@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from components.common import defaults
-from components.common.failure import EXIT_EXPECTED
+from components.common.failure import ExitCode
 from pipeline import local_run
 from pipeline.local_run import quiet_console
 from tests.conftest import bucket_objects
@@ -38,7 +38,7 @@ def failed_line(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = 
         text=True, timeout=300,
     )  # fmt: skip
     lines = (proc.stdout + proc.stderr).splitlines()
-    assert proc.returncode == EXIT_EXPECTED and len(lines) == 1, proc.stdout + proc.stderr
+    assert proc.returncode == ExitCode.BAD_INPUT and len(lines) == 1, proc.stdout + proc.stderr
     assert lines[0].startswith("FAILED: ")
     return lines[0]
 

@@ -21,8 +21,14 @@ from typing import Any
 
 import yaml
 
+from components.common.failure import ExpectedError, InputError
 
-class ManifestError(ValueError):
+
+class CrdNotFound(ExpectedError, FileNotFoundError):
+    """No vendored CRD file in this checkout or above it (give the command the file's path)."""
+
+
+class ManifestError(InputError):
     """The manifest does not match its CRD; the message names each bad field."""
 
 
@@ -51,7 +57,7 @@ def find_crd(crd: Crd, start: Path | None = None) -> Path:
         candidate = folder / crd.relative_path
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(f"no {crd.relative_path} in {here} or any folder above it")
+    raise CrdNotFound(f"no {crd.relative_path} in {here} or any folder above it")
 
 
 def crd_schema(crd: Crd, path: Path) -> dict[str, Any]:
@@ -64,11 +70,11 @@ def crd_schema(crd: Crd, path: Path) -> dict[str, Any]:
         or doc["spec"].get("group") != crd.group
         or names.get("kind", crd.kind) != crd.kind
     ):
-        raise ValueError(f"{path} is not the {crd.group} {crd.kind} CRD")
+        raise InputError(f"{path} is not the {crd.group} {crd.kind} CRD")
     for version in doc["spec"]["versions"]:
         if version["name"] == crd.version:
             return dict(version["schema"]["openAPIV3Schema"])
-    raise ValueError(f"{path} has no {crd.version} version")
+    raise InputError(f"{path} has no {crd.version} version")
 
 
 def _close_objects(schema: Any) -> Any:

@@ -18,6 +18,7 @@ import numpy as np
 
 from components.common import storage
 from components.common.defaults import IMAGE_SHAPE, NUM_CLASSES
+from components.common.failure import InputError
 from components.common.storage import sha256_bytes  # re-exported: dataset.sha256_bytes
 
 FORMAT = "kfp-horovod/mnist-shards/v1"
@@ -25,7 +26,7 @@ MANIFEST = "manifest.json"
 SPLITS = ("train", "test")
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """Bad or missing data. The message names the file and the problem."""
 
 

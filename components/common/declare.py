@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, get_type_hints
 
 from components.common.defaults import BUNDLED_SOURCE, MODELS
+from components.common.failure import InputError
 
 _MISSING: Any = dataclasses.MISSING
 # Kubernetes' own quantity grammar (k8s.io/apimachinery/pkg/api/resource), as a regex.
@@ -254,7 +255,7 @@ def check(params: Sequence[Declared], values: Mapping[str, Any], what: str, *mor
     """Raise ValueError "invalid `what`: ..." listing every bad value of `values` by name: each
     declared field's rule, then the joint rules (and the `more` problems its caller found)."""
     if found := [*field_problems(params, values), *joint_problems(values), *more]:
-        raise ValueError(f"invalid {what}: " + "; ".join(found))
+        raise InputError(f"invalid {what}: " + "; ".join(found))
 
 
 class Validated:

@@ -1,33 +1,59 @@
-"""How a step fails: an expected error in one line, an unexpected one with its traceback.
+"""How the project's programs fail: an expected error in one line, an unexpected one with its
+traceback, and the exit codes they end with.
 
-An expected error is bad input or a refused job raised on purpose by this project's code: a
-`ValueError` (the project's error types derive from it) or a cluster backend's `JobError`. Its
-message says what is wrong, so the step prints ``FAILED: <first line>`` (a job's log tail behind
-it was streamed already) and exits `EXIT_EXPECTED`. Anything else, a ValueError raised inside a
-library included, propagates with its traceback. ``run-local`` reads the ``FAILED:`` line back.
+An expected error is an `ExpectedError`: bad input, or a job or request that was refused or
+failed, raised on purpose by this project's code with a message that says what is wrong. Every
+error type of the project derives from it. A step or a command line run under
+`one_line_failures` prints ``FAILED: <its first line>`` (a job's log tail behind it was streamed
+already) and exits with the error's `exit_code`. Anything else, a ValueError raised inside a
+library included, propagates with its traceback (exit 1). ``run-local`` reads the ``FAILED:``
+line back.
+
+`ExitCode` is the one table of exit codes; docs/operating.md lists it (tests/test_exit_codes.py
+reads the two together).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import sys
 from collections.abc import Iterator
 
 FAILED = "FAILED: "
-EXIT_EXPECTED = 2
 
 
-def is_expected(exc: BaseException) -> bool:
-    """Whether `exc` is bad input or a refused job raised in this project's own code."""
-    # The cluster backends' error, looked up only if loaded: kubernetes comes with it.
-    cluster = sys.modules.get("components.train.cluster.job")
-    refused = cluster is not None and isinstance(exc, cluster.JobError)
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    innermost = str(tb.tb_frame.f_globals.get("__name__", "")) if tb else ""
-    ours = innermost.split(".")[0] in ("components", "pipeline")
-    return (isinstance(exc, ValueError) or refused) and ours
+class ExitCode(enum.IntEnum):
+    """What a process of this project means by its exit code; each code has one meaning."""
+
+    OK = 0
+    UNEXPECTED = 1  # Python's own for an uncaught exception: its traceback says where
+    BAD_INPUT = 2  # refused in one line before anything was started (click and argparse: 2 too)
+    PREFLIGHT = 3  # a Horovod job's preflight stopped it before any rank trained
+    SILENT_RANK = 4  # the heartbeat watch ended a job whose rank went silent
+    RUN_FAILED = 5  # a run or job that was started did not succeed
+    TIMED_OUT = 6  # a wait ran out of time; what it waited for goes on
+    UNAVAILABLE = 7  # a service did not answer, or answered HTTP 5xx: try again later
+
+
+SIGNAL_BASE = 128  # a process ended by signal N exits SIGNAL_BASE + N (the shell's, mpirun's)
+
+
+class ExpectedError(Exception):
+    """An error this project raises on purpose; its message is the line a user reads, and the
+    process ends with `exit_code` (the class's, unless one is given)."""
+
+    exit_code: int = ExitCode.BAD_INPUT
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class InputError(ExpectedError, ValueError):
+    """Bad input: a value, a file or a location that is not what it must be. A ValueError too,
+    so that code catching ValueError (as it catches the libraries' own) keeps working."""
 
 
 def reason(exc: BaseException) -> str:
@@ -38,12 +64,11 @@ def reason(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def one_line_failures() -> Iterator[None]:
-    """An expected error ends the process with one ``FAILED:`` line and `EXIT_EXPECTED`."""
+    """An `ExpectedError` ends the process with one ``FAILED:`` line on stderr, after what was
+    printed before it, and the error's exit code."""
     try:
         yield
-    except Exception as exc:
-        if not is_expected(exc):
-            raise
-        sys.stderr.flush()
-        print(f"{FAILED}{reason(exc)}", flush=True)
-        raise SystemExit(EXIT_EXPECTED) from None
+    except ExpectedError as exc:
+        sys.stdout.flush()
+        print(f"{FAILED}{reason(exc)}", file=sys.stderr, flush=True)
+        raise SystemExit(exc.exit_code) from None

@@ -17,6 +17,8 @@ import tempfile
 from collections.abc import Iterator
 from types import ModuleType
 
+from components.common.failure import InputError
+
 BACKEND_ENV = "KERAS_BACKEND"
 TF_KERAS = "tf_keras"
 # What the `tensorflow` wheel's C++ writes to stderr on import, through absl logging
@@ -32,7 +34,7 @@ IMPORT_NOISE = re.compile(
 )
 
 
-class KerasSetupError(ValueError):
+class KerasSetupError(InputError):
     """Keras is not Keras 3 on TensorFlow, or a model module brought in tf-keras."""
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from components.common import storage
 from components.common.defaults import NUM_CLASSES
+from components.common.failure import InputError
 
 SAVED_MODEL_PB = "saved_model.pb"
 VARIABLES_INDEX = "variables/variables.index"
@@ -24,7 +25,7 @@ DIGEST_KEY = "saved_model_sha256"  # the run summary's and the Model artifact's 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
-class ModelError(ValueError):
+class ModelError(InputError):
     """A model that is missing, not a SavedModel, or not usable; names the location."""
 
 

@@ -22,6 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from components.common.failure import InputError
+
 # The compare-and-swap token of a file that does not exist (GCS's ifGenerationMatch=0).
 ABSENT = "0"
 _log = logging.getLogger(__name__)
@@ -41,10 +43,10 @@ def join(uri: str, *parts: str) -> str:
 def split_gcs(uri: str) -> tuple[str, str]:
     """``gs://bucket/a/b`` -> ``("bucket", "a/b")``."""
     if not is_gcs(uri):
-        raise ValueError(f"not a gs:// URI: {uri!r}")
+        raise InputError(f"not a gs:// URI: {uri!r}")
     bucket, _, key = uri.removeprefix("gs://").partition("/")
     if not bucket:
-        raise ValueError(f"gs:// URI has no bucket: {uri!r}")
+        raise InputError(f"gs:// URI has no bucket: {uri!r}")
     return bucket, key
 
 

@@ -3,7 +3,7 @@
 For each ``gs://`` location: that Google credentials exist (with ``STORAGE_EMULATOR_HOST`` set
 the client is anonymous against the emulator, as `storage._client` is), that its bucket exists,
 that the identity can read it (list, and get the first object listed) and, where the run writes,
-write there. A failure is one line (`StorageAccessError`, a ValueError: an expected error)
+write there. A failure is one line (`StorageAccessError`, an InputError: an expected error)
 naming the parameter, the bucket, the missing permission or credential and how to provide it.
 
 Writing is checked with a small probe object, created (``ifGenerationMatch=0``, so nothing is
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.common import storage
+from components.common.failure import InputError
 
 PROBE_PREFIX = ".kfp-horovod-access-check-"
 ROLE = "roles/storage.objectAdmin"
@@ -35,7 +36,7 @@ THIS_IDENTITY = "this process's identity"
 WORKERS = "the workers' identity"
 
 
-class StorageAccessError(ValueError):
+class StorageAccessError(InputError):
     """A ``gs://`` location this identity cannot use; the message is one line saying why."""
 
 

@@ -14,7 +14,7 @@ from components.common import dataset, storage
 from components.common.dataset import read_manifest
 from components.common.declare import add_arguments
 from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SHARD_SIZE
-from components.common.failure import one_line_failures
+from components.common.failure import InputError, one_line_failures
 from components.data_prep.sources import load_bundled, load_mnist_npz
 from components.data_prep.step import PREP_PARAMETERS, PrepStep
 
@@ -27,14 +27,14 @@ def parse_sha256(value: str) -> str | None:
 def check_output_free(output: str) -> None:
     """Refuse an output that already holds anything (an empty local directory is fine)."""
     if not output:
-        raise ValueError("output location is empty")
+        raise InputError("output location is empty")
     if storage.is_gcs(output):
         if storage.list_files(output):
-            raise ValueError(f"{output}: not empty; refusing to overwrite")
+            raise InputError(f"{output}: not empty; refusing to overwrite")
         return
     path = Path(output)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ValueError(f"{output}: already exists and is not empty; refusing to overwrite")
+        raise InputError(f"{output}: already exists and is not empty; refusing to overwrite")
 
 
 def prepare(

@@ -18,7 +18,7 @@ import numpy as np
 
 from components.common import dataset, keras_env
 from components.common.defaults import EVAL_BATCH_SIZE, NUM_CLASSES
-from components.common.failure import one_line_failures
+from components.common.failure import InputError, one_line_failures
 from components.common.model_files import ModelError, fetch_model, load_serving, verify_digest
 
 # Keras clips probabilities to [eps, 1 - eps] in its cross-entropy; do the same so the logged
@@ -103,7 +103,7 @@ def evaluate(
     """Score the exported model at `model_uri` on `split` of the dataset at `dataset_uri`; with
     `saved_model_sha256` (the trainer's digest) only if the model is the one that was trained."""
     if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+        raise InputError(f"--batch-size must be >= 1, got {batch_size}")
     manifest = dataset.read_manifest(dataset_uri)
     images, labels = dataset.load_range(manifest, split)
     with tempfile.TemporaryDirectory(prefix="evaluate-") as workdir:

@@ -19,6 +19,7 @@ from typing import Any
 from components.common import dataset, model_files, storage
 from components.common.declare import add_arguments
 from components.common.defaults import MIN_ACCURACY, MODEL_NAME, PRODUCTION_ALIAS
+from components.common.failure import InputError, one_line_failures
 from components.common.model_files import DIGEST_KEY, ModelError
 from components.register.registry import REGISTRY_FORMAT, ModelStore, challenger_wins, check_name
 from components.register.serving import ServingFolder
@@ -32,11 +33,11 @@ def parse_image_refs(text: str) -> dict[str, str]:
     try:
         refs = json.loads(text or "{}")
     except ValueError as exc:
-        raise ValueError(f"image_refs is not valid JSON ({exc}): {text!r}") from exc
+        raise InputError(f"image_refs is not valid JSON ({exc}): {text!r}") from exc
     if not isinstance(refs, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in refs.items()
     ):
-        raise ValueError(f"image_refs must be a JSON object of strings, got {text!r}")
+        raise InputError(f"image_refs must be a JSON object of strings, got {text!r}")
     return refs
 
 
@@ -76,7 +77,7 @@ class Decision:
 def _check_score(name: str, value: float, upper: float | None) -> None:
     if not math.isfinite(value) or value < 0 or (upper is not None and value > upper):
         bound = f"in 0..{upper}" if upper is not None else ">= 0"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value}")
+        raise InputError(f"{name} must be a finite number {bound}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Candidate:
 
     def __post_init__(self) -> None:
         if not self.run_id.strip():
-            raise ValueError("pipeline_run_id is empty")
+            raise InputError("pipeline_run_id is empty")
         check_name("alias", self.alias)  # the model name: by ModelStore
         _check_score("accuracy", self.accuracy, 1.0)
         _check_score("loss", self.loss, None)
@@ -272,7 +273,8 @@ def register_step(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m components.register.register --model DIR --registry-root DIR ...``."""
+    """CLI: ``python -m components.register.register --model DIR --registry-root DIR ...``; an
+    expected failure ends in one ``FAILED:`` line and its exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for flag, kind, help_text in [
         ("model", str, "SavedModel directory (local or gs://)"),
@@ -294,12 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(parser.parse_args(argv))
     output_json = args.pop("output_json")
     positional = [args.pop(k) for k in ("model", "run_summary", "dataset", "accuracy", "loss")]
-    try:
+    with one_line_failures():  # bad input (ModelError, DataError), a RegistryError
         args["image_refs"] = parse_image_refs(args["image_refs"])
         decision = register(*positional, **args)
-    except (ValueError, RuntimeError) as exc:  # bad input (ModelError, DataError), RegistryError
-        print(f"registration failed: {exc}", file=sys.stderr)
-        return 2
     if output_json:
         storage.write_text(output_json, json.dumps(asdict(decision), indent=2, sort_keys=True))
     print(decision.decision)

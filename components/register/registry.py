@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common import storage
+from components.common.failure import ExpectedError, InputError
 from components.common.model_files import SAVED_MODEL_PB
 
 CLAIMS = "_claims"
@@ -32,14 +33,14 @@ MAX_CLAIM_ATTEMPTS = 1000
 MAX_ALIAS_ATTEMPTS = 100
 
 
-class RegistryError(RuntimeError):
+class RegistryError(ExpectedError):
     """The registry could not be updated; the message names the location."""
 
 
 def check_name(kind: str, value: str) -> str:
     """`value` if it is a safe path segment, else ValueError."""
     if not NAME_PATTERN.match(value) or value in (".", ".."):
-        raise ValueError(
+        raise InputError(
             f"{kind} {value!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
@@ -93,7 +94,7 @@ class ModelStore:
 
     def __post_init__(self) -> None:
         if not self.root:
-            raise ValueError("registry root is empty")
+            raise InputError("registry root is empty")
         if storage.is_gcs(self.root):
             storage.split_gcs(self.root)  # raises for a URI without a bucket
         check_name("model name", self.model_name)

@@ -19,6 +19,7 @@ from typing import Any
 from components.common import storage
 from components.common.crd import Crd, manifest_problems, raise_problems
 from components.common.defaults import GPU_RESOURCE, TRAINER_SERVICE_ACCOUNT
+from components.common.failure import InputError
 from components.common.placement import (
     node_selector_problem,
     parse_node_selector,
@@ -30,6 +31,7 @@ INFERENCESERVICE = Crd(
     "serving.kserve.io", "v1beta1", "InferenceService", "inferenceservices",
     relative_path=Path("deploy") / "crd" / "kserve" / "serving.kserve.io_inferenceservices.yaml",
 )  # fmt: skip
+
 POLL_SECONDS = 30
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -52,16 +54,16 @@ def build_inferenceservice(
     `node_selector` and `tolerations` are JSON text, checked by the training job's rules."""
     problem = node_selector_problem(node_selector or "") or tolerations_problem(tolerations or "")
     if problem:
-        raise ValueError(problem)
+        raise InputError(problem)
     if not DNS_1035.match(name):
-        raise ValueError(
+        raise InputError(
             f"name {name!r} is not a valid InferenceService name: lower-case letters, digits "
             "and '-', starting with a letter, at most 63"
         )
     if not storage.is_gcs(storage_uri):
-        raise ValueError(f"the serving folder must be a gs:// URI on a cluster, got {storage_uri}")
+        raise InputError(f"the serving folder must be a gs:// URI on a cluster, got {storage_uri}")
     if gpus < 0 or poll_seconds < 0:
-        raise ValueError(f"--gpus and --poll-seconds must be >= 0, got {gpus}, {poll_seconds}")
+        raise InputError(f"--gpus and --poll-seconds must be >= 0, got {gpus}, {poll_seconds}")
     limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
     if gpus:
         limits[GPU_RESOURCE] = gpus

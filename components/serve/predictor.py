@@ -1,7 +1,8 @@
 """The predictor KServe's model server runs: a registered SavedModel's ``serving_default``
 signature behind TF Serving's V1 protocol (components/serve/README.md). A request the signature
-cannot take gets HTTP 400 naming the expected shape. Only `components.serve.server` imports this
-module (it imports KServe); TensorFlow loads with the model.
+cannot take gets HTTP 400 naming the expected shape, and the server logs it in one line
+(`RESTServer`). Only `components.serve.server` imports this module (it imports KServe);
+TensorFlow loads with the model.
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ from typing import Any
 
 import kserve
 import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse
 from kserve.errors import InvalidInput
+from kserve.logging import logger
+from kserve.protocol.rest.server import RESTServer as KServeRESTServer
 
 from components.common.defaults import IMAGE_SHAPE, SERVE_MAX_BATCH
 from components.common.model_files import load_serving
@@ -59,3 +64,20 @@ class DigitPredictor(kserve.Model):  # type: ignore[misc]
 
     def predict(self, payload: Any, headers: Any = None) -> dict[str, Any]:  # type: ignore[override]
         return {"predictions": self._predict(to_batch(payload, self.max_batch)).tolist()}
+
+
+async def rejected(request: Request, exc: InvalidInput) -> JSONResponse:
+    """HTTP 400 with the reason, as KServe's own handler answers, logged in one line: a bad
+    request is the client's mistake, not the server's, and needs no traceback."""
+    logger.warning("rejected %s %s (400): %s", request.method, request.url.path, exc)
+    return JSONResponse(status_code=400, content={"error": str(exc)})
+
+
+class RESTServer(KServeRESTServer):  # type: ignore[misc]
+    """KServe's REST server, a rejected request (`InvalidInput`) logged by `rejected`."""
+
+    def create_application(self) -> None:
+        from kserve.model_server import app  # the application KServe's own method sets up
+
+        super().create_application()
+        app.add_exception_handler(InvalidInput, rejected)

@@ -10,8 +10,10 @@ import socket
 import sys
 import warnings
 
+from components.common import storage_access
 from components.common.defaults import MODEL_NAME, PRODUCTION_ALIAS, SERVE_MAX_BATCH
-from components.register.registry import ModelStore, RegistryError
+from components.common.failure import InputError, one_line_failures
+from components.register.registry import ModelStore
 from components.register.serving import ServingFolder
 
 
@@ -19,9 +21,8 @@ def serve(name: str, model_dir: str, host: str, port: int, banner: str) -> None:
     """Serve the SavedModel at `model_dir` as `name` on `host`:`port` until interrupted."""
     from kserve import ModelServer
     from kserve.model_server import FASTAPI_APP_IMPORT_STRING
-    from kserve.protocol.rest.server import RESTServer
 
-    from components.serve.predictor import DigitPredictor
+    from components.serve.predictor import DigitPredictor, RESTServer
 
     # KServe 0.21's V1 endpoints answer with FastAPI's ORJSONResponse, which FastAPI now flags
     # as deprecated on every request; the warning is KServe's to act on, not a user's.
@@ -41,6 +42,27 @@ def serve(name: str, model_dir: str, host: str, port: int, banner: str) -> None:
     rest.run(sockets=[sock])
 
 
+def serve_alias(registry_root: str, model_name: str, alias: str, host: str, port: int) -> None:
+    """Sync `alias`'s serving folder, then serve the version in it; InputError when the registry
+    cannot be read and written (`storage_access`), has no such version, or when `host`:`port`
+    cannot be listened on."""
+    storage_access.check([storage_access.Location("--registry-root", registry_root, True)])
+    folder = ServingFolder(ModelStore(registry_root, model_name), alias)
+    version = folder.sync()
+    if version is None:
+        raise InputError(
+            f"no {alias} version of {model_name} in {registry_root}: train and register one "
+            "with `make run` first"
+        )
+    model_dir = folder.version_uri(version)
+    url = f"http://{host}:{port}/v1/models/{model_name}:predict"
+    banner = f"serving {model_name} version {version} ({alias}) from {model_dir} at {url}"
+    try:
+        serve(model_name, model_dir, host, port, banner)
+    except OSError as exc:  # the port is taken, the host is not ours
+        raise InputError(f"cannot listen on {host}:{port}: {exc}") from exc
+
+
 def example(count: int) -> str:
     """A request of the bundled dataset's first `count` test digits; their labels to stderr."""
     import json
@@ -53,7 +75,8 @@ def example(count: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI; returns the exit code (2: nothing to serve, or a bad option)."""
+    """CLI; returns the exit code. An expected failure (a bad registry, nothing to serve, a port
+    it cannot listen on) ends in one ``FAILED:`` line and its exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--registry-root", default="runs/registry", help="local dir or gs://")
     parser.add_argument("--model-name", default=MODEL_NAME)
@@ -70,22 +93,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--example must be 1..{SERVE_MAX_BATCH}, got {args.example}")
         print(example(args.example))
         return 0
-    try:
-        folder = ServingFolder(ModelStore(args.registry_root, args.model_name), args.alias)
-        version = folder.sync()
-    except (ValueError, RegistryError) as exc:
-        print(f"serve: {exc}", file=sys.stderr)
-        return 2
-    if version is None:
-        print(f"serve: no {args.alias} version of {args.model_name} in {args.registry_root}: "
-              "train and register one with `make run` first", file=sys.stderr)  # fmt: skip
-        return 2
-    model_dir = folder.version_uri(version)
-    url = f"http://{args.host}:{args.port}/v1/models/{args.model_name}:predict"
-    banner = f"serving {args.model_name} version {version} ({args.alias}) from {model_dir} at {url}"
-    try:
-        serve(args.model_name, model_dir, args.host, args.port, banner)
-    except OSError as exc:  # the port is taken, the host is not ours
-        print(f"serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 2
+    with one_line_failures():
+        serve_alias(args.registry_root, args.model_name, args.alias, args.host, args.port)
     return 0

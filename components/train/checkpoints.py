@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common import storage
+from components.common.failure import InputError
 
 LATEST = "latest.json"
 EPOCH_MARKER = "checkpoint.json"
@@ -34,7 +35,7 @@ _EPOCH_DIR = re.compile(r"^epoch-(\d{4,})$")
 _log = logging.getLogger(__name__)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """Checkpoints were committed but none can be resumed from; the message names each."""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from components.common.failure import one_line_failures
 from components.train import mpiwatch
 from components.train.config import from_argv
 
@@ -13,10 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     """Start this rank's heartbeat if the launcher asks for one (before the slow imports of
     TensorFlow and Horovod: see `components.train.mpiwatch`), parse arguments, run the rank
     (an elastic job in Horovod's elastic loop)."""
-    try:
+    with one_line_failures():  # the launcher's HEARTBEAT_ENV is not a number of seconds
         mpiwatch.start_from_env()
-    except ValueError as exc:  # the launcher's HEARTBEAT_ENV is not a number of seconds
-        raise SystemExit(f"components.train: {exc}") from exc
     from components.train import elastic, trainer
 
     config = from_argv(argv)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from components.common.failure import ExitCode
 from components.common.keras_env import tensorflow
 
 # What TF dlopens, by soname (the majors of its CUDA 12.5 / cuDNN 9 / NCCL 2 build), and the
@@ -87,7 +88,8 @@ def cuda_build(version: str, info: Mapping[str, Any]) -> tuple[str, list[str]]:
 
 
 def check_image(gradient_allreduce: str, cuda: bool = True) -> int:
-    """Print what the image has; 0 if every check passes, else 1 (the problems on stderr).
+    """Print what the image has; `ExitCode.OK` if every check passes, else `BAD_INPUT` (the
+    problems on stderr).
     Horovod's NCCL build must match `gradient_allreduce` (host: none, nccl: NCCL)."""
     problems: list[str] = []
     if cuda:
@@ -111,7 +113,7 @@ def check_image(gradient_allreduce: str, cuda: bool = True) -> int:
         print(f"cuda check: {problem}", file=sys.stderr)
     if not problems:
         print(f"cuda: Horovod gradient allreduce: {gradient_allreduce}; all checks pass")
-    return 1 if problems else 0
+    return ExitCode.BAD_INPUT if problems else ExitCode.OK
 
 
 def main(argv: list[str] | None = None) -> int:

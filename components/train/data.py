@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from components.common import dataset
+from components.common.failure import InputError
 
 
 def shard_range(num_samples: int, rank: int, size: int) -> tuple[int, int]:
@@ -35,7 +36,7 @@ def steps_per_epoch(num_samples: int, size: int, batch_size: int) -> int:
 def batch_bounds(shard_size: int, steps: int) -> list[tuple[int, int]]:
     """Split ``range(shard_size)`` into `steps` consecutive, non-empty, nearly equal batches."""
     if shard_size < steps:
-        raise ValueError(
+        raise InputError(
             f"a shard of {shard_size} samples cannot fill {steps} steps without an empty batch; "
             "use a batch size above 1 or fewer workers"
         )

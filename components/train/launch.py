@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
+from components.common.failure import ExitCode, ExpectedError, InputError
 from components.train.config import TrainConfig, to_argv
 from components.train.mpiwatch import HEARTBEAT_ENV, RankLines, period_for, watch
 from components.train.preflight import check_model_before_launch
@@ -38,8 +39,9 @@ BUILD_MARKERS = {"GLOO": b"gloo::rendezvous::Context", "MPI": b"N7horovod6common
 RANK0_FAILED = re.compile(r"\[rank 0/\d+\] training failed: (.+)$")
 
 
-class LaunchError(RuntimeError):
-    """What a local job needs is missing here (mpirun, or a Horovod build with MPI or Gloo)."""
+class LaunchError(ExpectedError):
+    """What a local job needs is missing here (mpirun, or a Horovod build with MPI or Gloo), or
+    the job failed (`ExitCode.RUN_FAILED`)."""
 
 
 def mpirun_command(
@@ -181,9 +183,9 @@ def run_local(
 
 
 def run_local_job(config: TrainConfig, log: Callable[[str], None] = print) -> None:
-    """`run_local`, a line every rank printed alike shown once, raising on failure: ValueError
+    """`run_local`, a line every rank printed alike shown once, raising on failure: InputError
     with rank 0's reason when the ranks stopped on one (the step's one ``FAILED:`` line, so the
-    rank's own line is held back), else RuntimeError (the tracebacks are in the log above)."""
+    rank's own line is held back), else LaunchError (the ranks' log above says why)."""
     held: list[str] = []
     once = RankLines(log)
 
@@ -195,13 +197,14 @@ def run_local_job(config: TrainConfig, log: Callable[[str], None] = print) -> No
 
     code = run_local(config, log=keep)
     if code != 0 and held:
-        raise ValueError(RANK0_FAILED.search(held[-1]).group(1))  # type: ignore[union-attr]
+        raise InputError(RANK0_FAILED.search(held[-1]).group(1))  # type: ignore[union-attr]
     for line in held:  # a job that succeeded after all: nothing is hidden
         once(line)
     if code != 0:
-        raise RuntimeError(
+        raise LaunchError(
             f"the Horovod job failed (exit code {code}); the rank-tagged log above says why. "
-            "No model was exported."
+            "No model was exported.",
+            ExitCode.RUN_FAILED,
         )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from components.common import keras_env
 from components.common.declare import model_problem
 from components.common.defaults import AUGMENT, IMAGE_SHAPE, MODEL, MODELS, NUM_CLASSES
+from components.common.failure import InputError
 from components.common.model_files import SERVING_SIGNATURE
 
 # What the user's function gets: one channel of 28x28, ten classes.
@@ -32,7 +33,7 @@ INPUT_SHAPE = (*IMAGE_SHAPE, 1)
 INPUT_NAME, OUTPUT_NAME = "image", "probabilities"
 
 
-class ModelChoiceError(ValueError):
+class ModelChoiceError(InputError):
     """The ``model`` parameter names no model the trainer can build."""
 
 

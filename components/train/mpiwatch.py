@@ -9,8 +9,9 @@ timeouts name no rank (bench/faults/). So every rank beats from its own thread
 (`start_from_env`), mpirun's ``--tag-output`` forwards each beat, and the watch takes the beats
 out of mpirun's output. A rank silent for over S seconds (counted from the launch if never
 heard; ``done``: no longer watched) ends mpirun (SIGTERM, then SIGKILL to everything below it),
-one last line names the rank and its host, and the exit code is `EXIT_SILENT_RANK`; otherwise
-it is mpirun's (128 + N for a signal N). SIGTERM is handled like Ctrl-C (as a container's PID 1).
+one last line names the rank and its host, and the exit code is `ExitCode.SILENT_RANK`;
+otherwise it is mpirun's (`SIGNAL_BASE` + N for a signal N). SIGTERM is handled like Ctrl-C (as a
+container's PID 1).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from components.common.defaults import HEARTBEAT_SECONDS
+from components.common.failure import SIGNAL_BASE, ExitCode, InputError
 
-EXIT_SILENT_RANK = 4
 TERM_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.5
 HOSTFILE_ENV = "OMPI_MCA_orte_default_hostfile"  # mpi-operator sets it on the launcher
@@ -76,7 +77,7 @@ def start_from_env(
     except ValueError:
         period = math.nan
     if not (math.isfinite(period) and period > 0):
-        raise ValueError(f"{HEARTBEAT_ENV} must be a positive number of seconds, got {value!r}")
+        raise InputError(f"{HEARTBEAT_ENV} must be a positive number of seconds, got {value!r}")
     line = f"{MARK} {{}} host={socket.gethostname()} pid={os.getpid()}\n"
     stopped = threading.Event()
 
@@ -235,13 +236,13 @@ def watch(
             kill_job(proc.pid)
             proc.wait()
         reader.join(TERM_GRACE_SECONDS)  # ssh children may hold the pipe open after mpirun ends
-    code = 128 - proc.returncode if proc.returncode < 0 else proc.returncode
+    code = SIGNAL_BASE - proc.returncode if proc.returncode < 0 else proc.returncode
     if verdict is None:
         return code
     with lock:  # the last line: a failed job's log ends naming the rank
         ended = f"mpirun ended {time.monotonic() - ending:.1f} s later, exit {code}"
         log(f"{PREFIX} the job failed: {verdict} ({ended})")
-    return EXIT_SILENT_RANK
+    return ExitCode.SILENT_RANK
 
 
 def _running(proc: subprocess.Popen[bytes], seconds: float = POLL_SECONDS) -> bool:
@@ -286,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log = functools.partial(print, flush=True)
         return watch(args.command, args.ranks, args.silence_seconds, log, expected=expected)
     except KeyboardInterrupt:
-        return 128 + signal.SIGTERM
+        return SIGNAL_BASE + signal.SIGTERM
 
 
 if __name__ == "__main__":

@@ -9,13 +9,16 @@
 
 from __future__ import annotations
 
+import os
+
 from components.common.defaults import IMAGE_SHAPE, MODELS
+from components.common.failure import ExitCode, InputError
 
-EXIT_PREFLIGHT = 3
 
-
-class PreflightError(ValueError):
+class PreflightError(InputError):
     """A launcher's preflight failed; nothing was started."""
+
+    exit_code = ExitCode.PREFLIGHT
 
 
 def world_size_problem(
@@ -62,6 +65,7 @@ def check_model_before_launch(model: str) -> None:
     probabilities."""
     if model in MODELS:
         return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's notes, as the ranks have
     import numpy as np
 
     from components.train.model import ModelChoiceError, build_model

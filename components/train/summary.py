@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.common import storage
+from components.common.failure import InputError
 from components.train.config import TrainConfig
 
 KIND = "kfp-horovod/run-summary/v1"
@@ -75,13 +76,13 @@ def parse(text: str) -> RunSummary:
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"not valid JSON ({exc})") from exc
+        raise InputError(f"not valid JSON ({exc})") from exc
     if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise ValueError(f"not a kfp-horovod run summary (expected a JSON object of kind {KIND})")
+        raise InputError(f"not a kfp-horovod run summary (expected a JSON object of kind {KIND})")
     try:
         return RunSummary(**{**data, "config": TrainConfig(**data["config"])})
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not a kfp-horovod run summary ({exc})") from exc
+        raise InputError(f"not a kfp-horovod run summary ({exc})") from exc
 
 
 def read(uri: str) -> RunSummary:
@@ -89,11 +90,11 @@ def read(uri: str) -> RunSummary:
     try:
         return parse(storage.read_text(uri))
     except FileNotFoundError as exc:
-        raise ValueError(f"run summary {uri}: missing") from exc
+        raise InputError(f"run summary {uri}: missing") from exc
     except IsADirectoryError as exc:
-        raise ValueError(f"run summary {uri}: is a directory, expected a JSON file") from exc
+        raise InputError(f"run summary {uri}: is a directory, expected a JSON file") from exc
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        raise ValueError(f"run summary {uri}: {exc}") from exc
+        raise InputError(f"run summary {uri}: {exc}") from exc
 
 
 def write(uri: str, summary: RunSummary) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from components.common import storage
 from components.common.defaults import GPU_RESOURCE
+from components.common.failure import InputError
 from components.train import summary
 from components.train.cluster import job
 from components.train.cluster.job import Choice, PodConfig
@@ -88,7 +89,7 @@ def worker_resources(resources: Mapping[str, Any] | None, step: TrainStep, gpus:
             f"config says {passed_gpus!r}"
         )
     if problems:
-        raise ValueError(
+        raise InputError(
             "the train task's config and the pipeline's parameters disagree: " + "; ".join(problems)
         )
     return dataclasses.replace(step, **chosen)
@@ -123,7 +124,7 @@ def train_on_cluster(
     with contextlib.suppress(OSError):  # this pod's (from its service account), if it has one
         namespace = namespace or Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
     if not namespace:
-        raise ValueError("namespace is empty and this pod's namespace is unknown: pass namespace")
+        raise InputError("namespace is empty and this pod's namespace is unknown: pass namespace")
     check_model_before_launch(config.model)  # this pod runs the trainer's image, as the ranks do
     b = job.backend(chosen.backend)
     record = run_job(b, params, namespace=namespace, api_client=api_client, log=log)

@@ -35,26 +35,20 @@ from typing import Any
 
 from components.common import dataset, keras_env, storage, storage_access
 from components.common.board import Board
+from components.common.failure import ExitCode, ExpectedError
 from components.common.model_files import SAVED_MODEL_PB, saved_model_sha256
 from components.train import checkpoints
 from components.train.config import TrainConfig, adam_settings
 from components.train.data import Shard, epoch_ids, load_shard, make_dataset
 from components.train.devices import Devices, configure_devices, gpu_problem
 from components.train.model import ModelChoiceError, build_model, export_saved_model
-from components.train.preflight import EXIT_PREFLIGHT, world_size_problem
+from components.train.preflight import world_size_problem
 from components.train.summary import coordination_lines, lr_formula, write
 from components.train.telemetry import Telemetry
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
 
-
-class JobError(RuntimeError):
+class JobError(ExpectedError):
     """An error every rank agreed on; the job stops with `exit_code`."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclass
@@ -110,7 +104,7 @@ def run(config: TrainConfig, train: Callable[[Job], int] | None = None) -> int:
     except keras_env.KerasSetupError as exc:  # (the launcher's preflight says it first)
         if os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK", "0")) == "0":
             sys.stderr.write(f"training failed: {exc}\n")  # one line, not one per rank
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
@@ -130,7 +124,7 @@ def run(config: TrainConfig, train: Callable[[Job], int] | None = None) -> int:
     if problem:
         sys.stderr.write(problem + "\n")  # one write: mpirun tags each chunk a rank writes
         sys.stderr.flush()
-        return EXIT_PREFLIGHT
+        return ExitCode.PREFLIGHT
     # 2. Devices: this rank's GPU (by local rank) or the CPU, and its threads.
     quiet = rank != 0
     threads = config.threads_per_worker
@@ -323,14 +317,14 @@ def export(
         adam=job.adam, final_metrics=metrics,
     )  # fmt: skip
     if summary is None:  # not rank 0
-        return EXIT_OK
+        return ExitCode.OK
     for name, value in extra.items():
         setattr(summary, name, value)
     summary.saved_model_sha256 = save_model(trainee.model, config.model_uri)
     write(config.summary_uri, summary)
     for line in coordination_lines(summary):
         job.log.info("%s", line)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def save_model(model: Any, model_uri: str) -> str:

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 
 from components.common import storage
+from components.common.failure import ExitCode
 from components.train import checkpoints
 from components.train.cluster.job import ClusterJobParams
 from components.train.cluster.mpijob import build_manifest
 from components.train.cluster.pods import trainer_command
 from components.train.cluster.trainjob import build_manifests
 from components.train.config import TrainConfig
-from components.train.mpiwatch import EXIT_SILENT_RANK
 from components.train.step import TrainStep
 from standins.mpijob_harness import MPIJobRun
 from standins.outputs import half_written
@@ -297,7 +297,7 @@ def test_frozen_rank_is_named_and_ends_the_job_within_the_bound_and_a_rerun_resu
     named = [line for line in result.log.splitlines() if line.startswith("mpiwatch: ")]
     print(f"frozen worker 1: launcher exit {result.exit_code} {failed_after:.1f} s after SIGSTOP")
     print("\n".join(named))
-    assert result.exit_code == EXIT_SILENT_RANK, result.log[-5000:]
+    assert result.exit_code == ExitCode.SILENT_RANK, result.log[-5000:]
     assert any(f"rank 1 on {host} sent no heartbeat for" in line for line in named), named
     assert named[-1].startswith(f"mpiwatch: the job failed: rank 1 on {host} "), named
     assert "kfp-horovod-heartbeat" not in result.log  # the watch takes the beats out

@@ -1,5 +1,6 @@
 """A step's program under `one_line_failures`, as its own process (as KFP's executor runs it):
-an expected error is one ``FAILED:`` line and exit 2; anything else keeps its traceback."""
+an `ExpectedError` is one ``FAILED:`` line on stderr and its exit code; anything else, a
+ValueError raised in the project's own code included, keeps its traceback."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from components.common.failure import ExitCode
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -31,14 +34,35 @@ def run_step(body: str) -> subprocess.CompletedProcess:
         ("from components.common.declare import check; from pipeline.checks import "
          "PIPELINE_PARAMETERS; check(PIPELINE_PARAMETERS, {'workers': 0}, 'pipeline parameters')",
          "FAILED: invalid pipeline parameters: workers must be >= 1, got 0"),
+        # a RegistryError was a RuntimeError, which the handler let through with its traceback
+        ("from components.register.registry import ModelStore; import pathlib; "
+         "s = ModelStore('{tmp}', 'm'); pathlib.Path(s.alias_uri('production')).parent.mkdir("
+         "parents=True); pathlib.Path(s.alias_uri('production')).write_text('[1]'); "
+         "s.read_alias('production')",
+         "FAILED: {tmp}/m/_aliases/production.json: expected a JSON object"),
     ],
-    ids=["bad input", "a refused parameter"],
+    ids=["bad input", "a refused parameter", "a registry error"],
 )  # fmt: skip
-def test_an_expected_error_is_one_failed_line_and_exit_2(body: str, line: str) -> None:
-    proc = run_step(body)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stdout.splitlines() == [line]
-    assert "Traceback" not in proc.stderr
+def test_an_expected_error_is_one_failed_line_and_its_exit_code(
+    body: str, line: str, tmp_path: Path
+) -> None:
+    proc = run_step(body.replace("{tmp}", str(tmp_path)))
+    assert proc.returncode == ExitCode.BAD_INPUT, proc.stderr
+    assert proc.stderr.splitlines() == [line.replace("{tmp}", str(tmp_path))]
+    assert proc.stdout == ""
+
+
+def test_an_expected_error_ends_with_its_own_exit_code() -> None:
+    """A started run that failed (the CLI of run-local and the train step's cluster job) is not
+    bad input: its code is the table's RUN_FAILED."""
+    proc = run_step(
+        "from components.train.cluster.job import JobFailed; "
+        "raise JobFailed('MPIJob ns/x', 'BackoffLimitExceeded', 'launcher failed', ['a', 'b'])"
+    )
+    assert proc.returncode == ExitCode.RUN_FAILED
+    assert proc.stderr.splitlines() == [
+        "FAILED: MPIJob ns/x failed: BackoffLimitExceeded: launcher failed"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -46,12 +70,15 @@ def test_an_expected_error_is_one_failed_line_and_exit_2(body: str, line: str) -
     [
         ("import json; json.loads('{')", "json.decoder.JSONDecodeError: Expecting property name"),
         ("{}['splits']", "KeyError: 'splits'"),
+        # a plain ValueError from the project's own code is a broken invariant, not bad input
+        ("from components.train.data import shard_range; shard_range(10, 5, 2)",
+         "ValueError: rank 5 is not in a world of size 2"),
     ],
-    ids=["a library's ValueError", "a bug"],
-)
+    ids=["a library's ValueError", "a bug", "the project's own ValueError"],
+)  # fmt: skip
 def test_an_unexpected_error_keeps_its_traceback(body: str, last: str) -> None:
     proc = run_step(body)
-    assert proc.returncode == 1
-    assert "FAILED" not in proc.stdout
+    assert proc.returncode == ExitCode.UNEXPECTED
+    assert "FAILED" not in proc.stdout + proc.stderr
     assert proc.stderr.startswith("Traceback (most recent call last):")
     assert proc.stderr.splitlines()[-1].startswith(last)

@@ -211,7 +211,7 @@ def test_cli(tmp_path: Path, good_npz: tuple[Path, str], capsys) -> None:
     assert prep.main([*args, str(tmp_path / "b"), "--data-sha256", "NONE"]) == 0
     with pytest.raises(SystemExit, match="^2$"):  # default hash: the canonical file's
         prep.main([*args, str(tmp_path / "c")])
-    failed = capsys.readouterr().out.splitlines()[-1]
+    failed = capsys.readouterr().err.splitlines()[-1]
     assert failed.startswith("FAILED: ") and "sha256 mismatch" in failed
     assert not (tmp_path / "c").exists()
 

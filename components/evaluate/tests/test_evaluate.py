@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from components.common import dataset, storage
-from components.common.failure import EXIT_EXPECTED
+from components.common.failure import ExitCode
 from components.common.model_files import ModelError
 from components.evaluate import evaluate as ev
 
@@ -141,9 +141,9 @@ def test_bad_model_directories(trained_model, tmp_path: Path, capsys) -> None:
         (str(tmp_path / "nope"), trained_model.dataset, "model directory is missing"),
         (trained_model.path, str(tmp_path), "manifest.json: missing"),
     ]:
-        with pytest.raises(SystemExit, match=f"^{EXIT_EXPECTED}$"):
+        with pytest.raises(SystemExit, match=f"^{ExitCode.BAD_INPUT}$"):
             ev.main(["--model", model, "--dataset", data])
-        (failed,) = capsys.readouterr().out.splitlines()
+        (failed,) = capsys.readouterr().err.splitlines()
         assert failed.startswith("FAILED: ") and message in failed
 
 
@@ -163,7 +163,7 @@ def test_the_recorded_digest_is_checked(trained_model, tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="'nope' is not a sha256 hex digest"):
         ev.evaluate(trained_model.path, trained_model.dataset, saved_model_sha256="nope")
     args = ["--model", trained_model.path, "--dataset", trained_model.dataset]
-    with pytest.raises(SystemExit, match=f"^{EXIT_EXPECTED}$"):
+    with pytest.raises(SystemExit, match=f"^{ExitCode.BAD_INPUT}$"):
         ev.main([*args, "--saved-model-sha256", other])
 
 
@@ -200,9 +200,9 @@ def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path, caps
             confusion_matrix=dsl.ClassificationMetrics(uri=str(tmp_path / "cm-2")),
             report=dsl.Markdown(uri=str(tmp_path / "report-2.md")),
         )
-    assert stopped.value.code == EXIT_EXPECTED
+    assert stopped.value.code == ExitCode.BAD_INPUT
     out = capsys.readouterr()
-    (line,) = [ln for ln in out.out.splitlines() if ln.startswith("FAILED: ")]
+    (line,) = [ln for ln in out.err.splitlines() if ln.startswith("FAILED: ")]
     assert "this is not the model that was trained" in line
     assert "Traceback" not in out.out + out.err
 

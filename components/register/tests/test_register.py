@@ -17,6 +17,7 @@ import pytest
 
 from components.common import model_files, storage
 from components.common.dataset import DataError, read_manifest
+from components.common.failure import ExitCode
 from components.common.model_files import ModelError
 from components.register import register as rg
 from components.register.registry import METADATA_FILE, ModelStore
@@ -216,19 +217,22 @@ def test_the_model_artifacts_digest_is_enough(trained_model, trained_summary, tm
     assert ModelStore(root, "mnist-cnn").read_metadata(1)["saved_model_sha256"] == digest
 
 
-def test_the_cli_registers_without_tensorflow(
-    trained_model, trained_summary, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The register image carries no TensorFlow: a whole registration through the CLI, in a
-    fresh process, must not import it (not even lazily). Its JSON is renamed into place whole.
-    Bad input: one line, exit 2."""
-    root, out = tmp_path / "registry", tmp_path / "decision.json"
-    args = [
-        "--model", trained_model.path, "--run-summary", trained_summary,
+def cli_args(trained_model: Any, summary: str, root: Path, out: Path) -> list[str]:
+    return [
+        "--model", trained_model.path, "--run-summary", summary,
         "--dataset", trained_model.dataset, "--accuracy", "0.95", "--loss", "0.2",
         "--registry-root", str(root), "--pipeline-run-id", "cli-run", "--min-accuracy", "0.9",
         "--image-refs", '{"register": "img:1"}', "--output-json", str(out),
     ]  # fmt: skip
+
+
+def test_the_cli_registers_without_tensorflow(
+    trained_model, trained_summary, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The register image carries no TensorFlow: a whole registration through the CLI, in a
+    fresh process, must not import it (not even lazily). Its JSON is renamed into place whole."""
+    root, out = tmp_path / "registry", tmp_path / "decision.json"
+    args = cli_args(trained_model, trained_summary, root, out)
     code = (
         "import sys\n"
         "from components.register.register import main\n"
@@ -244,10 +248,29 @@ def test_the_cli_registers_without_tensorflow(
     monkeypatch.setattr(os, "replace", lambda src, dst: renamed.append(dst) or replace(src, dst))
     assert rg.main(args) == 0  # a rerun: its version back
     assert str(out) in map(str, renamed) and json.loads(out.read_text())["version"] == 1
-    assert rg.main([*args[:-4], "--image-refs", "[1]"]) == 2
-    assert "image_refs must be a JSON object" in capsys.readouterr().err
-    assert rg.main(["--model", str(tmp_path / "none"), *args[2:-2]]) == 2
-    assert "model directory is missing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "line"),
+    [
+        ("--image-refs", "[1]", "image_refs must be a JSON object of strings, got '[1]'"),
+        ("--model", "{tmp}/none", "not registering 'mnist-cnn': {tmp}/none: model directory is "
+         "missing"),
+        ("--accuracy", "1.5", "accuracy must be a finite number in 0..1.0, got 1.5"),
+        ("--registry-root", "gs://", "gs:// URI has no bucket: 'gs://'"),
+    ],
+)  # fmt: skip
+def test_bad_input_to_the_cli_is_one_line_and_writes_nothing(
+    trained_model, trained_summary, tmp_path: Path, option: str, value: str, line: str
+) -> None:
+    root, out = tmp_path / "registry", tmp_path / "decision.json"
+    args = cli_args(trained_model, trained_summary, root, out)
+    args[args.index(option) + 1] = value.replace("{tmp}", str(tmp_path))
+    command = [sys.executable, "-m", "components.register.register", *args]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (ExitCode.BAD_INPUT, "")
+    assert proc.stderr.splitlines() == ["FAILED: " + line.replace("{tmp}", str(tmp_path))]
+    assert not root.exists() and not out.exists()
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from components.common import storage
+from components.common.failure import ExitCode
 from components.register.registry import METADATA_FILE, SAVED_MODEL_PB, STAGING, ModelStore
 from components.register.serving import ServingFolder
 from components.register.tests.registering import register_run
@@ -142,6 +143,7 @@ def test_a_crash_between_the_swap_and_the_sync_is_repaired(
 CRASHING_SYNC = """
 import os, sys
 from components.common import storage
+from components.common.failure import ExitCode
 from components.register import serving
 from components.register.registry import ModelStore
 serving.LEASE_SECONDS = 2.0
@@ -205,3 +207,16 @@ def test_one_sync_at_a_time_holds_the_lease(storage_root: str) -> None:
     now[0] += 10.5  # "second" died holding it: its lease runs out
     assert first._take("first")
     assert storage.read_versioned(first.lease_uri)[0] is not None
+
+
+def test_sync_serving_without_the_alias_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    from pipeline.cli import cli
+
+    root = tmp_path / "registry"
+    result = CliRunner().invoke(cli, ["sync-serving", "--registry-root", str(root)])
+    assert (result.exit_code, result.stdout) == (ExitCode.BAD_INPUT, "")
+    assert result.stderr.splitlines() == [
+        f"FAILED: alias 'production' does not exist for model 'mnist-cnn' in {root}: "
+        f"{root}/mnist-cnn/_serving/production left as it is"
+    ]
+    assert not root.exists()

@@ -11,6 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from components.common.crd import ManifestError, find_crd, manifest_problems
+from components.common.failure import ExitCode
 from components.register.registry import ModelStore, challenger_wins
 from components.serve.inferenceservice import (
     INFERENCESERVICE,
@@ -112,5 +113,6 @@ def test_the_crd_check_is_strict() -> None:
 )
 def test_bad_input_is_refused_in_one_line(registry: str, args: list[str], message: str) -> None:
     result = render("--registry-root", registry, *args)
-    assert result.exit_code == 2 and result.stdout == ""
-    assert message in result.stderr, result.stderr
+    assert (result.exit_code, result.stdout) == (ExitCode.BAD_INPUT, "")
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("FAILED: ") and message in line, line

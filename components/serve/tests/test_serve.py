@@ -4,6 +4,7 @@ protocol, checked against the evaluate step on the same digits."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ import pytest
 
 from components.common.dataset import load_range, read_manifest
 from components.common.defaults import EVAL_BATCH_SIZE
+from components.common.failure import ExitCode
 from components.common.model_files import load_serving
 from components.register.tests.registering import register_run
 from components.serve import server
@@ -43,15 +45,16 @@ def register_model(model: Any, root: str, run_id: str, accuracy: float, tmp_path
 
 
 @contextmanager
-def running(root: str) -> Iterator[tuple[str, str]]:
-    """``python -m components.serve`` on a free loopback port: yields (its banner, its URL)."""
+def running(root: str, log: list[str] | None = None) -> Iterator[tuple[str, str]]:
+    """``python -m components.serve`` on a free loopback port: yields (its banner, its URL);
+    `log` gets everything it printed once it has stopped."""
     port = free_port()
     command = [sys.executable, "-m", "components.serve", "--registry-root", root]
     proc = subprocess.Popen(
         [*command, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    lines: list[str] = []
     try:
-        lines = []
         for line in proc.stdout or []:
             lines.append(line)
             if line.startswith("serving "):
@@ -64,7 +67,9 @@ def running(root: str) -> Iterator[tuple[str, str]]:
         yield lines[-1].strip(), url
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
+        lines += proc.communicate(timeout=60)[0].splitlines(keepends=True)
+        if log is not None:
+            log += lines
 
 
 def _answers(port: int) -> bool:
@@ -113,22 +118,28 @@ def test_serves_the_champion_with_the_evaluate_steps_predictions(
     champion = evaluate_step_predictions(trained_model.path, images)
     challenger = evaluate_step_predictions(challenger_model.path, images)
     assert (champion.argmax(1) != challenger.argmax(1)).any()  # the two models can be told apart
-    with running(root) as (banner, url):
+    log: list[str] = []
+    with running(root, log) as (banner, url):
         assert banner.startswith(f"serving {MODEL} version 1 (production) from ")
         got = served(url, images)
         np.testing.assert_allclose(got, champion, atol=1e-5)
         assert (got.argmax(1) == champion.argmax(1)).all()
         expected = evaluate(trained_model.path, trained_model.dataset)
         assert score(got, labels)["accuracy"] == expected.accuracy
-        _bad_requests_get_400(url, images)
+        reasons = _bad_requests_get_400(url, images)
         assert post(url, {"instances": images[:3].tolist()})[0] == 200  # still serving
+    # the server logs one line per rejected request, with its reason, and no traceback
+    rejected = [line for line in log if f"rejected POST /v1/models/{MODEL}:predict (400): " in line]
+    assert [reason in line for reason, line in zip(reasons, rejected, strict=True)] == [True] * 7
+    assert not [line for line in log if "Traceback" in line or "Exception" in line]
     assert register_model(challenger_model, root, "run-c", 0.95, tmp_path).version == 3
     with running(root) as (banner, url):
         assert banner.startswith(f"serving {MODEL} version 3 (production) from ")
         np.testing.assert_allclose(served(url, images[:50]), challenger[:50], atol=1e-5)
 
 
-def _bad_requests_get_400(url: str, images: np.ndarray) -> None:
+def _bad_requests_get_400(url: str, images: np.ndarray) -> list[str]:
+    """Each bad request gets 400 naming what is wrong; returns the reasons, in order."""
     shape = "of shape (n, 28, 28), 1 <= n <= 256"
     digit = images[0].tolist()
     cases = [
@@ -144,15 +155,56 @@ def _bad_requests_get_400(url: str, images: np.ndarray) -> None:
         status, answer = post(url, body)
         assert status == 400, (reason, answer)
         assert reason in answer["error"] and shape in answer["error"], answer
+    return [reason for _, reason in cases]
 
 
-def test_no_production_version_says_so_and_points_at_make_run(tmp_path: Path, capsys) -> None:
-    assert server.main(["--registry-root", str(tmp_path / "empty")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == (
-        f"serve: no production version of {MODEL} in {tmp_path / 'empty'}: train and register "
-        "one with `make run` first"
-    )
+def serve_command(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "components.serve", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_no_production_version_says_so_in_one_line_and_points_at_make_run(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    proc = serve_command("--registry-root", str(empty))
+    assert (proc.returncode, proc.stdout) == (ExitCode.BAD_INPUT, "")
+    assert proc.stderr.splitlines() == [
+        f"FAILED: no production version of {MODEL} in {empty}: train and register one with "
+        "`make run` first"
+    ]
+    assert not empty.exists()  # nothing written
+
+
+def test_a_gs_registry_without_credentials_is_one_line(no_credentials: dict[str, str]) -> None:
+    command = [sys.executable, "-m", "components.serve", "--registry-root", "gs://my-bucket/reg"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=no_credentials)
+    assert (proc.returncode, proc.stdout) == (ExitCode.BAD_INPUT, "")
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("FAILED: --registry-root gs://my-bucket/reg: this process's identity "
+                           "found no Google credentials to reach bucket 'my-bucket'; ")  # fmt: skip
+
+
+def test_a_bad_registry_and_a_taken_port_are_one_line(trained_model, tmp_path: Path) -> None:
+    """A registry the server cannot read, and a port another process holds, end in one line
+    (a RegistryError escaped the old handler with its traceback)."""
+    root = tmp_path / "registry"
+    assert register_model(trained_model, str(root), "run-a", 0.90, tmp_path).promoted
+    alias = root / MODEL / "_aliases" / "production.json"
+    good = alias.read_text()
+    alias.write_text("[1]")
+    files = {path: path.stat().st_mtime_ns for path in root.rglob("*")}
+    bad = serve_command("--registry-root", str(root))
+    assert (bad.returncode, bad.stdout) == (ExitCode.BAD_INPUT, "")
+    assert bad.stderr.splitlines() == [f"FAILED: {alias}: expected a JSON object"]
+    assert {path: path.stat().st_mtime_ns for path in root.rglob("*")} == files  # untouched
+    alias.write_text(good)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = serve_command("--registry-root", str(root), "--port", str(port))
+    assert busy.returncode == ExitCode.BAD_INPUT
+    assert busy.stderr.splitlines()[-1].startswith(f"FAILED: cannot listen on 127.0.0.1:{port}: ")
+    assert "Traceback" not in busy.stderr
 
 
 @pytest.mark.parametrize(

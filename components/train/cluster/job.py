@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from components.common import defaults, storage
 from components.common.declare import Declared, Validated, declared, nonempty_problem, param
+from components.common.failure import ExitCode, ExpectedError
 from components.common.placement import parse_node_selector
 from components.train.config import TrainConfig
 from components.train.mpiwatch import HEARTBEAT_ENV
@@ -167,8 +168,10 @@ def job_metadata(p: ClusterJobParams, namespace: str | None) -> dict[str, object
     return metadata
 
 
-class JobError(RuntimeError):
+class JobError(ExpectedError):
     """A cluster job could not run, or succeeded without the expected outputs."""
+
+    exit_code = ExitCode.RUN_FAILED
 
 
 class JobFailed(JobError):

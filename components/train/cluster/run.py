@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from components.common import storage
 from components.common.crd import Crd, raise_problems
+from components.common.failure import InputError
 from components.common.model_files import SAVED_MODEL_PB
 from components.train import summary
 from components.train.cluster.job import (
@@ -327,12 +328,12 @@ def run_job(
     """Run the trainer as backend `b`'s job in `namespace`; return its checked run summary,
     which says who enforced the deadline.
 
-    ValueError (what `b` cannot do, or what its operator refuses) comes before any request;
+    InputError (what `b` cannot do, or what its operator refuses) comes before any request;
     then `JobError` (the cluster does not serve `b`'s APIs, refuses a manifest, or the outputs
     are wrong), `JobFailed` and `JobCancelled` (on SIGTERM, after deleting the job).
     """
     if not namespace:
-        raise ValueError("namespace is empty")
+        raise InputError("namespace is empty")
     *shared, manifest = b.build(params, namespace)
     raise_problems(manifest, b.crd, b.problems(manifest))
     api_client = api_client or default_api_client()

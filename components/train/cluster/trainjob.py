@@ -20,6 +20,7 @@ from typing import Any
 from components.common import defaults
 from components.common.crd import Crd
 from components.common.declare import elastic_backend_problem
+from components.common.failure import InputError
 from components.train.cluster import pods
 from components.train.cluster.job import (
     APP_LABELS,
@@ -157,7 +158,7 @@ def build_manifests(p: ClusterJobParams, namespace: str | None = None) -> list[d
         if getattr(p.step, name) != fields[name].default
     ]
     if problems:
-        raise ValueError("invalid TrainJob parameters: " + "; ".join(problems))
+        raise InputError("invalid TrainJob parameters: " + "; ".join(problems))
     runtime = build_runtime(p, namespace)
     trainjob = {
         "apiVersion": TRAINJOB.api_version,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from components.common.failure import ExitCode
 from components.train import cuda
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -106,7 +107,7 @@ def test_the_image_check_fails_here_naming_each_missing_library_and_its_horovod_
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = _run("-m", "components.train.cuda", "--check", "--gradient-allreduce", "host")
-    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.returncode == ExitCode.BAD_INPUT, out.stdout + out.stderr
     for soname in cuda.TF_CUDA_LIBRARIES:
         assert f"cuda: {soname}: MISSING" in out.stdout
         assert f"cuda check: cannot load {soname}: " in out.stderr
@@ -117,7 +118,7 @@ def test_the_image_check_fails_here_naming_each_missing_library_and_its_horovod_
     assert "cuda: Horovod gradient allreduce: host; all checks pass" in ok.stdout
     bad = _run("-m", "components.train.cuda", "--check", "--gradient-allreduce", "mpi")
     assert bad.returncode == 2 and "invalid choice: 'mpi'" in bad.stderr
-    assert cuda.check_image("nccl", cuda=False) == 1  # Horovod here is built without NCCL
+    assert cuda.check_image("nccl", cuda=False) == ExitCode.BAD_INPUT  # built without NCCL here
     label = cuda.GRADIENT_ALLREDUCE_LABEL
     assert (
         capsys.readouterr().err == f"cuda check: {label}=nccl, but Horovod was built without NCCL\n"

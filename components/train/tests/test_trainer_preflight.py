@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from components.common.failure import ExitCode
 from components.train.launch import job_environment
-from components.train.preflight import EXIT_PREFLIGHT, world_size_problem
+from components.train.preflight import world_size_problem
 
 
 def test_message_explains_independent_copies_and_the_fix() -> None:
@@ -33,7 +34,7 @@ def test_independent_copies_fail_at_once(mnist_1000: str, tmp_path: Path) -> Non
     ]
     for proc in procs:
         out, err = proc.communicate(timeout=180)
-        assert proc.returncode == EXIT_PREFLIGHT, out + err
+        assert proc.returncode == ExitCode.PREFLIGHT, out + err
         assert "[rank 0/1]" in err and "independent copies, not one job" in err
     assert not (tmp_path / "out").exists(), "nothing may be written"
 

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from components.common.failure import EXIT_EXPECTED, one_line_failures
+from components.common.failure import ExitCode, one_line_failures
 from components.train.cluster.job import SPEC_ANNOTATION, JobError, job_name
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.tests.cluster_jobs import KINDS, NAME, complete, make_params, pair, posts, run
@@ -45,9 +45,12 @@ def test_a_failed_trainjob_says_each_shared_line_once_and_fails_in_one_line(
         run(cluster, pair("trainjob")[0], make_params(gcs_uri), print)
     op.join()
 
-    assert exit_info.value.code == EXIT_EXPECTED
-    out = capsys.readouterr().out.splitlines()
-    assert out[-1] == f"FAILED: {WHAT} failed: FailedJobs: jobset failed due to one job failure"
+    assert exit_info.value.code == ExitCode.RUN_FAILED
+    printed = capsys.readouterr()
+    out = printed.out.splitlines()
+    assert printed.err.splitlines() == [
+        f"FAILED: {WHAT} failed: FailedJobs: jobset failed due to one job failure"
+    ]
     assert [line for line in out if SHARED in line] == [f"[1,0]<stderr>:{SHARED}"]
     assert sum(REASON in line for line in out) == 1  # streamed once; the tail is not repeated
     assert not any("Traceback" in line or "launcher log ---" in line for line in out)
@@ -140,8 +143,8 @@ def test_on_trainer_v2_1_the_step_deletes_the_job_at_its_deadline_and_fails_in_o
             run(cluster, b, make_params(gcs_uri, active_deadline_seconds=1), print)
         op.join()
         assert cluster.job_names(TRAINJOB) == [] and cluster.pod_names() == ["unrelated"]
-    assert exit_info.value.code == EXIT_EXPECTED
-    assert capsys.readouterr().out.splitlines()[-1] == (
+    assert exit_info.value.code == ExitCode.RUN_FAILED
+    assert capsys.readouterr().err.splitlines()[-1] == (
         f"FAILED: {WHAT} failed: DeadlineExceeded: still Running when its 1 s deadline "
         "(active_deadline_seconds) passed, which the train step enforces (this cluster's "
         "TrainJob has no spec.activeDeadlineSeconds, which Kubeflow Trainer v2.2.0 "
