@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from components.common.model_files import load_serving
 from components.register.tests.registering import register_run
 from components.serve import server
 from standins.fake_gcs import free_port
+from standins.waiting import HANG_S, wait_until
 from tests.conftest import summary_json
 
 MODEL = "mnist-cnn"
@@ -58,13 +58,14 @@ def running(root: str) -> Iterator[tuple[str, str]]:
                 break
         assert proc.poll() is None, "".join(lines)
         url = f"http://127.0.0.1:{port}/v1/models/{MODEL}:predict"
-        deadline = time.monotonic() + 60
-        while not _answers(port) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(
+            lambda: _answers(port), f"answer from the server on port {port}",
+            alive=lambda: proc.poll() is None, poll_s=0.2,
+        )  # fmt: skip
         yield lines[-1].strip(), url
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
+        proc.wait(timeout=HANG_S)
 
 
 def _answers(port: int) -> bool:
@@ -79,7 +80,7 @@ def post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
     data = json.dumps(body).encode()
     request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=HANG_S) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
