@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from components.train.config import TrainConfig
 from components.train.launch import job_environment, run_local
 from components.train.mpiwatch import EXIT_SILENT_RANK, HEARTBEAT_ENV, Silence, expected_hosts
 from standins.jobs import rank_processes
+from standins.waiting import HANG_S, join, wait_until
 
 RANK_PROGRAM = Path(__file__).with_name("beating_rank.py")
 ROOT = Path(__file__).resolve().parents[3]
@@ -73,8 +73,7 @@ def test_the_heartbeat_beats_until_stopped_then_says_done_once() -> None:
     lines: list[str] = []
     stop = mpiwatch.start_from_env({HEARTBEAT_ENV: "0.01"}, lines.append)
     assert stop is not None
-    while len(lines) < 3:
-        time.sleep(0.01)
+    wait_until(lambda: len(lines) >= 3, "3 beats", poll_s=0.01)
     stop()
     stop()
     assert set(lines[:-1]) == {f"kfp-horovod-heartbeat beat host={HOST} pid={os.getpid()}\n"}
@@ -135,10 +134,11 @@ def rank_pids(output: str) -> dict[int, int]:
 
 
 def assert_gone(pids: list[int]) -> None:
-    deadline = time.monotonic() + 60
-    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive, f"rank processes still running: {alive}"
+    """Until every process of `pids` is gone (none is left to a hang)."""
+    wait_until(
+        lambda: not any(_alive(p) for p in pids),
+        lambda: f"end of the rank processes (still running: {[p for p in pids if _alive(p)]})",
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -187,7 +187,7 @@ def test_sigterm_to_the_watch_reaches_mpirun_and_the_ranks() -> None:
         assert line, f"the watch ended early: {seen}"
         seen += line
     proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=60)
+    rest, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode != 0, seen + rest
     assert_gone(list(rank_pids(seen).values()))
 
@@ -209,13 +209,16 @@ def test_a_frozen_rank_of_a_real_job_is_named_and_ends_the_job(
     lines: list[str] = []
     env = {**os.environ, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "15"}
     result: list[int] = []
-    job = threading.Thread(target=lambda: result.append(run_local(config, 300, lines.append, env)))
+    job = threading.Thread(
+        target=lambda: result.append(run_local(config, HANG_S, lines.append, env))
+    )
     job.start()
-    while not any("checkpoint after epoch 1 " in line for line in lines):
-        assert job.is_alive(), "\n".join(lines)
-        time.sleep(0.05)
+    wait_until(
+        lambda: any("checkpoint after epoch 1 " in line for line in lines),
+        lambda: "checkpoint after epoch 1 in:\n" + "\n".join(lines), alive=job.is_alive,
+    )  # fmt: skip
     os.kill(rank_processes(os.getpid())[1].pid, signal.SIGSTOP)
-    job.join(300)
+    join(job, "the job with a frozen rank")
     assert result == [EXIT_SILENT_RANK], "\n".join(lines)
     (said,) = [line for line in lines if line.startswith("mpiwatch: the job failed: ")]
     assert said.startswith(f"mpiwatch: the job failed: rank 1 on {HOST} sent no heartbeat for ")
