@@ -21,7 +21,13 @@ import pytest
 from components.train import mpiwatch
 from components.train.config import TrainConfig
 from components.train.launch import job_environment, run_local
-from components.train.mpiwatch import EXIT_SILENT_RANK, HEARTBEAT_ENV, Silence, expected_hosts
+from components.train.mpiwatch import (
+    EXIT_SILENT_RANK,
+    HEARTBEAT_ENV,
+    MARK,
+    Silence,
+    expected_hosts,
+)
 from standins.jobs import rank_processes
 from standins.waiting import HANG_S, join, wait_until
 
@@ -67,6 +73,26 @@ def test_a_silent_rank_is_named_with_its_host_or_expected_host_and_done_is_not_w
     )
     text = "# hostfile\nworker-0.svc slots=2\n\nworker-1.svc slots=2 max_slots=4\nworker-2\n"
     assert expected_hosts(text) == ["worker-0.svc"] * 2 + ["worker-1.svc"] * 2 + ["worker-2"]
+
+
+def test_a_rank_the_watch_sees_use_cpu_is_not_frozen_however_long_it_is_silent() -> None:
+    """A rank on the watch's host (a local job) is silent only while its process uses no CPU:
+    busy holding Python's lock, or waiting for a loaded machine's CPU, it is not frozen. The
+    watch cannot see another host's process (a cluster's worker): its beats alone count."""
+    used = {("here", 11): 1.0, ("here", 12): 1.0}
+    silence = Silence(3, bound_s=5, now=0.0, expected=[],
+                      cpu_seconds=lambda host, pid: used.get((host, pid)))  # fmt: skip
+    for rank, host in enumerate(["here", "here", "there"]):
+        silence.observe(f"[1,{rank}]<stdout>:{MARK} beat host={host} pid={11 + rank}", 1.0)
+    silence.sample(1.0)
+    for now in (4.0, 8.0):
+        used[("here", 11)] += 0.5  # rank 0 computes; rank 1 is stopped
+        silence.sample(now)
+    assert silence.silent(8.0) == [1, 2]  # rank 0: silent 7 s, but it ran at 8 s
+    assert silence.silent(13.0) == [1, 2] and silence.silent(13.6) == [0, 1, 2]
+    assert silence.describe(0, 13.6) == "rank 0 on here sent no heartbeat for 13 s and used no " \
+        "CPU for 6 s"  # fmt: skip
+    assert silence.describe(2, 13.6) == "rank 2 on there sent no heartbeat for 13 s"
 
 
 def test_the_heartbeat_beats_until_stopped_then_says_done_once() -> None:
@@ -149,12 +175,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize(("action", "code"), [("freeze 1", EXIT_SILENT_RANK), ("sleep 10 3", 3)])
+@pytest.mark.parametrize(
+    ("action", "code"), [("freeze 1", EXIT_SILENT_RANK), ("sleep 10 3", 3), ("busy 1 6 3", 3)]
+)
 def test_a_frozen_rank_ends_the_job_in_one_line_else_mpiruns_code_passes(
     action: str, code: int
 ) -> None:
     """Rank 1 stops itself: named alone, no rank left. Both ranks beat for 2 bounds, then exit
-    3: mpirun's code. (The bound leaves time for a loaded machine to start the ranks.)"""
+    3: mpirun's code. Rank 1 stops beating but computes for more than the bound: not frozen, the
+    job ends with mpirun's code. (The bound leaves time for a loaded machine to start the
+    ranks.)"""
     lines: list[str] = []
     env = job_environment({**os.environ, "PYTHONPATH": str(ROOT)})
     got = mpiwatch.watch(mpirun(*action.split()), 2, 5, lines.append, env=env)
@@ -167,6 +197,7 @@ def test_a_frozen_rank_ends_the_job_in_one_line_else_mpiruns_code_passes(
     if code == EXIT_SILENT_RANK:
         assert len(said) == 2 and said[1].startswith(f"mpiwatch: the job failed: rank 1 on {HOST} "
                                                      "sent no heartbeat for "), out  # fmt: skip
+        assert "and used no CPU for " in said[1]  # the watch sees the local rank's process
         assert "(bound 5 s): frozen, or its node or network is down (mpirun ended " in said[1]
         assert said[1] == out.splitlines()[-1]  # the log ends naming the rank
         assert_gone(list(rank_pids(out).values()))
