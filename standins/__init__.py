@@ -10,6 +10,8 @@ benchmarks (never importing either):
   the two operators' harnesses share (sshd workers, SSH and hostfile volumes, the launcher's
   run, logs, teardown); `mpijob_harness` (mpi-operator) and `trainjob_harness` (Kubeflow
   Trainer v2.3 with its MPI plugin, and JobSet) say how each operator makes the pods;
-- `jobs` and `outputs`, not stand-ins but shared the same way: a real job run with each line
-  of its output stamped, and what a run left behind (models exported, half-written files).
+- `jobs`, `outputs` and `waiting`, not stand-ins but shared the same way: a real job run with
+  each line of its output stamped, what a run left behind (models exported, half-written
+  files), and the one way to wait for another process or thread (for the event, under a
+  ceiling only a hang reaches, failing loudly).
 """

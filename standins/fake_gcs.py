@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-EMULATOR_START_S = 30.0  # the binary is up in well under a second; this only bounds a hang
+from standins.waiting import HANG_S
+
 FAULT_STATUSES = (503, 429)
 _BUCKET_METADATA = re.compile(r"^/storage/v1/b/[^/]+/?$")
 _REASONS = {503: "backendError", 429: "rateLimitExceeded", 403: "forbidden"}
@@ -94,7 +95,7 @@ def fake_gcs_server(log: Path) -> Iterator[str]:
         return None if proc.poll() is None else f"exit {proc.returncode}: {log.read_text()}"
 
     try:
-        _wait_until_serving(url, exited, EMULATOR_START_S)
+        _wait_until_serving(url, exited, HANG_S)  # up in well under a second
         yield url
     finally:
         proc.terminate()

@@ -56,6 +56,7 @@ from standins.kmock_jobs import (
     local_equivalent,
     write_rank0_outputs,
 )
+from standins.waiting import HANG_S, Background, join, wait_until
 
 __all__ = [
     "MPIJOB_KIND", "NS", "TRAINJOB_KIND", "Cluster", "Kind", "Operator", "TrainerOperator",
@@ -101,7 +102,7 @@ class Cluster:
 
     def __enter__(self) -> Cluster:
         self._thread.start()
-        assert self._ready.wait(10), "kmock did not start"
+        assert self._ready.wait(HANG_S), "kmock did not start"
         self.emu.serve(self.schemas)
         self.emu.resources["v1/pods"] = kmock.ResourceInfo(
             namespaced=True, kind="Pod", subresources={"status", "log"}
@@ -149,7 +150,7 @@ class Cluster:
         assert self._loop is not None and self._stop is not None
         self.closing = True
         self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+        join(self._thread, "kmock's server")
 
     def requests(self, method: str, path_part: str) -> list[Any]:
         return [r for r in list(self.emu) if r.method.value == method and path_part in str(r.url)]
@@ -200,18 +201,18 @@ class Operator:
         self.c = cluster
         self.kind = kind
         self.launchers: dict[str, str] = {}  # each job's launcher pod
-        self.error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._script: Background | None = None
 
-    def wait_for_job(self, timeout: float = 10.0, name: str | None = None) -> str:
-        """The name of the first job of our kind there is, or of job `name` once it is there."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+    def wait_for_job(self, name: str | None = None) -> str:
+        """The name of the first job of our kind there is, or of job `name` once it is there
+        (`standins.waiting`: however long the code under test takes, short of a hang)."""
+
+        def created() -> str | None:
             names = self.c.job_names(self.kind.crd)
-            if names and (name is None or name in names):
-                return name or str(names[0])
-            time.sleep(0.02)
-        raise AssertionError(f"the code under test created no {self.kind.crd.kind} {name or ''}")
+            return (name or str(names[0])) if names and (name is None or name in names) else None
+
+        job = f"{self.kind.crd.kind} {name}" if name else f"a {self.kind.crd.kind}"
+        return wait_until(created, f"{job} created by the code under test")
 
     def job(self, name: str) -> dict[str, Any]:
         job = self.c.job(name, self.kind.crd)
@@ -290,16 +291,10 @@ class Operator:
         write_rank0_outputs(train, world_size)
         return train
 
-    def collect(self, name: str, timeout: float = 10.0) -> bool:
-        """The garbage collector's part: once job `name` is gone, delete its pods. False if it
-        is still there after `timeout` seconds."""
-        end = time.monotonic() + timeout
-        while self.c.job(name, self.kind.crd) is not None:
-            if time.monotonic() > end:
-                return False
-            time.sleep(0.02)
+    def collect(self, name: str) -> None:
+        """The garbage collector's part: once job `name` is gone, delete its pods."""
+        wait_until(lambda: self.c.job(name, self.kind.crd) is None, f"deletion of {name}")
         self._delete_pods(name)
-        return True
 
     def _delete_pods(self, name: str) -> None:
         for pod_name in self.c.pod_names():
@@ -308,20 +303,14 @@ class Operator:
                 self.c.ended.add(pod_name)  # its containers are gone
 
     def play(self, script: Callable[[Operator], None]) -> None:
-        def run() -> None:
-            try:
-                script(self)
-            except BaseException as exc:  # surfaced by join()
-                self.error = exc
+        """Run `script` in a thread; `join` waits for it and raises what it raised."""
+        self._script = Background(lambda: script(self), f"the {self.kind.crd.kind} operator")
 
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-
-    def join(self, timeout: float = 30.0) -> None:
-        assert self._thread is not None
-        self._thread.join(timeout)
-        if self.error:
-            raise self.error
+    def join(self, ceiling_s: float = HANG_S) -> None:
+        """Wait for the script to end (AssertionError if it still runs after `ceiling_s`: a
+        hang); raise what it raised."""
+        assert self._script is not None
+        self._script.join(ceiling_s)
 
 
 class TrainerOperator(Operator):
@@ -378,7 +367,7 @@ class TrainerOperator(Operator):
         ranks = list(rank_processes(proc.pid).values())
         self.killed_at = time.monotonic()
         kill_job(proc.pid)
-        psutil.wait_procs(ranks, timeout=30)
+        psutil.wait_procs(ranks, timeout=HANG_S)  # gone at once; what is not, the bench counts
         proc.wait()
         self.collected += [r.pid for r in ranks]
         self._delete_pods(name)

@@ -19,6 +19,7 @@ from pipeline import ops
 from pipeline.build import compile_pipeline
 from pipeline.checks import parse_arguments
 from pipeline.cli import cli
+from standins.waiting import HANG_S
 from tests.kfp_standin import KfpStandin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,13 +290,13 @@ def test_wait_retries_transient_errors_but_not_forever(standin: KfpStandin) -> N
     standin.runs.append({"run_id": "r1"})
     standin.script_runs(["RUNNING", "SUCCEEDED"])
     standin.fail("GET", "/runs/r1", 503, "restarting", times=2)
-    assert ops.wait_for_run(client, "r1", 10, poll_interval=0.01).state == "SUCCEEDED"
+    assert ops.wait_for_run(client, "r1", HANG_S, poll_interval=0.01).state == "SUCCEEDED"
     standin.fail("GET", "/runs/r1", 500, "broken", times=99)
     with pytest.raises(ops.OpsError, match="get run r1 failed: HTTP 500.*: broken$"):
-        ops.wait_for_run(client, "r1", 10, poll_interval=0.01)
+        ops.wait_for_run(client, "r1", HANG_S, poll_interval=0.01)
     assert len(standin.calls("GET", "/runs/r1")) == 4 + ops.MAX_CONSECUTIVE_POLL_ERRORS + 1
     with pytest.raises(ops.OpsError, match="get run nope failed: HTTP 404"):
-        ops.wait_for_run(client, "nope", 10, poll_interval=0.01)  # not transient: at once
+        ops.wait_for_run(client, "nope", HANG_S, poll_interval=0.01)  # not transient: at once
 
 
 def test_submit_and_schedule_an_uploaded_version_by_name(

@@ -47,6 +47,7 @@ from standins.kmock_cluster import (
     local_equivalent,
     pod,
 )
+from standins.waiting import HANG_S, join, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -188,16 +189,18 @@ class Step:
             "KUBECONFIG": str(kubeconfig), "HOSTNAME": TASK_POD,  # and gcs_uri's emulator host
         }  # fmt: skip
 
-    def wait_for(self, text: str, timeout: float = 60.0) -> None:
-        end = time.monotonic() + timeout
-        while not any(text in line for line in self.lines):
-            assert self.proc.poll() is None or self.job.reader.is_alive(), "\n".join(self.lines)
-            assert time.monotonic() < end, f"no {text!r} in:\n" + "\n".join(self.lines)
-            time.sleep(0.05)
+    def wait_for(self, text: str) -> None:
+        """Until the step has printed a line with `text`, while it runs (short of a hang)."""
+        wait_until(
+            lambda: any(text in line for line in self.lines),
+            lambda: f"{text!r} from the step in:\n" + "\n".join(self.lines),
+            alive=lambda: self.proc.poll() is None or self.job.reader.is_alive(),
+        )
 
-    def wait(self, timeout: float = 60.0) -> int:
-        code = self.proc.wait(timeout)
-        self.job.reader.join(10)
+    def wait(self) -> int:
+        """The step's exit code, once it has ended and its output is read (short of a hang)."""
+        code = self.proc.wait(HANG_S)
+        join(self.job.reader, "the reader of the step's output")
         return code
 
     def executor(self) -> psutil.Process:
@@ -238,7 +241,7 @@ def test_the_train_step_creates_a_trainjob_and_its_retry_reattaches(
     first.wait_for("created TrainJob")
     name = op.wait_for_job()
     os.killpg(first.proc.pid, signal.SIGKILL)  # the task's pod is lost; nothing cleans up
-    assert first.wait(10) == -signal.SIGKILL
+    assert first.wait() == -signal.SIGKILL
 
     job = op.job(name)
     values = run_values(compiled, gcs_uri, **TINY)
@@ -257,7 +260,7 @@ def test_the_train_step_creates_a_trainjob_and_its_retry_reattaches(
     assert op.serve(name) == 0  # the job runs on without its task, to the end
 
     retry = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-2", **TINY)
-    assert retry.wait(120) == 0, "\n".join(retry.lines)
+    assert retry.wait() == 0, "\n".join(retry.lines)
     assert f"reattached to TrainJob {NS}/{name} (Succeeded) from an earlier attempt" in retry.lines
     served = [line for _, line in op.lines if "<stdout>:[rank 0/2]" in line]
     assert any(line.startswith("[1,0]<stdout>:[rank 0/2] Epoch 3/3 - loss") for line in served)
@@ -285,7 +288,7 @@ def test_sigterm_to_the_train_step_deletes_its_trainjob(
     name = op.wait_for_job()
     op.say(op.start(name), "[1,0]<stdout>:[rank 0/2] Epoch 1/3 - loss 0.9")
     step.wait_for("[1,0]<stdout>:[rank 0/2] Epoch 1/3 - loss 0.9")  # streamed as it runs
-    op.play(lambda op: op.collect(name, timeout=60))  # the garbage collector
+    op.play(lambda op: op.collect(name))  # the garbage collector
 
     step.executor().send_signal(signal.SIGTERM)
     code = step.wait()

@@ -8,10 +8,12 @@ network): its negotiation is itself a collective that waits on that rank, and th
 timeouts name no rank (bench/faults/). So every rank beats from its own thread
 (`start_from_env`), mpirun's ``--tag-output`` forwards each beat, and the watch takes the beats
 out of mpirun's output. A rank silent for over S seconds (counted from the launch if never
-heard; ``done``: no longer watched) ends mpirun (SIGTERM, then SIGKILL to everything below it),
-one last line names the rank and its host, and the exit code is `ExitCode.SILENT_RANK`;
-otherwise it is mpirun's (`SIGNAL_BASE` + N for a signal N). SIGTERM is handled like Ctrl-C (as a
-container's PID 1).
+heard; ``done``: no longer watched; a rank on the watch's own host, as in a local job, only
+while its process uses no CPU: one that a loaded machine delays, or that holds Python's lock
+in TensorFlow's import, is not frozen) ends mpirun (SIGTERM, then SIGKILL to everything below
+it), one last line names the rank and its host, and the exit code is `ExitCode.SILENT_RANK`;
+otherwise it is mpirun's (`SIGNAL_BASE` + N for a signal N). SIGTERM is handled like Ctrl-C
+(as a container's PID 1).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ PREFIX = "mpiwatch:"
 # line and a beat can share a line, and so can two ranks' chunks. A beat is the rank's whose
 # tag comes last before it. Elastic horovodrun tags ``[rank]<stdout>:``.
 _TAG = re.compile(r"\[\d+,(\d+)\]<stdout>:")
-_BEAT = re.compile(rf"{re.escape(MARK)} (beat|done) host=(\S+) pid=\d+$")
+_BEAT = re.compile(rf"{re.escape(MARK)} (beat|done) host=(\S+) pid=(\d+)$")
 MPI_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$")
 EMPTY_TAGS = re.compile(r"(\[(?:\d+,)?\d+\]<std(?:out|err)>:)+$")  # a chunk of just a newline
 REMEMBERED = 2048  # distinct lines kept for RankLines' cross-rank check
@@ -99,13 +101,34 @@ def start_from_env(
     return stop
 
 
-class Silence:
-    """The heartbeats of `ranks` ranks; `expected`: each rank's host per the hostfile."""
+def local_cpu_seconds(host: str, pid: int) -> float | None:
+    """The CPU seconds process `pid` has used if it runs on this host (a local job's rank);
+    None for another host's (a cluster's worker) or a process gone."""
+    import psutil
 
-    def __init__(self, ranks: int, bound_s: float, now: float, expected: list[str]) -> None:
-        self.bound_s, self.expected = bound_s, expected
+    if host != socket.gethostname():
+        return None
+    try:
+        used = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return float(used.user + used.system)
+
+
+class Silence:
+    """The heartbeats of `ranks` ranks; `expected`: each rank's host per the hostfile.
+    `cpu_seconds(host, pid)`: what a rank's process has used, where the watch can see it."""
+
+    def __init__(
+        self, ranks: int, bound_s: float, now: float, expected: list[str],
+        cpu_seconds: Callable[[str, int], float | None] = local_cpu_seconds,
+    ) -> None:  # fmt: skip
+        self.bound_s, self.expected, self.cpu_seconds = bound_s, expected, cpu_seconds
         self.last = dict.fromkeys(range(ranks), now)  # when each was last heard, or the launch
         self.host: dict[int, str] = {}
+        self.pid: dict[int, int] = {}
+        self.cpu: dict[int, float] = {}  # each visible rank's CPU seconds at the last sample
+        self.ran: dict[int, float] = {}  # when a visible rank was last seen using CPU
         self.done: set[int] = set()
 
     def observe(self, text: str, now: float) -> str | None:
@@ -115,17 +138,31 @@ class Silence:
         if beat is None or not tags or int(tags[-1][1]) not in self.last:
             return text
         rank = int(tags[-1][1])
-        self.last[rank], self.host[rank] = now, beat[2]
+        self.last[rank], self.host[rank], self.pid[rank] = now, beat[2], int(beat[3])
         if beat[1] == "done":
             self.done.add(rank)
         # What came before the beat on this line (a rank's partial line) is forwarded.
         end = tags[-1].start() if tags[-1].end() == beat.start() else beat.start()
         return text[:end] or None
 
+    def sample(self, now: float) -> None:
+        """Note, at `now`, each rank whose process the watch sees using CPU since the last
+        sample: it runs (busy, or waiting for a loaded machine's CPU), so it is not frozen."""
+        for rank, pid in self.pid.items():
+            used = None if rank in self.done else self.cpu_seconds(self.host[rank], pid)
+            if used is None:
+                continue
+            if used > self.cpu.get(rank, used):
+                self.ran[rank] = now
+            self.cpu[rank] = used
+
+    def quiet_for(self, rank: int, now: float) -> float:
+        """Since when `rank` has neither beaten nor (where the watch sees it) used CPU."""
+        return now - max(self.last[rank], self.ran.get(rank, -math.inf))
+
     def silent(self, now: float) -> list[int]:
-        return [
-            r for r, t in sorted(self.last.items()) if r not in self.done and now - t > self.bound_s
-        ]
+        quiet = [r for r in sorted(self.last) if self.quiet_for(r, now) > self.bound_s]
+        return [r for r in quiet if r not in self.done]
 
     def verdict(self, now: float) -> str | None:
         """What to say about the ranks fallen silent, or None."""
@@ -137,7 +174,10 @@ class Silence:
     def describe(self, rank: int, now: float) -> str:
         quiet = now - self.last[rank]
         if rank in self.host:
-            return f"rank {rank} on {self.host[rank]} sent no heartbeat for {quiet:.0f} s"
+            said = f"rank {rank} on {self.host[rank]} sent no heartbeat for {quiet:.0f} s"
+            if rank in self.cpu:  # its process is on this host
+                said += f" and used no CPU for {self.quiet_for(rank, now):.0f} s"
+            return said
         known = rank < len(self.expected)
         where = f"expected on {self.expected[rank]} (hostfile)" if known else "host unknown"
         return f"rank {rank} ({where}) sent no heartbeat in the {quiet:.0f} s since launch"
@@ -226,6 +266,7 @@ def watch(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the job did not finish within {timeout_s:g} s and was killed")
             with lock:
+                silence.sample(time.monotonic())
                 verdict = silence.verdict(time.monotonic())
         if verdict is not None:
             ending = time.monotonic()

@@ -7,7 +7,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from components.common.model_files import load_serving
 from components.register.tests.registering import register_run
 from components.serve import server
 from standins.fake_gcs import free_port
+from standins.waiting import HANG_S, wait_until
 from tests.conftest import summary_json
 
 MODEL = "mnist-cnn"
@@ -61,13 +61,14 @@ def running(root: str, log: list[str] | None = None) -> Iterator[tuple[str, str]
                 break
         assert proc.poll() is None, "".join(lines)
         url = f"http://127.0.0.1:{port}/v1/models/{MODEL}:predict"
-        deadline = time.monotonic() + 60
-        while not _answers(port) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(
+            lambda: _answers(port), f"answer from the server on port {port}",
+            alive=lambda: proc.poll() is None, poll_s=0.2,
+        )  # fmt: skip
         yield lines[-1].strip(), url
     finally:
         proc.terminate()
-        lines += proc.communicate(timeout=60)[0].splitlines(keepends=True)
+        lines += proc.communicate(timeout=HANG_S)[0].splitlines(keepends=True)
         if log is not None:
             log += lines
 
@@ -84,7 +85,7 @@ def post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
     data = json.dumps(body).encode()
     request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=HANG_S) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())

@@ -64,7 +64,7 @@ def operate(cluster: Cluster, kind: Kind) -> Operator:
     op = Operator(cluster, kind)
 
     def script(op: Operator) -> None:
-        name = op.wait_for_job(timeout=60)
+        name = op.wait_for_job()
         complete(op, name, op.start(name))
 
     op.play(script)

@@ -37,6 +37,7 @@ from components.train.tests.cluster_jobs import (
 from standins.kmock_api import schema_of
 from standins.kmock_cluster import NS, Cluster, Operator, pod
 from standins.kmock_jobs import write_rank0_outputs
+from standins.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 # What each backend's job says while it runs: an MPIJob its condition, a TrainJob (Trainer sets
@@ -47,11 +48,9 @@ RUNNING = {
 }
 
 
-def wait_for(lines: list[str], text: str, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not any(text in line for line in lines):
-        assert time.monotonic() < end, f"no {text!r} in the log"
-        time.sleep(0.02)
+def wait_for(lines: list[str], text: str) -> None:
+    """Until the run has logged a line with `text`, however long it takes (short of a hang)."""
+    wait_until(lambda: any(text in line for line in lines), f"{text!r} in the run's log")
 
 
 @BOTH
@@ -63,7 +62,7 @@ def test_create_follow_and_succeed(cluster: Cluster, gcs_uri: str, name: str) ->
     def script(op: Operator) -> None:
         pod_name = op.start(op.wait_for_job())
         op.say(pod_name, "[1,0]<stdout>:[rank 0/4] epoch 1/4 loss 0.9")
-        time.sleep(0.2)
+        wait_for(lines, f"{what}: {RUNNING[name]}")  # the run saw it run before it ends
         op.say(pod_name, "[1,0]<stdout>:[rank 0/4] epoch 2/4 loss 0.5")
         complete(op, NAME, pod_name, "[1,0]<stdout>:[rank 0/4] done")
 
@@ -145,18 +144,17 @@ def test_the_step_deletes_a_job_the_cluster_lets_run_past_its_deadline(
     cluster: Cluster, gcs_uri: str, name: str
 ) -> None:
     """A backstop: the job's own deadline is the cluster's to enforce (its CRD has the
-    field); one still running `deadline_grace_s` after it is deleted by the step."""
+    field); one still running `deadline_grace_s` after it is deleted by the step. The run (a
+    retry) finds its job running already, so the deadline cannot pass before the operator gets
+    to start it, however busy the machine."""
     b, kind = pair(name)
-
-    def script(op: Operator) -> None:
-        op.start(op.wait_for_job())  # and it never ends
-        assert op.collect(NAME, timeout=60)
-
+    p = make_params(gcs_uri, active_deadline_seconds=1)
+    store(cluster, b, b.build(p, NS))
     op = Operator(cluster, kind)
-    op.play(script)
+    op.start(NAME)
+    op.play(lambda op: op.collect(NAME))
     with pytest.raises(JobFailed, match="DeadlineExceeded") as info:
-        run(cluster, b, make_params(gcs_uri, active_deadline_seconds=1), lambda _: None,
-            deadline_grace_s=0.5)  # fmt: skip
+        run(cluster, b, p, lambda _: None, deadline_grace_s=0.5)
     op.join()
     assert str(info.value).splitlines()[0] == (
         f"{b.what(NS, NAME)} failed: DeadlineExceeded: still Running 0.5 s after its 1 s "
@@ -180,10 +178,9 @@ def test_sigterm_deletes_the_job_and_waits_for_its_pods(
         wait_for(lines, "epoch 1/4")
         os.kill(os.getpid(), signal.SIGTERM)  # KFP cancels the task
         if collected:  # the garbage collector deletes the pods once the job is gone, late
-            while cluster.job(NAME, b.crd) is not None:
-                time.sleep(0.02)
+            wait_until(lambda: cluster.job(NAME, b.crd) is None, f"deletion of {NAME}")
             time.sleep(0.3)  # the code must wait for the pods, not just for the job
-            assert op.collect(NAME)
+            op.collect(NAME)
 
     op = Operator(cluster, kind)
     op.play(script)
@@ -191,7 +188,7 @@ def test_sigterm_deletes_the_job_and_waits_for_its_pods(
     expect = rf"^cancelled; {what} deleted$" if collected else r"pods still present: .*-launcher-"
     with pytest.raises(JobCancelled, match=expect):
         run(cluster, b, make_params(gcs_uri), lines.append,
-            cleanup_timeout_s=10 if collected else 0.5)  # fmt: skip
+            cleanup_timeout_s=HANG_S if collected else 0.5)  # fmt: skip
     op.join()
     if collected:
         assert cluster.pod_names() == ["unrelated"]  # no orphans, nothing else touched

@@ -3,7 +3,6 @@ namespace."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +94,7 @@ def test_each_backend_sends_only_requests_the_role_grants(backend: str, gcs_uri:
     from components.train.cluster.run import run_job
     from components.train.tests.cluster_jobs import POLL, make_params, pair
     from standins.kmock_cluster import NS, Cluster, Operator, pod
+    from standins.waiting import wait_until
 
     b, kind = pair(backend)
     p = make_params(gcs_uri, owner_pod_name="task-pod")
@@ -108,8 +108,10 @@ def test_each_backend_sends_only_requests_the_role_grants(backend: str, gcs_uri:
         Operator(cluster, kind).finish(name, 1)
 
         def script(op: Operator) -> None:
-            while len(cluster.requests("POST", f"/{crd.plural}")) < 3:  # ours, 409, the new one
-                time.sleep(POLL)
+            wait_until(
+                lambda: len(cluster.requests("POST", f"/{crd.plural}")) >= 3,
+                "the run's third create (ours, a 409, the new one)",
+            )
             pod_name = op.start(name)
             op.say(pod_name, "[1,0]<stdout>:[rank 0/4] done")
             op.write_outputs(name)

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,14 @@ from components.common.failure import ExitCode
 from components.train import mpiwatch
 from components.train.config import TrainConfig
 from components.train.launch import job_environment, run_local
-from components.train.mpiwatch import HEARTBEAT_ENV, Silence, expected_hosts
+from components.train.mpiwatch import (
+    HEARTBEAT_ENV,
+    MARK,
+    Silence,
+    expected_hosts,
+)
 from standins.jobs import rank_processes
+from standins.waiting import HANG_S, join, wait_until
 
 RANK_PROGRAM = Path(__file__).with_name("beating_rank.py")
 ROOT = Path(__file__).resolve().parents[3]
@@ -70,12 +75,31 @@ def test_a_silent_rank_is_named_with_its_host_or_expected_host_and_done_is_not_w
     assert expected_hosts(text) == ["worker-0.svc"] * 2 + ["worker-1.svc"] * 2 + ["worker-2"]
 
 
+def test_a_rank_the_watch_sees_use_cpu_is_not_frozen_however_long_it_is_silent() -> None:
+    """A rank on the watch's host (a local job) is silent only while its process uses no CPU:
+    busy holding Python's lock, or waiting for a loaded machine's CPU, it is not frozen. The
+    watch cannot see another host's process (a cluster's worker): its beats alone count."""
+    used = {("here", 11): 1.0, ("here", 12): 1.0}
+    silence = Silence(3, bound_s=5, now=0.0, expected=[],
+                      cpu_seconds=lambda host, pid: used.get((host, pid)))  # fmt: skip
+    for rank, host in enumerate(["here", "here", "there"]):
+        silence.observe(f"[1,{rank}]<stdout>:{MARK} beat host={host} pid={11 + rank}", 1.0)
+    silence.sample(1.0)
+    for now in (4.0, 8.0):
+        used[("here", 11)] += 0.5  # rank 0 computes; rank 1 is stopped
+        silence.sample(now)
+    assert silence.silent(8.0) == [1, 2]  # rank 0: silent 7 s, but it ran at 8 s
+    assert silence.silent(13.0) == [1, 2] and silence.silent(13.6) == [0, 1, 2]
+    assert silence.describe(0, 13.6) == "rank 0 on here sent no heartbeat for 13 s and used no " \
+        "CPU for 6 s"  # fmt: skip
+    assert silence.describe(2, 13.6) == "rank 2 on there sent no heartbeat for 13 s"
+
+
 def test_the_heartbeat_beats_until_stopped_then_says_done_once() -> None:
     lines: list[str] = []
     stop = mpiwatch.start_from_env({HEARTBEAT_ENV: "0.01"}, lines.append)
     assert stop is not None
-    while len(lines) < 3:
-        time.sleep(0.01)
+    wait_until(lambda: len(lines) >= 3, "3 beats", poll_s=0.01)
     stop()
     stop()
     assert set(lines[:-1]) == {f"kfp-horovod-heartbeat beat host={HOST} pid={os.getpid()}\n"}
@@ -136,10 +160,11 @@ def rank_pids(output: str) -> dict[int, int]:
 
 
 def assert_gone(pids: list[int]) -> None:
-    deadline = time.monotonic() + 60
-    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive, f"rank processes still running: {alive}"
+    """Until every process of `pids` is gone (none is left to a hang)."""
+    wait_until(
+        lambda: not any(_alive(p) for p in pids),
+        lambda: f"end of the rank processes (still running: {[p for p in pids if _alive(p)]})",
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -151,13 +176,15 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("action", "code"), [("freeze 1", ExitCode.SILENT_RANK), ("sleep 10 3", 3)]
+    ("action", "code"), [("freeze 1", ExitCode.SILENT_RANK), ("sleep 10 3", 3), ("busy 1 6 3", 3)]
 )
 def test_a_frozen_rank_ends_the_job_in_one_line_else_mpiruns_code_passes(
     action: str, code: int
 ) -> None:
     """Rank 1 stops itself: named alone, no rank left. Both ranks beat for 2 bounds, then exit
-    3: mpirun's code. (The bound leaves time for a loaded machine to start the ranks.)"""
+    3: mpirun's code. Rank 1 stops beating but computes for more than the bound: not frozen, the
+    job ends with mpirun's code. (The bound leaves time for a loaded machine to start the
+    ranks.)"""
     lines: list[str] = []
     env = job_environment({**os.environ, "PYTHONPATH": str(ROOT)})
     got = mpiwatch.watch(mpirun(*action.split()), 2, 5, lines.append, env=env)
@@ -170,6 +197,7 @@ def test_a_frozen_rank_ends_the_job_in_one_line_else_mpiruns_code_passes(
     if code == ExitCode.SILENT_RANK:
         assert len(said) == 2 and said[1].startswith(f"mpiwatch: the job failed: rank 1 on {HOST} "
                                                      "sent no heartbeat for "), out  # fmt: skip
+        assert "and used no CPU for " in said[1]  # the watch sees the local rank's process
         assert "(bound 5 s): frozen, or its node or network is down (mpirun ended " in said[1]
         assert said[1] == out.splitlines()[-1]  # the log ends naming the rank
         assert_gone(list(rank_pids(out).values()))
@@ -190,7 +218,7 @@ def test_sigterm_to_the_watch_reaches_mpirun_and_the_ranks() -> None:
         assert line, f"the watch ended early: {seen}"
         seen += line
     proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=60)
+    rest, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode != 0, seen + rest
     assert_gone(list(rank_pids(seen).values()))
 
@@ -212,13 +240,16 @@ def test_a_frozen_rank_of_a_real_job_is_named_and_ends_the_job(
     lines: list[str] = []
     env = {**os.environ, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "15"}
     result: list[int] = []
-    job = threading.Thread(target=lambda: result.append(run_local(config, 300, lines.append, env)))
+    job = threading.Thread(
+        target=lambda: result.append(run_local(config, HANG_S, lines.append, env))
+    )
     job.start()
-    while not any("checkpoint after epoch 1 " in line for line in lines):
-        assert job.is_alive(), "\n".join(lines)
-        time.sleep(0.05)
+    wait_until(
+        lambda: any("checkpoint after epoch 1 " in line for line in lines),
+        lambda: "checkpoint after epoch 1 in:\n" + "\n".join(lines), alive=job.is_alive,
+    )  # fmt: skip
     os.kill(rank_processes(os.getpid())[1].pid, signal.SIGSTOP)
-    job.join(300)
+    join(job, "the job with a frozen rank")
     assert result == [ExitCode.SILENT_RANK], "\n".join(lines)
     (said,) = [line for line in lines if line.startswith("mpiwatch: the job failed: ")]
     assert said.startswith(f"mpiwatch: the job failed: rank 1 on {HOST} sent no heartbeat for ")

@@ -21,6 +21,7 @@ from components.data_prep.prep import prepare
 from components.train.config import TrainConfig
 from components.train.launch import LocalHosts, run_local
 from standins.jobs import rank_processes
+from standins.waiting import Background, wait_until
 
 pytestmark = pytest.mark.horovod
 
@@ -34,13 +35,6 @@ def mnist_3000(tmp_path_factory: pytest.TempPathFactory) -> str:
     out = tmp_path_factory.mktemp("data") / "mnist-3000"
     prepare("bundled", str(out), shard_size=1000, limit=3000)
     return str(out)
-
-
-def _wait_until(done: Callable[[], bool]) -> None:
-    """Until `done()` (or 5 minutes passed: the test's own checks then fail)."""
-    deadline = time.monotonic() + 300
-    while not done() and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def _checkpointed(out: Path) -> int:
@@ -60,28 +54,34 @@ def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
     hosts.directory.mkdir()
     hosts.offer(3)
     killed: list[int] = []
+    ended = threading.Event()
+
+    def while_it_runs(event: Callable[[], bool], what: str) -> None:
+        wait_until(event, what, alive=lambda: not ended.is_set(), poll_s=0.05)
 
     def kill_rank_1_then_grow() -> None:
-        _wait_until(lambda: _checkpointed(out) >= 1)
+        while_it_runs(lambda: _checkpointed(out) >= 1, "epoch 1's checkpoint")
         time.sleep(0.3)  # into the next epoch
         proc = rank_processes(os.getpid())[1]  # the launcher watch's own lookup
         killed.append(proc.pid)
         proc.send_signal(signal.SIGKILL)
-        _wait_until(lambda: any(WENT_ON_AT_TWO in line for line in lines))
+        while_it_runs(lambda: any(WENT_ON_AT_TWO in line for line in lines), WENT_ON_AT_TWO)
         done = _checkpointed(out)
-        _wait_until(lambda: _checkpointed(out) > done)  # the job of 2 checkpointed on its own
+        while_it_runs(lambda: _checkpointed(out) > done, "a checkpoint of the job of 2")
         hosts.offer(4)
 
-    watcher = threading.Thread(target=kill_rank_1_then_grow, daemon=True)
-    watcher.start()
+    watcher = Background(kill_rank_1_then_grow, "the test's thread that kills rank 1")
     config = TrainConfig(
         data=mnist_3000, output=str(out), workers=3, min_workers=2, epochs=EPOCHS,
         batch_size_per_worker=16, threads_per_worker=1, model="small",
     )  # fmt: skip
-    code = run_local(config, timeout_s=400, log=lines.append, hosts=hosts)
-    watcher.join(timeout=1)
-    assert killed, "rank 1 was never killed"
+    try:
+        code = run_local(config, timeout_s=400, log=lines.append, hosts=hosts)
+    finally:
+        ended.set()
     assert code == 0, "\n".join(lines)
+    watcher.join()  # it raises if the job ended before it killed rank 1 and offered a slot
+    assert killed, "rank 1 was never killed"
     # exactly one model from rank 0, identical weights, every epoch logged once, each covered
     # exactly once at the world size it ran with
     assert [p.parent for p in out.rglob("saved_model.pb")] == [out / "model"]
