@@ -167,21 +167,33 @@ def other_sections(res: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def stack_section(res: dict[str, dict[str, Any]]) -> list[str]:
-    st = res.get("stack")
-    if not st:
-        return []
+    """Every ``stack*`` result (bench.stack's ``--result``): two stacks side by side."""
+    return [line for name in sorted(res) if name.startswith("stack")
+            for line in _stack(name, res[name])]  # fmt: skip
+
+
+def _stack(name: str, st: dict[str, Any]) -> list[str]:
     names = st["this_and_other"]
-    vers = "; ".join(f"{n}: TF {v['tensorflow']}, Horovod {v['horovod']}, Python {v['python']}"
-                     for n, v in st["stacks"].items())  # fmt: skip
+    vers = "; ".join(
+        f"{n}: TF {v['tensorflow']}, Keras {v.get('keras') or '?'}"
+        + (f", tf-keras {v['tf-keras']}" if v.get("tf-keras") else "")
+        + f", Horovod {v['horovod']}, Python {v['python']}"
+        for n, v in st["stacks"].items()
+    )
     rows = [[lay, *(st["median_examples_per_second"][n][lay] for n in names),
              st["this_over_other"][lay]] for lay in st["this_over_other"]]  # fmt: skip
+    accuracy = st.get("accuracy_by_round")
+    own = st.get("other_trainer") == "its own checkout's"
+    trainer = "Each stack's own trainer (its checkout's)" if own else "The same trainer code"
     return [
-        "## Two stacks side by side (`bench.stack`)", "",
-        f"{vers}. The same trainer code, default model, batch "
+        f"## Two stacks side by side (`bench.stack`, `{name}`)", "",
+        f"{vers}. {trainer}, default model, batch "
         f"{st['settings']['batch_size_per_worker']} per rank, {st['settings']['repeats']} "
         "interleaved rounds; medians, examples/s.", "",
         *table(["layout", *names, f"{names[0]} / {names[1]}"], rows), "",
         f"Per stack: {st['figures']}.", "",
+        *([f"Last epoch's training accuracy by round (seed = round): {accuracy}.", ""]
+          if accuracy else []),
     ]  # fmt: skip
 
 

@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--other-python", required=True, help="the other environment's python")
     p.add_argument("--other-name", default="other", help="its name in the results")
     p.add_argument("--other-checkout", type=Path, help="run the other stack's trainer from here")
+    p.add_argument("--result", default=NAME, help="the result's name: bench/results/RESULT.json")
     p.add_argument("--name", default="this", help="this environment's name in the results")
     p.add_argument("--train-samples", type=int, default=8000)
     p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         other = in_checkout(other, a.other_checkout, work)
     stacks = {a.name: sys.executable, a.other_name: other}
     result = run(stacks, a.train_samples, a.epochs, a.repeats, work, a.batch_size)
-    write_result(NAME, result, a.out)
+    result["other_trainer"] = "its own checkout's" if a.other_checkout else "this checkout's"
+    write_result(a.result, result, a.out)
     print(result["this_over_other"], result["figures"])
     return 0
 
