@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from components.common import defaults
+from components.common.failure import ExitCode
 from components.train import cuda
 from tests.containers.support import require_images
 from tests.horovod.common import CHECK_BUILD, built_with
@@ -274,14 +275,14 @@ def test_gpu_trainer_image_loads_every_cuda_library_from_its_wheels(docker_clien
     assert f"cuda: Horovod gradient allreduce: {allreduce}; all checks pass" in out, out + err
     # The label is what Horovod was built with: the other value fails the check.
     other = next(v for v in cuda.GRADIENT_ALLREDUCE if v != allreduce)
-    _, err = _cuda_check(docker_client, image, other, want=1)
+    _, err = _cuda_check(docker_client, image, other, want=ExitCode.BAD_INPUT)
     assert f"{cuda.GRADIENT_ALLREDUCE_LABEL}={other}, but Horovod" in err
 
 
 def test_cpu_trainer_image_reports_the_cuda_libraries_missing(docker_client: Any) -> None:
     image = require_images(docker_client, "trainer")["trainer"]
     assert _label(docker_client, image) == "host"
-    out, err = _cuda_check(docker_client, image, "host", want=1)
+    out, err = _cuda_check(docker_client, image, "host", want=ExitCode.BAD_INPUT)
     for soname, wheel in cuda.TF_CUDA_LIBRARIES.items():
         assert f"cuda: {soname}: MISSING" in out
         assert f"cuda check: cannot load {soname}: " in err
