@@ -40,6 +40,7 @@ from bench.common import (
     write_result,
 )
 from components.common.defaults import BATCH_SIZE_PER_WORKER, MODEL, SHUFFLE_SEED
+from components.common.failure import ExitCode
 
 NAME = "mwms"
 WORKERS = 2
@@ -231,6 +232,22 @@ def run(
     }
 
 
+# Measured on TF 2.21 with Keras 3.15: `fit` under the strategy fails, first building the model
+# from a batch reduced over the workers ("unsupported type PerReplica"), and with the model built
+# beforehand in the loss's reduction ("Invalid reduction dimension 0 for input with 0
+# dimensions"). keras#20585 and tensorflow#72388 report the same.
+KERAS_3_REFUSAL = (
+    "bench.mwms: MultiWorkerMirroredStrategy's fit fails under Keras 3 (keras#20585, "
+    "tensorflow#72388); its figures in docs/performance.md are from the tf-keras stack"
+)
+
+
+def keras_major() -> int:
+    from components.common import keras_env
+
+    return int(keras_env.keras().__version__.split(".")[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m bench.mwms`` (the comparison) or ``python -m bench.mwms worker ...``."""
     argv = sys.argv[1:] if argv is None else argv
@@ -246,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         a = w.parse_args(argv[1:])
         worker(a.data, a.epochs, a.batch_size, a.threads, a.seed, a.result, a.model)
         return 0
+    if keras_major() >= 3:
+        print(KERAS_3_REFUSAL, file=sys.stderr)
+        return ExitCode.BAD_INPUT
     p = base_parser(__doc__ or NAME)
     p.add_argument("--train-samples", type=int, default=20000)
     p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")

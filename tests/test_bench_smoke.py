@@ -23,6 +23,7 @@ from bench import (
 )
 from bench.common import machine_state, write_result
 from bench.report import write_report
+from components.common.failure import ExitCode
 from tests.conftest import LOCAL_RUN_FLAGS, LocalRun
 
 pytestmark = [pytest.mark.horovod, pytest.mark.bench]
@@ -77,7 +78,8 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
     session's tiny `run-local` (which test_e2e_local checks). Levers: the default 2x1 job and
     one lever (2 jobs, plus the 1x1 and 1x2 references)."""
     out, common = _flags(tmp_path)
-    assert mwms.main(common) == 0
+    # MultiWorkerMirroredStrategy does not train under Keras 3: refused in one line (bench.mwms).
+    assert mwms.main(common) == ExitCode.BAD_INPUT
     assert time_to_accuracy.main([*common, "--variants", "1x1,1x2,2x1,2x1_adadelta"]) == 0
     segments = pipeline_overhead.segments(local_pipeline_run.job)
     configs = {"e2e": LOCAL_RUN_FLAGS}
@@ -87,7 +89,7 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
         out,
     )
     assert levers.main([*common, "--levers", "gloo"]) == 0
-    assert _read(out, "mwms")["ratios"]["horovod_over_mwms_throughput"] > 0
+    assert not (out / "mwms.json").exists()
     tta = _read(out, "time_to_accuracy")
     assert set(tta["runs"]) == {"1x1", "1x2", "2x1", "2x1_adadelta"}
     curve = tta["runs"]["2x1"][0]["curve"]
