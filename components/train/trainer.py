@@ -38,6 +38,7 @@ from components.common.board import Board
 from components.common.failure import ExitCode, ExpectedError
 from components.common.model_files import SAVED_MODEL_PB, saved_model_sha256
 from components.train import checkpoints
+from components.train.adam import fused_adam
 from components.train.config import TrainConfig, adam_settings
 from components.train.data import Shard, epoch_ids, load_shard, make_dataset
 from components.train.devices import Devices, configure_devices, gpu_problem
@@ -239,7 +240,7 @@ def build_or_resume(job: Job) -> Trainee:
 def distributed_optimizer(job: Job) -> Any:
     """Adam at this world size's settings, in Horovod's DistributedOptimizer (which averages
     the gradients every step), its allreduce timed by the telemetry."""
-    adam = keras_env.keras().optimizers.Adam(**job.adam)
+    adam = fused_adam(**job.adam)
     return job.telemetry.clock.wrap(job.hvd.DistributedOptimizer(adam))
 
 
