@@ -190,6 +190,7 @@ def _stack(name: str, st: dict[str, Any]) -> list[str]:
     rows = [[lay, *(st["median_examples_per_second"][n][lay] for n in names),
              st["this_over_other"][lay]] for lay in st["this_over_other"]]  # fmt: skip
     accuracy = st.get("accuracy_by_round")
+    by_round = {lay: _round_ratios(st, names, lay) for lay in st["this_over_other"]}
     own = st.get("other_trainer") == "its own checkout's"
     trainer = "Each stack's own trainer (its checkout's)" if own else "The same trainer code"
     return [
@@ -198,10 +199,18 @@ def _stack(name: str, st: dict[str, Any]) -> list[str]:
         f"{st['settings']['batch_size_per_worker']} per rank, {st['settings']['repeats']} "
         "interleaved rounds; medians, examples/s.", "",
         *table(["layout", *names, f"{names[0]} / {names[1]}"], rows), "",
+        f"{names[0]} / {names[1]} round by round (the spread is the machine's): {by_round}.", "",
         f"Per stack: {st['figures']}.", "",
         *([f"Last epoch's training accuracy by round (seed = round): {accuracy}.", ""]
           if accuracy else []),
     ]  # fmt: skip
+
+
+def _round_ratios(st: dict[str, Any], names: list[str], layout: str) -> list[float]:
+    """This stack's throughput over the other's in each round of `layout`."""
+    this, other = (st["runs"][f"{n}/{layout}"] for n in names)
+    return [round(a["examples_per_second"] / b["examples_per_second"], 3)
+            for a, b in zip(this, other, strict=True)]  # fmt: skip
 
 
 def machines_line(res: dict[str, dict[str, Any]]) -> str:

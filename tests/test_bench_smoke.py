@@ -132,6 +132,9 @@ def test_stack_benchmark_runs_two_environments(tmp_path: Path) -> None:
     assert set(record["runs"]) == {f"{s}/{lay}" for s in ("this", "again") for lay in stack.LAYOUTS}
     assert all(v > 0 for v in record["this_over_other"].values())
     assert 0 < record["figures"]["this"]["efficiency_vs_machine"] < 2
+    write_report(out)  # each layout's ratio round by round: one per round, the spread shown
+    line = next(x for x in (out / "summary.md").read_text().splitlines() if "round by round" in x)
+    assert line.count("[") == len(stack.LAYOUTS) and line.count(",") >= len(stack.LAYOUTS) - 1
 
 
 def test_faults_benchmark_runs_and_writes_its_table(tmp_path: Path) -> None:
