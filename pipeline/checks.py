@@ -5,13 +5,13 @@ submit | schedule`` send."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from components.common import declare, defaults, storage_access
 from components.common.declare import Declared
 from components.common.failure import InputError
+from components.common.placement import PLACEMENT_PARAMETERS, json_value
 from components.data_prep.step import PREP_PARAMETERS
 from components.register.step import REGISTER_PARAMETERS
 from components.train.config import PIPELINE_TRAIN_PARAMETERS
@@ -21,11 +21,21 @@ from components.train.step import TRAIN_STEP_PARAMETERS
 GROUPS = (
     ("The trainer (`TrainConfig`, components/train/config.py)", PIPELINE_TRAIN_PARAMETERS),
     ("The train step (`TrainStep`, components/train/step.py)", TRAIN_STEP_PARAMETERS),
+    ("Placement (`Placement`, components/common/placement.py)", PLACEMENT_PARAMETERS),
     ("Data prep (`PrepStep`, components/data_prep/step.py)", PREP_PARAMETERS),
     ("Register (`RegisterStep`, components/register/step.py)", REGISTER_PARAMETERS),
 )
 PIPELINE_PARAMETERS: list[Declared] = [p for _, group in GROUPS for p in group]
 PIPELINE_DEFAULTS: dict[str, Any] = {p.name: p.default for p in PIPELINE_PARAMETERS}
+# What docs/parameters.md says under the placement table.
+PLACEMENT_NOTE = (
+    "`node_selector` and `tolerations` are KFP `dict` and `list` parameters; earlier pipelines "
+    "took them as JSON text in `str` parameters, and that is the only change in the pipeline's "
+    "parameters (names, types, defaults). The pipeline sets them on the train task with "
+    "kfp-kubernetes (`add_node_selector_json`, `add_toleration_json`), so they reach the job's "
+    "pods through the train task's config, the path a pipeline author's own kfp-kubernetes "
+    "settings take (docs/cluster.md, section 6)."
+)
 
 
 class Checked(NamedTuple):
@@ -36,12 +46,12 @@ class Checked(NamedTuple):
     train_step_gpus: int
 
 
-def check_step(images: str, **values: Any) -> Checked:
+def check_step(images: dict[str, str], **values: Any) -> Checked:
     """Raise ValueError naming every bad parameter; else choose the trainer's image from the
-    compiled `images` (JSON)."""
+    compiled `images`."""
     declare.check(PIPELINE_PARAMETERS, values, "pipeline parameters")
     gpus = values["gpus_per_worker"]
-    image = defaults.trainer_image(gpus, json.loads(images), values["trainer_image"])
+    image = defaults.trainer_image(gpus, images, values["trainer_image"])
     local = values["training_backend"] == "local"
     return Checked(image, values["workers"] * gpus if local else 0)
 
@@ -58,7 +68,7 @@ def storage_locations(values: dict[str, Any]) -> list[storage_access.Location]:
     ]
 
 
-def run_checks(images: str, **values: Any) -> Checked:
+def run_checks(images: dict[str, str], **values: Any) -> Checked:
     """The check step: `check_step`'s parameters, then every ``gs://`` location of
     `storage_locations` with this step's own identity (StorageAccessError, one line)."""
     checked = check_step(images, **values)
@@ -80,6 +90,8 @@ def parameters_markdown() -> str:
         for p in group:
             default = "" if p.required else f"`{p.default!r}`"
             lines.append(f"| `{p.name}` | {p.type.__name__} | {default} | {p.help} |")
+        if group is PLACEMENT_PARAMETERS:
+            lines += ["", PLACEMENT_NOTE]
     return "\n".join(lines) + "\n"
 
 
@@ -99,8 +111,12 @@ def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
         if name not in declared:
             known = ", ".join(declared)
             raise InputError(f"unknown pipeline parameter {name!r}; the pipeline declares: {known}")
+        kind = declared[name].type
+        if kind in (dict, list):  # JSON text, its kind checked by the declared rule
+            values[name] = json_value(name, raw, kind())
+            continue
         try:
-            values[name] = click.types.convert_type(declared[name].type).convert(raw, None, None)
+            values[name] = click.types.convert_type(kind).convert(raw, None, None)
         except click.BadParameter as exc:
             raise InputError(f"parameter {name!r}: {exc.message}") from exc
     declare.check(PIPELINE_PARAMETERS, PIPELINE_DEFAULTS | values, "pipeline parameters")

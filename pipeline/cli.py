@@ -12,11 +12,28 @@ import click
 from components.common import defaults, storage, storage_access
 from components.common.declare import Declared, declared
 from components.common.failure import InputError, one_line_failures
+from components.common.placement import PLACEMENT_PARAMETERS, json_value
 from components.data_prep.step import PREP_PARAMETERS
 from components.register.step import REGISTER_PARAMETERS
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TRAIN_PARAMETERS
 from components.train.step import TrainStep
 from pipeline.ops import COMMANDS as OPS_COMMANDS
+
+
+class JsonText(click.ParamType):
+    """A ``dict`` or ``list`` parameter's value, given as JSON text (its declared rule checks
+    its kind; blank text: `kind`'s empty value); text that is not JSON ends the command in one
+    line naming the parameter."""
+
+    name = "json"
+
+    def __init__(self, kind: type | None = None) -> None:
+        self.kind = kind
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):  # a default
+            return value
+        return json_value(str(param and param.name), value, self.kind and self.kind())
 
 
 def declared_options(params: Sequence[Declared], overrides: dict[str, Any] | None = None) -> Any:
@@ -27,7 +44,8 @@ def declared_options(params: Sequence[Declared], overrides: dict[str, Any] | Non
     def apply(func: Callable[..., Any]) -> Callable[..., Any]:
         for p in reversed(params):
             flag = f"{p.flag}/--no-{p.flag[2:]}" if p.type is bool else p.flag
-            kind = click.Choice(list(p.rule.choices)) if p.rule.choices else p.type
+            kind: Any = click.Choice(list(p.rule.choices)) if p.rule.choices else p.type
+            kind = JsonText(p.type) if p.type in (dict, list) else kind
             default = overrides.get(p.name, p.default)
             if p.required and p.name not in overrides:
                 func = click.option(flag, p.name, type=kind, required=True, help=p.help)(func)
@@ -97,7 +115,8 @@ def step_options(backend: str) -> list[Declared]:
     from components.train.cluster.job import backend as backend_of
 
     skip = ("training_backend", "namespace", *backend_of(backend).refused)
-    return [*CLUSTER_JOB_PARAMETERS, *(p for p in declared(TrainStep) if p.name not in skip)]
+    steps = [p for p in declared(TrainStep) if p.name not in skip]
+    return [*CLUSTER_JOB_PARAMETERS, *steps, *PLACEMENT_PARAMETERS]
 
 
 def render(backend: str, namespace: str | None, crd_dir: str | None, data: str | None,
@@ -115,6 +134,7 @@ def render(backend: str, namespace: str | None, crd_dir: str | None, data: str |
     output = output or storage.join(EXAMPLE_BUCKET, "runs", options["run_name"])
     trainer = {p.name: options.pop(p.name) for p in TRAINER_OPTIONS}
     run = {p.name: options.pop(p.name) for p in job.CLUSTER_JOB_PARAMETERS}
+    placement = {p.name: options.pop(p.name) for p in PLACEMENT_PARAMETERS}
     images = defaults.image_refs(image_registry, image_tag)
     options["trainer_image"] = defaults.trainer_image(
         trainer["gpus_per_worker"], images, options["trainer_image"]
@@ -123,7 +143,9 @@ def render(backend: str, namespace: str | None, crd_dir: str | None, data: str |
         train = TrainConfig(data=data, output=output, model_dir=model_dir, **trainer)
     except ValueError as exc:
         raise InputError("; ".join([str(exc), *job.uri_problems(data, output, model_dir)])) from exc
-    params = job.ClusterJobParams(train=train, step=TrainStep(**options), **run)
+    params = job.ClusterJobParams(
+        train=train, step=TrainStep(**options), task_config=job.PodConfig(**placement), **run
+    )  # the placement takes the train task config's path
     manifests, deadline = job.validated(job.backend(backend), params, namespace, crd_dir)
     if deadline.by == job.BY_STEP:
         click.echo(f"note: {deadline.said(0)}", err=True)
@@ -183,8 +205,8 @@ def _serving_folder(registry_root: str, model_name: str, alias: str) -> Any:
 @click.option("--gpus", type=int, default=0, show_default=True, help="nvidia.com/gpu per pod.")
 @click.option("--cpu", default="1", show_default=True, help="CPU per pod (requests = limits).")
 @click.option("--memory", default="2Gi", show_default=True, help="Memory per pod.")
-@click.option("--node-selector", default=None, help="JSON object of node label -> value.")
-@click.option("--tolerations", default=None, help="JSON list of Kubernetes tolerations.")
+@click.option("--node-selector", type=JsonText(), help="JSON object of node label -> value.")
+@click.option("--tolerations", type=JsonText(), help="JSON list of Kubernetes tolerations.")
 @click.option("--poll-seconds", type=int, default=30, show_default=True,
               help="TF Serving re-reads the folder this often (0: at pod start only).")  # fmt: skip
 @click.option("--runtime-version", default=None,

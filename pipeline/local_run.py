@@ -95,7 +95,7 @@ def run_pipeline_locally(
     # The check step, run here before anything else: kfp.local runs each task in its compiled
     # image, so the trainer's is chosen now (build_pipeline's image_at_run_time).
     values = PIPELINE_DEFAULTS | params
-    images["trainer"] = run_checks(json.dumps(images), **values).trainer_image
+    images["trainer"] = run_checks(images, **values).trainer_image
     if params["training_backend"] != "local":
         raise InputError(
             f"training_backend must be 'local' for a local run (no cluster here), got "

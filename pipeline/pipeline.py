@@ -1,15 +1,15 @@
 """The KFP v2 pipeline: check -> data prep -> Horovod training -> evaluation -> registration.
 Its parameters are the steps' declared ones (`pipeline.checks.PIPELINE_PARAMETERS`), each passed
-by its own name to every step that takes it."""
+by its own name to every step that takes it; the placement (`node_selector`, `tolerations`) is set
+on the train task with kfp-kubernetes and reaches the job's pods through its task config."""
 
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Callable
 from typing import Any
 
-from kfp import dsl
+from kfp import dsl, kubernetes
 
 from components.common import defaults
 from components.common.declare import Declared
@@ -32,7 +32,7 @@ PIPELINE_DESCRIPTION = (
 
 def make_check_component(image: str) -> dsl.base_component.BaseComponent:
     """The check step (`pipeline.checks.run_checks`) as a KFP component."""
-    signature = [(p.name, p.type.__name__) for p in PIPELINE_PARAMETERS] + [("images", "str")]
+    signature = [(p.name, p.type.__name__) for p in PIPELINE_PARAMETERS] + [("images", "dict")]
     returns = 'NamedTuple("Checked", [("trainer_image", str), ("train_step_gpus", int)])'
     func = kfp_function(
         "check_parameters", signature, returns, "pipeline.checks:run_checks",
@@ -53,7 +53,6 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
     check_op = make_check_component(images["data_prep"])
     prep_op, train_op = make_data_prep(images["data_prep"]), make_train(images["trainer"])
     evaluate_op, register_op = make_evaluate(images["evaluate"]), make_register(images["register"])
-    images_json = json.dumps(images, sort_keys=True)
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     signature = inspect.Signature(
         [inspect.Parameter(p.name, kind, default=p.default, annotation=p.type)
@@ -66,7 +65,7 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
         def taken_by(*declared: list[Declared]) -> dict[str, Any]:
             return {p.name: values[p.name] for group in declared for p in group}
 
-        check = check_op(**values, images=images_json).set_display_name(
+        check = check_op(**values, images=images).set_display_name(
             "check parameters, choose the trainer image"
         )
         check.set_caching_options(False)
@@ -76,6 +75,9 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
             | {"trainer_image": check.outputs["trainer_image"]},  # the check step's choice
             dataset=prep.outputs["dataset"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         ).set_display_name("Horovod training (one job)")  # fmt: skip
+        # where the job's pods run: through the train task's config (`components.train.component`)
+        kubernetes.add_node_selector_json(train, values["node_selector"])
+        kubernetes.add_toleration_json(train, values["tolerations"])
         if image_at_run_time:
             train.set_container_image(check.outputs["trainer_image"])
             train.set_accelerator_type("nvidia.com/gpu")
@@ -88,7 +90,7 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
             **taken_by(REGISTER_PARAMETERS), model=model, run_summary=train.outputs["run_summary"],
             dataset=prep.outputs["dataset"], accuracy=evaluate.outputs["accuracy"],
             loss=evaluate.outputs["loss"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            image_refs=images_json,
+            image_refs=images,
         ).set_display_name("register")  # fmt: skip
 
     mnist_horovod.__signature__ = signature  # type: ignore[attr-defined]

@@ -63,7 +63,7 @@ def test_arguments_are_typed_by_their_declarations() -> None:
              "data_source=https://h/m.npz?a=b"]  # fmt: skip
     assert parse_arguments([REGISTRY, *pairs]) == {
         "registry_root": "gs://b/models", "workers": 3, "learning_rate": 0.001, "augment": True,
-        "model": "small", "node_selector": "{}", "data_source": "https://h/m.npz?a=b",
+        "model": "small", "node_selector": {}, "data_source": "https://h/m.npz?a=b",
     }  # fmt: skip
 
 
@@ -80,6 +80,8 @@ def test_arguments_are_typed_by_their_declarations() -> None:
         (["workers=0"], "invalid pipeline parameters: workers must be >= 1, got 0"),
         (["min_workers=3"], "invalid pipeline parameters: min_workers must be <= workers"),
         (["model=resnet"], "invalid pipeline parameters: model must be one of the built-in"),
+        (["node_selector={pool: a}"], "node_selector is not JSON (Expecting property name"),
+        (["tolerations={}"], "invalid pipeline parameters: tolerations must be a JSON list"),
     ],
 )
 def test_bad_arguments_are_refused_naming_them(pairs: list[str], message: str) -> None:
@@ -249,7 +251,12 @@ def test_submit_sends_the_package_and_the_typed_arguments(
                     "--run-name", "r1")  # fmt: skip
     assert result.exit_code == 0, result.output
     (run,) = standin.runs
-    assert run["display_name"] == "r1" and run["pipeline_spec"]["pipelineInfo"]["name"] == NAME
+    sent = run["pipeline_spec"]  # kfp.Client sends the spec with its platform spec beside it
+    assert run["display_name"] == "r1" and sent["pipeline_spec"]["pipelineInfo"]["name"] == NAME
+    assert (
+        "exec-train"
+        in sent["platform_spec"]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    )  # the placement kfp-kubernetes sets on the train task
     assert run["runtime_config"]["parameters"] == {
         "registry_root": "gs://b/models", "epochs": 2, "augment": False,
     }  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -35,8 +34,15 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def spec(compiled: Path) -> dict:
-    return dict(yaml.safe_load(compiled.read_text()))
+def documents(compiled: Path) -> list[dict]:
+    """The YAML's two documents: the pipeline spec, and its Kubernetes platform spec (what the
+    pipeline sets on the train task with kfp-kubernetes)."""
+    return list(yaml.safe_load_all(compiled.read_text()))
+
+
+@pytest.fixture(scope="module")
+def spec(documents: list[dict]) -> dict:
+    return dict(documents[0])
 
 
 def test_compiles_to_one_yaml_that_kfp_loads_back(compiled: Path, spec: dict) -> None:
@@ -70,7 +76,7 @@ def test_model_and_augment_reach_the_check_and_the_train_step(spec: dict) -> Non
 
 def _check_step_images(spec: dict) -> dict[str, str]:
     images = spec["root"]["dag"]["tasks"]["check-parameters"]["inputs"]["parameters"]["images"]
-    return dict(json.loads(images["runtimeValue"]["constant"]))
+    return dict(images["runtimeValue"]["constant"])  # a KFP dict parameter, not JSON text
 
 
 def test_one_image_per_component_tagged_with_the_version(spec: dict) -> None:
@@ -102,16 +108,46 @@ def test_the_uploaded_pipeline_is_the_cluster_pipeline(spec: dict) -> None:
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     defaults_back = {name: parameters[name].get("defaultValue") for name in parameters}
     assert defaults_back["training_backend"] == "auto"
-    assert (defaults_back["node_selector"], defaults_back["tolerations"]) == ("{}", "[]")
+    assert (defaults_back["node_selector"], defaults_back["tolerations"]) == ({}, [])
     assert defaults_back["trainer_image"] == ""  # chosen by gpus_per_worker
     assert defaults_back["gpus_per_worker"] == 0
     assert defaults_back["registry_root"] == ""
     assert defaults_back["workers"] == defaults.WORKERS
 
 
+def test_placement_is_a_dict_and_a_list_set_on_the_train_task_with_kfp_kubernetes(
+    documents: list[dict],
+) -> None:
+    """The only parameters whose type changed (they were JSON text in ``str`` parameters):
+    ``node_selector`` a KFP dict, ``tolerations`` a list. The pipeline sets them on the train
+    task with kfp-kubernetes, whose task config carries them to the job's pods (the component
+    takes neither as an input); the image references are dicts too."""
+    spec, platform = documents
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert parameters["node_selector"] == {
+        "defaultValue": {}, "isOptional": True, "parameterType": "STRUCT",
+    }  # fmt: skip
+    assert parameters["tolerations"] == {
+        "defaultValue": [], "isOptional": True, "parameterType": "LIST",
+    }  # fmt: skip
+    typed = {name for name, p in parameters.items() if p["parameterType"] in ("STRUCT", "LIST")}
+    assert typed == {"node_selector", "tolerations"}
+    train = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]
+    assert train == {
+        "nodeSelector": {"nodeSelectorJson": {"componentInputParameter": "node_selector"}},
+        "tolerations": [{"tolerationJson": {"componentInputParameter": "tolerations"}}],
+    }  # fmt: skip
+    inputs = spec["components"]["comp-train"]["inputDefinitions"]["parameters"]
+    assert not {"node_selector", "tolerations"} & set(inputs)
+    register = spec["root"]["dag"]["tasks"]["register-model"]["inputs"]["parameters"]
+    assert register["image_refs"]["runtimeValue"]["constant"] == defaults.image_refs()
+
+
 def test_images_are_overridable_at_compile_time(tmp_path: Path) -> None:
-    spec = yaml.safe_load(
-        compile_pipeline(tmp_path / "p.yaml", "europe-docker.pkg.dev/p/r", "abc123").read_text()
+    spec = next(
+        yaml.safe_load_all(
+            compile_pipeline(tmp_path / "p.yaml", "europe-docker.pkg.dev/p/r", "abc123").read_text()
+        )
     )
     assert _check_step_images(spec) == {
         name: f"europe-docker.pkg.dev/p/r/{image}:abc123"
@@ -130,7 +166,7 @@ def test_output_does_not_depend_on_who_compiles_it(compiled: Path, tmp_path: Pat
 
 def _check(**overrides: object) -> Any:
     values = {**PIPELINE_DEFAULTS, "registry_root": "gs://b/models", **overrides}
-    return check_step(images=json.dumps(defaults.image_refs("r.example/p", "7")), **values)
+    return check_step(images=defaults.image_refs("r.example/p", "7"), **values)
 
 
 @pytest.mark.parametrize(

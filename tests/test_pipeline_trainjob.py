@@ -57,10 +57,11 @@ TASK_POD, TASK_POD_UID = "train-task-pod", "uid-train-7"
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The compiled pipeline, as uploaded."""
-    return dict(
-        yaml.safe_load(compile_pipeline(tmp_path_factory.mktemp("p") / "p.yaml").read_text())
-    )
+    """The compiled pipeline, as uploaded: its spec and its Kubernetes platform spec (the YAML's
+    two documents) in one mapping."""
+    path = compile_pipeline(tmp_path_factory.mktemp("p") / "p.yaml")
+    spec, platform = yaml.safe_load_all(path.read_text())
+    return dict(spec) | dict(platform)
 
 
 def _cluster(*kinds: Any, trainer: str | None = None) -> Iterator[Cluster]:
@@ -95,12 +96,27 @@ def run_values(compiled: dict[str, Any], bucket: str, **overrides: Any) -> dict[
     } | overrides  # fmt: skip
 
 
+def driver_task_config(
+    compiled: dict[str, Any], values: dict[str, Any], author: dict[str, Any]
+) -> dict[str, Any]:
+    """The train task's TaskConfig as KFP's driver fills it (``backend/src/v2/driver/k8s.go``):
+    the node selector and tolerations the compiled pipeline sets on the task with kfp-kubernetes,
+    resolved from the run's values, and what a pipeline author set on the task besides
+    (`author`; the driver takes a node selector's JSON over its labels, and appends tolerations)."""
+    k8s = compiled["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]
+    selector = values[k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"]]
+    tolerations = [t for entry in k8s["tolerations"]
+                   for t in values[entry["tolerationJson"]["componentInputParameter"]]]  # fmt: skip
+    tolerations += author.get("tolerations", [])
+    return author | {"nodeSelector": selector, "tolerations": tolerations}
+
+
 def executor_input(
     compiled: dict[str, Any], bucket: str, run_id: str, out: Path,
     task_config: dict[str, Any] | None = None, **overrides: Any,
 ) -> dict:  # fmt: skip
     """The train task's executor input, as KFP's driver resolves it from the compiled task
-    (`task_config`: the driver's TaskConfig JSON, empty when the author set nothing)."""
+    (`task_config`: what a pipeline author set on the task, as the driver's TaskConfig JSON)."""
     values = run_values(compiled, bucket, **overrides)
     check = compiled["root"]["dag"]["tasks"]["check-parameters"]["inputs"]["parameters"]
     checked = check_step(images=check["images"]["runtimeValue"]["constant"], **values)
@@ -109,7 +125,7 @@ def executor_input(
     parameters: dict[str, Any] = {}
     for name, definition in component["inputDefinitions"]["parameters"].items():
         if definition["parameterType"] == "TASK_CONFIG":  # the driver's, not the task's
-            parameters[name] = task_config or {}
+            parameters[name] = driver_task_config(compiled, values, task_config or {})
             continue
         source = task[name]
         if "componentInputParameter" in source:
@@ -304,8 +320,8 @@ def test_sigterm_to_the_train_step_deletes_its_trainjob(
 SPOT = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
         "effect": "NoSchedule"}  # fmt: skip
 TEAM = {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
-TASK_CONFIG = {  # what kfp-kubernetes' add_node_selector, add_toleration, ... set on the task
-    "nodeSelector": {"cloud.google.com/gke-spot": "true"}, "tolerations": [SPOT],
+TASK_CONFIG = {  # what a pipeline author sets on the task with kfp-kubernetes' add_toleration, ...
+    "tolerations": [SPOT],
     "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 1, "preference": {"matchExpressions": [
             {"key": "zone", "operator": "In", "values": ["a"]}]}}]}},
@@ -315,15 +331,15 @@ TASK_CONFIG = {  # what kfp-kubernetes' add_node_selector, add_toleration, ... s
     "resources": {"limits": {"cpu": "3", "memory": "6Gi"},
                   "requests": {"cpu": "3", "memory": "6Gi"}},
 }  # fmt: skip
-PLACED = {"training_backend": "auto", "node_selector": '{"pool": "training"}',
-          "tolerations": json.dumps([TEAM])}  # fmt: skip
+PLACED = {"training_backend": "auto", "node_selector": {"pool": "training"}, "tolerations": [TEAM]}
 
 
-def test_auto_picks_the_trainjob_and_the_task_config_reaches_every_rank_pod(
+def test_auto_picks_the_trainjob_and_the_task_config_is_on_its_pod_templates(
     compiled: dict[str, Any], trainer_cluster: Cluster, gcs_uri: str, tmp_path: Path
 ) -> None:
-    """``auto`` on a Trainer-only cluster says so first; the author's task config and the
-    placement parameters land on the TrainJob's pods, merged; the backend is recorded. Its
+    """``auto`` on a Trainer-only cluster says so first; the placement parameters (the node
+    selector and tolerations KFP's driver puts in the task config) and the author's own task
+    config land on the TrainJob's pod templates; the backend is recorded. Its
     Trainer, v2.1.0, has no TrainJob deadline field: the step sends none and keeps the
     deadline itself, and the run summary says so."""
     cluster, op = trainer_cluster, Operator(trainer_cluster, TRAINJOB_KIND)
@@ -339,31 +355,26 @@ def test_auto_picks_the_trainjob_and_the_task_config_reaches_every_rank_pod(
         "training_backend=auto chose trainjob: this cluster serves TrainJob "
         "trainer.kubeflow.org/v1alpha1 and not MPIJob"
     ), "\n".join(step.lines)  # the step's first line (kfp's executor logs its own before)
-    job = cluster.job(name, TRAINJOB)
-    assert job is not None
-    trainer = job["spec"]["trainer"]
+    (post,) = cluster.requests("POST", "/trainjobs")
+    trainjob = json.loads(post.body)  # the TrainJob the step created, as sent
+    trainer = trainjob["spec"]["trainer"]
     assert trainer["resourcesPerNode"]["limits"] == {"cpu": "3", "memory": "6Gi"}
     assert "MY_FLAG" in trainer["command"]  # forwarded to the ranks by mpirun -x
-    runtime = cluster.job(job["spec"]["runtimeRef"]["name"], TRAINING_RUNTIME)
-    assert runtime is not None
+    assert "activeDeadlineSeconds" not in trainjob["spec"]
+    (post,) = cluster.requests("POST", "/trainingruntimes")
+    runtime = json.loads(post.body)  # the pod templates: the step's own, not the stand-in's pods
+    assert runtime["metadata"]["name"] == trainjob["spec"]["runtimeRef"]["name"]
     for replicated in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
         spec = replicated["template"]["spec"]["template"]["spec"]
-        assert spec["nodeSelector"] == {"pool": "training", "cloud.google.com/gke-spot": "true"}
+        assert spec["nodeSelector"] == {"pool": "training"}  # the node_selector parameter
         assert spec["tolerations"] == [TEAM, SPOT] and spec["affinity"] == TASK_CONFIG["affinity"]
         assert spec["volumes"] == TASK_CONFIG["volumes"]
         assert spec["containers"][0]["volumeMounts"] == TASK_CONFIG["volumeMounts"]
         assert {"name": "MY_FLAG", "value": "1"} in spec["containers"][0]["env"]
-    pods = [
-        p for p in cluster.core.list_namespaced_pod(NS).items
-        if p.metadata.name not in ("unrelated", TASK_POD)
-    ]  # fmt: skip
-    assert len(pods) == 2 and all(p.spec.node_selector["pool"] == "training" for p in pods)
     summary = json.loads(step.output("run_summary").read_text())
     assert summary["training_backend"] == "trainjob" and summary["deadline_enforced_by"] == "step"
     report = step.output("coordination_report").read_text()
     assert "- Backend: **trainjob**" in report and "- Deadline enforced by: **step**" in report
-    (post,) = cluster.requests("POST", "/trainjobs")
-    assert "activeDeadlineSeconds" not in json.loads(post.body)["spec"]
     assert any(line.startswith("deadline: 21600 s (active_deadline_seconds), enforced by the "
                                "train step") for line in own)  # fmt: skip
     metadata = json.loads((tmp_path / "a" / "out" / "executor_output.json").read_text())

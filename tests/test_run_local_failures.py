@@ -8,7 +8,6 @@ executor. Each asserts the console's last lines, no traceback there, and the rea
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import warnings
@@ -155,7 +154,7 @@ def test_a_refused_elastic_trainjob_fails_the_check_step_in_one_line(
     check = make_check_component(defaults.image_ref("data_prep"))
     log = tmp_path / "run.log"
     with pytest.raises(local_run.RunFailed), quiet_console(log):
-        check(**values, images=json.dumps(defaults.image_refs()))
+        check(**values, images=defaults.image_refs())
     reason = (
         "invalid pipeline parameters: min_workers=1: elastic training needs mpi-operator's "
         "discover_hosts.sh, which Kubeflow Trainer v2 does not provide"

@@ -9,7 +9,6 @@ written: no run folder, no object in the bucket."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -148,7 +147,7 @@ def test_the_check_step_stops_a_run_on_a_missing_bucket(
                    pipeline_root=str(tmp_path / "root"), raise_on_error=True)  # fmt: skip
     check = make_check_component(defaults.image_ref("data_prep"))
     with pytest.raises(local_run.RunFailed) as info, quiet_console(tmp_path / "run.log"):
-        check(**values, images=json.dumps(defaults.image_refs()))
+        check(**values, images=defaults.image_refs())
     assert info.value.step == "check-parameters"
     assert info.value.reason.startswith(
         f"registry_root gs://{missing}/reg: bucket '{missing}' does not exist"

@@ -11,11 +11,12 @@ words.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, get_type_hints
+from typing import Any, ClassVar, get_origin, get_type_hints
 
 from components.common.defaults import BUNDLED_SOURCE, MODELS
 from components.common.failure import InputError
@@ -86,9 +87,11 @@ def _num(x: float) -> str:
 
 
 def param(default: Any = _MISSING, help: str = "", *, pipeline: bool = True, **rule: Any) -> Any:
-    """A declared field: its default, its help text, whether the pipeline exposes it, and its
-    `Rule`'s keywords."""
+    """A declared field: its default (a dict or a list: a copy for each instance), its help
+    text, whether the pipeline exposes it, and its `Rule`'s keywords."""
     metadata = {"help": help, "pipeline": pipeline, "rule": Rule(**rule)}
+    if isinstance(default, dict | list):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -120,10 +123,13 @@ def declared(cls: type, pipeline_only: bool = False) -> list[Declared]:
     for f in dataclasses.fields(cls):
         if "rule" not in f.metadata:
             continue
-        # ``str | None`` declares a ``str``
-        args = [a for a in getattr(hints[f.name], "__args__", ()) if a is not type(None)]
+        # ``str | None`` declares a ``str``; ``dict[str, str]`` a ``dict``
+        made: Any = f.default_factory  # _MISSING, or what makes each default
+        hint = hints[f.name]
+        args = [a for a in getattr(hint, "__args__", ()) if a is not type(None)]
+        kind = get_origin(hint) if get_origin(hint) in (dict, list) else (args or [hint])[0]
         item = Declared(
-            f.name, args[0] if args else hints[f.name], f.default, f.metadata["help"],
+            f.name, kind, f.default if made is _MISSING else made(), f.metadata["help"],
             f.metadata["pipeline"], f.metadata["rule"],
         )  # fmt: skip
         if item.pipeline or not pipeline_only:

@@ -1,9 +1,13 @@
-"""Where a cluster job's pods run: the ``node_selector`` and ``tolerations`` parameters, JSON
-text (a pipeline parameter is a string). `node_selector_problem` and `tolerations_problem` are
-their declared rules: one line naming the offending key or field.
+"""Where a cluster job's pods run: a node selector and tolerations (`Placement`, declared once:
+the pipeline's ``node_selector`` and ``tolerations``, KFP ``dict`` and ``list`` parameters that
+the pipeline sets on the train task with kfp-kubernetes, and the render commands' options).
+`node_selector_problem` and `tolerations_problem` are their rules: one line naming the
+offending key or field.
 
-Checked by hand, not with jsonschema: only the trainer's image has jsonschema, the CLIs keep it
-out of their imports (tests/test_cli_imports.py), and each refusal names the rule in its words.
+Checked here, not left to KFP or the kubernetes client: KFP's driver decodes a toleration into
+Kubernetes' type without a check (an unknown field is dropped, ``json.Unmarshal``), a label key
+is refused only when a pod is made, after the job was created, and the CLIs keep the
+``kubernetes`` package and jsonschema out of their imports (tests/test_cli_imports.py).
 """
 
 from __future__ import annotations
@@ -11,7 +15,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
+
+from components.common.declare import Declared, Validated, declared, param
+from components.common.failure import InputError
 
 # Kubernetes' qualified name (k8s.io/apimachinery validation): [prefix/]name.
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -28,6 +36,16 @@ TOLERATIONS_HELP = (
     '"team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]; GPU pods also get '
     "the nvidia.com/gpu toleration"
 )
+
+
+def json_value(name: str, text: str, empty: Any = None) -> Any:
+    """The value of a ``dict`` or ``list`` parameter given as JSON text on a command line
+    (`empty` for blank text or null); InputError naming `name` when it is not JSON."""
+    try:
+        value = json.loads(text) if text.strip() else None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{name} is not JSON ({exc.msg} at char {exc.pos}): {text!r}") from exc
+    return empty if value is None else value
 
 
 def label_key_problem(key: object) -> str | None:
@@ -53,21 +71,9 @@ def label_value_problem(key: str, value: object) -> str | None:
     return None
 
 
-def _json(name: str, text: str, kind: type) -> tuple[Any, str | None]:
-    try:
-        value = json.loads(text) if text.strip() else kind()
-    except json.JSONDecodeError as exc:
-        return None, f"{name} is not JSON ({exc.msg} at char {exc.pos}): {text!r}"
-    if not isinstance(value, kind):
-        what = "object of label -> value" if kind is dict else "list of tolerations"
-        return None, f"{name} must be a JSON {what}, got {text!r}"
-    return value, None
-
-
-def node_selector_problem(text: str) -> str | None:
-    selector, problem = _json("node_selector", text, dict)
-    if problem:
-        return problem
+def node_selector_problem(selector: object) -> str | None:
+    if not isinstance(selector, dict):
+        return f"node_selector must be a JSON object of label -> value, got {selector!r}"
     for key, value in selector.items():
         found = label_key_problem(key) or label_value_problem(key, value)
         if found:
@@ -102,24 +108,27 @@ def toleration_problem(toleration: object) -> str | None:
     return None
 
 
-def tolerations_problem(text: str) -> str | None:
-    tolerations, problem = _json("tolerations", text, list)
-    if problem:
-        return problem
+def tolerations_problem(tolerations: object) -> str | None:
+    if not isinstance(tolerations, list):
+        return f"tolerations must be a JSON list of tolerations, got {tolerations!r}"
     for i, toleration in enumerate(tolerations):
         if found := toleration_problem(toleration):
             return f"tolerations[{i}]: {found}"
     return None
 
 
-def parse_node_selector(text: str) -> dict[str, str]:
-    """The node selector of checked `text`."""
-    return dict(_json("node_selector", text, dict)[0])
+@dataclass(frozen=True)
+class Placement(Validated):
+    """The node selector and tolerations of every pod that runs a rank (and of the MPIJob's
+    launcher); making one checks both."""
+
+    what = "placement"
+
+    node_selector: dict[str, str] = param({}, NODE_SELECTOR_HELP, check=node_selector_problem)
+    tolerations: list[dict[str, Any]] = param([], TOLERATIONS_HELP, check=tolerations_problem)
 
 
-def parse_tolerations(text: str) -> list[dict[str, Any]]:
-    """The tolerations of checked `text`."""
-    return list(_json("tolerations", text, list)[0])
+PLACEMENT_PARAMETERS: list[Declared] = declared(Placement)
 
 
 def merge_tolerations(*groups: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

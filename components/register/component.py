@@ -15,7 +15,7 @@ SIGNATURE = [
     ("loss", "float"),
     *((p.name, p.type.__name__) for p in REGISTER_PARAMETERS),
     ("pipeline_run_id", "str"),
-    ("image_refs", "str"),
+    ("image_refs", "dict"),
     ("decision", "Output[Markdown]"),
 ]
 # The decision goes out twice: as the Markdown artifact ``decision`` (for the UI) and as the

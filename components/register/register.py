@@ -29,7 +29,8 @@ from components.train.summary import RunSummary
 
 
 def parse_image_refs(text: str) -> dict[str, str]:
-    """The ``image_refs`` parameter: a JSON object of component name -> image reference."""
+    """The ``--image-refs`` option: a JSON object of component name -> image reference (the
+    register step gets it as a KFP ``dict`` parameter)."""
     try:
         refs = json.loads(text or "{}")
     except ValueError as exc:
@@ -257,13 +258,13 @@ def register(
 def register_step(
     model: Any, run_summary: Any, dataset: Any, accuracy: float, loss: float,
     min_accuracy: float, model_name: str, registry_root: str, pipeline_run_id: str,
-    image_refs: str, decision: Any,
+    image_refs: dict[str, str], decision: Any,
 ) -> tuple[bool, bool, int, str, str]:  # fmt: skip
     """The register step: `component.RETURNS` from KFP artifacts and parameters."""
     result = register(
         model.path, run_summary.path, dataset.path, accuracy, loss,
         registry_root=registry_root, pipeline_run_id=pipeline_run_id, model_name=model_name,
-        min_accuracy=min_accuracy, image_refs=parse_image_refs(image_refs),
+        min_accuracy=min_accuracy, image_refs=dict(image_refs),
         saved_model_sha256=model.metadata.get(DIGEST_KEY),
     )  # fmt: skip
     storage.write_text(decision.path, result.to_markdown())

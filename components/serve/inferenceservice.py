@@ -20,12 +20,7 @@ from components.common import storage
 from components.common.crd import Crd, manifest_problems, raise_problems
 from components.common.defaults import GPU_RESOURCE, TRAINER_SERVICE_ACCOUNT
 from components.common.failure import InputError
-from components.common.placement import (
-    node_selector_problem,
-    parse_node_selector,
-    parse_tolerations,
-    tolerations_problem,
-)
+from components.common.placement import node_selector_problem, tolerations_problem
 
 INFERENCESERVICE = Crd(
     "serving.kserve.io", "v1beta1", "InferenceService", "inferenceservices",
@@ -45,14 +40,15 @@ def build_inferenceservice(
     gpus: int = 0,
     cpu: str = "1",
     memory: str = "2Gi",
-    node_selector: str | None = None,
-    tolerations: str | None = None,
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
     poll_seconds: int = POLL_SECONDS,
     runtime_version: str | None = None,
 ) -> dict[str, Any]:
     """The InferenceService `name` serving the folder at `storage_uri` (a ``gs://`` URI);
-    `node_selector` and `tolerations` are JSON text, checked by the training job's rules."""
-    problem = node_selector_problem(node_selector or "") or tolerations_problem(tolerations or "")
+    `node_selector` and `tolerations` are checked by the training job's rules."""
+    node_selector, tolerations = node_selector or {}, tolerations or []
+    problem = node_selector_problem(node_selector) or tolerations_problem(tolerations)
     if problem:
         raise InputError(problem)
     if not DNS_1035.match(name):
@@ -78,10 +74,10 @@ def build_inferenceservice(
         model["args"] = [f"--model_base_path={storage_uri}",
                          f"--file_system_poll_wait_seconds={poll_seconds}"]  # fmt: skip
     predictor: dict[str, Any] = {"serviceAccountName": service_account, "model": model}
-    if selector := parse_node_selector(node_selector or ""):
-        predictor["nodeSelector"] = selector
-    if tolerating := parse_tolerations(tolerations or ""):
-        predictor["tolerations"] = tolerating
+    if node_selector:
+        predictor["nodeSelector"] = node_selector
+    if tolerations:
+        predictor["tolerations"] = tolerations
     metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/name": "kfp-horovod"}}
     if namespace:
         metadata["namespace"] = namespace

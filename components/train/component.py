@@ -5,11 +5,13 @@ parameters in between, each under its own name (``components.train.task.run_step
 The output artifact is ``saved_model`` because the parameter ``model`` (which model to train)
 holds that name.
 
-KFP's task-config passthroughs (kfp >= 2.15, `PASSTHROUGHS`): what a pipeline author sets on
-the train task with kfp-kubernetes reaches ``task_config``, which the step forwards to the job's
-pods (`components.train.cluster.job.PodConfig`). The environment and the resources apply to the
-task's own pod too (the ``local`` backend trains there, on the task's GPUs); placement and
-volumes go to the job's pods only: the task that launches a cluster job needs no GPU node.
+KFP's task-config passthroughs (kfp >= 2.15, `PASSTHROUGHS`): what is set on the train task with
+kfp-kubernetes (the pipeline's ``node_selector`` and ``tolerations``, and a pipeline author's own
+settings) reaches ``task_config``, which the step checks and forwards to the job's pods
+(`components.train.cluster.job.PodConfig`): the one way placement reaches them. The environment
+and the resources apply to the task's own pod too (the ``local`` backend trains there, on the
+task's GPUs); placement and volumes go to the job's pods only: the task that launches a cluster
+job needs no GPU node.
 """
 
 from kfp import dsl

@@ -1,6 +1,7 @@
 """The train step's own parameters, declared once as `TrainConfig`'s are: where and how the
-Horovod job runs. The pipeline exposes the first ones (`TRAIN_STEP_PARAMETERS`); the job's own
-settings after them keep their defaults in a pipeline run and are options of the render commands.
+Horovod job runs (the nodes its pods run on: `components.common.placement.Placement`). The
+pipeline exposes the first ones (`TRAIN_STEP_PARAMETERS`); the job's own settings after them keep
+their defaults in a pipeline run and are options of the render commands.
 """
 
 from __future__ import annotations
@@ -9,13 +10,7 @@ from dataclasses import dataclass
 
 from components.common import defaults
 from components.common.declare import TRAINING_BACKENDS, Declared, Validated, declared, param
-from components.common.placement import (
-    DNS_SUBDOMAIN,
-    NODE_SELECTOR_HELP,
-    TOLERATIONS_HELP,
-    node_selector_problem,
-    tolerations_problem,
-)
+from components.common.placement import DNS_SUBDOMAIN
 
 
 def dns_name_problem(value: str | None) -> str | None:
@@ -57,9 +52,6 @@ class TrainStep(Validated):
         defaults.TRAINER_SERVICE_ACCOUNT, "the service account of the job's pods (Workload "
         "Identity)", check=dns_name_problem,
     )  # fmt: skip
-    # placement of every pod that runs a rank (and of the MPIJob's launcher)
-    node_selector: str = param("{}", NODE_SELECTOR_HELP, check=node_selector_problem)
-    tolerations: str = param("[]", TOLERATIONS_HELP, check=tolerations_problem)
     # the job's own settings, at their defaults in a pipeline run
     stall_shutdown_seconds: int = param(
         defaults.STALL_SHUTDOWN_SECONDS, "how long a rank may stall (or stay silent) before "

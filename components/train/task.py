@@ -52,7 +52,8 @@ def train_locally(config: TrainConfig, dataset_path: str, model_path: str, log: 
 
 
 def pod_config(task_config: Any) -> PodConfig:
-    """The `PodConfig` of a ``kfp.dsl.TaskConfig`` (None: nothing passed through)."""
+    """The `PodConfig` of a ``kfp.dsl.TaskConfig`` (None: nothing passed through); InputError
+    naming a bad node selector or toleration in it."""
     passed = {f.name: getattr(task_config, f.name, None) for f in dataclasses.fields(PodConfig)}
     return PodConfig(**{name: value for name, value in passed.items() if value})
 

@@ -1,19 +1,22 @@
 """The ``node_selector`` and ``tolerations`` parameters' rules: every bad value is refused in one
-line naming the offending key or field, by the declared rule the check step, the CLIs and the
-train step share."""
+line naming the offending key or field, by the declared rule (`Placement`) the check step, the
+CLIs (JSON text on their command lines) and the train step's task config share."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
+from components.common.failure import InputError
 from components.common.placement import (
+    Placement,
+    json_value,
     merge_tolerations,
     node_selector_problem,
     tolerations_problem,
 )
-from components.train.step import TrainStep
 from pipeline.checks import PIPELINE_PARAMETERS, check_step
 
 GOOD_SELECTORS = [
@@ -23,7 +26,7 @@ GOOD_SELECTORS = [
     json.dumps({"a" * 63: "b" * 63, "x.y/" + "z" * 63: "v"}),
 ]  # fmt: skip
 BAD_SELECTORS = [
-    ('["a"]', "node_selector must be a JSON object of label -> value, got '[\"a\"]'"),
+    ('["a"]', "node_selector must be a JSON object of label -> value, got ['a']"),
     ("{pool: gpu}", "node_selector is not JSON (Expecting property name enclosed in double"),
     ('{"bad key": "x"}', "node_selector: label key 'bad key': its name must be <= 63"),
     ('{"-pool": "x"}', "node_selector: label key '-pool': its name must be"),
@@ -62,49 +65,70 @@ BAD_TOLERATIONS = [
 ]
 
 
+def _problem(rule: Callable[[object], str | None], name: str, text: str, empty: object) -> object:
+    """What `rule` says of JSON `text`, read as the CLIs read it (text that is not JSON: why)."""
+    try:
+        return rule(json_value(name, text, empty))
+    except InputError as exc:
+        return str(exc)
+
+
 @pytest.mark.parametrize("text", GOOD_SELECTORS)
 def test_a_node_selector_of_valid_labels_is_accepted(text: str) -> None:
-    assert node_selector_problem(text) is None
+    assert _problem(node_selector_problem, "node_selector", text, {}) is None
 
 
 @pytest.mark.parametrize(("text", "expected"), BAD_SELECTORS)
 def test_a_bad_node_selector_is_refused_naming_the_key(text: str, expected: str) -> None:
-    problem = node_selector_problem(text)
-    assert problem is not None and problem.startswith(expected), problem
+    problem = _problem(node_selector_problem, "node_selector", text, {})
+    assert isinstance(problem, str) and problem.startswith(expected), problem
     assert "\n" not in problem
 
 
 @pytest.mark.parametrize("text", GOOD_TOLERATIONS)
 def test_valid_tolerations_are_accepted(text: str) -> None:
-    assert tolerations_problem(text) is None
+    assert _problem(tolerations_problem, "tolerations", text, []) is None
 
 
 @pytest.mark.parametrize(("text", "expected"), BAD_TOLERATIONS)
 def test_a_bad_toleration_is_refused_naming_the_field(text: str, expected: str) -> None:
-    problem = tolerations_problem(text)
-    assert problem is not None and expected in problem, problem
+    problem = _problem(tolerations_problem, "tolerations", text, [])
+    assert isinstance(problem, str) and expected in problem, problem
     assert "\n" not in problem
 
 
 def _check(**overrides: object) -> object:
     values = {p.name: p.default for p in PIPELINE_PARAMETERS}
     values.update({"registry_root": "gs://b/models", **overrides})
-    return check_step(images=json.dumps({"trainer": "t", "trainer_gpu": "g"}), **values)
+    return check_step(images={"trainer": "t", "trainer_gpu": "g"}, **values)
 
 
 def test_the_check_step_refuses_bad_placement_in_one_line_before_anything_runs() -> None:
+    """KFP hands the check step the run's ``dict`` and ``list`` values."""
     with pytest.raises(ValueError) as info:
-        _check(node_selector='{"bad key": "x"}', tolerations='[{"key": "a", "operator": "In"}]')
+        _check(node_selector={"bad key": "x"}, tolerations=[{"key": "a", "operator": "In"}])
     message = str(info.value)
     assert message.startswith("invalid pipeline parameters: node_selector: label key 'bad key'")
     assert "; tolerations[0]: operator 'In' is not one of Exists, Equal" in message
     assert "\n" not in message
-    _check(node_selector=GOOD_SELECTORS[2], tolerations=GOOD_TOLERATIONS[3])  # accepted
+    _check(node_selector=json.loads(GOOD_SELECTORS[2]), tolerations=json.loads(GOOD_TOLERATIONS[3]))
 
 
-def test_the_train_step_refuses_what_the_check_step_refuses() -> None:
-    with pytest.raises(ValueError, match="node_selector: label key 'bad key'"):
-        TrainStep(node_selector='{"bad key": "x"}')
+def test_the_train_tasks_config_is_refused_as_the_check_step_refuses_it() -> None:
+    """What a pipeline author sets on the train task with kfp-kubernetes, which the check step
+    does not see, is refused by the same rule when the train step reads its task config."""
+    from kfp import dsl
+
+    from components.train.task import pod_config
+
+    passed = dsl.TaskConfig(node_selector={"bad key": "x"}, env=[{"name": "A", "value": "1"}])
+    with pytest.raises(ValueError) as info:
+        pod_config(passed)
+    assert str(info.value).startswith("invalid placement: node_selector: label key 'bad key'")
+    with pytest.raises(ValueError, match=r"tolerations\[0\]: unknown field 'efect'"):
+        Placement(tolerations=[{"key": "a", "efect": "NoSchedule"}])
+    assert Placement() == Placement({}, [])  # each its own empty ones
+    assert Placement().node_selector is not Placement().node_selector
 
 
 def test_tolerations_merge_without_repeating_one() -> None:

@@ -296,7 +296,7 @@ def test_the_component_function(trained_model, trained_summary, tmp_path: Path) 
             run_summary=dsl.Artifact(uri=trained_summary),
             dataset=dsl.Dataset(uri=trained_model.dataset), accuracy=0.95, loss=0.2,
             model_name="mnist-cnn", registry_root=str(tmp_path / registry), min_accuracy=0.9,
-            pipeline_run_id="kfp-run", image_refs='{"register": "img:1"}', decision=decision,
+            pipeline_run_id="kfp-run", image_refs={"register": "img:1"}, decision=decision,
         )  # fmt: skip
 
     decision = dsl.Markdown(uri=str(tmp_path / "decision.md"))

@@ -1,11 +1,13 @@
 """One cluster run of the trainer, whichever operator runs it: its parameters (`ClusterJobParams`),
 its name and labels, and what a backend is (`Backend`; `cluster.run.run_job` runs them all).
 
-What a pipeline author sets on the train task with kfp-kubernetes reaches the step as a
-``dsl.TaskConfig`` (KFP >= 2.15, pipelines#12185) and every pod that runs a rank as `PodConfig`:
-a node selector label the ``node_selector`` parameter sets too must agree, tolerations add up,
-and the environment reaches the ranks (``mpirun -x``), so a name the job sets itself is refused.
-Nothing here imports ``kubernetes``; only `serves` and `choose_backend` ask a cluster.
+Where the job's pods run, and what else they get from the train task, is one thing: the train
+task's ``dsl.TaskConfig`` (KFP >= 2.15, pipelines#12185), which reaches every pod that runs a
+rank as `PodConfig`. The pipeline's ``node_selector`` and ``tolerations`` parameters take that
+path too (the pipeline sets them on the train task with kfp-kubernetes), as do the render
+commands' options. The environment reaches the ranks (``mpirun -x``), so a name the job sets
+itself is refused. Nothing here imports ``kubernetes``; only `serves` and `choose_backend` ask a
+cluster.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from components.common import defaults, storage
 from components.common.declare import Declared, Validated, declared, nonempty_problem, param
 from components.common.failure import ExitCode, ExpectedError
-from components.common.placement import parse_node_selector
+from components.common.placement import Placement
 from components.train.config import TrainConfig
 from components.train.mpiwatch import HEARTBEAT_ENV
 from components.train.step import TrainStep
@@ -56,11 +58,10 @@ JOB_ENV = ("PATH", UNBUFFERED, STALL_BOUND, HEARTBEAT_ENV)
 
 
 @dataclass(frozen=True)
-class PodConfig:
-    """The task config's part that the job's rank pods get (empty: nothing set)."""
+class PodConfig(Placement):
+    """The task config's part that the job's rank pods get (empty: nothing set); making one
+    checks its placement (`Placement`)."""
 
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
     affinity: dict[str, Any] = field(default_factory=dict)
     env: list[dict[str, Any]] = field(default_factory=list)
     volumes: list[dict[str, Any]] = field(default_factory=list)
@@ -84,20 +85,13 @@ class ClusterJobParams(Validated):
 
     def part_problems(self) -> list[str]:
         """What only a cluster run refuses, across the parts (each checked its own fields)."""
-        train, step, passed = self.train, self.step, self.task_config.node_selector
+        train, step = self.train, self.step
         problems = uri_problems(train.data, train.output, train.model_dir)
         if step.min_available is not None and step.min_available > train.workers + 1:
             problems.append(
                 f"min_available must be <= workers + 1 launcher = {train.workers + 1}, "
                 f"got {step.min_available}"
             )
-        selector = parse_node_selector(step.node_selector)
-        problems += [
-            f"node selector label {key!r}: the node_selector parameter says {selector[key]!r}, "
-            f"the train task's config says {passed[key]!r}"
-            for key in sorted(set(selector) & set(passed))
-            if selector[key] != passed[key]
-        ]
         problems += [
             f"env {e.get('name')!r} from the train task's config: the job sets it itself"
             for e in self.task_config.env

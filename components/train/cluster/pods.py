@@ -13,7 +13,7 @@ from typing import Any
 
 from components.common import defaults
 from components.common.defaults import GPU_RESOURCE
-from components.common.placement import merge_tolerations, parse_node_selector, parse_tolerations
+from components.common.placement import merge_tolerations
 from components.train import launch
 from components.train.cluster.job import STALL_BOUND, UNBUFFERED, ClusterJobParams
 from components.train.config import to_argv
@@ -113,22 +113,22 @@ def sshd_container(name: str, image: str) -> dict[str, Any]:
 
 
 def pod_spec(p: ClusterJobParams, one: dict[str, Any], gpus: bool) -> dict[str, Any]:
-    """A pod spec of container `one` with the job's fsGroup, identity and scheduling, the node
-    selector and tolerations of the parameters and the task config (each once; with `gpus`,
-    the usual GPU taint's too), and the task config's affinity, environment and volumes."""
+    """A pod spec of container `one` with the job's fsGroup, identity and scheduling, and the
+    task config's node selector, tolerations (each once; with `gpus`, the usual GPU taint's
+    too), affinity, environment and volumes."""
     tc = p.task_config
     one = dict(one)
     if tc.env:
         one["env"] = [*one.get("env", []), *tc.env]
     if tc.volume_mounts:
         one["volumeMounts"] = [*one.get("volumeMounts", []), *tc.volume_mounts]
-    own, gpu = parse_tolerations(p.step.tolerations), [GPU_TOLERATION] if gpus else []
+    gpu = [GPU_TOLERATION] if gpus else []
     optional = {
         "serviceAccountName": p.step.trainer_service_account,
         "priorityClassName": p.step.priority_class,
         "schedulerName": p.step.scheduler_name,
-        "nodeSelector": {**parse_node_selector(p.step.node_selector), **tc.node_selector},
-        "tolerations": merge_tolerations(own, tc.tolerations, gpu),
+        "nodeSelector": dict(tc.node_selector),
+        "tolerations": merge_tolerations(tc.tolerations, gpu),
         "affinity": dict(tc.affinity),
         "volumes": list(tc.volumes),
     }

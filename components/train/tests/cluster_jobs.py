@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from components.common.crd import Crd
-from components.train.cluster.job import Backend, ClusterJobParams, backend, job_name
+from components.train.cluster.job import Backend, ClusterJobParams, PodConfig, backend, job_name
 from components.train.cluster.run import run_job
 from components.train.config import TrainConfig
 from components.train.step import TrainStep
@@ -27,16 +27,19 @@ NAME = job_name("nightly", "run-123")  # make_params' job
 
 
 def make_params(bucket: str = "gs://bkt", **overrides: Any) -> ClusterJobParams:
-    """A 2 x 2 run ``nightly``; `overrides` may name fields of TrainConfig, TrainStep or
-    ClusterJobParams."""
+    """A 2 x 2 run ``nightly``; `overrides` may name fields of TrainConfig, TrainStep, the task
+    config (`PodConfig`) or ClusterJobParams."""
     parts: dict[str, dict[str, Any]] = {
         "train": {"data": f"{bucket}/data", "output": f"{bucket}/runs/nightly", "workers": 2,
                   "slots_per_worker": 2},
-        "step": {}, "run": {"run_name": "nightly", "pipeline_run_id": "run-123"},
+        "step": {}, "pod": {}, "run": {"run_name": "nightly", "pipeline_run_id": "run-123"},
     }  # fmt: skip
     for name, value in overrides.items():
         part = "train" if name in TrainConfig.__dataclass_fields__ else "run"
+        part = "pod" if name in PodConfig.__dataclass_fields__ else part
         parts["step" if name in TrainStep.__dataclass_fields__ else part][name] = value
+    if parts["pod"]:
+        parts["run"]["task_config"] = PodConfig(**parts["pod"])
     return ClusterJobParams(
         train=TrainConfig(**parts["train"]), step=TrainStep(**parts["step"]), **parts["run"]
     )

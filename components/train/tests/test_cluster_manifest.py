@@ -308,7 +308,7 @@ def test_runs_with_the_same_settings_share_one_runtime_and_other_settings_get_th
         trainjob(**change)[0]["metadata"]["name"]
         for change in ({}, {"trainer_image": "r/other:1"}, {"trainer_service_account": "sa"},
                        {"gpus_per_worker": 1}, {"backoff_limit": 2},
-                       {"node_selector": '{"pool": "a"}'})
+                       {"node_selector": {"pool": "a"}})
     }  # fmt: skip
     assert len(names) == 6
 

@@ -1,10 +1,10 @@
-"""Placement on both backends: the ``node_selector`` and ``tolerations`` parameters (and what the
-train task's KFP task config passes through) on every pod that runs a rank, and on the MPIJob's
-launcher; CRD-valid; in the pods the operators make.
+"""Placement on both backends: what the train task's KFP task config passes through (the
+pipeline's ``node_selector`` and ``tolerations`` take that path, set on the task with
+kfp-kubernetes) on every pod that runs a rank, and on the MPIJob's launcher; CRD-valid; and in
+the objects a run creates through the real ``kubernetes`` client on kmock's API.
 
-The operators are `standins.kmock_cluster`'s stand-ins (mpi-operator; Kubeflow Trainer with
-JobSet), which make each pod from its pod template as the real controllers do; the manifests
-are created through the real ``kubernetes`` client on kmock's API.
+What is checked is the project's own pod templates, as built and as sent to the API: the pods
+the stand-in operators (`standins.kmock_cluster`) make from them are not.
 """
 
 from __future__ import annotations
@@ -13,10 +13,20 @@ import json
 from typing import Any
 
 import pytest
+from kfp import dsl
 
 from components.train.cluster.job import ClusterJobParams, PodConfig, backend, validated
 from components.train.step import TrainStep
-from components.train.tests.cluster_jobs import BOTH, make_params, pair, pod_specs, store
+from components.train.task import pod_config
+from components.train.tests.cluster_jobs import (
+    BOTH,
+    NAME,
+    complete,
+    make_params,
+    pair,
+    pod_specs,
+    run,
+)
 from standins.kmock_cluster import NS, Cluster, Operator
 
 SELECTOR = {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-spot": "true"}
@@ -25,7 +35,8 @@ GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def params(gpus: int = 1, **overrides: Any) -> ClusterJobParams:
-    placed = {"node_selector": json.dumps(SELECTOR), "tolerations": json.dumps([TEAM, GPU])}
+    placed = {"node_selector": SELECTOR, "tolerations": [TEAM, GPU]}
+    placed = {} if "task_config" in overrides else placed  # the one way placement comes
     return make_params(
         "gs://b", workers=3, slots_per_worker=1, gpus_per_worker=gpus, run_name="placed",
         **(placed | overrides),
@@ -40,8 +51,13 @@ def test_every_pod_is_placed_and_tolerates_the_gpu_taint_once(name: str) -> None
     for spec in specs:
         assert spec["nodeSelector"] == SELECTOR
         assert spec["tolerations"] == [TEAM, GPU]  # the user's GPU toleration, once
-    for spec in pod_specs(backend(name).build(params(0, tolerations="[]", node_selector="{}"), NS)):
+    for spec in pod_specs(validated(backend(name), params(0, tolerations=[TEAM]), NS)[0]):
+        assert spec["tolerations"] == [TEAM]  # no GPU asked for, no GPU toleration
+    for spec in pod_specs(backend(name).build(params(0, tolerations=[], node_selector={}), NS)):
         assert "nodeSelector" not in spec and "tolerations" not in spec
+    bare = pod_specs(backend(name).build(params(tolerations=[], node_selector={}), NS))
+    launcher = [None] if name == "mpijob" else [[GPU]]  # the MPIJob's asks for no GPU
+    assert [spec.get("tolerations") for spec in bare] == [*launcher, [GPU]]
 
 
 def test_the_task_config_reaches_every_rank_pod_of_both_backends() -> None:
@@ -58,10 +74,11 @@ def test_the_task_config_reaches_every_rank_pod_of_both_backends() -> None:
     p = params(task_config=passed)
     runtime, trainjob = validated(backend("trainjob"), p, NS)[0]
     specs = pod_specs([runtime, *validated(backend("mpijob"), p, NS)[0]])
-    assert len(specs) == 4
+    # the TrainJob's node and launcher (node 0), the MPIJob's launcher (no GPU) and workers
+    gpu, no_gpu = [spot, TEAM, GPU], [spot, TEAM]
+    assert [spec["tolerations"] for spec in specs] == [gpu, gpu, no_gpu, gpu]
     for spec in specs:
-        assert spec["nodeSelector"] == {**SELECTOR, "pool": "gpu"}
-        assert spec["tolerations"] == [TEAM, GPU, spot]
+        assert spec["nodeSelector"] == {"pool": "gpu"}
         assert spec["affinity"] == affinity and spec["volumes"] == passed.volumes
         container = spec["containers"][0]
         assert {"name": "MY_FLAG", "value": "1"} in container["env"]
@@ -70,33 +87,34 @@ def test_the_task_config_reaches_every_rank_pod_of_both_backends() -> None:
     assert command[command.index("MY_FLAG") - 1] == "-x"  # the ranks on other nodes get it
 
 
-def test_a_label_both_set_differently_is_refused_naming_both() -> None:
-    with pytest.raises(ValueError) as info:
-        params(task_config=PodConfig(node_selector={"cloud.google.com/gke-spot": "false"}))
-    assert str(info.value) == (
-        "invalid cluster job parameters: node selector label 'cloud.google.com/gke-spot': the "
-        "node_selector parameter says 'true', the train task's config says 'false'"
-    )
-    params(task_config=PodConfig(node_selector={"cloud.google.com/gke-spot": "true"}))  # agree
+def test_an_env_name_the_job_sets_itself_is_refused() -> None:
     with pytest.raises(ValueError, match="env 'PYTHONUNBUFFERED' from the train task's config"):
         params(task_config=PodConfig(env=[{"name": "PYTHONUNBUFFERED", "value": "0"}]))
 
 
-@pytest.mark.parametrize(("name", "count"), [("mpijob", 4), ("trainjob", 3)])
-def test_the_operators_pods_carry_the_placement(name: str, count: int) -> None:
+@BOTH
+def test_the_objects_a_run_creates_carry_the_task_configs_placement(
+    cluster: Cluster, gcs_uri: str, name: str
+) -> None:
+    """From the ``dsl.TaskConfig`` KFP's driver hands the train step (filled from the
+    pipeline's node_selector and tolerations) to the objects the run sends the API server."""
     b, kind = pair(name)
-    with Cluster() as cluster:
-        store(cluster, b, b.build(params(), NS))
-        op = Operator(cluster, kind)
-        op.launcher(op.wait_for_job())
-        pods = [p for p in cluster.core.list_namespaced_pod(NS).items
-                if p.metadata.name != "unrelated"]  # fmt: skip
-    # an MPIJob: a launcher and 3 workers; a TrainJob: the launcher (node 0) and 2 nodes
-    assert len(pods) == count
-    for pod in pods:
-        assert pod.spec.node_selector == SELECTOR, pod.metadata.name
-        tolerations = [t.to_dict() for t in pod.spec.tolerations]
-        assert [{k: v for k, v in t.items() if v is not None} for t in tolerations] == [TEAM, GPU]
+    passed = dsl.TaskConfig(node_selector=SELECTOR, tolerations=[TEAM])
+    p = make_params(gcs_uri, gpus_per_worker=2, task_config=pod_config(passed))
+    op = Operator(cluster, kind)
+    op.play(lambda op: complete(op, NAME, op.start(op.wait_for_job())))
+    run(cluster, b, p, lambda _: None)
+    op.join()
+    sent = [
+        json.loads(r.body)
+        for crd in (*b.shared, b.crd)
+        for r in cluster.requests("POST", f"/{crd.plural}")
+    ]
+    specs = pod_specs(sent)
+    assert len(sent) == 1 + len(b.shared) and len(specs) == 2
+    assert all(spec["nodeSelector"] == SELECTOR for spec in specs)
+    launcher = [TEAM] if name == "mpijob" else [TEAM, GPU]  # the MPIJob's asks for no GPU
+    assert [spec["tolerations"] for spec in specs] == [launcher, [TEAM, GPU]]
 
 
 def test_the_task_configs_resources_size_the_workers_unless_a_parameter_says_otherwise() -> None:
