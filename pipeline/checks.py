@@ -12,18 +12,18 @@ from components.common import declare, defaults, storage_access
 from components.common.declare import Declared
 from components.common.failure import InputError
 from components.common.placement import PLACEMENT_PARAMETERS, json_value
-from components.data_prep.step import PREP_PARAMETERS
-from components.register.step import REGISTER_PARAMETERS
+from components.data_prep.step_parameters import PREP_PARAMETERS
+from components.register.step_parameters import REGISTER_PARAMETERS
 from components.train.config import PIPELINE_TRAIN_PARAMETERS
-from components.train.step import TRAIN_STEP_PARAMETERS
+from components.train.step_parameters import TRAIN_STEP_PARAMETERS
 
 # In the order of the pipeline's signature, under their docs/parameters.md headings.
 GROUPS = (
     ("The trainer (`TrainConfig`, components/train/config.py)", PIPELINE_TRAIN_PARAMETERS),
-    ("The train step (`TrainStep`, components/train/step.py)", TRAIN_STEP_PARAMETERS),
+    ("The train step (`TrainStep`, components/train/step_parameters.py)", TRAIN_STEP_PARAMETERS),
     ("Placement (`Placement`, components/common/placement.py)", PLACEMENT_PARAMETERS),
-    ("Data prep (`PrepStep`, components/data_prep/step.py)", PREP_PARAMETERS),
-    ("Register (`RegisterStep`, components/register/step.py)", REGISTER_PARAMETERS),
+    ("Data prep (`PrepStep`, components/data_prep/step_parameters.py)", PREP_PARAMETERS),
+    ("Register (`RegisterStep`, components/register/step_parameters.py)", REGISTER_PARAMETERS),
 )
 PIPELINE_PARAMETERS: list[Declared] = [p for _, group in GROUPS for p in group]
 PIPELINE_DEFAULTS: dict[str, Any] = {p.name: p.default for p in PIPELINE_PARAMETERS}

@@ -13,10 +13,10 @@ from components.common import defaults, storage, storage_access
 from components.common.declare import Declared, declared
 from components.common.failure import InputError, one_line_failures
 from components.common.placement import PLACEMENT_PARAMETERS, json_value
-from components.data_prep.step import PREP_PARAMETERS
-from components.register.step import REGISTER_PARAMETERS
+from components.data_prep.step_parameters import PREP_PARAMETERS
+from components.register.step_parameters import REGISTER_PARAMETERS
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TRAIN_PARAMETERS
-from components.train.step import TrainStep
+from components.train.step_parameters import TrainStep
 from pipeline.ops import COMMANDS as OPS_COMMANDS
 
 

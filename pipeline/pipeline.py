@@ -15,13 +15,13 @@ from components.common import defaults
 from components.common.declare import Declared
 from components.common.kfp_function import kfp_function
 from components.data_prep.component import make_component as make_data_prep
-from components.data_prep.step import PREP_PARAMETERS
+from components.data_prep.step_parameters import PREP_PARAMETERS
 from components.evaluate.component import make_component as make_evaluate
 from components.register.component import make_component as make_register
-from components.register.step import REGISTER_PARAMETERS
+from components.register.step_parameters import REGISTER_PARAMETERS
 from components.train.component import make_component as make_train
 from components.train.config import PIPELINE_TRAIN_PARAMETERS
-from components.train.step import TRAIN_STEP_PARAMETERS
+from components.train.step_parameters import TRAIN_STEP_PARAMETERS
 from pipeline.checks import PIPELINE_PARAMETERS
 
 PIPELINE_DESCRIPTION = (

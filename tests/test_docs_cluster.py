@@ -199,7 +199,7 @@ def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes(tmp_path: 
 
     from components.train.component import make_component
     from components.train.config import PIPELINE_TRAIN_PARAMETERS
-    from components.train.step import TRAIN_STEP_PARAMETERS
+    from components.train.step_parameters import TRAIN_STEP_PARAMETERS
 
     (example,) = fenced("python")
     calls = "\n".join(

@@ -4,7 +4,7 @@
 from kfp import dsl
 
 from components.common.kfp_function import kfp_function
-from components.data_prep.step import PREP_PARAMETERS
+from components.data_prep.step_parameters import PREP_PARAMETERS
 
 SIGNATURE = [*((p.name, p.type.__name__) for p in PREP_PARAMETERS), ("dataset", "Output[Dataset]")]
 

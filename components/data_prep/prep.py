@@ -16,7 +16,7 @@ from components.common.declare import add_arguments
 from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SHARD_SIZE
 from components.common.failure import InputError, one_line_failures
 from components.data_prep.sources import load_bundled, load_mnist_npz
-from components.data_prep.step import PREP_PARAMETERS, PrepStep
+from components.data_prep.step_parameters import PREP_PARAMETERS, PrepStep
 
 
 def parse_sha256(value: str) -> str | None:

@@ -5,7 +5,7 @@ Its own parameters are declared once (`RegisterStep`)."""
 from kfp import dsl
 
 from components.common.kfp_function import kfp_function
-from components.register.step import REGISTER_PARAMETERS
+from components.register.step_parameters import REGISTER_PARAMETERS
 
 SIGNATURE = [
     ("model", "Input[Model]"),

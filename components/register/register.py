@@ -23,7 +23,7 @@ from components.common.failure import InputError, one_line_failures
 from components.common.model_files import DIGEST_KEY, ModelError
 from components.register.registry import REGISTRY_FORMAT, ModelStore, challenger_wins, check_name
 from components.register.serving import ServingFolder
-from components.register.step import REGISTER_PARAMETERS, RegisterStep
+from components.register.step_parameters import REGISTER_PARAMETERS, RegisterStep
 from components.train import summary as run_summary
 from components.train.summary import RunSummary
 

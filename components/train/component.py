@@ -18,7 +18,7 @@ from kfp import dsl
 
 from components.common.kfp_function import kfp_function
 from components.train.config import PIPELINE_TRAIN_PARAMETERS
-from components.train.step import TRAIN_STEP_PARAMETERS
+from components.train.step_parameters import TRAIN_STEP_PARAMETERS
 
 SIGNATURE = [
     ("dataset", "Input[Dataset]"),

@@ -22,7 +22,7 @@ from components.train.cluster.job import Choice, PodConfig
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
 from components.train.launch import run_local_job
 from components.train.preflight import check_model_before_launch
-from components.train.step import TrainStep
+from components.train.step_parameters import TrainStep
 from components.train.summary import RunSummary, coordination_report
 
 Log = Callable[[str], None]

@@ -27,7 +27,7 @@ from components.train.cluster.mpijob import build_manifest
 from components.train.cluster.pods import trainer_command
 from components.train.cluster.trainjob import build_manifests
 from components.train.config import TrainConfig
-from components.train.step import TrainStep
+from components.train.step_parameters import TrainStep
 from standins.mpijob_harness import MPIJobRun
 from standins.outputs import half_written
 from standins.pods import DockerJob

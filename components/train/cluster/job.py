@@ -26,7 +26,7 @@ from components.common.failure import ExitCode, ExpectedError
 from components.common.placement import Placement
 from components.train.config import TrainConfig
 from components.train.mpiwatch import HEARTBEAT_ENV
-from components.train.step import TrainStep
+from components.train.step_parameters import TrainStep
 
 if TYPE_CHECKING:
     from kubernetes.client import CustomObjectsApi

@@ -16,7 +16,7 @@ from components.train.cluster.job import (
     job_metadata,
     run_labels,
 )
-from components.train.step import TrainStep
+from components.train.step_parameters import TrainStep
 
 MPIJOB = Crd(
     "kubeflow.org", "v2beta1", "MPIJob", "mpijobs",

@@ -30,7 +30,7 @@ from components.train.cluster.job import (
     ClusterJobParams,
     job_metadata,
 )
-from components.train.step import TrainStep
+from components.train.step_parameters import TrainStep
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = "v1alpha1"

@@ -23,7 +23,7 @@ from components.train.cluster.job import JobError
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig
-from components.train.step import TrainStep
+from components.train.step_parameters import TrainStep
 from components.train.task import run_train_task
 from components.train.tests.cluster_jobs import complete, write_kubeconfig
 from standins.kmock_cluster import MPIJOB_KIND, NS, TRAINJOB_KIND, Cluster, Kind, Operator

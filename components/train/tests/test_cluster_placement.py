@@ -16,7 +16,7 @@ import pytest
 from kfp import dsl
 
 from components.train.cluster.job import ClusterJobParams, PodConfig, backend, validated
-from components.train.step import TrainStep
+from components.train.step_parameters import TrainStep
 from components.train.task import pod_config
 from components.train.tests.cluster_jobs import (
     BOTH,

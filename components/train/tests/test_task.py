@@ -10,7 +10,7 @@ import pytest
 
 from components.train import task
 from components.train.config import TrainConfig
-from components.train.step import TrainStep
+from components.train.step_parameters import TrainStep
 from components.train.summary import RunSummary, coordination_report, parse
 from components.train.task import run_train_task
 
