@@ -1,6 +1,6 @@
 """KFP definition of train: the dataset in, ONE model, its run summary and its coordination
 report out; the trainer's (`TrainConfig`) and the train step's (`TrainStep`) declared
-parameters in between, each under its own name (``components.train.task.run_step``).
+parameters in between, each under its own name (``components.train.step_program.run_step``).
 
 The output artifact is ``saved_model`` because the parameter ``model`` (which model to train)
 holds that name.
@@ -45,7 +45,7 @@ def make_component(image: str) -> dsl.base_component.BaseComponent:
     """The KFP train component running in `image` (the trainer image)."""
     func = kfp_function(
         "train", SIGNATURE, "None",
-        "components.train.task:run_step",
+        "components.train.step_program:run_step",
         "Train ONE model with a Horovod job of `workers` processes (local, an MPIJob or a "
         "TrainJob).",
     )  # fmt: skip

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from components.train import task
+from components.train import step_program
 from components.train.config import TrainConfig
 from components.train.step_parameters import TrainStep
+from components.train.step_program import run_train_task
 from components.train.summary import RunSummary, coordination_report, parse
-from components.train.task import run_train_task
 
 
 def _config(**overrides: Any) -> TrainConfig:
@@ -145,7 +145,7 @@ def test_both_launchers_check_the_model_before_starting_a_rank(
 
 
 def test_artifact_metadata_says_which_model_was_trained() -> None:
-    model, run = task.artifact_metadata(
+    model, run = step_program.artifact_metadata(
         dataclasses.replace(_summary(), training_backend="trainjob")
     )
     assert model == {
@@ -160,8 +160,8 @@ def test_artifact_metadata_says_which_model_was_trained() -> None:
 
 
 def test_work_dir_sits_beside_the_model_artifact() -> None:
-    assert task.work_uri("gs://b/p/run/train/model") == "gs://b/p/run/train/train-work"
-    assert task.work_uri("/x/train/model/") == "/x/train/train-work"
+    assert step_program.work_uri("gs://b/p/run/train/model") == "gs://b/p/run/train/train-work"
+    assert step_program.work_uri("/x/train/model/") == "/x/train/train-work"
 
 
 def test_report_shows_an_elastic_jobs_world_sizes_and_each_epochs_coverage() -> None:
