@@ -23,7 +23,8 @@ from pathlib import Path
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
 from components.common.failure import ExitCode, ExpectedError, InputError
 from components.train.config import TrainConfig, to_argv
-from components.train.mpiwatch import HEARTBEAT_ENV, RankLines, period_for, watch
+from components.train.log_dedup import RankLines
+from components.train.mpiwatch import HEARTBEAT_ENV, period_for, watch
 from components.train.preflight import check_model_before_launch
 
 YIELD_WHEN_IDLE = ("-mca", "mpi_yield_when_idle", "1")  # a waiting rank yields its core

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import collections
 import contextlib
 import functools
 import math
@@ -50,9 +49,6 @@ PREFIX = "mpiwatch:"
 # tag comes last before it. Elastic horovodrun tags ``[rank]<stdout>:``.
 _TAG = re.compile(r"\[\d+,(\d+)\]<stdout>:")
 _BEAT = re.compile(rf"{re.escape(MARK)} (beat|done) host=(\S+) pid=(\d+)$")
-MPI_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$")
-EMPTY_TAGS = re.compile(r"(\[(?:\d+,)?\d+\]<std(?:out|err)>:)+$")  # a chunk of just a newline
-REMEMBERED = 2048  # distinct lines kept for RankLines' cross-rank check
 
 
 def period_for(bound_s: float) -> float:
@@ -192,28 +188,6 @@ def expected_hosts(hostfile: str) -> list[str]:
             slots = next((w.split("=", 1)[1] for w in words[1:] if w.startswith("slots=")), "1")
             hosts += [words[0]] * (int(slots) if slots.isdigit() else 1)
     return hosts
-
-
-class RankLines:
-    """A `log` that passes a line every rank prints alike (a library's warning, the same
-    traceback) on once, as the first rank printed it; other lines all pass."""
-
-    def __init__(self, log: Callable[[str], None]) -> None:
-        self.log = log
-        self.seen: collections.OrderedDict[str, int] = collections.OrderedDict()
-
-    def __call__(self, line: str) -> None:
-        tagged = MPI_TAG.match(line)
-        if tagged is None:
-            self.log(line)
-            return
-        rank, text = int(tagged[1]), EMPTY_TAGS.sub("", tagged[2])
-        first = self.seen.setdefault(text, rank)
-        self.seen.move_to_end(text)
-        if len(self.seen) > REMEMBERED:
-            self.seen.popitem(last=False)
-        if first == rank or not text.strip():
-            self.log(EMPTY_TAGS.sub("", line) or line)
 
 
 def kill_job(pid: int) -> None:

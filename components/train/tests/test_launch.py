@@ -12,7 +12,7 @@ import pytest
 
 from components.train import launch
 from components.train.launch import LaunchError
-from components.train.mpiwatch import RankLines
+from components.train.log_dedup import RankLines
 from standins.jobs import static_command
 
 # Each rank: after hvd.init(), the CPUs each of its threads may run on. One write per line, as
