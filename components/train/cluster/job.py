@@ -162,13 +162,13 @@ def job_metadata(p: ClusterJobParams, namespace: str | None) -> dict[str, object
     return metadata
 
 
-class JobError(ExpectedError):
+class ClusterJobError(ExpectedError):
     """A cluster job could not run, or succeeded without the expected outputs."""
 
     exit_code = ExitCode.RUN_FAILED
 
 
-class JobFailed(JobError):
+class JobFailed(ClusterJobError):
     """The job failed; carries the reason and the launcher log's last lines."""
 
     def __init__(self, what: str, reason: str, message: str, log_tail: list[str]) -> None:
@@ -180,7 +180,7 @@ class JobFailed(JobError):
         )
 
 
-class JobCancelled(JobError):
+class JobCancelled(ClusterJobError):
     """The task was cancelled (SIGTERM); the job was deleted."""
 
 
@@ -359,13 +359,14 @@ class Choice:
 
 def choose_backend(api: CustomObjectsApi) -> Choice:
     """The backend for ``training_backend=auto``: the MPIJob where the cluster serves it (the
-    stable API, which runs elastic jobs), else the TrainJob; `JobError` when it serves neither."""
+    stable API, which runs elastic jobs), else the TrainJob; `ClusterJobError` when it serves
+    neither."""
     kinds = {name: backend(name).crd for name in ("mpijob", "trainjob")}
     api_of = {name: f"{crd.kind} {crd.api_version}" for name, crd in kinds.items()}
     mpijob, trainjob = api_of.values()
     served = [name for name, crd in kinds.items() if serves(api, crd)]
     if not served:
-        raise JobError(
+        raise ClusterJobError(
             f"training_backend=auto: this cluster serves neither {mpijob} nor {trainjob}: "
             f"install mpi-operator {defaults.MPI_OPERATOR_VERSION} (it also runs elastic jobs) "
             f"or Kubeflow Trainer {defaults.TRAINER_VERSION.rsplit('.', 1)[0]} "

@@ -35,10 +35,10 @@ from components.train.cluster.job import (
     BY_STEP,
     SPEC_ANNOTATION,
     Backend,
+    ClusterJobError,
     ClusterJobParams,
     Deadline,
     JobCancelled,
-    JobError,
     JobFailed,
     fit_deadline,
     serves,
@@ -102,7 +102,7 @@ class _Run:
             raise
 
     def create(self, crd: Crd, manifest: dict[str, Any]) -> bool:
-        """False if one of that name is there (409); `JobError` if the server refuses it (a
+        """False if one of that name is there (409); `ClusterJobError` if the server refuses it (a
         field its CRD lacks: Strict validation, or a value it does not accept)."""
         try:
             self.api.create_namespaced_custom_object(
@@ -116,7 +116,7 @@ class _Run:
                 raise
             what = f"{crd.kind} {self.namespace}/{manifest['metadata']['name']}"
             hint = f": {self.b.install}" if exc.status == 400 else ""
-            raise JobError(f"the cluster refused {what}: {_message(exc)}{hint}") from exc
+            raise ClusterJobError(f"the cluster refused {what}: {_message(exc)}{hint}") from exc
         return True
 
     def pods(self, launcher: bool = False) -> list[Any]:
@@ -141,7 +141,7 @@ class _Run:
                 return
             existing = self.get(crd, name) or manifest  # another run made it
         if differs := _differs(existing, manifest, SPEC_ANNOTATION):
-            raise JobError(
+            raise ClusterJobError(
                 f"{what} exists but was not made from this spec ({differs}); delete it or leave "
                 "the name to kfp-horovod"
             )
@@ -174,7 +174,7 @@ class _Run:
             if existing is None:
                 continue  # deleted between our create and get: create again
             if differs := _differs(existing, manifest, ANNOTATION_RUN_ID, ANNOTATION_RUN_NAME):
-                raise JobError(
+                raise ClusterJobError(
                     f"{self.what} exists but belongs to another run ({differs}); refusing to "
                     "reattach"
                 )
@@ -184,7 +184,7 @@ class _Run:
                 return
             self.log(f"{self.what} from an earlier attempt failed ({state.reason}); replacing it")
             self.delete(cleanup_timeout_s, poll_interval_s=0.5, pods=False)
-        raise JobError(f"could not create {self.what}: it keeps reappearing")
+        raise ClusterJobError(f"could not create {self.what}: it keeps reappearing")
 
     def follow(self, deadline: Deadline, poll_interval_s: float, grace_s: float) -> None:
         """Poll the job until it succeeds, or raise `JobFailed` (with the launcher log's last
@@ -274,23 +274,23 @@ def _message(exc: ApiException) -> str:
 
 def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSummary:
     """The finished run's summary, once it, the SavedModel and the world size (workers x slots
-    per worker) are as expected; `JobError` names what is not."""
+    per worker) are as expected; `ClusterJobError` names what is not."""
     train = params.train
     try:
         record = summary.read(train.summary_uri)
     except ValueError as exc:
-        raise JobError(f"the {kind} succeeded but its {exc}") from exc
+        raise ClusterJobError(f"the {kind} succeeded but its {exc}") from exc
     if record.model_uri.rstrip("/") != train.model_uri.rstrip("/"):
-        raise JobError(
+        raise ClusterJobError(
             f"run summary {train.summary_uri} names model_uri {record.model_uri!r}, "
             f"expected {train.model_uri!r}"
         )
     saved_model = storage.join(train.model_uri, SAVED_MODEL_PB)
     if not storage.exists(saved_model):
-        raise JobError(f"the {kind} succeeded but there is no model at {saved_model}")
+        raise ClusterJobError(f"the {kind} succeeded but there is no model at {saved_model}")
     for key, value in (("world_size", record.world_size), ("workers", record.config.world_size)):
         if value != train.world_size:
-            raise JobError(
+            raise ClusterJobError(
                 f"run summary {train.summary_uri} has {key}={value!r}, expected "
                 f"workers x slots = {train.workers} x {train.slots_per_worker} = "
                 f"{train.world_size}"
@@ -329,8 +329,8 @@ def run_job(
     which says who enforced the deadline.
 
     InputError (what `b` cannot do, or what its operator refuses) comes before any request;
-    then `JobError` (the cluster does not serve `b`'s APIs, refuses a manifest, or the outputs
-    are wrong), `JobFailed` and `JobCancelled` (on SIGTERM, after deleting the job).
+    then `ClusterJobError` (the cluster does not serve `b`'s APIs, refuses a manifest, or the
+    outputs are wrong), `JobFailed` and `JobCancelled` (on SIGTERM, after deleting the job).
     """
     if not namespace:
         raise InputError("namespace is empty")
@@ -341,7 +341,7 @@ def run_job(
     run = _Run(custom, core, b, namespace, manifest["metadata"]["name"], log)
     for crd in (b.crd, *b.shared):
         if not serves(custom, crd):
-            raise JobError(
+            raise ClusterJobError(
                 f"this cluster does not serve {crd.kind} ({crd.plural}.{crd.api_version}): "
                 f"{b.install}"
             )

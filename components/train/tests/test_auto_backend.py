@@ -19,7 +19,7 @@ import pytest
 from kubernetes.config import kube_config
 
 from components.common.crd import Crd
-from components.train.cluster.job import JobError
+from components.train.cluster.job import ClusterJobError
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig
@@ -109,7 +109,7 @@ def test_auto_runs_on_the_operator_the_cluster_serves_and_says_why_first(
 @pytest.mark.parametrize(
     ("served", "train", "error", "message", "said"),
     [
-        ((), {}, JobError, "training_backend=auto: this cluster serves neither MPIJob "
+        ((), {}, ClusterJobError, "training_backend=auto: this cluster serves neither MPIJob "
          "kubeflow.org/v2beta1 nor TrainJob trainer.kubeflow.org/v1alpha1: install mpi-operator "
          "v0.8.2 (it also runs elastic jobs) or Kubeflow Trainer v2.3 (docs/cluster.md); nothing "
          "was created", []),

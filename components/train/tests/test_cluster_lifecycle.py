@@ -20,7 +20,7 @@ import pytest
 from components.common import defaults, storage
 from components.common.crd import Crd
 from components.train.cluster import job as jobs
-from components.train.cluster.job import JobCancelled, JobError, JobFailed
+from components.train.cluster.job import ClusterJobError, JobCancelled, JobFailed
 from components.train.cluster.mpijob import MPIJOB
 from components.train.cluster.run import check_run
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
@@ -258,7 +258,7 @@ def test_a_same_named_job_of_another_run_is_not_adopted(
     manifests = b.build(make_params(gcs_uri), NS)
     manifests[-1]["metadata"]["annotations"]["kfp-horovod/pipeline-run-id"] = "someone-else"
     store(cluster, b, manifests)
-    with pytest.raises(JobError, match="belongs to another run"):
+    with pytest.raises(ClusterJobError, match="belongs to another run"):
         run(cluster, b, make_params(gcs_uri), lambda _: None)
     assert not cluster.requests("DELETE", f"/{b.crd.plural}")
 
@@ -304,7 +304,7 @@ def test_a_field_the_clusters_crd_lacks_is_refused_by_the_server_and_nothing_is_
         node = node["properties"][key]
     del node["properties"][path[-1]]
     with Cluster(schemas={crd: older}) as cluster:
-        with pytest.raises(JobError) as info:
+        with pytest.raises(ClusterJobError) as info:
             run(cluster, b, make_params(gcs_uri), lambda _: None)
         assert all(cluster.job_names(c) == [] for c in (b.crd, *b.shared))
     said = str(info.value)
@@ -335,7 +335,7 @@ def test_what_the_backend_cannot_do_is_refused_before_any_request(
 def test_a_cluster_without_the_backends_api_names_what_to_install(
     gcs_uri: str, name: str, served: tuple[Crd, ...], missing: Crd, install: str
 ) -> None:
-    with Cluster(kinds=served) as cluster, pytest.raises(JobError) as info:
+    with Cluster(kinds=served) as cluster, pytest.raises(ClusterJobError) as info:
         run(cluster, pair(name)[0], make_params(gcs_uri), lambda _: None)
     assert f"does not serve {missing.kind} " in str(info.value) and install in str(info.value)
     assert not cluster.requests("POST", "/apis/")  # nothing was created
@@ -358,7 +358,7 @@ def test_success_checks(
         write_rank0_outputs(p.train, world_size)
     if drop == "model":
         storage.remove_tree(p.train.model_uri)
-    with pytest.raises(JobError, match=message):
+    with pytest.raises(ClusterJobError, match=message):
         check_run(p, "MPIJob", log=lambda _: None)
     good = make_params(gcs_uri, model_dir=f"{gcs_uri}/models/m")
     write_rank0_outputs(good.train)

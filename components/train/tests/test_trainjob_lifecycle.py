@@ -16,7 +16,7 @@ import json
 import pytest
 
 from components.common.failure import ExitCode, one_line_failures
-from components.train.cluster.job import SPEC_ANNOTATION, JobError, job_name
+from components.train.cluster.job import SPEC_ANNOTATION, ClusterJobError, job_name
 from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.tests.cluster_jobs import KINDS, NAME, complete, make_params, pair, posts, run
 from standins.kmock_cluster import NS, Cluster, Operator
@@ -90,7 +90,7 @@ def test_the_runtime_is_created_when_absent_reused_when_present_refused_when_cha
         runtime["metadata"]["name"], {"metadata": changed["metadata"]},
     )  # fmt: skip
     third = make_params(gcs_uri, run_name="third")
-    with pytest.raises(JobError, match="exists but was not made from this spec"):
+    with pytest.raises(ClusterJobError, match="exists but was not made from this spec"):
         run(cluster, b, third, lambda _: None)
     assert posts(cluster, TRAINJOB) == 2
 
