@@ -48,8 +48,9 @@ from components.train.summary import coordination_lines, lr_formula, write
 from components.train.telemetry import Telemetry
 
 
-class JobError(ExpectedError):
-    """An error every rank agreed on; the job stops with `exit_code`."""
+class AllRanksError(ExpectedError):
+    """An error every rank agreed on and raises together (none is left waiting in a
+    collective); the job stops with `exit_code`."""
 
 
 @dataclass
@@ -133,7 +134,7 @@ def run(config: TrainConfig, train: Callable[[Job], int] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
             return (train or train_static)(Job(config, hvd, tf, log, devices, Path(workdir)))
-    except JobError as exc:
+    except AllRanksError as exc:
         if rank == 0:
             log.error("training failed: %s", exc)
         return exc.exit_code
@@ -154,7 +155,7 @@ def train_static(job: Job) -> int:
 
 def read_shard(job: Job) -> Shard:
     """Check this rank's devices and read its shard; every rank learns whether any rank failed
-    before anyone trains (a JobError on every rank, rank 0 saying why)."""
+    before anyone trains (an AllRanksError on every rank, rank 0 saying why)."""
     from horovod.tensorflow import allgather_object
 
     config, rank, size = job.config, job.rank, job.size
@@ -181,7 +182,7 @@ def read_shard(job: Job) -> Shard:
         first = next(e for e in errors if e)
         if error and error != first:  # rank 0 reports `first` once, for every rank that shares it
             job.log.error("cannot train: %s", error)
-        raise JobError(f"{sum(1 for e in errors if e)} of {size} ranks cannot train: {first}")
+        raise AllRanksError(f"{sum(1 for e in errors if e)} of {size} ranks cannot train: {first}")
     assert shard is not None
     _log_plan(job, shard)
     return shard
@@ -205,14 +206,14 @@ def build_or_resume(job: Job) -> Trainee:
     if not config.elastic:
         resume = broadcast_object(resume, root_rank=0)
     if isinstance(resume, str):  # every rank learns it: every rank stops here
-        raise JobError(resume)
+        raise AllRanksError(resume)
     problem = resume.resume_problem(config.model, config.checkpoint_uri) if resume else None
     try:
         if problem:  # every rank has the same marker: every rank stops here
             raise ModelChoiceError(problem)
         model = build_model(config.seed, config.model, config.augment)
     except ModelChoiceError as exc:  # every rank builds the same: every rank stops here
-        raise JobError(str(exc)) from exc
+        raise AllRanksError(str(exc)) from exc
     job.log.info(
         "model %s: %s parameters; augmentation %s", config.model, f"{model.count_params():,}",
         "on (training only)" if config.augment else "off",
@@ -232,7 +233,7 @@ def build_or_resume(job: Job) -> Trainee:
         try:
             checkpoints.restore(ckpt, config.checkpoint_uri, resume, job.workdir)
         except checkpoints.CheckpointError as exc:  # every rank restores: every rank stops
-            raise JobError(str(exc)) from exc
+            raise AllRanksError(str(exc)) from exc
         job.log.info("resuming from checkpoint after epoch %d of %d", resume.epoch, config.epochs)
     return Trainee(model, ckpt, resume)
 

@@ -121,6 +121,6 @@ def test_committed_checkpoints_that_are_all_unusable_stop_the_run(
     # every rank stopped on it (a clear line from rank 0), none left to die in a collective:
     # no rank's traceback
     assert "[rank 0/2] training failed: " in result.stdout
-    assert result.returncode == 2, result.stderr  # a JobError's exit code (mpirun passes it on)
+    assert result.returncode == 2, result.stderr  # AllRanksError's exit code, passed on by mpirun
     tagged_traceback = r"^\[[\d,]+\]<std(out|err)>:Traceback"
     assert not re.search(tagged_traceback, result.stdout + result.stderr, re.M)
