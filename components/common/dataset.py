@@ -61,7 +61,9 @@ def validate_arrays(images: Any, labels: Any, where: str) -> tuple[np.ndarray, n
 
 
 @dataclass(frozen=True)
-class Shard:
+class ShardFile:
+    """One file shard of a split, as the manifest lists it: its images and labels files."""
+
     images: str  # path relative to the dataset root
     labels: str
     count: int
@@ -72,14 +74,14 @@ class Shard:
 @dataclass(frozen=True)
 class Manifest:
     root: str
-    splits: dict[str, list[Shard]]
+    splits: dict[str, list[ShardFile]]
     raw: dict[str, Any]
     sha256: str  # of the manifest as written: the dataset's identity
 
     def count(self, split: str) -> int:
         return sum(s.count for s in self.shards(split))
 
-    def shards(self, split: str) -> list[Shard]:
+    def shards(self, split: str) -> list[ShardFile]:
         if split not in self.splits:
             raise DataError(f"{storage.join(self.root, MANIFEST)}: no split {split!r}")
         return self.splits[split]
@@ -132,7 +134,10 @@ def read_manifest(uri: str) -> Manifest:
         if raw.get("format") != FORMAT:
             raise DataError(f"{path}: format is {raw.get('format')!r}, expected {FORMAT!r}")
         splits = {
-            name: [Shard(**{k: s[k] for k in Shard.__dataclass_fields__}) for s in body["shards"]]
+            name: [
+                ShardFile(**{k: s[k] for k in ShardFile.__dataclass_fields__})
+                for s in body["shards"]
+            ]
             for name, body in raw["splits"].items()
         }
         empty = [(name, s.images) for name, shards in splits.items() for s in shards if s.count < 1]
