@@ -50,7 +50,10 @@ def epoch_permutation(shard_size: int, seed: int, epoch: int, rank: int) -> np.n
 
 
 @dataclass
-class Shard:
+class RankShard:
+    """This rank's block of the training split, samples ``[start, stop)`` of `total`, served
+    in `steps` batches an epoch."""
+
     images: np.ndarray
     labels: np.ndarray
     start: int
@@ -60,7 +63,7 @@ class Shard:
     manifest_sha256: str
 
 
-def load_shard(data: str, batch_size: int, rank: int, size: int) -> Shard:
+def load_shard(data: str, batch_size: int, rank: int, size: int) -> RankShard:
     """This rank's block of the training split (DataError naming the file)."""
     manifest = dataset.read_manifest(data)
     total = manifest.count("train")
@@ -76,11 +79,11 @@ def load_shard(data: str, batch_size: int, rank: int, size: int) -> Shard:
     except ValueError as exc:
         raise dataset.DataError(f"{data}: {exc}") from exc
     images, labels = dataset.load_range(manifest, "train", start, stop)
-    return Shard(images, labels, start, stop, steps, total, manifest.sha256)
+    return RankShard(images, labels, start, stop, steps, total, manifest.sha256)
 
 
 def epoch_batches(
-    shard: Shard, seed: int, rank: int, epochs: range
+    shard: RankShard, seed: int, rank: int, epochs: range
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every batch of `epochs` as rows of shard-local sample indices, padded, plus their lengths:
     each epoch's `epoch_permutation` cut by `batch_bounds`."""
@@ -97,13 +100,15 @@ def epoch_batches(
     return rows, lengths
 
 
-def epoch_ids(shard: Shard, seed: int, rank: int, epoch: int) -> np.ndarray:
+def epoch_ids(shard: RankShard, seed: int, rank: int, epoch: int) -> np.ndarray:
     """The global sample ids this rank serves in `epoch`, batch by batch."""
     rows, lengths = epoch_batches(shard, seed, rank, range(epoch, epoch + 1))
     return shard.start + np.concatenate([row[:n] for row, n in zip(rows, lengths, strict=True)])
 
 
-def make_dataset(tf: Any, shard: Shard, seed: int, rank: int, epochs: range, threads: int) -> Any:
+def make_dataset(
+    tf: Any, shard: RankShard, seed: int, rank: int, epochs: range, threads: int
+) -> Any:
     """A ``tf.data`` pipeline serving the batches of `epochs`, gathered inside TensorFlow: a
     Keras ``Sequence`` indexing in numpy measured 1.29x slower (bench/README.md)."""
     rows, lengths = epoch_batches(shard, seed, rank, epochs)

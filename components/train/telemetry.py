@@ -20,7 +20,7 @@ from typing import Any
 
 from components.common.board import Board
 from components.train.config import TrainConfig
-from components.train.data import Shard, coverage
+from components.train.data import RankShard, coverage
 from components.train.devices import Devices, gpu_usage
 from components.train.model import weights_fingerprint
 from components.train.summary import Record, RunSummary
@@ -223,7 +223,7 @@ class Telemetry:
 
         return OwnMetrics()
 
-    def callback(self, keras: Any, shard: Shard, epochs: int) -> Any:
+    def callback(self, keras: Any, shard: RankShard, epochs: int) -> Any:
         """The callback of one fit over `shard` (an elastic attempt starts afresh), after the
         broadcast and the metric averaging, which it checks from what every rank holds."""
         from horovod.tensorflow import allgather_object
@@ -279,7 +279,7 @@ class Telemetry:
             self.board.write(epoch, {**metrics, **shares, "learning_rate": lr})
 
     def run_summary(
-        self, config: TrainConfig, shard: Shard, model: Any, ids: Any, **outcome: Any
+        self, config: TrainConfig, shard: RankShard, model: Any, ids: Any, **outcome: Any
     ) -> RunSummary | None:
         """Every rank shares its record and its sample `ids` of one epoch; rank 0 gets the
         `RunSummary` (without the SavedModel's digest), the others None. `outcome`: the

@@ -40,7 +40,7 @@ from components.common.model_files import SAVED_MODEL_PB, saved_model_sha256
 from components.train import checkpoints
 from components.train.adam import fused_adam
 from components.train.config import TrainConfig, adam_settings
-from components.train.data import Shard, epoch_ids, load_shard, make_dataset
+from components.train.data import RankShard, epoch_ids, load_shard, make_dataset
 from components.train.devices import Devices, configure_devices, gpu_problem
 from components.train.model import ModelChoiceError, build_model, export_saved_model
 from components.train.preflight import world_size_problem
@@ -153,7 +153,7 @@ def train_static(job: Job) -> int:
 # 3. This rank's shard ------------------------------------------------------------------------
 
 
-def read_shard(job: Job) -> Shard:
+def read_shard(job: Job) -> RankShard:
     """Check this rank's devices and read its shard; every rank learns whether any rank failed
     before anyone trains (an AllRanksError on every rank, rank 0 saying why)."""
     from horovod.tensorflow import allgather_object
@@ -166,7 +166,7 @@ def read_shard(job: Job) -> Shard:
         local_size, found = int(job.hvd.local_size()), job.devices.gpus_found
         missing = list(missing_cuda_libraries())
         error = gpu_problem(config.gpus_per_worker, local_size, found, missing)
-    shard: Shard | None = None
+    shard: RankShard | None = None
     if error is None:
         try:  # the workers' identity reads the data; rank 0 checks it writes where the job does
             storage_access.check_job(config, writes=rank == 0)
@@ -248,7 +248,7 @@ def distributed_optimizer(job: Job) -> Any:
 # 6. Callbacks --------------------------------------------------------------------------------
 
 
-def callbacks(job: Job, trainee: Trainee, shard: Shard) -> list[Any]:
+def callbacks(job: Job, trainee: Trainee, shard: RankShard) -> list[Any]:
     """Horovod's broadcast, metric averaging and warmup; the telemetry; rank 0's checkpoints.
 
     An elastic job has no broadcast callback: its state's sync broadcasts rank 0's weights at
@@ -288,7 +288,7 @@ def callbacks(job: Job, trainee: Trainee, shard: Shard) -> list[Any]:
 
 
 def fit(
-    job: Job, trainee: Trainee, shard: Shard, with_callbacks: list[Any], start: int
+    job: Job, trainee: Trainee, shard: RankShard, with_callbacks: list[Any], start: int
 ) -> dict[str, float]:
     """Train the epochs after `start`; the last epoch's metrics ({} if none were left)."""
     config = job.config
@@ -308,7 +308,12 @@ def fit(
 
 
 def export(
-    job: Job, trainee: Trainee, shard: Shard, metrics: dict[str, float], epoch: int, **extra: Any
+    job: Job,
+    trainee: Trainee,
+    shard: RankShard,
+    metrics: dict[str, float],
+    epoch: int,
+    **extra: Any,
 ) -> int:
     """Every rank shares what it did (and its sample ids of `epoch`); rank 0 exports the one
     model and the run summary (with `extra`'s fields: an elastic job's)."""
@@ -358,7 +363,7 @@ def rank_logger(rank: int, size: int) -> logging.Logger:
     return logger
 
 
-def _log_plan(job: Job, shard: Shard) -> None:
+def _log_plan(job: Job, shard: RankShard) -> None:
     """Rank 0 says, in plain words, what the job is about to do."""
     config, size, hvd = job.config, job.size, job.hvd
     lr = lr_formula(config.lr_scaling, config.learning_rate, size, job.adam["learning_rate"])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from components.train.data import (
-    Shard,
+    RankShard,
     batch_bounds,
     epoch_batches,
     epoch_ids,
@@ -59,8 +59,8 @@ def test_permutation_is_deterministic_and_changes_per_epoch() -> None:
     assert np.array_equal(np.sort(a), np.arange(100))
 
 
-def _shard(n: int, steps: int) -> Shard:
-    return Shard(
+def _shard(n: int, steps: int) -> RankShard:
+    return RankShard(
         images=np.zeros((n, 28, 28), np.uint8), labels=np.zeros(n, np.uint8),
         start=100, stop=100 + n, steps=steps, total=1000, manifest_sha256="",
     )  # fmt: skip
