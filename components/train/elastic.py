@@ -89,7 +89,7 @@ def _attempt(job: Job, trainee: Trainee, state: Any) -> tuple[Any, int]:
     and fit, the state's own after them."""
     from horovod.tensorflow import allgather_object
 
-    shard = trainer.read_shard(job)
+    shard = trainer.agree_to_train(job)
     optimizer, start = trainee.model.optimizer, state.epoch
     adam = job.adam
     if start < job.config.warmup_epochs:  # warmup sets the learning rate itself until then

@@ -142,7 +142,7 @@ def run(config: TrainConfig, train: Callable[[Job], int] | None = None) -> int:
 
 def train_static(job: Job) -> int:
     """Steps 3 to 8 of the checklist, for a job of a fixed size."""
-    shard = read_shard(job)
+    shard = agree_to_train(job)
     trainee = build_or_resume(job)
     metrics = fit(job, trainee, shard, callbacks(job, trainee, shard), trainee.initial_epoch)
     if not metrics and trainee.resume:
@@ -153,28 +153,18 @@ def train_static(job: Job) -> int:
 # 3. This rank's shard ------------------------------------------------------------------------
 
 
-def read_shard(job: Job) -> RankShard:
-    """Check this rank's devices and read its shard; every rank learns whether any rank failed
-    before anyone trains (an AllRanksError on every rank, rank 0 saying why)."""
+def agree_to_train(job: Job) -> RankShard:
+    """This rank's shard, once every rank has found it can train (`devices_problem`,
+    `read_shard`, `exported_model_problem`): every rank learns whether any rank failed before
+    anyone trains (an AllRanksError on every rank, rank 0 saying why)."""
     from horovod.tensorflow import allgather_object
 
-    config, rank, size = job.config, job.rank, job.size
-    error: str | None = None
-    if config.gpus_per_worker > 0:  # a job that asked for GPUs trains on them or not at all
-        from components.train.cuda import missing_cuda_libraries
-
-        local_size, found = int(job.hvd.local_size()), job.devices.gpus_found
-        missing = list(missing_cuda_libraries())
-        error = gpu_problem(config.gpus_per_worker, local_size, found, missing)
     shard: RankShard | None = None
+    error = devices_problem(job)
     if error is None:
-        try:  # the workers' identity reads the data; rank 0 checks it writes where the job does
-            storage_access.check_job(config, writes=rank == 0)
-            shard = load_shard(config.data, config.batch_size_per_worker, rank, size)
-            if rank == 0 and storage.exists(storage.join(config.model_uri, SAVED_MODEL_PB)):
-                error = (
-                    f"{config.model_uri}: a model is already exported there; refusing to overwrite"
-                )
+        try:
+            shard = read_shard(job)
+            error = exported_model_problem(job)
         except (dataset.DataError, ValueError) as exc:
             error = str(exc)
     errors = allgather_object(error)  # nobody waits for a rank that gave up
@@ -182,10 +172,39 @@ def read_shard(job: Job) -> RankShard:
         first = next(e for e in errors if e)
         if error and error != first:  # rank 0 reports `first` once, for every rank that shares it
             job.log.error("cannot train: %s", error)
-        raise AllRanksError(f"{sum(1 for e in errors if e)} of {size} ranks cannot train: {first}")
+        failed = sum(1 for e in errors if e)
+        raise AllRanksError(f"{failed} of {job.size} ranks cannot train: {first}")
     assert shard is not None
     _log_plan(job, shard)
     return shard
+
+
+def devices_problem(job: Job) -> str | None:
+    """Why this rank cannot train on the GPUs the job asked for, or None: a job that asked for
+    GPUs trains on them or not at all."""
+    if job.config.gpus_per_worker <= 0:
+        return None
+    from components.train.cuda import missing_cuda_libraries
+
+    local_size, found = int(job.hvd.local_size()), job.devices.gpus_found
+    missing = list(missing_cuda_libraries())
+    return gpu_problem(job.config.gpus_per_worker, local_size, found, missing)
+
+
+def read_shard(job: Job) -> RankShard:
+    """This rank's shard of the training split, read once the workers' identity is found to read
+    the data (rank 0: and to write where the job does); DataError or ValueError says why not."""
+    config = job.config
+    storage_access.check_job(config, writes=job.rank == 0)
+    return load_shard(config.data, config.batch_size_per_worker, job.rank, job.size)
+
+
+def exported_model_problem(job: Job) -> str | None:
+    """On rank 0, why the job must not train: a model is already exported at its model URI."""
+    uri = job.config.model_uri
+    if job.rank == 0 and storage.exists(storage.join(uri, SAVED_MODEL_PB)):
+        return f"{uri}: a model is already exported there; refusing to overwrite"
+    return None
 
 
 # 4. Model and 5. optimizer -------------------------------------------------------------------
@@ -308,13 +327,9 @@ def fit(
 
 
 def export(
-    job: Job,
-    trainee: Trainee,
-    shard: RankShard,
-    metrics: dict[str, float],
-    epoch: int,
+    job: Job, trainee: Trainee, shard: RankShard, metrics: dict[str, float], epoch: int,
     **extra: Any,
-) -> int:
+) -> int:  # fmt: skip
     """Every rank shares what it did (and its sample ids of `epoch`); rank 0 exports the one
     model and the run summary (with `extra`'s fields: an elastic job's)."""
     config = job.config

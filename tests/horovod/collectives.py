@@ -135,8 +135,8 @@ def _record(rank: int) -> dict[str, Any]:
 
 
 def allgather_object(me: Rank) -> dict[str, Any]:
-    """Every rank's object, in rank order (trainer.read_shard's errors; telemetry.py's epoch costs,
-    the run summary's per-rank records and sample ids)."""
+    """Every rank's object, in rank order (trainer.agree_to_train's errors; telemetry.py's epoch
+    costs, the run summary's per-rank records and sample ids)."""
     from horovod.tensorflow import allgather_object as gather
 
     got = list(gather(_record(me.rank)))
