@@ -17,7 +17,7 @@ import pytest
 
 from components.common import defaults
 from components.common.keras_env import keras
-from components.train.model import build_model, weights_fingerprint
+from components.train.model import build_model, export_saved_model, weights_fingerprint
 from components.train.preflight import PreflightError, check_model_before_launch
 
 USER = "components.train.tests.user_model"
@@ -171,24 +171,74 @@ def test_augmentation_acts_in_training_only() -> None:
     front = keras().Sequential(model.layers[:6])  # scaling and augmentation only
     scaled = x[..., None] / 255.0
     assert np.allclose(front(x, training=False).numpy(), scaled, atol=1e-6)
-    augmented = [front(x, training=True).numpy() for _ in range(2)]
-    assert not np.allclose(augmented[0], scaled, atol=1e-3)
-    assert not np.allclose(augmented[0], augmented[1], atol=1e-3)  # new draws every batch
 
 
-def test_the_augmentation_draws_within_the_examples_ranges() -> None:
-    """256 draws of each layer stay within Horovod's example's ranges (rotation 8 degrees,
-    shifts and zoom 0.08 of 28 pixels) and reach most of them."""
-    rotate, shift, _, zoom = build_model(0, "small", augment=True).layers[2:6]
-    batch = np.zeros((256, 28, 28, 1), np.float32)
-    drawn = {
-        "degrees": np.abs(rotate.get_random_transformation(batch)["angle"]),
-        "pixels": np.abs(shift.get_random_transformation(batch)["translations"]),
-        "zoom": np.abs(zoom.get_random_transformation(batch)["height_zoom"] - 1),
-    }
-    for name, bound in {"degrees": 8.0, "pixels": 0.08 * 28, "zoom": 0.08}.items():
-        assert 0.8 * bound < float(np.max(drawn[name])) <= bound + 1e-5, (name, drawn[name])
-    assert {rotate.fill_mode, shift.fill_mode, zoom.fill_mode} == {"nearest"}
+def _ink_centre_and_tilt(images: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each image's total ink, its centre of mass (row, column) in pixels, and the tilt of its
+    long axis from the vertical, in degrees."""
+    rows, cols = np.indices(images.shape[1:3])
+    ink = images.sum(axis=(1, 2))
+
+    def mean(of: np.ndarray) -> np.ndarray:
+        return (images * of).sum(axis=(1, 2)) / ink
+
+    r, c = mean(rows), mean(cols)
+    rr, cc = mean(rows**2) - r**2, mean(cols**2) - c**2
+    rc = mean(rows * cols) - r * c
+    return ink, np.stack([r, c], axis=1), np.degrees(0.5 * np.arctan2(2 * rc, rr - cc))
+
+
+def test_training_sees_each_digit_moved_within_the_examples_bounds() -> None:
+    """What ``fit`` feeds the network, 256 augmented copies of a digit and of a vertical bar:
+    each moved, no further than Horovod's example allows, and the draws reach most of it. The
+    digit's centre of mass moves at most a shift of 0.08 x 28 pixels a side, enlarged by the
+    zoom, plus what rotation (8 degrees), shear (0.3) and zoom (0.08) make of its distance from
+    the image's centre; its ink changes by the zoom's area alone (no pixel lost at the edges).
+    The bar tilts by the rotation and the shear, which the zoom's two scales can steepen."""
+    front = keras().Sequential(build_model(0, "small", augment=True).layers[:6])
+    bar = np.zeros((1, 28, 28), np.float32)
+    bar[:, 4:24, 13:15] = 255.0
+    x = np.repeat(np.concatenate([_digits(1), bar]), 256, axis=0)
+    inks, centres, tilts = _ink_centre_and_tilt(front(x, training=True).numpy()[..., 0])
+    (ink, _), (start, _), _ = _ink_centre_and_tilt(x[::256] / 255.0)
+    shift, smallest, largest = 0.08 * 28, 1 / 1.08, 1 / 0.92  # pixels a side; zoom's scales
+    linear = largest * (1 + math.radians(0.3)) * (1 + 2 * math.sin(math.radians(4))) - 1
+    bound = largest * shift * math.sqrt(2) + linear * np.hypot(*(start - 13.5)) + 0.25
+    moved = np.hypot(*(centres[:256] - start).T)
+    assert moved.max() <= bound, (moved.max(), bound)
+    assert np.abs(centres[:256] - start).max(axis=0).min() > 0.8 * shift  # on each axis
+    kept = inks[:256] / ink  # the zoom's area change alone
+    assert smallest**2 - 0.02 <= kept.min() and kept.max() <= largest**2 + 0.02, kept
+    steepest = math.degrees(math.atan(math.tan(math.radians(8 + 0.3)) * largest / smallest))
+    tilt = np.abs(tilts[256:])
+    assert 0.75 * 8 < tilt.max() <= steepest + 0.3, (tilt.max(), steepest)
+    assert len({tuple(c) for c in np.round(centres, 2)}) > 500  # a new draw for every image
+
+
+def test_an_augmented_models_saved_model_serves_as_the_plain_one(tmp_path: Path) -> None:
+    """The served contract is the plain model's: its SavedModel loads in a fresh process
+    without the augmentation's code, takes the same raw ``image`` (n, 28, 28) and returns the
+    plain model's probabilities for the same weights, the same on every call."""
+    export_saved_model(build_model(5, "small", augment=True), tmp_path / "model")
+    np.save(tmp_path / "x.npy", _digits())
+    program = (
+        "import json, sys, numpy as np, tensorflow as tf; "
+        "sig = tf.saved_model.load(sys.argv[1]).signatures['serving_default']; "
+        "x = tf.constant(np.load(sys.argv[2])); "
+        "(spec,) = sig.structured_input_signature[1].values(); "
+        "p = [sig(image=x)['probabilities'].numpy().tolist() for _ in range(2)]; "
+        "print(json.dumps([spec.name, spec.shape.as_list(), spec.dtype.name, p, "
+        "'components.train.augment' in sys.modules]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program, str(tmp_path / "model"), str(tmp_path / "x.npy")],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[3],
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    name, shape, dtype, (served, again), augment = json.loads(out.stdout.splitlines()[-1])
+    assert (name, shape, dtype, augment) == ("image", [None, 28, 28], "float32", False)
+    plain = build_model(5, "small")(_digits(), training=False).numpy()
+    assert served == again and np.allclose(served, plain, atol=1e-6)
 
 
 def test_shear_is_image_data_generators_shear() -> None:
