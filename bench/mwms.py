@@ -77,6 +77,16 @@ def _epoch_timer(keras: Any, seconds: list[float]) -> Any:
     return EpochTimer()
 
 
+def _worker_dataset(tf: Any, images: Any, labels: Any, seed: int, batch_size: int) -> Any:
+    """This worker's shard, already split by worker: Keras 3 distributes it over the strategy
+    (one replica per worker) without sharding it again."""
+    ds = tf.data.Dataset.from_tensor_slices((images, labels))
+    ds = ds.shuffle(len(labels), seed=seed).repeat().batch(batch_size).prefetch(2)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options)
+
+
 def worker(
     data: str,
     epochs: int,
@@ -105,14 +115,7 @@ def worker(
     images, labels = dataset.load_range(manifest, "train", start, stop)
     steps = steps_per_epoch(total, size, batch_size)
 
-    # This worker's shard, already split by worker: Keras 3 distributes it over the strategy
-    # (one replica per worker) without sharding it again.
-    ds = tf.data.Dataset.from_tensor_slices((images, labels))
-    ds = ds.shuffle(len(labels), seed=seed + index).repeat().batch(batch_size).prefetch(2)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    ds = ds.with_options(options)
-
+    ds = _worker_dataset(tf, images, labels, seed + index, batch_size)
     with strategy.scope():
         model = build_model(seed, model_name or MODEL)
         model.compile(
