@@ -199,7 +199,7 @@ def _stack(name: str, st: dict[str, Any]) -> list[str]:
         f"{st['settings']['batch_size_per_worker']} per rank, {st['settings']['repeats']} "
         "interleaved rounds; medians, examples/s.", "",
         *table(["layout", *names, f"{names[0]} / {names[1]}"], rows), "",
-        f"{names[0]} / {names[1]} round by round (the spread is the machine's): {by_round}.", "",
+        f"{names[0]} / {names[1]} round by round: {by_round}.", "",
         f"Per stack: {st['figures']}.", "",
         *([f"Last epoch's training accuracy by round (seed = round): {accuracy}.", ""]
           if accuracy else []),
