@@ -45,21 +45,25 @@ class Launch:
         return "\n".join(self.output.splitlines()[-lines:])
 
 
-def launch(controller: str, work: Path) -> Launch:
-    """Run the conformance worker on WORLD ranks under `controller`; wait for it."""
+def launch(
+    controller: str, work: Path, module: str = "tests.horovod.jobs", ranks: int = WORLD,
+    env: dict[str, str] | None = None,
+) -> Launch:  # fmt: skip
+    """Run `module` (``python -m module RESULTS CONTROLLER``: the conformance worker, unless
+    another is named) on `ranks` ranks under `controller`, `env` added; wait for it."""
     results = work / "results"
-    program = [sys.executable, "-m", "tests.horovod.jobs", str(results), controller]
+    program = [sys.executable, "-m", module, str(results), controller]
     if controller == "elastic":
         hosts = project.LocalHosts(work)
-        hosts.offer(WORLD)
+        hosts.offer(ranks)
         command = project.horovodrun_command(
-            project.elastic_launcher_args(WORLD, WORLD, hosts), program
+            project.elastic_launcher_args(ranks, ranks, hosts), program
         )
     else:
-        command = static_command(WORLD, program, controller)
+        command = static_command(ranks, program, controller)
     # A static job's ranks each get a core for Horovod's thread, as run_local gives them.
-    local_ranks = 0 if controller == "elastic" else WORLD
-    env = project.job_environment({**os.environ, **STALL_ENV}, local_ranks)
+    local_ranks = 0 if controller == "elastic" else ranks
+    env = project.job_environment({**os.environ, **STALL_ENV, **(env or {})}, local_ranks)
     proc = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,

@@ -2,8 +2,8 @@
 independent jobs) trains with the DistributedOptimizer but has no one to average with, so its
 steps must not go through Horovod's collective (the background thread would be a cost with no
 use: patch 0002 skips it, as the Keras 2 path does). Run under ``mpirun -np 1`` with
-``HOROVOD_TIMELINE`` set; writes how far its weights are from plain Adam's
-(``{"max_difference_from_adam": float}``) to OUT.
+``HOROVOD_TIMELINE`` set (`jobs.launch`); writes how far its weights are from plain Adam's
+(``{"max_difference_from_adam": float}``) to ``OUT/RESULT``.
 
 The timeline is how the test sees which collectives Horovod ran: rank 0's background thread
 records each one by name. One allreduce named MARKER is run on purpose, so the test can tell a
@@ -22,11 +22,13 @@ import numpy as np
 from tests.horovod.common import Rank, batch, compile_distributed, small_model
 
 MARKER = "one_rank_marker"
+RESULT = "one_rank.json"
 STEPS = 4
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[0])
+    out, controller = Path(argv[0]), argv[1]
+    out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import horovod.tensorflow as hvt
     import horovod.tensorflow.keras as hvd
@@ -34,7 +36,7 @@ def main(argv: list[str]) -> int:
     import tensorflow as tf
 
     hvd.init()
-    me = Rank(hvd, tf, keras, "mpi", rank=hvd.rank(), size=hvd.size())
+    me = Rank(hvd, tf, keras, controller, rank=hvd.rank(), size=hvd.size())
     assert me.size == 1, f"a one-rank job has size {me.size}"
     # (horovod.tensorflow's allreduce, in a graph: an eager op's name is not the one asked for)
     tf.function(lambda: hvt.allreduce(tf.constant([1.0]), name=MARKER))()
@@ -53,7 +55,7 @@ def main(argv: list[str]) -> int:
         for a, b in zip(trained.get_weights(), plain.get_weights(), strict=True)
     )
     hvd.shutdown()  # flushes the timeline
-    out.write_text(json.dumps({"max_difference_from_adam": difference}))
+    (out / RESULT).write_text(json.dumps({"max_difference_from_adam": difference}))
     return 0
 
 

@@ -18,11 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from components.train import launch as project
-from standins.jobs import static_command
 from tests.horovod import one_rank
 from tests.horovod.common import CHECK_BUILD, TOLERANCE, WORLD, built_with
-from tests.horovod.jobs import CHECKS, CONTROLLERS, LAUNCH_TIMEOUT_S, REPO, Launch, launch
+from tests.horovod.jobs import CHECKS, CONTROLLERS, REPO, Launch, launch
 
 pytestmark = pytest.mark.conformance
 
@@ -96,15 +94,14 @@ def test_a_one_rank_job_steps_without_the_collective(tmp_path: Path) -> None:
     """A job of one rank (1x1, or each of two independent jobs) has no one to average with: its
     DistributedOptimizer steps as plain Adam, and Horovod's timeline records the one allreduce
     run on purpose and none of the optimizer's (tests/horovod/one_rank.py)."""
-    out, timeline = tmp_path / "result.json", tmp_path / "timeline.json"
-    program = [sys.executable, "-m", "tests.horovod.one_rank", str(out)]
-    env = project.job_environment({**os.environ, "HOROVOD_TIMELINE": str(timeline)}, 1)
-    proc = subprocess.run(
-        static_command(1, program), cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=LAUNCH_TIMEOUT_S,
+    timeline = tmp_path / "timeline.json"
+    run = launch(
+        "mpi", tmp_path, module="tests.horovod.one_rank", ranks=1,
+        env={"HOROVOD_TIMELINE": str(timeline)},
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(out.read_text())["max_difference_from_adam"] <= TOLERANCE
+    assert run.returncode == 0, f"{run.command}\nexit code {run.returncode}:\n{run.tail()}"
+    result = json.loads((run.results / one_rank.RESULT).read_text())
+    assert result["max_difference_from_adam"] <= TOLERANCE
     recorded = timeline.read_text()
     assert one_rank.MARKER in recorded, f"the timeline recorded no collective:\n{recorded[:2000]}"
     assert "HorovodGroupedAllreduce" not in recorded, "a one-rank step ran Horovod's allreduce"
