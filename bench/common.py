@@ -17,6 +17,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ def hardware_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
+        "keras": keras_env.keras().__version__,
         "horovod": horovod.__version__,
         "numpy": np.__version__,
     }
@@ -107,6 +109,18 @@ def _spin(processes: int, loops: int) -> float:
 # shrinks it to a tenth and one spin, since a smoke run's figures mean nothing anyway.
 PROBE = {"loops": 5_000_000, "rounds": 3}
 QUICK_PROBE = {"loops": 500_000, "rounds": 1}
+# Other work using more than this many cores, sampled twice over SAMPLE_SECONDS while no job
+# of the benchmark runs, and the machine is busy: its figures are not written. An idle machine
+# here samples 0.0; one spinning process elsewhere, 1.0.
+MAX_BUSY_CORES = 0.5
+SAMPLE_SECONDS = 2.0
+# Whether `machine_state` refuses a busy machine: off for `--quick` (its figures mean nothing).
+REFUSE_BUSY = {"on": True}
+
+
+class BusyMachine(SystemExit):
+    """The machine is running other work: the benchmark stops, and writes nothing (exit 1, one
+    line on stderr)."""
 
 
 def cpu_parallel_capacity() -> dict[str, float]:
@@ -126,10 +140,48 @@ def cpu_parallel_capacity() -> dict[str, float]:
 
 
 def machine_state() -> dict[str, Any]:
-    """The 1, 5 and 15 minute load averages (other work on the machine shows up there) and the
-    effective core count right now (see cpu_parallel_capacity)."""
-    load = [round(x, 2) for x in os.getloadavg()]
-    return {"load_average": load, "cpu_capacity": cpu_parallel_capacity()}
+    """The 1, 5 and 15 minute load averages, the cores other work used just now (`busy_cores`)
+    and the effective core count (see cpu_parallel_capacity).
+
+    Every benchmark takes this before it starts and before it writes, while none of its jobs
+    runs. Outside ``--quick`` it raises BusyMachine when other work used more than
+    MAX_BUSY_CORES in two samples in a row."""
+    if not REFUSE_BUSY["on"]:
+        return {"load_average": [round(x, 2) for x in os.getloadavg()],
+                "busy_cores": busy_cores(0.2), "cpu_capacity": cpu_parallel_capacity()}  # fmt: skip
+    busy = busy_cores()
+    if busy > MAX_BUSY_CORES:
+        busy = busy_cores()  # one sample can catch a passing blip
+        if busy > MAX_BUSY_CORES:
+            raise BusyMachine(busy_line(busy))
+    return {
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "busy_cores": busy,
+        "cpu_capacity": cpu_parallel_capacity(),
+    }
+
+
+def busy_cores(seconds: float = SAMPLE_SECONDS) -> float:
+    """The cores this machine spent on anything but idle over `seconds`, from /proc/stat (the
+    benchmark itself sleeps meanwhile, so this is other work)."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all jiffies; idle + iowait
+
+    (total0, idle0) = sample()
+    time.sleep(seconds)
+    (total1, idle1) = sample()
+    share = 1 - (idle1 - idle0) / max(1, total1 - total0)
+    return round(max(0.0, share) * (os.cpu_count() or 1), 2)
+
+
+def busy_line(busy: float) -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (
+        f"bench: the machine is busy: other work used {busy} cores (over {MAX_BUSY_CORES}), "
+        f"load average {load}; no result written, rerun it on an idle machine"
+    )
 
 
 def finite(value: Any) -> Any:
@@ -325,6 +377,7 @@ class BenchParser(argparse.ArgumentParser):
         parsed = super().parse_args(*args, **kwargs)
         if getattr(parsed, "quick", False):
             PROBE.update(QUICK_PROBE)
+            REFUSE_BUSY["on"] = False
         return parsed
 
 

@@ -164,6 +164,10 @@ def run(
     }
     if COPIES in medians:
         result["machine_ceiling"] = machine_ceiling(main, medians[COPIES])
+        result["machine_ceiling"]["efficiency_vs_machine_by_round"] = [
+            ratio(job["examples_per_second"], copies["examples_per_second"])
+            for job, copies in zip(runs["2x1"], runs[COPIES], strict=True)
+        ]
     estimate = estimate_beside_measured(runs, result["ratios"])
     if estimate:
         result["estimate"] = estimate

@@ -5,6 +5,7 @@ writes valid JSON, its report and its plots. No timings.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from bench import (
+    common,
     data_prep,
     faults,
     levers,
@@ -71,6 +73,27 @@ def test_data_prep_scaling_and_the_report(tmp_path: Path) -> None:
     assert len(write_report(out)) == 2
     assert "| Target | Required | Measured | Verdict |" in (out / "summary.md").read_text()
     assert (out / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_busy_machine_gets_no_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process spinning on one of the two cores: a benchmark refuses in one line
+    before it measures, and a result about to be written is not."""
+    out = tmp_path / "results"
+    command = [sys.executable, "-m", "bench.data_prep", "--sizes", "500", "--repeats", "1",
+               "--out", str(out), "--work", str(tmp_path / "work")]  # fmt: skip
+    monkeypatch.setitem(common.REFUSE_BUSY, "on", True)  # earlier --quick runs turned it off
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+        with pytest.raises(common.BusyMachine, match="the machine is busy"):
+            write_result("scaling", {"runs": {}}, out)
+    finally:
+        spinner.kill()
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last_line = proc.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("bench: the machine is busy: other work used ")
+    assert not list(out.glob("*.json"))  # neither data_prep.json nor scaling.json
 
 
 def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) -> None:
