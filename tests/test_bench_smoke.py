@@ -19,6 +19,7 @@ from bench import (
     levers,
     mwms,
     pipeline_overhead,
+    run_all,
     scaling,
     stack,
     time_to_accuracy,
@@ -69,10 +70,23 @@ def test_data_prep_scaling_and_the_report(tmp_path: Path) -> None:
     assert record["machine_ceiling"]["efficiency_vs_machine"] == pytest.approx(
         record["median_examples_per_second"]["2x1"] / copies["examples_per_second"], abs=1e-3
     )
+    rounds = record["machine_ceiling"]["efficiency_vs_machine_by_round"]
+    assert len(rounds) == record["settings"]["repeats"] == 1  # the spread: one ratio a round
+    assert rounds[0] == pytest.approx(record["machine_ceiling"]["efficiency_vs_machine"], abs=1e-3)
     assert set(record["settings"]["layouts"]) == {"1x1", "2x1"}
     assert len(write_report(out)) == 2
-    assert "| Target | Required | Measured | Verdict |" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "| Target | Required | Measured | Verdict |" in summary
+    assert "No full `make bench` run recorded" in summary
     assert (out / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+    # A full `make bench` records its run, and the page names it.
+    run = {"started": "2026-12-06 17:01 UTC", "seconds": {"scaling": 4500}, "total_seconds": 4500}
+    write_result(run_all.RUN_RECORD, run, out)
+    write_report(out)
+    assert (
+        "From one `make bench`, started 2026-12-06 17:01 UTC, which took 75 min"
+        in (out / "summary.md").read_text()
+    )
 
 
 def test_a_busy_machine_gets_no_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,7 +170,8 @@ def test_stack_benchmark_runs_two_environments(tmp_path: Path) -> None:
     assert all(v > 0 for v in record["this_over_other"].values())
     assert 0 < record["figures"]["this"]["efficiency_vs_machine"] < 2
     write_report(out)  # each layout's ratio round by round: one per round, the spread shown
-    line = next(x for x in (out / "summary.md").read_text().splitlines() if "round by round" in x)
+    assert "round by round" not in (out / "summary.md").read_text()  # not from `make bench`
+    line = next(x for x in (out / "stacks.md").read_text().splitlines() if "round by round" in x)
     assert line.count("[") == len(stack.LAYOUTS) and line.count(",") >= len(stack.LAYOUTS) - 1
 
 
