@@ -26,7 +26,11 @@ TARGETS = {
     "ceiling_ratio": ("ceiling ratio T(2x1) / T(1x2)", 0.95),
     "horovod_over_mwms": ("Horovod / MultiWorkerMirroredStrategy, 2x1, batch 64", 1.2),
     "time_to_96": ("time to 96%, 2x1 against 1x1, training time, median of 3 seeds", 1.6),
+    "estimate_over_measured": ("the `paid:` estimate over the measured efficiency, 2x1", 1.05),
+    "not_training_seconds": ("`make run`'s seconds outside training (median)", 10.0),
 }
+# The targets met from below (the rest are met from above).
+AT_MOST = {"estimate_over_measured", "not_training_seconds"}
 
 
 MWMS_ON_KERAS_3 = (
@@ -59,11 +63,15 @@ def measured(res: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     tta = res.get("time_to_accuracy", {}).get("speedups", {}).get("0.96", {})
     mwms = res.get("mwms", {}).get("ratios", {})
     ceiling = res.get("scaling", {}).get("machine_ceiling", {})
+    estimate = res.get("scaling", {}).get("estimate", {})
+    pipeline = res.get("pipeline_overhead", {}).get("medians", {}).get("default", {})
     return {
         "efficiency_vs_machine": ceiling.get("efficiency_vs_machine"),
         "ceiling_ratio": levers.get("ceiling_ratio"),
         "horovod_over_mwms": mwms.get("horovod_over_mwms_throughput"),
         "time_to_96": tta.get("2x1_vs_1x1_training"),
+        "estimate_over_measured": estimate.get("estimate_over_measured"),
+        "not_training_seconds": pipeline.get("not_training_seconds"),
     }
 
 
@@ -71,9 +79,10 @@ def targets_section(res: dict[str, dict[str, Any]]) -> list[str]:
     values = measured(res)
     rows = []
     for key, (what, required) in TARGETS.items():
-        value = values[key]
-        verdict = "n/a" if value is None else ("met" if value >= required else "**missed**")
-        rows.append([what, f"≥ {required}", fmt(value), verdict])
+        value, at_most = values[key], key in AT_MOST
+        met = value is not None and (value <= required if at_most else value >= required)
+        verdict = "n/a" if value is None else ("met" if met else "**missed**")
+        rows.append([what, f"{'≤' if at_most else '≥'} {required}", fmt(value), verdict])
     return ["## Targets", "", *table(["Target", "Required", "Measured", "Verdict"], rows), ""]
 
 
