@@ -146,11 +146,9 @@ def machine_state() -> dict[str, Any]:
     Every benchmark takes this before it starts and before it writes, while none of its jobs
     runs. Outside ``--quick`` it raises BusyMachine when other work used more than
     MAX_BUSY_CORES in two samples in a row."""
-    if not REFUSE_BUSY["on"]:
-        return {"load_average": [round(x, 2) for x in os.getloadavg()],
-                "busy_cores": busy_cores(0.2), "cpu_capacity": cpu_parallel_capacity()}  # fmt: skip
-    busy = busy_cores()
-    if busy > MAX_BUSY_CORES:
+    refuse = REFUSE_BUSY["on"]
+    busy = busy_cores(SAMPLE_SECONDS if refuse else 0.2)
+    if refuse and busy > MAX_BUSY_CORES:
         busy = busy_cores()  # one sample can catch a passing blip
         if busy > MAX_BUSY_CORES:
             raise BusyMachine(busy_line(busy))

@@ -16,8 +16,9 @@ from bench.common import RESULTS_DIR
 from bench.plots import scaling_plot, time_to_accuracy_plot
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
-# bench.stack's comparisons of two environments are not part of `make bench`: their own page.
-STACKS_DOC = DOC.with_name("stacks.md")
+# bench.stack's comparisons of two environments are not part of `make bench`: their own page,
+# beside the performance page (and beside summary.md in the results).
+STACKS_PAGE = "stacks.md"
 # The targets (2 cores, the default model). Efficiency is measured against the machine's own
 # ceiling: two independent 1x1 jobs at once measured 0.88 of twice one alone here, so 0.93 of
 # twice 1x1 was above what this machine can give two processes.
@@ -275,11 +276,10 @@ def write_report(results: Path = RESULTS_DIR, doc: Path | None = None) -> list[P
     written = [results / "summary.md"]
     written[0].write_text(text)
     if any(n.startswith("stack") for n in res):
-        written.append(results / "stacks.md")
-        written[-1].write_text(stacks_markdown(res))
-        if doc is not None:
-            doc.with_name(STACKS_DOC.name).write_text(stacks_markdown(res))
-            written.append(doc.with_name(STACKS_DOC.name))
+        stacks = stacks_markdown(res)
+        for path in [results / STACKS_PAGE] + ([doc.with_name(STACKS_PAGE)] if doc else []):
+            path.write_text(stacks)
+            written.append(path)
     if "scaling" in res:
         written.append(scaling_plot(res["scaling"], results / "scaling.png"))
     if "time_to_accuracy" in res:
