@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from components.common.failure import one_line_failures
 from components.train import mpiwatch
 from components.train.config import from_argv
@@ -23,4 +21,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from components.train.held_input import exit_process
+
+    exit_process(main())

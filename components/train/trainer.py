@@ -37,7 +37,7 @@ from components.common import dataset, keras_env, storage, storage_access
 from components.common.board import Board
 from components.common.failure import ExitCode, ExpectedError
 from components.common.model_files import SAVED_MODEL_PB, saved_model_sha256
-from components.train import checkpoints
+from components.train import checkpoints, held_input
 from components.train.adam import fused_adam
 from components.train.config import TrainConfig, adam_settings
 from components.train.data import RankShard, epoch_ids, load_shard, make_dataset
@@ -290,6 +290,7 @@ def callbacks(job: Job, trainee: Trainee, shard: RankShard) -> list[Any]:
             )
         )  # fmt: skip
     found.append(telemetry.callback(keras, shard, config.epochs))
+    found.append(held_input.hold_callback(keras))  # no wait for tf.data at the end of fit
     if job.rank == 0:
 
         def checkpoint(epoch: int, logs: Any) -> None:

@@ -1,0 +1,79 @@
+"""The training input held past ``fit``, and the rank's process ended without destroying it
+(`components.train.held_input`). Real Keras and ``tf.data``; the exit in a real subprocess.
+
+What this buys, the seconds a rank no longer waits, is a time: ``bench.pipeline_overhead``
+measures it, not these tests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from components.common.keras_env import keras
+from components.train import held_input
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _fit_model(batches: int) -> tuple[object, object]:
+    """A tiny model and `batches` batches of 4 samples, as a ``tf.data`` pipeline."""
+    import tensorflow as tf
+
+    k = keras()
+    model = k.Sequential([k.layers.Input((3,)), k.layers.Dense(2, activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy", jit_compile=False)
+    images = np.arange(batches * 12, dtype=np.float32).reshape(batches * 4, 3)
+    data = tf.data.Dataset.from_tensor_slices((images, np.zeros(batches * 4, int))).batch(4)
+    return model, data
+
+
+def test_each_fit_leaves_the_iterator_its_steps_read_held() -> None:
+    model, data = _fit_model(batches=8)
+    before = len(held_input.HELD)
+    callback = held_input.hold_callback(keras())
+    model.fit(data, epochs=2, steps_per_epoch=3, verbose=0, callbacks=[callback], shuffle=False)
+    assert len(held_input.HELD) == before + 1  # one iterator for the whole fit
+    assert len(list(held_input.HELD[-1])) == 8 - 2 * 3  # the one the 6 steps read: 2 batches left
+    step = model.train_function
+    assert step is callback.step  # fit's own step function is back in place
+    # A second fit (an elastic job's next attempt) holds its own iterator too.
+    model.fit(data, epochs=1, steps_per_epoch=5, verbose=0, callbacks=[callback], shuffle=False)
+    assert len(held_input.HELD) == before + 2
+    assert len(list(held_input.HELD[-1])) == 8 - 5
+    assert model.train_function is step
+
+
+def _exit_in_subprocess(hold: bool) -> subprocess.CompletedProcess[str]:
+    script = textwrap.dedent(f"""
+        import atexit
+        from components.train import held_input
+
+        class Input:
+            def __del__(self):
+                print("destroyed", flush=True)
+
+        atexit.register(lambda: print("exit handler ran"))  # buffered: the exit flushes it
+        kept = Input()
+        if {hold}:
+            held_input.HELD.append(kept)
+        del kept
+        print("exiting", end=" ")
+        held_input.exit_process(3)
+    """)  # fmt: skip
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)  # fmt: skip
+
+
+def test_the_process_ends_with_its_exit_handlers_and_without_destroying_what_it_holds() -> None:
+    held = _exit_in_subprocess(hold=True)
+    assert held.returncode == 3, held.stderr
+    assert held.stdout == "exiting exit handler ran\n"  # Horovod's shutdown, the heartbeat's
+    # done: registered handlers like these still run; the held input is never destroyed.
+    nothing_held = _exit_in_subprocess(hold=False)
+    assert nothing_held.returncode == 3, nothing_held.stderr
+    assert nothing_held.stdout == "destroyed\nexiting exit handler ran\n"  # a plain exit
