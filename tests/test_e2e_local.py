@@ -51,7 +51,7 @@ def test_make_run_equivalent_end_to_end(local_pipeline_run: LocalRun) -> None:
     # ... and says whether the workers paid, from the ranks' own timings.
     assert summary.resource_use is not None
     efficiency = summary.resource_use["estimated_efficiency"]
-    assert first["paid"].startswith(f"scaling efficiency at most {efficiency:.2f} (a step: ")
+    assert first["paid"].startswith(f"estimated scaling efficiency {efficiency:.2f} (a step: ")
     assert "| 9 |" in Path(first["evaluation_report"]).read_text()  # per-class table
     accuracy = float(first["metrics"].split()[1].rstrip(","))
     assert accuracy > 0.3

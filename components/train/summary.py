@@ -139,7 +139,7 @@ def paid_line(summary: RunSummary) -> str | None:
         return None
     advice = f"; {use['advice'][0]}" if use["advice"] else ""
     return (
-        f"paid: scaling efficiency at most {use['estimated_efficiency']:.2f} (a step: compute "
+        f"paid: estimated scaling efficiency {use['estimated_efficiency']:.2f} (a step: compute "
         f"{use['compute_share']:.0%}, communication {use['communication_share']:.0%}, waiting "
         f"{use['waiting_share']:.0%}){advice}"
     )
@@ -268,9 +268,7 @@ def resource_lines(s: RunSummary) -> list[str]:
         f"A step took {use['step_seconds'] * 1e3:.1f} ms: compute **{use['compute_share']:.0%}**, "
         f"communication **{use['communication_share']:.0%}**, waiting for slower ranks "
         f"**{use['waiting_share']:.0%}** (median of {use['epochs_measured']} epoch(s)). "
-        f"Scaling efficiency: **at most {use['estimated_efficiency']:.2f}**, compute's share of "
-        "a step: ranks that share a node's cores also compute slower than one alone would, "
-        "which a job cannot see from inside.",
+        f"Estimated scaling efficiency: **{use['estimated_efficiency']:.2f}**.",
         "",
         _row("rank", "host", "step ms", "compute ms", "in allreduce ms", "CPU cores busy",
              "threads"),

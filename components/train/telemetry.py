@@ -155,11 +155,7 @@ def straggler(ranks: list[Record]) -> Record | None:
 
 def resource_use(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> Record:
     """The run summary's ``resource_use``: the median step split over the epochs (the first,
-    tracing and warm-up, left out when there are others), per-rank figures, and advice.
-
-    ``estimated_efficiency`` is compute's share of a step, an upper bound: ranks sharing a
-    node's cores compute slower than one alone (``bench.scaling``: 0.886 against a measured
-    0.798 on 2 cores), and only a run beside a solo one can see that."""
+    tracing and warm-up, left out when there are others), per-rank figures, and advice."""
     timed = epochs[1:] or epochs
     splits = [step_split(costs) for costs in timed]
     split = {k: round(statistics.median(s[k] for s in splits), 4) for k in splits[0]}
@@ -197,7 +193,7 @@ def advice(use: Record) -> list[str]:
     if not notes:
         notes.append(
             f"the workers paid: compute is {use['estimated_efficiency']:.2f} of a step, the "
-            "scaling efficiency's upper bound; nothing to change"
+            "estimated scaling efficiency; nothing to change"
         )
     return notes
 

@@ -67,8 +67,8 @@ def test_idle_threads_are_named_and_a_good_job_is_told_so() -> None:
     ]
     good = resource_use([[_cost(0, 3), _cost(1, 2)]], {0: "a", 1: "b"})
     assert advice(good) == [
-        "the workers paid: compute is 0.97 of a step, the scaling efficiency's upper bound; "
-        "nothing to change"
+        "the workers paid: compute is 0.97 of a step, the estimated scaling efficiency; nothing "
+        "to change"
     ]
 
 
