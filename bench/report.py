@@ -27,11 +27,12 @@ TARGETS = {
     "ceiling_ratio": ("ceiling ratio T(2x1) / T(1x2)", 0.95),
     "horovod_over_mwms": ("Horovod / MultiWorkerMirroredStrategy, 2x1, batch 64", 1.2),
     "time_to_96": ("time to 96%, 2x1 against 1x1, training time, median of 3 seeds", 1.6),
-    "estimate_over_measured": ("the `paid:` estimate over the measured efficiency, 2x1", 1.05),
+    "estimate_over_measured": ("the `paid:` estimate over the measured efficiency, 2x1", 1.0),
     "not_training_seconds": ("`make run`'s seconds outside training (median)", 10.0),
 }
-# The targets met from below (the rest are met from above).
-AT_MOST = {"estimate_over_measured", "not_training_seconds"}
+# The targets met from below, and those met within a margin either side (the rest from above).
+AT_MOST = {"not_training_seconds"}
+WITHIN = {"estimate_over_measured": 0.05}
 
 
 MWMS_ON_KERAS_3 = (
@@ -76,14 +77,24 @@ def measured(res: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
+def target_bound(key: str, required: float, value: float | None) -> tuple[str, bool]:
+    """The target's bound as the page writes it, and whether `value` meets it."""
+    if key in WITHIN:
+        margin = WITHIN[key]
+        return f"{required} ± {margin}", value is not None and abs(value - required) <= margin
+    if key in AT_MOST:
+        return f"≤ {required}", value is not None and value <= required
+    return f"≥ {required}", value is not None and value >= required
+
+
 def targets_section(res: dict[str, dict[str, Any]]) -> list[str]:
     values = measured(res)
     rows = []
     for key, (what, required) in TARGETS.items():
-        value, at_most = values[key], key in AT_MOST
-        met = value is not None and (value <= required if at_most else value >= required)
+        value = values[key]
+        bound, met = target_bound(key, required, value)
         verdict = "n/a" if value is None else ("met" if met else "**missed**")
-        rows.append([what, f"{'≤' if at_most else '≥'} {required}", fmt(value), verdict])
+        rows.append([what, bound, fmt(value), verdict])
     return ["## Targets", "", *table(["Target", "Required", "Measured", "Verdict"], rows), ""]
 
 
