@@ -77,9 +77,14 @@ def test_the_retry_policy_retries_429_and_503_and_logs_each_retry(
     assert not policy._predicate(gexc.PreconditionFailed("stale"))
     caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
     policy._on_error(gexc.ServiceUnavailable("try again"))
+    storage._retry("access check", "gs://b/data")._on_error(gexc.TooManyRequests("slow"))
     assert logged_retries(caplog) == [
-        "GCS read gs://b/k failed: HTTP 503 (ServiceUnavailable); retrying"
+        "GCS read gs://b/k failed: HTTP 503 (ServiceUnavailable); retrying",
+        "GCS access check gs://b/data failed: HTTP 429 (TooManyRequests); retrying",
     ]
+    # bench.faults counts each of them in a job's log, behind the rank's tag.
+    tagged = [f"[1,0]<stderr>:WARNING:{STORAGE_LOGGER}:{m}" for m in logged_retries(caplog)]
+    assert all(storage.RETRY_LINE.search(line) for line in tagged)
 
 
 def test_data_prep_retries_and_writes_the_whole_dataset(faulty: Faulty) -> None:

@@ -19,7 +19,6 @@ from bench.faults.runs import (
     CHECKPOINT_LINE,
     GCS_SHARE,
     JOB_TIMEOUT_S,
-    RETRY_LINE,
     Bench,
     Job,
     emulator_env,
@@ -88,7 +87,7 @@ def _gcs_chain(b: Bench, proxy: Any, bucket: str, counter: _Retries) -> dict[str
 
 def _retry_lines(job: Job) -> int:
     """The storage layer's retry lines the job's ranks printed."""
-    return sum(1 for _, line in job.lines if RETRY_LINE.search(line))
+    return sum(1 for _, line in job.lines if storage.RETRY_LINE.search(line))
 
 
 def gcs_transient(b: Bench) -> dict[str, Any]:

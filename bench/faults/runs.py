@@ -32,7 +32,6 @@ STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TI
 JOB_TIMEOUT_S = 600
 CHECKPOINT_LINE = re.compile(r"checkpoint after epoch (\d+) written")
 RESUME_LINE = re.compile(r"resuming from checkpoint after epoch (\d+) of")
-RETRY_LINE = re.compile(r"GCS \w+ \S+ failed: .*; retrying")
 
 
 # --- running a local job, every line stamped -------------------------------------------------

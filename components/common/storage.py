@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -26,6 +27,10 @@ from components.common.failure import InputError
 
 # The compare-and-swap token of a file that does not exist (GCS's ifGenerationMatch=0).
 ABSENT = "0"
+# Each retry's log line (the operation may be several words: "access check"), and the pattern
+# that finds one in a job's log (bench.faults counts them against the faults it injected).
+RETRY_FORMAT = "GCS %s %s failed: %s; retrying"
+RETRY_LINE = re.compile(r"GCS [\w ]+ \S+ failed: .*; retrying")
 _log = logging.getLogger(__name__)
 
 
@@ -74,7 +79,7 @@ def _retry(operation: str, uri: str) -> Any:
         status = getattr(exc, "code", None) or getattr(response, "status_code", None)
         name = type(exc).__name__
         what = f"HTTP {status} ({name})" if isinstance(status, int) else f"{name}: {exc}"
-        _log.warning("GCS %s %s failed: %s; retrying", operation, uri, what)
+        _log.warning(RETRY_FORMAT, operation, uri, what)
 
     # google-api-core has no public copy-with-on_error; DEFAULT_RETRY's predicate is reused as
     # it is (tests/test_gcs_faults.py checks that it retries 429 and 503).
