@@ -390,11 +390,16 @@ def base_parser(description: str) -> BenchParser:
 
 
 def scratch(work: Path | None, name: str) -> Path:
-    """A fresh scratch directory for benchmark `name` (under `work`, or a new temp dir)."""
+    """A fresh scratch directory for benchmark `name`: under `work`, kept; or a new temp dir,
+    removed when the process exits (a full `make bench` left about 11 GB in /tmp)."""
+    import atexit
+    import shutil
     import tempfile
 
     if work is None:
-        return Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+        path = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        return path
     path = (work / name).resolve()  # absolute: a job may run in another checkout (bench.stack)
     path.mkdir(parents=True, exist_ok=True)
     return path

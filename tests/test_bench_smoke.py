@@ -5,6 +5,7 @@ writes valid JSON, its report and its plots. No timings.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,18 @@ def test_the_paid_estimate_is_missed_on_either_side_of_the_measured_efficiency()
     assert target_bound("not_training_seconds", 10.0, 9.33) == ("≤ 10.0", True)
     assert target_bound("time_to_96", 1.6, 1.52) == ("≥ 1.6", False)
     assert target_bound("time_to_96", 1.6, None) == ("≥ 1.6", False)
+
+
+def test_a_benchmark_without_work_leaves_no_scratch(tmp_path: Path) -> None:
+    """Its temp folder (the datasets and job outputs, gigabytes in a full run) goes at exit."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    command = [sys.executable, "-m", "bench.data_prep", "--quick", "--out", str(tmp_path / "out")]
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "data_prep.json").exists()
+    assert not list(temp.glob("bench-*"))
 
 
 def test_a_busy_machine_gets_no_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
