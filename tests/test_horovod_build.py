@@ -37,6 +37,7 @@ def _pre_images(patches: list[Path]) -> dict[str, str]:
     """For every file the series changes (not those it creates), a file it applies to: the
     hunks' context and removed lines, in order (patch finds each hunk at its offset)."""
     found: dict[str, list[str]] = {}
+    created: set[str] = set()  # by an earlier patch of the series: a later one changes it
     current: list[str] | None = None
     for patch in patches:
         old = ""
@@ -45,7 +46,9 @@ def _pre_images(patches: list[Path]) -> dict[str, str]:
                 old, current = line, None
             elif line.startswith("+++ b/"):
                 name = line[6:].split()[0]
-                new_file = old.startswith("--- /dev/null") or name in found
+                if old.startswith("--- /dev/null"):
+                    created.add(name)
+                new_file = name in created or name in found
                 current = None if new_file else found.setdefault(name, [])
             elif line.startswith("diff "):
                 current = None

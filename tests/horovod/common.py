@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -133,3 +134,38 @@ def recorder(keras: Any, into: list[dict[str, float]]) -> Any:
     return keras.callbacks.LambdaCallback(
         on_epoch_end=lambda epoch, logs: into.append({k: float(v) for k, v in logs.items()})
     )
+
+
+def collectives(timeline: str, phase: str) -> dict[str, int]:
+    """How many times Horovod's timeline (rank 0's, a Chrome trace) records `phase` (e.g.
+    ``ALLREDUCE``, ``BROADCAST``) for each tensor, by the tensor's name."""
+    names = dict(
+        re.findall(
+            r'"name": "process_name", "ph": "M", "pid": (\d+), "args": \{"name": "([^"]+)"',
+            timeline,
+        )
+    )
+    counts: dict[str, int] = {}
+    for pid in re.findall(rf'"ph": "B", "name": "{phase}", "ts": \d+, "pid": (\d+)', timeline):
+        counts[names[pid]] = counts.get(names[pid], 0) + 1
+    return counts
+
+
+class Timeline:
+    """Horovod's timeline around a block (the job runs with ``HOROVOD_TIMELINE=DYNAMIC``):
+    ``with Timeline(me) as timeline: ...``, then `timeline.text` (rank 0's; "" elsewhere)."""
+
+    def __init__(self, me: Rank) -> None:
+        import tempfile
+
+        self.me, self.text = me, ""
+        self.path = Path(tempfile.mkdtemp(prefix="hvd-timeline-")) / "timeline.json"
+
+    def __enter__(self) -> Timeline:
+        self.me.hvd.start_timeline(str(self.path))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.me.hvd.stop_timeline()
+        if self.me.rank == 0:
+            self.text = self.path.read_text()

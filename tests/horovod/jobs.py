@@ -22,15 +22,23 @@ from tests.horovod import (
     collectives,
     elastic_checks,
     keras_checks,
+    mixed_precision_checks,
+    optimizer_checks,
     refusal_checks,
+    tape_checks,
 )
 from tests.horovod.common import WORLD, Check, Rank
 
 REPO = Path(__file__).resolve().parents[2]
 CONTROLLERS = ("mpi", "gloo", "elastic")
 LAUNCH_TIMEOUT_S = 600
-# A check that leaves the ranks in different collectives ends the job this soon, not hang it.
-STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "10", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}
+# A check that leaves the ranks in different collectives ends the job this soon, not hang it;
+# checks that count collectives start and stop Horovod's timeline (common.Timeline).
+STALL_ENV = {
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "10",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30",
+    "HOROVOD_TIMELINE": "DYNAMIC",
+}
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,9 @@ def launch(
 CHECKS: dict[str, Check] = {
     **collectives.CHECKS,
     **keras_checks.CHECKS,
+    **optimizer_checks.CHECKS,
+    **mixed_precision_checks.CHECKS,
+    **tape_checks.CHECKS,
     **callback_checks.CHECKS,
     **elastic_checks.CHECKS,
     **refusal_checks.CHECKS,

@@ -35,12 +35,14 @@ def backward_passes(me: Rank) -> dict[str, Any]:
     return {"message": refused(call, "gradient_accumulation_steps=2")}
 
 
-def built_optimizer(me: Rank) -> dict[str, Any]:
-    """An optimizer built already (its variables exist): the wrapper would start over."""
-    adam = me.keras.optimizers.Adam(LEARNING_RATE)
-    adam.build(small_model(me.keras, seed=7).trainable_variables)
-    call = functools.partial(me.hvd.DistributedOptimizer, adam)
-    return {"message": refused(call, "before the first step")}
+def wrapped_twice(me: Rank) -> dict[str, Any]:
+    """An optimizer wrapped twice (it would average twice), also inside a LossScaleOptimizer."""
+    keras, hvd = me.keras, me.hvd
+    adam = hvd.DistributedOptimizer(keras.optimizers.Adam(LEARNING_RATE))
+    message = refused(functools.partial(hvd.DistributedOptimizer, adam), "wrap it", "once")
+    scaled = keras.optimizers.LossScaleOptimizer(adam)
+    refused(functools.partial(hvd.DistributedOptimizer, scaled), "wrap it", "once")
+    return {"message": message}
 
 
 def other_backend(me: Rank) -> dict[str, Any]:
@@ -85,6 +87,16 @@ def xla_model(me: Rank) -> dict[str, Any]:
     return {"message": _fit_refused(me, model, callbacks, "jit_compile=False")}
 
 
+def xla_step(me: Rank) -> dict[str, Any]:
+    """A model compiled with XLA, trained with no Horovod callback: the DistributedOptimizer
+    itself refuses while the first step is traced, before any collective."""
+    keras, hvd = me.keras, me.hvd
+    model = small_model(keras, seed=7)
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(LEARNING_RATE))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", jit_compile=True)
+    return {"message": _fit_refused(me, model, [], "jit_compile=False")}
+
+
 def _warmup_refused(me: Rank, base: Any, *fix: str) -> str:
     keras, hvd = me.keras, me.hvd
     model = small_model(keras, seed=7)
@@ -98,13 +110,6 @@ def _warmup_refused(me: Rank, base: Any, *fix: str) -> str:
     return _fit_refused(me, model, [warmup], *fix)
 
 
-def momentum_correction(me: Rank) -> dict[str, Any]:
-    """The warmup callback's momentum correction (on by default) with SGD(momentum=0.9):
-    Keras 3's traced step reads ``momentum`` as a constant, so correcting it would do nothing."""
-    sgd = me.keras.optimizers.SGD(LEARNING_RATE, momentum=0.9)
-    return {"message": _warmup_refused(me, sgd, "momentum_correction=False")}
-
-
 def lr_schedule(me: Rank) -> dict[str, Any]:
     """A learning-rate schedule meets the warmup callback, which sets a fixed rate each step:
     Keras 3 cannot set a schedule's rate."""
@@ -116,9 +121,9 @@ def lr_schedule(me: Rank) -> dict[str, Any]:
 
 CHECKS: dict[str, Check] = {
     "refuses_backward_passes_per_step": backward_passes,
-    "refuses_built_optimizer": built_optimizer,
+    "refuses_wrapping_twice": wrapped_twice,
     "refuses_other_backend": other_backend,
     "refuses_xla_model": xla_model,
-    "refuses_momentum_correction": momentum_correction,
+    "refuses_xla_step": xla_step,
     "refuses_lr_schedule": lr_schedule,
 }
