@@ -77,6 +77,11 @@ class TrainConfig(Validated):
         0, "0: static (losing a worker ends the job); N > 0: elastic, it goes on with as few as "
         "N workers and grows back to workers", minimum=0,
     )  # fmt: skip
+    mixed_precision: bool = param(
+        False,
+        "Keras's mixed_float16: float16 compute, float32 weights, the loss scaled (every rank "
+        "skips an overflowed step alike); for GPUs with float16 units, slow on CPUs",
+    )
     gpus_per_worker: int = param(
         0, "0: train on the CPU; N > 0: every rank trains on a GPU of its own, or the job stops "
         "before training", minimum=0,

@@ -43,11 +43,12 @@ class AllreduceClock:
         self.total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
 
     def wrap(self, optimizer: Any) -> Any:
-        """Time `optimizer`'s ``_allreduce`` (Horovod's DistributedOptimizer routes every
-        gradient through it). Each gradient's allreduce starts only after its stamp, so the last
-        stamp is the end of the backward pass; one stamp after every averaged gradient ends the
-        wait. Gradients still overlap the rest of the backward pass, arithmetic unchanged."""
-        tf, allreduce = self.tf, optimizer._allreduce
+        """Time `optimizer`'s gradient reduction, through the public hook of Horovod's Keras 3
+        DistributedOptimizer (``wrap_gradient_reduction``, make/horovod/patches/0003). Each
+        gradient's allreduce starts only after its stamp, so the last stamp is the end of the
+        backward pass; one stamp after every averaged gradient ends the wait. Gradients still
+        overlap the rest of the backward pass, arithmetic unchanged."""
+        tf = self.tf
 
         def stamp(g: Any, stamps: list[Any]) -> Any:
             if not isinstance(g, tf.Tensor):  # None, or sparse: passed on as it is
@@ -58,23 +59,31 @@ class AllreduceClock:
             with tf.control_dependencies([stamps[-1]]):
                 return tf.identity(g)
 
-        def timed(grads: Any, variables: Any) -> Any:
+        def timed(reduce: Any, grads: Any, variables: Any) -> Any:
             stamps: list[Any] = []
             stamped = [stamp(g, stamps) for g in grads]
-            reduced = _ready(tf, allreduce(stamped, variables))
+            reduced = _ready(tf, reduce(stamped, variables))
+            if not stamps:
+                return reduced
             with tf.control_dependencies([g for g in reduced if isinstance(g, tf.Tensor)]):
                 spent = tf.timestamp() - tf.reduce_max(tf.stack(stamps))
             with tf.control_dependencies([self.total.assign_add(spent)]):
                 return _ready(tf, reduced)
 
-        optimizer._allreduce = timed
-        return optimizer
+        return optimizer.wrap_gradient_reduction(timed)
 
     def take(self) -> float:
         """The seconds summed since the last `take`."""
         spent = float(self.total.numpy())
         self.total.assign(0.0)
         return spent
+
+
+def _loss_scale(model: Any) -> dict[str, float]:
+    """``{"loss_scale": the scale}`` of a mixed-precision model's LossScaleOptimizer (every rank
+    must hold the same: each skips an overflowed step alike), else {}."""
+    scale = getattr(getattr(model, "optimizer", None), "dynamic_scale", None)
+    return {} if scale is None else {"loss_scale": float(scale.numpy())}
 
 
 def _ready(tf: Any, tensors: list[Any]) -> list[Any]:
@@ -294,7 +303,7 @@ class Telemetry:
             "device": devices.device, **gpu_usage(self.tf, devices), "threads": devices.threads,
             "sample_range": [shard.start, shard.stop], "samples_per_epoch": len(shard.labels),
             "steps_per_epoch": shard.steps, "weights_sha256": weights_fingerprint(model),
-            "own_metrics": dict(self.own),
+            "own_metrics": dict(self.own), **_loss_scale(model),
             "examples_per_second": round(self.samples / statistics.median(timed), 1) if timed
             else 0.0,
         }  # fmt: skip

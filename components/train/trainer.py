@@ -227,6 +227,9 @@ def build_or_resume(job: Job) -> Trainee:
     if isinstance(resume, str):  # every rank learns it: every rank stops here
         raise AllRanksError(resume)
     problem = resume.resume_problem(config.model, config.checkpoint_uri) if resume else None
+    # Mixed precision: the model's layers compute in float16 (their weights stay float32).
+    policy = "mixed_float16" if config.mixed_precision else "float32"
+    keras_env.keras().mixed_precision.set_global_policy(policy)
     try:
         if problem:  # every rank has the same marker: every rank stops here
             raise ModelChoiceError(problem)
@@ -259,9 +262,13 @@ def build_or_resume(job: Job) -> Trainee:
 
 def distributed_optimizer(job: Job) -> Any:
     """Adam at this world size's settings, in Horovod's DistributedOptimizer (which averages
-    the gradients every step), its allreduce timed by the telemetry."""
-    adam = fused_adam(**job.adam)
-    return job.telemetry.clock.wrap(job.hvd.DistributedOptimizer(adam))
+    the gradients every step), its allreduce timed by the telemetry. Mixed precision: Adam in
+    Keras's LossScaleOptimizer, whose skip of an overflowed step every rank takes alike (the
+    gradients are averaged before its check: make/horovod/patches/0003)."""
+    optimizer = fused_adam(**job.adam)
+    if job.config.mixed_precision:
+        optimizer = keras_env.keras().optimizers.LossScaleOptimizer(optimizer)
+    return job.telemetry.clock.wrap(job.hvd.DistributedOptimizer(optimizer))
 
 
 # 6. Callbacks --------------------------------------------------------------------------------

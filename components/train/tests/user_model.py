@@ -80,3 +80,39 @@ def logits(input_shape: tuple[int, int, int], num_classes: int) -> Any:
 
 def needs_three_arguments(input_shape: tuple[int, int, int], num_classes: int, width: int) -> Any:
     raise AssertionError("never called with three arguments")
+
+
+@keras.saving.register_keras_serializable(package="user_model")
+class FirstCallSpike(layers.Layer):
+    """Multiplies its input by `factor` in its first training call, by 1 after (it counts its
+    training calls): a factor past float16's range overflows that step under mixed precision."""
+
+    def __init__(self, factor: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def build(self, input_shape: Any) -> None:
+        self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False, name="calls")
+
+    def call(self, x: Any, training: bool = False) -> Any:
+        if not training:
+            return x
+        scale = ops.where(ops.equal(self.calls, 0.0), self.factor, 1.0)
+        self.calls.assign_add(1.0)
+        return x * ops.cast(scale, x.dtype)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "factor": self.factor}
+
+
+def rank_1_overflows_first(input_shape: tuple[int, int, int], num_classes: int) -> Any:
+    """`sequential` behind a `FirstCallSpike` that on rank 1 alone multiplies the first batch by
+    1e5 (float16 holds at most 65504): under mixed precision rank 1's first step overflows and
+    rank 0's does not."""
+    import horovod.tensorflow as hvd
+
+    rank = hvd.rank() if hvd.is_initialized() else 0
+    inner = sequential(input_shape, num_classes)
+    inputs = keras.Input(shape=input_shape)
+    outputs = inner(FirstCallSpike(1e5 if rank == 1 else 1.0)(inputs))
+    return keras.Model(inputs, outputs, name="rank_1_overflows_first")
