@@ -12,13 +12,14 @@ import os
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.horovod import one_rank
+from tests.horovod import one_rank, upstream
 from tests.horovod.common import CHECK_BUILD, TOLERANCE, WORLD, built_with
 from tests.horovod.jobs import CHECKS, CONTROLLERS, REPO, Launch, launch
 
@@ -105,3 +106,44 @@ def test_a_one_rank_job_steps_without_the_collective(tmp_path: Path) -> None:
     recorded = timeline.read_text()
     assert one_rank.MARKER in recorded, f"the timeline recorded no collective:\n{recorded[:2000]}"
     assert "HorovodGroupedAllreduce" not in recorded, "a one-rank step ran Horovod's allreduce"
+
+
+@pytest.fixture(scope="session")
+def upstream_run(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, list[str]]]:
+    """Horovod's own tests translated to Keras 3 (tests/horovod/upstream), run once by pytest on
+    every rank of a 2-rank mpirun job: each rank's outcome of each test ([] when it passed, else
+    what pytest recorded: failure, error or skipped, with its message)."""
+    run = launch("mpi", tmp_path_factory.mktemp("upstream"), module="tests.horovod.upstream.run")
+    assert run.returncode == 0, f"{run.command}\nexit code {run.returncode}:\n{run.tail()}"
+    outcomes: dict[int, dict[str, list[str]]] = {}
+    for rank in range(WORLD):
+        xml = run.results / f"rank{rank}.xml"
+        assert xml.exists(), f"rank {rank} wrote no results:\n{run.tail()}"
+        outcomes[rank] = {
+            "::".join([*case.get("classname", "").split(".")[-2:], case.get("name", "")]): [
+                f"{k.tag}: {k.get('message')}" for k in case
+            ]
+            for case in ElementTree.parse(xml).iter("testcase")
+        }
+    return outcomes
+
+
+@pytest.mark.parametrize("name", upstream.TESTS)
+def test_horovods_own_test_translated_to_keras_3(
+    upstream_run: dict[int, dict[str, list[str]]], name: str
+) -> None:
+    """(tests/horovod/upstream/README.md: what each test checks and what its translation
+    changed.)"""
+    for rank, outcomes in upstream_run.items():
+        assert name in outcomes, f"rank {rank} did not run {name}"
+        assert outcomes[name] == [], f"rank {rank}: {name}: {outcomes[name]}"
+
+
+def test_the_translations_hold_no_test_left_unchecked(
+    upstream_run: dict[int, dict[str, list[str]]],
+) -> None:
+    """Every test in the translated files is one of `upstream.TESTS` (tf.test.TestCase's
+    inherited ``test_session`` is no test: pytest skips it, "Not a test")."""
+    for rank, outcomes in upstream_run.items():
+        ran = {n for n in outcomes if not n.endswith("::test_session")}
+        assert ran == set(upstream.TESTS), f"rank {rank}: {sorted(ran ^ set(upstream.TESTS))}"
