@@ -19,9 +19,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.horovod import one_rank, upstream
+from components.train import launch as project
+from tests.horovod import live_size, one_rank, upstream
 from tests.horovod.common import CHECK_BUILD, TOLERANCE, WORLD, built_with
-from tests.horovod.jobs import CHECKS, CONTROLLERS, REPO, Launch, launch
+from tests.horovod.jobs import (
+    CHECKS,
+    CONTROLLERS,
+    LAUNCH_TIMEOUT_S,
+    REPO,
+    STALL_ENV,
+    Launch,
+    launch,
+)
 
 pytestmark = pytest.mark.conformance
 
@@ -147,3 +156,21 @@ def test_the_translations_hold_no_test_left_unchecked(
     for rank, outcomes in upstream_run.items():
         ran = {n for n in outcomes if not n.endswith("::test_session")}
         assert ran == set(upstream.TESTS), f"rank {rank}: {sorted(ran ^ set(upstream.TESTS))}"
+
+
+def test_a_local_gradient_follows_the_live_size_after_an_elastic_resize(tmp_path: Path) -> None:
+    """An elastic job of one rank grows to two (tests/horovod/live_size.py): its local
+    variable's gradient was scaled by 1/1 in the step traced at size 1, and by 1/2 when the same
+    traced step runs after the resize."""
+    hosts = project.LocalHosts(tmp_path)
+    hosts.offer(1)
+    results = tmp_path / "results"
+    program = [sys.executable, "-m", "tests.horovod.live_size", str(results), str(tmp_path)]
+    command = project.horovodrun_command(project.elastic_launcher_args(2, 1, hosts), program)
+    env = project.job_environment({**os.environ, **STALL_ENV})
+    proc = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+    )
+    assert proc.returncode == 0, f"{command}\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}"
+    steps = json.loads((results / live_size.RESULT).read_text())["steps"]
+    assert steps == {"1": pytest.approx(1.0), "2": pytest.approx(0.5)}, steps
