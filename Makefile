@@ -41,7 +41,7 @@ OFFLINE_BASE_IMAGE ?= $(call defaults,OFFLINE_BASE_IMAGE)
 # images/<dir>=<image name> for images and images-local, from IMAGE_NAMES in defaults.py.
 IMAGE_SPECS = $(shell $(PYTHON) -c "from components.common.defaults import IMAGE_NAMES as n; print(' '.join(f'{k}={v}' for k, v in n.items()))")
 
-.PHONY: help install lock lock-cuda run tensorboard serve test test-jobs test-bench test-horovod test-containers lint typecheck compile images \
+.PHONY: help install lock lock-cuda run tensorboard serve test test-jobs test-bench test-horovod horovod-wheel test-containers lint typecheck compile images \
 	images-local base-image docker-ready gcs-emulator-image crd bench clean
 
 # upload / submit / schedule against a KFP cluster (see docs/operating.md)
@@ -146,6 +146,15 @@ test-bench: install ## the benchmarks' real jobs at tiny sizes (writes no result
 # mpirun, horovodrun --gloo and elastic horovodrun, 2 ranks each.
 test-horovod: install ## the conformance suite of the project's Horovod build (mpirun, Gloo, elastic)
 	$(PY) -m pytest -m conformance tests/horovod
+
+# The patched Horovod wheel for others' images (docs/horovod-keras3.md): `make install` builds it
+# with make/horovod/build.sh (the pinned sdist, the patch series, the locked TensorFlow) and
+# installs it; it is copied to HOROVOD_WHEEL_DIR once the conformance suite has passed on it.
+HOROVOD_WHEEL_DIR ?= build/horovod-wheel
+horovod-wheel: install ## the patched Horovod wheel (build/horovod-wheel/), checked by the conformance suite first
+	$(MAKE) --no-print-directory test-horovod
+	@wheel=$$(cat $(HOROVOD_MARK)); mkdir -p $(HOROVOD_WHEEL_DIR) && cp "$$wheel" $(HOROVOD_WHEEL_DIR)/ \
+		&& echo "horovod-wheel: $(HOROVOD_WHEEL_DIR)/$$(basename "$$wheel"), for TensorFlow $(TF_VERSION) (docs/horovod-keras3.md)"
 
 # Docker-based tests (tests/containers): every image built, each pipeline step in its image, the
 # MPIJob's launcher and workers run as mpi-operator runs them. Installs and starts Docker first.
