@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from bench import (
+    broadcast_start,
     common,
     data_prep,
     faults,
@@ -214,3 +215,15 @@ def test_faults_benchmark_runs_and_writes_its_table(tmp_path: Path) -> None:
     table = faults.fault_table(record)
     assert table[0].startswith("| Fault | Recovery | Survived |") and len(table) == 3
     assert table[2].startswith(f"| {faults.LABELS['kfp_retry'][0]} |")
+
+
+def test_broadcast_start_benchmark_times_both_broadcasts(tmp_path: Path) -> None:
+    """Both ways of broadcasting a model's and its optimizer's variables at the start, in one
+    2-rank job, round by round; here a small model: 20 Dense layers (40 variables) and Adam's 82."""
+    out, common = _flags(tmp_path)
+    assert broadcast_start.main([*common, "--repeats", "2"]) == 0
+    record = _read(out, "broadcast_start")
+    assert record["variables"] == 40 + 82
+    assert set(record["seconds"]) == {"packed", "per_variable"}
+    assert all(len(s) == 2 and min(s) > 0 for s in record["seconds"].values())
+    assert record["per_variable_over_packed"] > 0

@@ -1,8 +1,8 @@
 """The collectives the project's code runs, each checked on values against what every rank's
 inputs (`tensors`, a function of the rank) make of it: a sum, the root's value, the ranks'
-tensors in rank order. Only float32 is ever allreduced here (the models train in float32, with
-no mixed precision; the metrics are float32 scalars); broadcasts also carry int64 (the
-optimizer's ``iterations``) and the object collectives uint8 and int32.
+tensors in rank order. Only float32 is ever allreduced here (the weights, and so the gradients,
+are float32, under mixed precision too; the metrics are float32 scalars); broadcasts also carry
+int64 (the optimizer's ``iterations``) and the object collectives uint8 and int32.
 """
 
 from __future__ import annotations
