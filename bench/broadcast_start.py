@@ -1,15 +1,15 @@
 """How long a large model's start takes on 2 ranks: the broadcast of the model's and the
 optimizer's variables that Horovod's ``BroadcastGlobalVariablesCallback`` (and an elastic
 reset) runs before the first step, for ``keras.applications.ResNet50(weights=None)`` with Adam
-(322 model variables, 324 optimizer variables). Two ways, interleaved round by round in one
-2-rank ``mpirun`` job: ``packed``, the project's build (make/horovod/patches/0003: the variables
-of each dtype packed into one buffer per 64 MiB, one collective each), and ``per_variable``,
-patch 0002's (one ``hvd.broadcast`` per variable, written here as it was).
+(750 variables). Two ways, interleaved round by round in one 2-rank ``mpirun`` job:
+``in_place``, the project's build (make/horovod/patches/0003: one in-place Horovod operation per
+dtype, enqueuing all its variables at once), and ``per_variable``, patch 0002's (one
+``hvd.broadcast`` per variable, written here as it was).
 
     python -m bench.broadcast_start [--repeats N] [--out DIR] [--quick]
 
 Writes ``broadcast_start.json``: each way's seconds per round (rank 0's, the ranks aligned by an
-allreduce before each), their medians and ``per_variable_over_packed``. ``--quick``: a small
+allreduce before each), their medians and ``per_variable_over_in_place``. ``--quick``: a small
 model instead of ResNet50.
 """
 
@@ -62,7 +62,7 @@ def worker(repeats: int, quick: bool) -> None:
     optimizer.build(model.trainable_variables)
     variables = [*model.variables, *optimizer.variables]
     ways = {
-        "packed": lambda: keras3.broadcast_variables(variables, 0, "bench.packed"),
+        "in_place": lambda: keras3.broadcast_variables(variables, 0, "bench.in_place"),
         "per_variable": lambda: per_variable(hvd, tf, variables, "bench.per_variable"),
     }
     seconds: dict[str, list[float]] = {way: [] for way in ways}
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             "variables": record["variables"],
             "seconds": record["seconds"],
             "median_seconds": medians,
-            "per_variable_over_packed": ratio(medians["per_variable"], medians["packed"]),
+            "per_variable_over_in_place": ratio(medians["per_variable"], medians["in_place"]),
             "machine_before": before,
         },
         args.out,
