@@ -35,9 +35,11 @@ SDIST = f"horovod-{VERSION}.tar.gz"
 
 def _pre_images(patches: list[Path]) -> dict[str, str]:
     """For every file the series changes (not those it creates), a file it applies to: the
-    hunks' context and removed lines, in order (patch finds each hunk at its offset)."""
+    hunks' context and removed lines, in order (patch finds each hunk at its offset). A file
+    that several patches change holds each patch's hunks in turn: a later patch finds its
+    context (lines an earlier patch added included) in its own copy, after the earlier's."""
     found: dict[str, list[str]] = {}
-    created: set[str] = set()  # by an earlier patch of the series: a later one changes it
+    created: set[str] = set()  # by a patch of the series: later patches change it there
     current: list[str] | None = None
     for patch in patches:
         old = ""
@@ -48,8 +50,7 @@ def _pre_images(patches: list[Path]) -> dict[str, str]:
                 name = line[6:].split()[0]
                 if old.startswith("--- /dev/null"):
                     created.add(name)
-                new_file = name in created or name in found
-                current = None if new_file else found.setdefault(name, [])
+                current = None if name in created else found.setdefault(name, [])
             elif line.startswith("diff "):
                 current = None
             elif current is not None and line[:1] in (" ", "-"):
