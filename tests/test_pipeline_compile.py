@@ -20,7 +20,7 @@ from pipeline.checks import PIPELINE_DEFAULTS, check_step, parameters_markdown
 EXPECTED_PARAMETERS = {
     "workers", "epochs", "batch_size_per_worker", "learning_rate", "warmup_epochs", "lr_scaling",
     "threads_per_worker", "model", "augment", "data_source", "data_sha256", "data_limit",
-    "shard_size", "min_workers",
+    "shard_size", "min_workers", "mixed_precision",
     "min_accuracy", "model_name", "registry_root", "training_backend", "trainer_image",
     "slots_per_worker", "cpu_per_worker", "memory_per_worker", "gpus_per_worker", "namespace",
     "trainer_service_account", "node_selector", "tolerations",
@@ -72,6 +72,17 @@ def test_model_and_augment_reach_the_check_and_the_train_step(spec: dict) -> Non
         assert [inputs[n] for n in ("model", "augment")] == [
             {"componentInputParameter": "model"}, {"componentInputParameter": "augment"},
         ]  # fmt: skip
+
+
+def test_mixed_precision_reaches_the_train_step_off_by_default(spec: dict) -> None:
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert parameters["mixed_precision"] == {
+        "defaultValue": False,
+        "isOptional": True,
+        "parameterType": "BOOLEAN",
+    }
+    inputs = spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
+    assert inputs["mixed_precision"] == {"componentInputParameter": "mixed_precision"}
 
 
 def _check_step_images(spec: dict) -> dict[str, str]:
