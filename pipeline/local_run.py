@@ -49,7 +49,7 @@ class LocalRun:
         return [
             f"run: {self.run_dir}",
             f"log: {self.log}",
-            f"dataset: {self.artifact('prepare-data', 'dataset')}",
+            f"dataset: {self.artifact('publish-dataset', 'dataset')}",
             f"model: {self.artifact('train', 'saved_model')}",
             f"run_summary: {summary_path}",
             f"coordination_report: {self.artifact('train', 'coordination_report')}",

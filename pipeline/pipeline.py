@@ -14,8 +14,12 @@ from kfp import dsl, kubernetes
 from components.common import defaults
 from components.common.declare import Declared
 from components.common.kfp_function import kfp_function
-from components.data_prep.component import make_component as make_data_prep
-from components.data_prep.step_parameters import PREP_PARAMETERS
+from components.data_prep.component import make_components as make_data_prep
+from components.data_prep.step_parameters import (
+    LIST_PARAMETERS,
+    PUBLISH_PARAMETERS,
+    SLICE_PARAMETERS,
+)
 from components.evaluate.component import make_component as make_evaluate
 from components.register.component import make_component as make_register
 from components.register.step_parameters import REGISTER_PARAMETERS
@@ -25,7 +29,8 @@ from components.train.step_parameters import TRAIN_STEP_PARAMETERS
 from pipeline.checks import PIPELINE_PARAMETERS
 
 PIPELINE_DESCRIPTION = (
-    "MNIST data prep to GCS, Horovod training as ONE job (a Kubeflow MPIJob, or horovodrun in "
+    "Data prep of an image folder, a .csv index, TFRecords or MNIST into sharded TFRecords on "
+    "GCS (in parallel slices), Horovod training as ONE job (a Kubeflow MPIJob, or horovodrun in "
     "the train step), evaluation of the single exported model, and registration."
 )
 
@@ -51,7 +56,8 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
     pipeline with ``images["trainer"]`` already chosen (`pipeline.local_run`).
     """
     check_op = make_check_component(images["data_prep"])
-    prep_op, train_op = make_data_prep(images["data_prep"]), make_train(images["trainer"])
+    list_op, slice_op, publish_op = make_data_prep(images["data_prep"])
+    train_op = make_train(images["trainer"])
     evaluate_op, register_op = make_evaluate(images["evaluate"]), make_register(images["register"])
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     signature = inspect.Signature(
@@ -69,7 +75,19 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
             "check parameters, choose the trainer image"
         )
         check.set_caching_options(False)
-        prep = prep_op(**taken_by(PREP_PARAMETERS)).after(check).set_display_name("data prep")
+        listed = list_op(**taken_by(LIST_PARAMETERS)).after(check)
+        listed.set_display_name("data prep: list the images")
+        listing = listed.outputs["listing"]
+        with dsl.ParallelFor(listed.outputs["Output"]) as slice_index:
+            sliced = slice_op(
+                listing=listing, slice_index=slice_index, **taken_by(SLICE_PARAMETERS)
+            )
+            sliced.set_display_name("data prep: convert a slice")
+        prep = publish_op(
+            listing=listing,
+            parts=dsl.Collected(sliced.outputs["part"]),
+            **taken_by(PUBLISH_PARAMETERS),
+        ).set_display_name("data prep: publish the dataset")
         train = train_op(
             **taken_by(PIPELINE_TRAIN_PARAMETERS, TRAIN_STEP_PARAMETERS)
             | {"trainer_image": check.outputs["trainer_image"]},  # the check step's choice

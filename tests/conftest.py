@@ -138,7 +138,7 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     from components.data_prep.prep import prepare
 
     out = tmp_path_factory.mktemp("tiny-dataset") / "ds"
-    prepare("bundled", str(out), shard_size=256, limit=400)
+    prepare("bundled", str(out), shard_size=256, data_limit=400)
     return str(out)
 
 
@@ -146,13 +146,15 @@ def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedMode
     """`build_model` (``small``, `seed`) trained `epochs` quick epochs on `dataset` without Horovod
     and exported at `path` as the trainer does (`model.export_saved_model`)."""
     from components.common import keras_env
-    from components.common.dataset import load_range, read_manifest
+    from components.common.dataset import read_manifest
     from components.common.model_files import saved_model_sha256
+    from components.common.tests.datasets import read_arrays
     from components.train.model import build_model, export_saved_model
 
     manifest = read_manifest(dataset)
-    (x, y), (x_test, y_test) = load_range(manifest, "train"), load_range(manifest, "test")
-    model = build_model(seed=seed, model="small")
+    (x, y), (x_test, y_test) = read_arrays(dataset, "train"), read_arrays(dataset, "test")
+    shape, classes = manifest.image.shape, manifest.num_classes
+    model = build_model(seed=seed, model="small", shape=shape, num_classes=classes)
     model.compile(
         optimizer=keras_env.keras().optimizers.Adam(0.003),
         loss="sparse_categorical_crossentropy",
@@ -160,7 +162,7 @@ def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedMode
     )
     model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
     loss, accuracy = model.evaluate(x_test, y_test, batch_size=400, verbose=0)
-    export_saved_model(model, path)
+    export_saved_model(model, path, manifest.image, manifest.classes)
     return TrainedModel(str(path), dataset, float(accuracy), float(loss), saved_model_sha256(path))
 
 

@@ -250,7 +250,10 @@ def test_the_train_step_creates_a_trainjob_and_its_retry_reattaches(
     from components.data_prep.prep import prepare
 
     prepare(
-        "bundled", f"{gcs_uri}/pipeline-root/run-7/prepare-data/dataset", shard_size=200, limit=400
+        "bundled",
+        f"{gcs_uri}/pipeline-root/run-7/prepare-data/dataset",
+        shard_size=200,
+        data_limit=400,
     )
     op = TrainerOperator(cluster, {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, TRAINJOB_KIND)
     first = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-1", **TINY)

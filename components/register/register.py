@@ -130,6 +130,8 @@ class Candidate:
                 "uri": manifest.root,
                 "manifest_sha256": manifest.sha256,
                 "counts": {split: manifest.count(split) for split in manifest.splits},
+                "image": list(manifest.image.shape),
+                "classes": list(manifest.classes),
                 "source": manifest.raw.get("source", {}),
             },
             "model": summary.config.model,
@@ -190,6 +192,35 @@ def gate(store: ModelStore, candidate: Candidate) -> tuple[Decision | None, dict
     return None, previous
 
 
+def _contract(image: list[int], classes: list[str]) -> str:
+    names = ", ".join(classes[:4]) + (", …" if len(classes) > 4 else "")
+    return f"{'x'.join(map(str, image))} images of {len(classes)} classes ({names})"
+
+
+def contract_problem(
+    store: ModelStore, candidate: Candidate, manifest: dataset.Manifest
+) -> str | None:
+    """Why the model must not join `store`: the version its alias serves takes other images or
+    classes, so the served model's clients could not use it. None for a registry whose alias
+    holder predates these records."""
+    holder, _ = store.read_alias(candidate.alias)
+    if holder is None:
+        return None
+    version = int(holder["version"])
+    held = store.read_metadata(version).get("dataset", {})
+    if "image" not in held or "classes" not in held:
+        return None
+    mine = (list(manifest.image.shape), list(manifest.classes))
+    if mine == (held["image"], held["classes"]):
+        return None
+    return (
+        f"not registering {candidate.model_name!r}: its {candidate.alias} version {version} "
+        f"takes {_contract(held['image'], held['classes'])}, this model "
+        f"{_contract(*mine)}; the served model's clients could not use it: register it under "
+        "a model_name of its own"
+    )
+
+
 def promote(
     store: ModelStore, candidate: Candidate, version: int, version_uri: str, promoted_at: str
 ) -> Decision:
@@ -244,6 +275,9 @@ def register(
         decided, previous = gate(store, candidate)
         if decided is not None:
             return decided
+        problem = contract_problem(store, candidate, manifest)
+        if problem:
+            raise InputError(problem)
         started = clock().isoformat()
         version = store.claim_for_run(candidate.run_id, previous, started)
         provenance = {

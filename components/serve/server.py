@@ -9,10 +9,12 @@ import argparse
 import socket
 import sys
 import warnings
+from pathlib import Path
 
 from components.common import storage_access
 from components.common.defaults import MODEL_NAME, PRODUCTION_ALIAS, SERVE_MAX_BATCH
 from components.common.failure import InputError, one_line_failures
+from components.common.model_files import BYTES_SIGNATURE
 from components.register.registry import ModelStore
 from components.register.serving import ServingFolder
 
@@ -22,12 +24,12 @@ def serve(name: str, model_dir: str, host: str, port: int, banner: str) -> None:
     from kserve import ModelServer
     from kserve.model_server import FASTAPI_APP_IMPORT_STRING
 
-    from components.serve.predictor import DigitPredictor, RESTServer
+    from components.serve.predictor import ImagePredictor, RESTServer
 
     # KServe 0.21's V1 endpoints answer with FastAPI's ORJSONResponse, which FastAPI now flags
     # as deprecated on every request; the warning is KServe's to act on, not a user's.
     warnings.filterwarnings("ignore", message="ORJSONResponse is deprecated")
-    predictor = DigitPredictor(name, model_dir)
+    predictor = ImagePredictor(name, model_dir)
     predictor.load()
     server = ModelServer(http_port=port, enable_grpc=False, workers=1)
     server.register_model(predictor)
@@ -67,11 +69,29 @@ def example(count: int) -> str:
     """A request of the bundled dataset's first `count` test digits; their labels to stderr."""
     import json
 
-    from components.data_prep.sources import load_bundled
+    from components.data_prep.sources import list_source
 
-    images, labels = load_bundled().splits["test"]
-    print(f"labels: {' '.join(str(label) for label in labels[:count])}", file=sys.stderr)
-    return json.dumps({"instances": images[:count].tolist()})
+    listing = list_source("bundled")
+    assert listing.arrays is not None
+    images, labels = listing.arrays
+    rows = [item.row for item in listing.items if item.split == "test"][:count]
+    print(f"labels: {' '.join(str(labels[r]) for r in rows)}", file=sys.stderr)
+    return json.dumps({"instances": images[rows].tolist()})
+
+
+def image_request(paths: list[str]) -> str:
+    """A request of image files, in TF Serving's binary form, for ``serving_bytes``."""
+    import base64
+    import json
+
+    instances = []
+    for path in paths:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise InputError(f"--image {path}: cannot be read ({exc.strerror})") from exc
+        instances.append({"b64": base64.b64encode(data).decode("ascii")})
+    return json.dumps({"signature_name": BYTES_SIGNATURE, "instances": instances})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,10 +104,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument(
-        "--example", type=int, metavar="N",
+        "--example",
+        type=int,
+        metavar="N",
         help="print a request of N held-out digits (for curl -d @-) and exit",
-    )  # fmt: skip
+    )
+    parser.add_argument(
+        "--image",
+        nargs="+",
+        metavar="FILE",
+        help="print a request of these image files (JPEG, PNG, BMP, GIF; for curl -d @-) and exit",
+    )
     args = parser.parse_args(argv)
+    if args.image:
+        with one_line_failures():
+            print(image_request(args.image))
+        return 0
     if args.example is not None:
         if not 1 <= args.example <= SERVE_MAX_BATCH:
             parser.error(f"--example must be 1..{SERVE_MAX_BATCH}, got {args.example}")

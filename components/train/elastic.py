@@ -21,7 +21,7 @@ from typing import Any
 
 from components.common import keras_env
 from components.train import trainer
-from components.train.data import coverage, epoch_ids
+from components.train.data import coverage
 from components.train.trainer import Job, Trainee
 
 # Larger than any job's step count: Horovod's CommitStateCallback then commits at epoch ends
@@ -101,8 +101,8 @@ def _attempt(job: Job, trainee: Trainee, state: Any) -> tuple[Any, int]:
     keras = keras_env.keras()
 
     def record_epoch(epoch: int, logs: Any) -> None:
-        ids = allgather_object(epoch_ids(shard, job.config.seed, job.rank, epoch))
-        entry = {"epoch": epoch + 1, "world_size": job.size, **coverage(ids, shard.total)}
+        blocks = allgather_object((shard.start, shard.stop))
+        entry = {"epoch": epoch + 1, "world_size": job.size, **coverage(blocks, shard.total)}
         # Assign, never mutate: KerasState keeps the committed values by reference.
         state.epochs = [*state.epochs, entry]
         state.metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}

@@ -25,7 +25,7 @@ from components.common.failure import ExitCode, ExpectedError, InputError
 from components.train.config import TrainConfig, to_argv
 from components.train.log_dedup import RankLines
 from components.train.mpiwatch import HEARTBEAT_ENV, period_for, watch
-from components.train.preflight import check_model_before_launch
+from components.train.preflight import check_job_before_launch
 
 YIELD_WHEN_IDLE = ("-mca", "mpi_yield_when_idle", "1")  # a waiting rank yields its core
 TRAINER = (sys.executable, "-m", "components.train")  # every rank's program here
@@ -163,9 +163,10 @@ def run_local(
     hosts: LocalHosts | None = None,
 ) -> int:
     """Run the trainer as one job of ``config.world_size`` processes here, its output to `log`;
-    returns the exit code (`mpiwatch.watch`'s). PreflightError, starting nothing, for a model
-    that does not build. An elastic job finds its slots through `hosts` (default: all)."""
-    check_model_before_launch(config.model)
+    returns the exit code (`mpiwatch.watch`'s). PreflightError, starting nothing, for a job that
+    cannot train (`check_job_before_launch`). An elastic job finds its slots through `hosts`
+    (default: all)."""
+    check_job_before_launch(config)
     ranks = 0 if config.elastic else config.world_size  # Horovod's elastic driver watches its own
     job_env = job_environment(env, ranks)
     bound = float(job_env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"])
