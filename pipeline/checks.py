@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from components.common import declare, defaults, storage_access
+from components.common.dataset import DataError
 from components.common.declare import Declared
 from components.common.failure import InputError
 from components.common.placement import PLACEMENT_PARAMETERS, json_value
@@ -46,10 +47,32 @@ class Checked(NamedTuple):
     train_step_gpus: int
 
 
+def samples_problem(values: dict[str, Any]) -> str | None:
+    """Why the job's ranks cannot train on the data, where the data's size is known before
+    data prep (the bundled digits); other sources are checked once listed and prepared, before
+    any rank starts (`components.train.preflight.check_job_before_launch`)."""
+    from components.data_prep.sources import detect, list_source
+    from components.train.data import ranks_problem
+
+    if detect(values["data_source"], values["data_format"]) != "bundled":
+        return None
+    try:
+        listing = list_source(
+            "bundled", "bundled", None, values["data_limit"], values["test_fraction"]
+        )
+    except DataError as exc:
+        return str(exc)
+    ranks = values["workers"] * values["slots_per_worker"]
+    return ranks_problem(listing.counts.get("train", 0), ranks, values["batch_size_per_worker"])
+
+
 def check_step(images: dict[str, str], **values: Any) -> Checked:
     """Raise ValueError naming every bad parameter; else choose the trainer's image from the
     compiled `images`."""
     declare.check(PIPELINE_PARAMETERS, values, "pipeline parameters")
+    problem = samples_problem(values)
+    if problem:
+        raise InputError(f"invalid pipeline parameters: {problem}")
     gpus = values["gpus_per_worker"]
     image = defaults.trainer_image(gpus, images, values["trainer_image"])
     local = values["training_backend"] == "local"

@@ -20,7 +20,8 @@ from pipeline.checks import PIPELINE_DEFAULTS, check_step, parameters_markdown
 EXPECTED_PARAMETERS = {
     "workers", "epochs", "batch_size_per_worker", "learning_rate", "warmup_epochs", "lr_scaling",
     "threads_per_worker", "model", "augment", "data_source", "data_sha256", "data_limit",
-    "shard_size", "min_workers",
+    "shard_size", "min_workers", "data_format", "image_size", "color_mode", "test_fraction",
+    "skip_bad_images", "image_feature", "label_feature", "prep_parallelism",
     "min_accuracy", "model_name", "registry_root", "training_backend", "trainer_image",
     "slots_per_worker", "cpu_per_worker", "memory_per_worker", "gpus_per_worker", "namespace",
     "trainer_service_account", "node_selector", "tolerations",
@@ -51,8 +52,33 @@ def test_compiles_to_one_yaml_that_kfp_loads_back(compiled: Path, spec: dict) ->
     assert loaded.name == "kfp-horovod-mnist"
     assert set(loaded.component_spec.inputs) == EXPECTED_PARAMETERS
     tasks = spec["root"]["dag"]["tasks"]
-    assert set(tasks) == {"check-parameters", "prepare-data", "train", "evaluate", "register-model"}
-    assert sorted(tasks["train"]["dependentTasks"]) == ["check-parameters", "prepare-data"]
+    assert set(tasks) == {
+        "check-parameters",
+        "list-data",
+        "for-loop-1",
+        "publish-dataset",
+        "train",
+        "evaluate",
+        "register-model",
+    }
+    assert sorted(tasks["train"]["dependentTasks"]) == ["check-parameters", "publish-dataset"]
+    assert tasks["list-data"]["dependentTasks"] == ["check-parameters"]
+    # data prep: a ParallelFor over the listing's slices, each converting its own, collected
+    loop = tasks["for-loop-1"]
+    assert (
+        loop["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--list-data-Output"
+    )
+    assert list(spec["components"][loop["componentRef"]["name"]]["dag"]["tasks"]) == [
+        "prepare-slice"
+    ]
+    parts = tasks["publish-dataset"]["inputs"]["artifacts"]["parts"]["taskOutputArtifact"]
+    assert parts == {
+        "outputArtifactKey": "pipelinechannel--prepare-slice-part",
+        "producerTask": "for-loop-1",
+    }
+    for step in ("train", "evaluate"):
+        dataset = tasks[step]["inputs"]["artifacts"]["dataset"]["taskOutputArtifact"]
+        assert dataset == {"outputArtifactKey": "dataset", "producerTask": "publish-dataset"}
     assert tasks["evaluate"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"] == {
         "outputArtifactKey": "saved_model", "producerTask": "train",
     }  # fmt: skip

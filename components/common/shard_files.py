@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 
 from components.common import storage, tfrecord
-from components.common.dataset import DataError, Manifest, decode_records
+from components.common.dataset import (
+    IMAGE_FEATURE,
+    LABEL_FEATURE,
+    DataError,
+    ImageSpec,
+    Manifest,
+    decode_records,
+)
 
 _CHUNK = 1 << 20
 # Records a GCS shard's stream hands ``tf.data`` at once.
@@ -57,6 +64,24 @@ class ShardCheck:
             if actual != sha256:
                 raise DataError(_corrupt(uri, actual, sha256))
         self._checked.add(uri)
+
+
+def first_record_problem(uri: str, sha256: str, image: ImageSpec, classes: int) -> str | None:
+    """Why the shard at `uri` does not hold what the manifest says, from its first record: its
+    pixels not of the manifest's shape, or its label not one of the classes; None if it does."""
+    first = next(stream_records(uri, sha256, 0, 1))[0]
+    features = tfrecord.parse_example(first)
+    pixels, label = features.get(IMAGE_FEATURE), features.get(LABEL_FEATURE)
+    sizes = {image.pixels, image.height * image.width}  # a 3-channel dataset's gray records
+    if not isinstance(pixels, bytes) or len(pixels) not in sizes:
+        got = len(pixels) if isinstance(pixels, bytes) else "no"
+        return (
+            f"{uri}: record 0 holds {got} bytes of pixels, not a {image.describe()} image as "
+            "the manifest says (the manifest and its shards disagree)"
+        )
+    if not isinstance(label, int) or not 0 <= label < classes:
+        return f"{uri}: record 0's label {label} is not one of the manifest's {classes} classes"
+    return None
 
 
 def stream_records(uri: str, sha256: str, skip: int = 0, take: int = -1) -> Iterator[np.ndarray]:

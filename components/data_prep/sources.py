@@ -173,11 +173,11 @@ def list_source(
         listing.items = kept
         listing.source["limit"] = limit
     listing.counts = dict(Counter(i.split for i in listing.items))
-    _check_classes(listing)
+    _check_classes(listing, limit)
     return listing
 
 
-def _check_classes(listing: Listing) -> None:
+def _check_classes(listing: Listing, limit: int = 0) -> None:
     """Two classes or more, each with training images."""
     assert listing.classes is not None
     if len(listing.classes) < 2:
@@ -189,6 +189,7 @@ def _check_classes(listing: Listing) -> None:
         raise DataError(
             f"{listing.source['uri']}: class {missing[0]!r} has no training images"
             + (f" (nor have {len(missing) - 1} more classes)" if len(missing) > 1 else "")
+            + (f" among the first {limit} of each split (data_limit)" if limit else "")
         )
 
 
@@ -364,7 +365,7 @@ def _listing_sha256(items: list[Item]) -> str:
 
 def _csv(index_uri: str, test_fraction: float) -> Listing:
     """Rows ``[ML_USE,]URI,LABEL``; ML_USE (training, test, validation) decides a row's split,
-    else the hash of its URI. Every file must exist, once."""
+    else the hash of its URI as the row writes it. Every file must exist, once."""
     try:
         text = storage.read_text(index_uri)
     except FileNotFoundError as exc:
@@ -396,7 +397,7 @@ def _csv(index_uri: str, test_fraction: float) -> Listing:
         if full in seen:
             raise DataError(f"{where}: {uri} is listed again (first in row {seen[full]})")
         seen[full] = number
-        rows.append((number, split or split_of(full, test_fraction), full, label))
+        rows.append((number, split or split_of(uri, test_fraction), full, label))
     if not rows:
         raise DataError(f"{index_uri}: no rows ([ML_USE,]URI,LABEL)")
     _check_files_exist(index_uri, rows)

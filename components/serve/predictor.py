@@ -45,7 +45,7 @@ def expected(served: ServingModel, max_batch: int) -> str:
     )
 
 
-def encoded_images(instances: list[Any]) -> list[bytes] | None:
+def encoded_images(instances: list[Any], want: str) -> list[bytes] | None:
     """The files of a request whose instances are all ``{"b64": ...}`` (or TF Serving's named
     form ``{"image_bytes": {"b64": ...}}``), None for one that has none; InvalidInput for a mix
     or bad base64."""
@@ -54,11 +54,11 @@ def encoded_images(instances: list[Any]) -> list[bytes] | None:
     if kinds == {False}:
         return None
     if kinds != {True}:
-        raise InvalidInput('instances mix {"b64": ...} files with other values')
+        raise InvalidInput(f'instances mix {{"b64": ...}} files with other values: {want}')
     try:
         return [base64.b64decode(i["b64"], validate=True) for i in unwrapped]
     except (binascii.Error, TypeError, ValueError) as exc:
-        raise InvalidInput(f'an instance\'s "b64" is not valid base64 ({exc})') from None
+        raise InvalidInput(f'an instance\'s "b64" is not valid base64 ({exc}): {want}') from None
 
 
 def to_pixels(instances: list[Any], served: ServingModel, want: str) -> np.ndarray:
@@ -67,11 +67,11 @@ def to_pixels(instances: list[Any], served: ServingModel, want: str) -> np.ndarr
         batch = np.asarray(instances)
     except ValueError:  # ragged nesting
         raise InvalidInput(f"instances are ragged (rows of different lengths): {want}") from None
-    shape = served.input_shape
+    shape, sent = served.input_shape, batch.shape
     if batch.ndim == len(shape) and shape[-1:] == (1,):  # (n, height, width) of a 1-channel model
         batch = batch[..., None]
     if batch.shape[1:] != shape:
-        raise InvalidInput(f"instances have shape {batch.shape}: {want}")
+        raise InvalidInput(f"instances have shape {sent}: {want}")
     if batch.dtype.kind not in "iuf":
         raise InvalidInput(f"instances hold {batch.dtype} values, not numbers: {want}")
     if not np.isfinite(batch).all() or batch.min() < 0 or batch.max() > 255:
@@ -90,10 +90,12 @@ def answer(payload: Any, served: ServingModel, max_batch: int) -> dict[str, Any]
             f"the body is not a JSON object (send it with Content-Type: application/json): {want}"
         )
     instances = payload.get("instances")
-    if not isinstance(instances, list) or not 1 <= len(instances) <= max_batch:
-        raise InvalidInput(f'no "instances" list of 1 to {max_batch} images in the request: {want}')
+    if not isinstance(instances, list):
+        raise InvalidInput(f'no "instances" list in the request: {want}')
+    if not 1 <= len(instances) <= max_batch:
+        raise InvalidInput(f"{len(instances)} instances: {want}")
     signature = payload.get("signature_name", "")
-    files = encoded_images(instances)
+    files = encoded_images(instances, want)
     if signature not in ("", SERVING_SIGNATURE if files is None else BYTES_SIGNATURE):
         kind = "pixel arrays" if files is None else 'files ({"b64": ...})'
         raise InvalidInput(f"signature_name {signature!r} does not take {kind}: {want}")

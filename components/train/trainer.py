@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,7 +40,7 @@ from components.common import dataset, keras_env, storage, storage_access
 from components.common.board import Board
 from components.common.failure import ExitCode, ExpectedError
 from components.common.model_files import SAVED_MODEL_PB, saved_model_sha256
-from components.common.shard_files import ShardCheck
+from components.common.shard_files import ShardCheck, first_record_problem
 from components.train import checkpoints, held_input
 from components.train.adam import fused_adam
 from components.train.config import TrainConfig, adam_settings
@@ -203,13 +204,22 @@ def devices_problem(job: Job) -> str | None:
 
 def read_shard(job: Job) -> RankPlan:
     """This rank's shard of the training split, planned once the workers' identity is found to
-    read the data (rank 0: and to write where the job does), each of its shard files found (and
-    a local one's sha256 checked); DataError or ValueError says why not."""
+    read the data (rank 0: and to write where the job does), each of its shard files found (a
+    local one's sha256 checked) and its first record found to hold what the manifest says;
+    DataError or ValueError says why not."""
     config = job.config
     storage_access.check_job(config, writes=job.rank == 0)
     plan = plan_rank(job.manifest, config.batch_size_per_worker, job.rank, job.size)
     for piece in plan.pieces:
         job.shards.check(piece.uri, piece.sha256)
+    with ThreadPoolExecutor(max_workers=8) as pool:  # a GCS shard's first record: one request
+        problems = pool.map(
+            lambda p: first_record_problem(p.uri, p.sha256, plan.image, len(plan.classes)),
+            plan.pieces,
+        )
+        problem = next((found for found in problems if found), None)
+    if problem:
+        raise dataset.DataError(problem)
     return plan
 
 

@@ -270,7 +270,7 @@ BAD = {
         "index.csv row 2: src/a/0000.png is listed again (first in row 1)",
     ),
     "label without training images": (
-        lambda tmp: _index(tmp, ["src/a/0000.png,a", "test,src/b/0000.png,b"]),
+        lambda tmp: _index(tmp, ["training,src/a/0000.png,a", "test,src/b/0000.png,b"]),
         {},
         "class 'b' has no training images",
     ),

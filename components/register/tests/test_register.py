@@ -64,6 +64,8 @@ def test_first_registration_has_the_serving_layout_and_metadata(
     assert meta["dataset"]["uri"] == model.dataset
     assert meta["dataset"]["manifest_sha256"] == read_manifest(trained_model.dataset).sha256
     assert meta["dataset"]["counts"] == {"train": 400, "test": 400}
+    assert meta["dataset"]["image"] == [28, 28, 1]
+    assert meta["dataset"]["classes"] == [str(c) for c in range(10)]
     assert meta["run_summary"] == json.loads(Path(trained_summary).read_text())
     assert (meta["model"], meta["augment"]) == ("small", False)  # from the run summary
     assert meta["pipeline_run_id"] == "run-1" and meta["image_refs"] == refs
@@ -75,7 +77,8 @@ def test_first_registration_has_the_serving_layout_and_metadata(
 
     local = model_files.fetch_model(decision.version_uri, tmp_path)
     served = model_files.load_serving(local, decision.version_uri)  # what TF Serving runs
-    assert served(np.zeros((2, 28, 28), np.float32)).shape == (2, 10)
+    assert served.predict(np.zeros((2, 28, 28, 1), np.uint8)).shape == (2, 10)
+    assert served.takes_bytes
     md = decision.to_markdown()
     assert "**registered as version 1; promoted" in md and f"`{decision.version_uri}`" in md
 
@@ -317,3 +320,47 @@ def test_the_component_function(trained_model, trained_summary, tmp_path: Path) 
     assert set(component.component_spec.outputs) == {
         "decision", "registered", "promoted", "version", "decision_text", "version_uri",
     }  # fmt: skip
+
+
+def test_a_model_of_other_images_or_classes_is_not_registered_under_the_same_name(
+    trained_model, trained_summary, tmp_path: Path
+) -> None:
+    """The production version's clients send 28x28 digits of ten classes: a model of another
+    dataset under the same model_name would break them, so it is refused in one line, with
+    nothing written; under a name of its own it registers."""
+    from components.common.tests.datasets import image_folder
+    from components.data_prep.prep import prepare
+
+    root = str(tmp_path / "registry")
+    register_run(trained_model, trained_summary, root, "run-a", 0.95)
+    image_folder(tmp_path / "images", {"cat": 6, "dog": 6}, size=(28, 28), channels=1)
+    faces = str(tmp_path / "faces")
+    prepare(str(tmp_path / "images"), faces, test_fraction=0.5)
+    before = sorted(p.relative_to(root).as_posix() for p in Path(root).rglob("*"))
+    with pytest.raises(ValueError) as refused:
+        rg.register(
+            trained_model.path,
+            trained_summary,
+            faces,
+            0.97,
+            0.1,
+            registry_root=root,
+            pipeline_run_id="run-b",
+        )
+    assert str(refused.value) == (
+        "not registering 'mnist-cnn': its production version 1 takes 28x28x1 images of 10 "
+        "classes (0, 1, 2, 3, …), this model 28x28x1 images of 2 classes (cat, dog); the served "
+        "model's clients could not use it: register it under a model_name of its own"
+    )
+    assert sorted(p.relative_to(root).as_posix() for p in Path(root).rglob("*")) == before
+    decision = rg.register(
+        trained_model.path,
+        trained_summary,
+        faces,
+        0.97,
+        0.1,
+        registry_root=root,
+        pipeline_run_id="run-b",
+        model_name="faces",
+    )
+    assert decision.promoted and decision.version == 1
