@@ -85,7 +85,8 @@ def test_run_local_help_lists_the_models() -> None:
     ("args", "code", "messages"),
     [
         (["--model", "resnet"], ExitCode.BAD_INPUT, ["model must be one of the built-in models "
-         "mnist_advanced, small, mobilenet_v3_small or a Python entry point 'package.module:function'"]),
+         "mnist_advanced, small, mobilenet_v3_small or a Python entry point "
+         "'package.module:function'"]),
         (["--model", "components.train.tests.user_model:missing"], ExitCode.PREFLIGHT,
          ["kfp-horovod preflight failed: model 'components.train.tests.user_model:missing': "
           "'missing' is not defined in module"]),

@@ -42,7 +42,7 @@ def test_the_console_shows_the_steps_lines_and_the_log_keeps_everything(
     assert log.read_text().splitlines() == LINES
 
 
-STEP = "\x1b[96m'prepare-data'\x1b[0m"  # kfp.local colours the task's name
+STEP = "\x1b[96m'list-data'\x1b[0m"  # kfp.local colours the task's name
 STEP_FAILED = f"19:12:16.855 - ERROR - Task {STEP} finished with status FAILURE"
 KFP_FAILED = RuntimeError(
     f"Pipeline 'kfp-horovod-mnist' finished with status FAILURE. Inner task failed: {STEP}."
@@ -53,10 +53,10 @@ KFP_FAILED = RuntimeError(
     ("step_output", "finished", "error", "failed", "logged_traceback"),
     [
         (["FAILED: /nonexistent/mnist.npz: not found"], STEP_FAILED, KFP_FAILED,
-         "FAILED: step 'prepare-data': /nonexistent/mnist.npz: not found", False),
+         "FAILED: step 'list-data': /nonexistent/mnist.npz: not found", False),
         (["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
           "KeyError: 'splits'"], STEP_FAILED, KFP_FAILED,
-         "FAILED: step 'prepare-data': KeyError: 'splits' (an unexpected error: its traceback "
+         "FAILED: step 'list-data': KeyError: 'splits' (an unexpected error: its traceback "
          "is in the log)", True),
         ([], f"19:12:16.855 - INFO - Task {STEP} finished with status \x1b[92mSUCCESS\x1b[0m",
          OSError("docker daemon not running"), "FAILED: OSError: docker daemon not running", True),
@@ -108,7 +108,7 @@ def assert_failed_in_one_line(console: list[str], step: str, reason: str, log: s
 def test_a_missing_data_source_ends_run_local_with_one_failed_line(tmp_path: Path) -> None:
     console = failed_run_local(tmp_path, "--data-source", "/nonexistent/mnist.npz")
     reason, log = "/nonexistent/mnist.npz: not found", f"{tmp_path}/logs/run-local-"
-    assert_failed_in_one_line(console, "prepare-data", reason, log)
+    assert_failed_in_one_line(console, "list-data", reason, log)
     assert len(console) <= 8, console  # the tasks' lines, the FAILED line, the log
 
 

@@ -80,7 +80,7 @@ def first_record_problem(uri: str, sha256: str, image: ImageSpec, classes: int) 
             "the manifest says (the manifest and its shards disagree)"
         )
     if not isinstance(label, int) or not 0 <= label < classes:
-        return f"{uri}: record 0's label {label} is not one of the manifest's {classes} classes"
+        return f"{uri}: record 0's label {label!r} is not one of the manifest's {classes} classes"
     return None
 
 
@@ -154,6 +154,16 @@ def read_split(tf: Any, manifest: Manifest, split: str, batch_size: int) -> Any:
         .map(lambda serialized: decode_records(tf, serialized, manifest.image))
         .prefetch(2)
     )
+
+
+def read_split_arrays(tf: Any, manifest: Manifest, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The whole of `split`, images and labels in the manifest's order, as arrays: for small
+    datasets only (the benchmarks' in-memory references, the tests)."""
+    images, labels = [], []
+    for x, y in read_split(tf, manifest, split, 1024):
+        images.append(x.numpy())
+        labels.append(y.numpy())
+    return np.concatenate(images), np.concatenate(labels)
 
 
 def _corrupt(uri: str, actual: str, expected: str) -> str:

@@ -39,7 +39,7 @@ import numpy as np
 
 from components.common import storage, tfrecord
 from components.common.dataset import DataError
-from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SPLIT_SEED
+from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SPLIT_SEED, TEST_FRACTION
 from components.common.images import EXTENSIONS
 from components.common.storage import sha256_bytes
 
@@ -220,6 +220,18 @@ def _bundled(test_fraction: float, seed: int = SPLIT_SEED) -> Listing:
         "test_fraction": test_fraction,
     }
     return Listing("bundled", description, [str(c) for c in range(10)], items, (images, labels))
+
+
+def bundled_digits(
+    test_fraction: float = TEST_FRACTION,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The bundled digits by split, as data prep splits them: ``uint8`` images (n, 28, 28) and
+    labels, in the dataset's order (the benchmarks' real digits, `make serve`'s example)."""
+    listing = _bundled(test_fraction)
+    assert listing.arrays is not None
+    images, labels = listing.arrays
+    rows = {s: [i.row for i in listing.items if i.split == s] for s in ("train", "test")}
+    return {split: (images[r], labels[r]) for split, r in rows.items()}
 
 
 def fetch(uri: str, timeout_s: float = 60.0) -> bytes:

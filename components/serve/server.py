@@ -69,14 +69,11 @@ def example(count: int) -> str:
     """A request of the bundled dataset's first `count` test digits; their labels to stderr."""
     import json
 
-    from components.data_prep.sources import list_source
+    from components.data_prep.sources import bundled_digits
 
-    listing = list_source("bundled")
-    assert listing.arrays is not None
-    images, labels = listing.arrays
-    rows = [item.row for item in listing.items if item.split == "test"][:count]
-    print(f"labels: {' '.join(str(labels[r]) for r in rows)}", file=sys.stderr)
-    return json.dumps({"instances": images[rows].tolist()})
+    images, labels = bundled_digits()["test"]
+    print(f"labels: {' '.join(str(label) for label in labels[:count])}", file=sys.stderr)
+    return json.dumps({"instances": images[:count].tolist()})
 
 
 def image_request(paths: list[str]) -> str:

@@ -1,6 +1,6 @@
 """Test data: image folders of real image files (written with Pillow), a real dataset of another
 shape and class count than MNIST (scikit-image's ``lfw_subset``), and prepared datasets read back
-whole through the product's own reader (`components.common.shard_files.read_split`)."""
+whole through the product's own reader (`components.common.shard_files.read_split_arrays`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from components.common import dataset, keras_env
-from components.common.shard_files import read_split
+from components.common.shard_files import read_split_arrays
 
 FORMATS = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "bmp": "BMP", "gif": "GIF"}
 
@@ -65,10 +65,4 @@ def lfw_faces(root: Path, suffix: str = "png") -> Path:
 def read_arrays(uri: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Every image (uint8, n x height x width x channels) and label of `split` of the dataset at
     `uri`, in the manifest's order."""
-    tf = keras_env.tensorflow()
-    manifest = dataset.read_manifest(uri)
-    images, labels = [], []
-    for x, y in read_split(tf, manifest, split, 256):
-        images.append(x.numpy())
-        labels.append(y.numpy())
-    return np.concatenate(images), np.concatenate(labels)
+    return read_split_arrays(keras_env.tensorflow(), dataset.read_manifest(uri), split)

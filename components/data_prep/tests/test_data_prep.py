@@ -4,6 +4,7 @@ import functools
 import hashlib
 import http.server
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,7 +277,9 @@ def test_a_failed_prep_on_gcs_leaves_nothing(gcs_uri: str, tmp_path: Path) -> No
     assert storage.list_files(out) == []
 
 
-def test_the_three_steps_compile_and_run_as_a_parallel_for_with_kfp_local(tmp_path: Path) -> None:
+def test_the_three_steps_compile_and_run_as_a_parallel_for_with_kfp_local(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The listing, the slices under ``dsl.ParallelFor`` and the publishing, compiled and run by
     kfp.local as the pipeline runs them: each slice's shards stay in its own artifact, and the
     dataset artifact holds the manifest alone, naming them."""
@@ -320,6 +323,10 @@ def test_the_three_steps_compile_and_run_as_a_parallel_for_with_kfp_local(tmp_pa
     compiler.Compiler().compile(prep_only, str(package))
     assert "example.com/data-prep:test" in package.read_text()
 
+    # kfp.local's ParallelFor threads each swap sys.stdout for an indenting writer, and the
+    # last to finish may leave its own in place: put this process's streams back afterwards.
+    monkeypatch.setattr(sys, "stdout", sys.stdout)
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
     artifact = prep_only().output
     assert sorted(p.name for p in Path(artifact.path).iterdir()) == ["manifest.json"]

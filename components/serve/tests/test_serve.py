@@ -46,11 +46,14 @@ def register_model(model: Any, root: str, run_id: str, accuracy: float, tmp_path
 
 
 @contextmanager
-def running(root: str, log: list[str] | None = None) -> Iterator[tuple[str, str]]:
-    """``python -m components.serve`` on a free loopback port: yields (its banner, its URL);
-    `log` gets everything it printed once it has stopped."""
+def running(
+    root: str, log: list[str] | None = None, model: str = MODEL
+) -> Iterator[tuple[str, str]]:
+    """``python -m components.serve`` on a free loopback port, serving `model`: yields (its
+    banner, its URL); `log` gets everything it printed once it has stopped."""
     port = free_port()
     command = [sys.executable, "-m", "components.serve", "--registry-root", root]
+    command += ["--model-name", model]
     proc = subprocess.Popen(
         [*command, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -61,9 +64,9 @@ def running(root: str, log: list[str] | None = None) -> Iterator[tuple[str, str]
             if line.startswith("serving "):
                 break
         assert proc.poll() is None, "".join(lines)
-        url = f"http://127.0.0.1:{port}/v1/models/{MODEL}:predict"
+        url = f"http://127.0.0.1:{port}/v1/models/{model}:predict"
         wait_until(
-            lambda: _answers(port), f"answer from the server on port {port}",
+            lambda: _answers(port, model), f"answer from the server on port {port}",
             alive=lambda: proc.poll() is None, poll_s=0.2,
         )  # fmt: skip
         yield lines[-1].strip(), url
@@ -74,9 +77,9 @@ def running(root: str, log: list[str] | None = None) -> Iterator[tuple[str, str]
             log += lines
 
 
-def _answers(port: int) -> bool:
+def _answers(port: int, model: str = MODEL) -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/{MODEL}", timeout=5):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/{model}", timeout=5):
             return True
     except OSError:
         return False
@@ -261,7 +264,7 @@ def test_example_prints_a_request_of_held_out_digits(capsys) -> None:
 
     assert server.main(["--example", "2"]) == 0
     out, err = capsys.readouterr()
-    digits = list_source("bundled")
+    digits = list_source("bundled")  # the held-out digits, as data prep lists them
     rows = [i.row for i in digits.items if i.split == "test"][:2]
     images, labels = digits.arrays
     assert json.loads(out) == {"instances": images[rows].tolist()}

@@ -117,8 +117,8 @@ def test_a_users_entry_point_is_wrapped_into_the_trainers_contract() -> None:
     ("choice", "message"),
     [
         ("resnet", "model must be one of the built-in models mnist_advanced, small, "
-         "mobilenet_v3_small or a Python entry point 'package.module:function' (a function (input_shape, num_classes) -> "
-         "Keras model), got 'resnet'"),
+         "mobilenet_v3_small or a Python entry point 'package.module:function' (a function "
+         "(input_shape, num_classes) -> Keras model), got 'resnet'"),
         ("my.models:build:v2", "entry point 'package.module:function'"),
         ("my models:build", "got 'my models:build'"),
         ("no_such_package.models:build", "model 'no_such_package.models:build': cannot import "
