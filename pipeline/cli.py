@@ -69,7 +69,10 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 
 
 @click.command("run-local")
-@declared_options([*PIPELINE_TRAIN_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS])
+# --registry-root: required by the pipeline, optional here (under --root when not given).
+@declared_options(
+    [*PIPELINE_TRAIN_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS], {"registry_root": ""}
+)
 @click.option("--root", default="runs", show_default=True, help="the local folder where runs "
               "(and the registry, unless --registry-root) go; not a URI")  # fmt: skip
 @click.option("--runner", type=click.Choice(["subprocess", "docker"]), default="subprocess",

@@ -25,9 +25,19 @@ from components.train.step_parameters import TRAIN_STEP_PARAMETERS
 from pipeline.checks import PIPELINE_PARAMETERS
 
 PIPELINE_DESCRIPTION = (
-    "MNIST data prep to GCS, Horovod training as ONE job (a Kubeflow MPIJob, or horovodrun in "
-    "the train step), evaluation of the single exported model, and registration."
+    "Check the parameters and the storage, prepare the data, train with Horovod as ONE job, "
+    "evaluate the single exported model, register it. training_backend picks the job: auto (the "
+    "default) an MPIJob where the cluster serves mpi-operator, else a TrainJob on Kubeflow "
+    "Trainer v2; mpijob or trainjob forces one; local runs mpirun (horovodrun for an elastic job) "
+    "in the train step's own pod. registry_root, the model store, is required."
 )
+
+
+def parameters_docstring(params: list[Declared]) -> str:
+    """The pipeline function's docstring: an ``Args:`` section of every parameter's help text,
+    which KFP compiles into the parameter's description (the KFP UI shows it)."""
+    args = [f"    {p.name}: {' '.join(p.help.split())}" for p in params]
+    return "\n".join(["The kfp-horovod pipeline.", "", "Args:", *args]) + "\n"
 
 
 def make_check_component(image: str) -> dsl.base_component.BaseComponent:
@@ -53,11 +63,17 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
     check_op = make_check_component(images["data_prep"])
     prep_op, train_op = make_data_prep(images["data_prep"]), make_train(images["trainer"])
     evaluate_op, register_op = make_evaluate(images["evaluate"]), make_register(images["register"])
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    kind, empty = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty
+    # A required parameter (no default) first: Python's signatures want them before the rest.
+    ordered = sorted(PIPELINE_PARAMETERS, key=lambda p: not p.required)
     signature = inspect.Signature(
-        [inspect.Parameter(p.name, kind, default=p.default, annotation=p.type)
-         for p in PIPELINE_PARAMETERS]
-    )  # fmt: skip
+        [
+            inspect.Parameter(
+                p.name, kind, annotation=p.type, default=empty if p.required else p.default
+            )
+            for p in ordered
+        ]
+    )
 
     def mnist_horovod(*args: Any) -> None:
         values = dict(zip(signature.parameters, args, strict=True))
@@ -94,6 +110,7 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
         ).set_display_name("register")  # fmt: skip
 
     mnist_horovod.__signature__ = signature  # type: ignore[attr-defined]
+    mnist_horovod.__doc__ = parameters_docstring(ordered)
     return dsl.pipeline(name=defaults.PIPELINE_NAME, description=PIPELINE_DESCRIPTION)(
         mnist_horovod
     )

@@ -231,7 +231,9 @@ def register(
     """Gate, publish and maybe promote the SavedModel at `model_uri`. Every input is checked
     before the registry is touched (ValueError, DataError, ModelError)."""
     clock = now or (lambda: datetime.now(timezone.utc))
-    RegisterStep(float(min_accuracy), model_name, registry_root)  # the declared rules
+    RegisterStep(  # the declared rules
+        min_accuracy=float(min_accuracy), model_name=model_name, registry_root=registry_root
+    )
     scores = float(accuracy), float(loss), float(min_accuracy)
     candidate = Candidate(model_uri, model_name, pipeline_run_id, alias, *scores)
     store = ModelStore(registry_root, model_name)
