@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from components.common import defaults, failure
+from components.common import defaults, failure, storage_access
 from components.common.defaults import PIPELINE_NAME
 from components.common.failure import ExitCode, ExpectedError, InputError
 from components.train.preflight import check_model_before_launch
@@ -86,6 +86,7 @@ def run_pipeline_locally(
             f"--root must be a local folder (kfp.local writes the runs to local disk), got the URI "
             f"{str(root)!r}; a run can put its registry on GCS: --registry-root gs://..."
         )
+    storage_access.check([storage_access.Location("--root", str(root), writes=True)])
     root = Path(root).resolve()
     pipeline_root = root / "pipeline-root"
     default_registry = (pipeline_root if docker_images else root) / "registry"

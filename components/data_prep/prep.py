@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from components.common import dataset, storage
+from components.common import dataset, storage, storage_access
 from components.common.dataset import read_manifest
 from components.common.declare import add_arguments
 from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SHARD_SIZE
@@ -35,6 +35,7 @@ def check_output_free(output: str) -> None:
     path = Path(output)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise InputError(f"{output}: already exists and is not empty; refusing to overwrite")
+    storage_access.check_local_folder("output", output)  # before the work, not at its end
 
 
 def prepare(

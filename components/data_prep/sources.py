@@ -77,7 +77,8 @@ def load_mnist_npz(uri: str, expected_sha256: str | None = MNIST_SHA256) -> Sour
     if expected_sha256 is not None and digest != expected_sha256.lower():
         raise DataError(
             f"{uri}: sha256 mismatch: got {digest}, expected {expected_sha256} "
-            "(corrupt or not the canonical mnist.npz; pass the right --sha256)"
+            "(corrupt or not the canonical mnist.npz; pass its sha256 as --data-sha256, or "
+            "--data-sha256 none not to check it)"
         )
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
