@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from components.common import defaults, failure, storage_access
+from components.common import defaults, failure, processes, storage_access
 from components.common.defaults import PIPELINE_NAME
 from components.common.failure import ExitCode, ExpectedError, InputError
 from components.train.preflight import check_model_before_launch
@@ -68,7 +70,10 @@ class LocalRun:
 
 
 def run_pipeline_locally(
-    root: str | Path = "runs", docker_images: tuple[str, str] | None = None, **params: Any
+    root: str | Path = "runs",
+    docker_images: tuple[str, str] | None = None,
+    stop: RunStop | None = None,
+    **params: Any,
 ) -> LocalRun:
     """Run the pipeline with kfp.local under `root`; return where everything went.
 
@@ -77,7 +82,8 @@ def run_pipeline_locally(
     (``registry_root`` defaults to ``<root>/registry``, ``training_backend`` to ``local``: the
     compiled default, ``auto``, needs a cluster). With `docker_images` = ``(registry, tag)``
     every step runs in its image (``DockerRunner``, the train step building the ``model``
-    there), else in this environment.
+    there), else in this environment. A stop under `failure.stops_on_signals(stop)` ends every
+    process the run started (`RunStop`) and the run with one ``STOPPED:`` line.
     """
     import kfp.local
 
@@ -116,7 +122,7 @@ def run_pipeline_locally(
     pipeline_func = build_pipeline(images, image_at_run_time=False)
     started = time.monotonic()
     log = root / "logs" / time.strftime("run-local-%Y%m%d-%H%M%S.log")
-    with quiet_console(log):
+    with quiet_console(log, stop):
         pipeline_func(**params)
     runs = [p for p in set(pipeline_root.iterdir()) - before if p.name.startswith(PIPELINE_NAME)]
     if len(runs) != 1:
@@ -141,6 +147,58 @@ TASK_STARTS = re.compile(r"Executing task '([^']+)'")
 TASK_SUCCEEDED = re.compile(r"Task '[^']+' finished with status SUCCESS")
 COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 TRACEBACK = "Traceback (most recent call last):"
+
+
+# How long a stopped run waits for its steps to end their work themselves (each ends its Horovod
+# job at once: `components.train.mpiwatch.watch`) before it SIGKILLs every process it started.
+STOP_GRACE_S = 10.0
+
+
+class RunStop:
+    """What a stop (SIGTERM, Ctrl-C) of run-local does to the processes the run started: in the
+    signal handler (`__call__`) it notes them all and passes the signal on to those in its own
+    process group, as Ctrl-C does (the steps and their shells: each step ends its own job); a
+    thread SIGKILLs whatever of them still runs `grace_s` later. `finish` waits for that and
+    says what was ended. So everything the run started is gone within `grace_s` of the signal
+    (plus a poll)."""
+
+    def __init__(self, grace_s: float = STOP_GRACE_S) -> None:
+        self.grace_s = grace_s
+        self.started = processes.Started()
+        self.killed: list[str] = []
+        self.signalled = 0.0
+        self._reaper: threading.Thread | None = None
+
+    def __call__(self, stop: failure.Stopped) -> None:
+        import psutil
+
+        self.signalled = time.monotonic()
+        self.started.note()
+        group = os.getpgrp()
+        for proc in self.started.running():  # as Ctrl-C reaches them: the steps, their shells
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(proc.pid) == group:  # not mpirun's own session
+                    proc.send_signal(stop.signum)
+        self._reaper = threading.Thread(target=self._reap, daemon=True, name="run-stop")
+        self._reaper.start()
+
+    def _reap(self) -> None:
+        if not self.started.wait(self.grace_s):
+            self.killed = self.started.kill()
+
+    def finish(self, step: str = "") -> str:
+        """What the stop ended, once all of it has ended (or `grace_s` has passed)."""
+        if self._reaper is None:
+            return "no step had started"
+        self._reaper.join(self.grace_s + 5)
+        took = time.monotonic() - self.signalled
+        said = f"step {step!r} stopped; " if step else ""
+        said += f"ended the {self.started.describe()} the run had started, in {took:.1f} s"
+        if self.killed:
+            said += f" ({processes.names(self.killed)} SIGKILLed after {self.grace_s:g} s)"
+        if left := self.started.running():
+            return said + f"; STILL RUNNING: pids {', '.join(str(p.pid) for p in left)}"
+        return said + "; none is left"
 
 
 class RunFailed(ExpectedError):
@@ -181,6 +239,8 @@ class _Tee(io.TextIOBase):
             self.task = ""
         elif text.startswith(failure.FAILED):
             self.failed = text[len(failure.FAILED) :]
+        elif text.startswith(failure.STOPPED):  # the step was stopped, not by this run
+            self.failed = "stopped by " + text[len(failure.STOPPED) :]
         elif text == TRACEBACK:
             self.traceback_indent = indent
         elif self.traceback_indent == indent and text:  # a traceback's last line: the error
@@ -200,10 +260,11 @@ class _Tee(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def quiet_console(log_path: Path) -> Iterator[None]:
+def quiet_console(log_path: Path, stop: RunStop | None = None) -> Iterator[None]:
     """Everything printed to `log_path`, only `SHOWN` lines to the console; on failure the
     console ends with ``FAILED: step '<name>': <reason>`` and the log's path, and `RunFailed`
-    is raised (the traceback goes to the log)."""
+    is raised (the traceback goes to the log); on a stop, with the ``STOPPED:`` line naming the
+    step and what `stop` ended, and the log's path (exit 128 + N)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     console = sys.stdout
     with log_path.open("w") as log, warnings.catch_warnings():
@@ -212,6 +273,12 @@ def quiet_console(log_path: Path) -> Iterator[None]:
         try:
             with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):
                 yield
+        except failure.Stopped as stopped:
+            stopped.ended.append((stop or RunStop()).finish(tee.task))
+            log.write(f"{stopped.line()}\n")
+            log.flush()
+            console.write(f"{stopped.line()}\nlog: {log_path}\n")
+            raise SystemExit(stopped.exit_code) from None
         except Exception as exc:
             if not (tee.task and tee.failed):  # not a step's expected error: how it came about
                 traceback.print_exc(file=log)

@@ -13,15 +13,26 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
-from components.common.failure import ExitCode, ExpectedError, InputError
+from components.common.failure import (
+    STOP_SIGNALS,
+    ExitCode,
+    ExpectedError,
+    InputError,
+    Stopped,
+    one_line_failures,
+    stops_on_signals,
+)
+from components.common.processes import Started
 from components.train.config import TrainConfig, to_argv
 from components.train.log_dedup import RankLines
 from components.train.mpiwatch import HEARTBEAT_ENV, period_for, watch
@@ -210,13 +221,41 @@ def run_local_job(config: TrainConfig, log: Callable[[str], None] = print) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    """horovodrun's command line with its Gloo check answered (exit code as horovodrun's)."""
-    from horovod.runner import launch
+    """horovodrun's command line with its Gloo check answered (exit code as horovodrun's). A
+    stop (SIGTERM, Ctrl-C) ends every process below it in one ``STOPPED:`` line, exit 128 + N:
+    horovodrun's own shutdown terminates its workers (SIGKILL after 5 s; its multiprocessing
+    helper ends with this process)."""
+    from horovod.runner import gloo_run, launch
 
-    require("GLOO")
-    launch.gloo_built = lambda verbose=False: True
-    sys.argv = ["horovodrun", *(sys.argv[1:] if argv is None else argv)]
-    launch.run_commandline()
+    stops: list[tuple[Stopped, Started]] = []
+    register = gloo_run.register_shutdown_event  # horovodrun's handlers: set its shutdown event
+
+    def shutdown_event() -> Any:
+        event = register()
+
+        def on_signal(signum: int, frame: object) -> None:
+            if not stops:
+                stops.append((Stopped(signum), Started.of()))  # noted before any is ended
+            event.set()
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, on_signal)
+        return event
+
+    with one_line_failures(), stops_on_signals():  # until horovodrun takes the signals
+        require("GLOO")
+        launch.gloo_built = lambda verbose=False: True
+        gloo_run.register_shutdown_event = shutdown_event
+        sys.argv = ["horovodrun", *(sys.argv[1:] if argv is None else argv)]
+        try:
+            launch.run_commandline()
+        except Exception:
+            if not stops:
+                raise
+        if stops:  # horovodrun ended with a RuntimeError naming a worker's 143
+            stop, below = stops[0]
+            stop.ended.append(f"horovodrun ended the {below.describe()} it had started")
+            raise stop
     return 0
 
 
