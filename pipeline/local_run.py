@@ -109,7 +109,11 @@ def run_pipeline_locally(
             f"{params['training_backend']!r}: 'auto', 'mpijob' and 'trainjob' run on a Kubeflow "
             "cluster (docs/operating.md)"
         )
-    if not docker_images:
+    if problem := local_gpu_problem(values["gpus_per_worker"], values["workers"], docker_images):
+        raise InputError(problem)  # before data prep, not in the train step
+    if docker_images:
+        check_local_images([images[name] for name in STEP_IMAGES])
+    else:
         check_model_before_launch(values["model"])
     pipeline_root.mkdir(parents=True, exist_ok=True)
     if docker_images:
@@ -132,11 +136,86 @@ def run_pipeline_locally(
     return LocalRun(runs[0], outputs, time.monotonic() - started, log)
 
 
+# The images a run with --runner docker runs its steps in (`images` after the check step's choice
+# of the trainer's: the check step runs in data prep's).
+STEP_IMAGES = ("data_prep", "trainer", "evaluate", "register")
+NVIDIA_DEVICE = re.compile(r"^nvidia\d+$")  # /dev/nvidia0, ...: a GPU the driver exposes
+
+
+def local_gpu_problem(
+    gpus_per_worker: int,
+    workers: int,
+    docker_images: tuple[str, str] | None,
+    dev: Path = Path("/dev"),
+) -> str | None:
+    """Why a local run asking for GPUs cannot train here (every rank on a GPU of its own, one of
+    the ``nvidia<N>`` devices in `dev`), or None: checked before data prep (it stopped the train
+    step after 39 s)."""
+    if gpus_per_worker <= 0:
+        return None
+    asked = (
+        f"gpus_per_worker={gpus_per_worker}: a local run trains each of its {workers} ranks on "
+        "a GPU of its own"
+    )
+    if docker_images:
+        return (
+            f"{asked}, but --runner docker gives the steps' containers no GPU (kfp.local's "
+            "DockerRunner); use --runner subprocess on a machine with GPUs, or "
+            "--gpus-per-worker 0 to train on the CPU"
+        )
+    found = sum(1 for d in dev.iterdir() if NVIDIA_DEVICE.match(d.name)) if dev.is_dir() else 0
+    if found < workers:
+        return (
+            f"{asked}, but this machine has {found} NVIDIA GPU(s) (/dev/nvidia<N>); use "
+            "--gpus-per-worker 0 to train on the CPU, or a machine with a GPU per rank"
+        )
+    from components.train.cuda import missing_cuda_libraries
+
+    if missing := missing_cuda_libraries():
+        return (
+            f"{asked}, but this environment's TensorFlow cannot load {', '.join(missing)} (the "
+            "CUDA libraries of tensorflow[and-cuda], requirements/lock-cuda.txt); install them, "
+            "or use --gpus-per-worker 0"
+        )
+    return None
+
+
+def check_local_images(refs: list[str]) -> None:
+    """InputError, one line, unless a Docker engine answers and holds every image of `refs`
+    (a missing one failed after data prep with Docker's raw APIError), naming the target that
+    builds them."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise InputError(
+            f"--runner docker: no Docker engine answers ({failure.reason(exc)}); start one "
+            "(`make docker-ready`), then build the step images (`make images-local`)"
+        ) from None
+    missing = []
+    for ref in dict.fromkeys(refs):
+        try:
+            client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            missing.append(ref)
+    if missing:
+        raise InputError(
+            f"--runner docker: no image {', '.join(missing)} on this machine's Docker engine; "
+            "build the step images with `make images-local` (LOCAL_TAG=<tag> for --image-tag "
+            "<tag>)"
+        )
+
+
 # A URI (``gs://``, any ``scheme://``), which `run_pipeline_locally`'s root may not be.
 URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-# What a run prints to the console: kfp.local's task lines, and what the trainer's ranks and
-# launcher say (rank-tagged lines, the launcher's watch). Everything goes to the log file.
-SHOWN = re.compile(r"Executing task|finished with status|\[rank \d+/\d+\]|launcher: |mpiwatch: ")
+# What a run prints to the console: kfp.local's task lines, what the trainer's ranks and
+# launcher say (rank-tagged lines, the launcher's watch) and the register step's warning.
+# Everything goes to the log file.
+SHOWN = re.compile(
+    r"Executing task|finished with status|\[rank \d+/\d+\]|launcher: |mpiwatch: |register: "
+)
 # mpirun's tag on each line of a rank (``[1,0]<stdout>:``): the console has the rank's own tag.
 MPI_TAG = re.compile(r"\[\d+,\d+\]<std(out|err)>:")
 # kfp.local's warning about running components outside their images: that is the point of a

@@ -105,7 +105,8 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
         register_op(
             **taken_by(REGISTER_PARAMETERS), model=model, run_summary=train.outputs["run_summary"],
             dataset=prep.outputs["dataset"], accuracy=evaluate.outputs["accuracy"],
-            loss=evaluate.outputs["loss"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            loss=evaluate.outputs["loss"], confusion_matrix=evaluate.outputs["confusion_matrix"],
+            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             image_refs=images,
         ).set_display_name("register")  # fmt: skip
 
