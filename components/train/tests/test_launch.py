@@ -126,3 +126,13 @@ def test_horovodrun_options_and_exit_codes_pass_through(tmp_path: Path) -> None:
     assert done.returncode != 0 and "exited with non-zero status" in done.stderr, done.stderr
     printed = sorted(line.split(":", 1)[1] for line in done.stdout.splitlines() if "rank" in line)
     assert printed == ["rank 0", "rank 1"], done.stdout
+
+
+def test_an_elastic_job_bounds_gloos_timeout_unless_it_is_set() -> None:
+    """The bound on a lost rank's stall (the survivors' Gloo timeout: 30 s, Horovod's default,
+    stalled recovery in 2 of 3 trials) is an elastic job's only; a value given is kept."""
+    bound = str(launch.ELASTIC_GLOO_TIMEOUT_S)
+    assert launch.job_environment({}, elastic=True)[launch.GLOO_TIMEOUT_ENV] == bound == "5"
+    assert launch.GLOO_TIMEOUT_ENV not in launch.job_environment({}, 2)  # static: MPI, no Gloo
+    given = {launch.GLOO_TIMEOUT_ENV: "12"}
+    assert launch.job_environment(given, elastic=True)[launch.GLOO_TIMEOUT_ENV] == "12"
