@@ -269,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             if not stops:
                 raise
+        finally:
+            gloo_run.register_shutdown_event = register
         if stops:  # horovodrun ended with a RuntimeError naming a worker's 143
             stop, below = stops[0]
             stop.ended.append(f"horovodrun ended the {below.describe()} it had started")
