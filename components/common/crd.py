@@ -74,12 +74,11 @@ def crd_schema(crd: Crd, path: Path) -> dict[str, Any]:
         raise InputError(
             f"{path} is not the {crd.group} {crd.kind} CRD: not YAML ({problem})"
         ) from None
-    spec = doc.get("spec") if isinstance(doc, dict) else None
-    spec = spec if isinstance(spec, dict) else {}
-    names = spec.get("names") if isinstance(spec.get("names"), dict) else {}
+    doc = doc if isinstance(doc, dict) else {}  # a list, a string: not a CRD
+    spec: dict[str, Any] = doc["spec"] if isinstance(doc.get("spec"), dict) else {}
+    names: dict[str, Any] = spec["names"] if isinstance(spec.get("names"), dict) else {}
     if (
-        not isinstance(doc, dict)
-        or doc.get("kind") != "CustomResourceDefinition"
+        doc.get("kind") != "CustomResourceDefinition"
         or spec.get("group") != crd.group
         or names.get("kind", crd.kind) != crd.kind
     ):
