@@ -27,7 +27,10 @@ GROUPS = (
     ("Register (`RegisterStep`, components/register/step_parameters.py)", REGISTER_PARAMETERS),
 )
 PIPELINE_PARAMETERS: list[Declared] = [p for _, group in GROUPS for p in group]
-PIPELINE_DEFAULTS: dict[str, Any] = {p.name: p.default for p in PIPELINE_PARAMETERS}
+# The declared defaults; a required parameter (``registry_root``) has none: a run must be given it.
+PIPELINE_DEFAULTS: dict[str, Any] = {
+    p.name: p.default for p in PIPELINE_PARAMETERS if not p.required
+}
 # What docs/parameters.md says under the placement table.
 PLACEMENT_NOTE = (
     "`node_selector` and `tolerations` are KFP `dict` and `list` parameters; earlier pipelines "
@@ -111,7 +114,7 @@ def parameters_markdown() -> str:
     for title, group in GROUPS:
         lines += ["", f"## {title}", "", "| parameter | type | default | |", "|---|---|---|---|"]
         for p in group:
-            default = "" if p.required else f"`{p.default!r}`"
+            default = "(required)" if p.required else f"`{p.default!r}`"
             lines.append(f"| `{p.name}` | {p.type.__name__} | {default} | {p.help} |")
         if group is PLACEMENT_PARAMETERS:
             lines += ["", PLACEMENT_NOTE]
@@ -142,5 +145,11 @@ def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
             values[name] = click.types.convert_type(kind).convert(raw, None, None)
         except click.BadParameter as exc:
             raise InputError(f"parameter {name!r}: {exc.message}") from exc
-    declare.check(PIPELINE_PARAMETERS, PIPELINE_DEFAULTS | values, "pipeline parameters")
+    missing = [f"{p.name} is required: {p.help}" for p in required_missing(values)]
+    declare.check(PIPELINE_PARAMETERS, PIPELINE_DEFAULTS | values, "pipeline parameters", *missing)
     return values
+
+
+def required_missing(values: dict[str, Any]) -> list[Declared]:
+    """The pipeline's required parameters (no default) that `values` does not give."""
+    return [p for p in PIPELINE_PARAMETERS if p.required and p.name not in values]

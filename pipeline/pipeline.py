@@ -29,10 +29,21 @@ from components.train.step_parameters import TRAIN_STEP_PARAMETERS
 from pipeline.checks import PIPELINE_PARAMETERS
 
 PIPELINE_DESCRIPTION = (
-    "Data prep of an image folder, a .csv index, TFRecords or MNIST into sharded TFRecords on "
-    "GCS (in parallel slices), Horovod training as ONE job (a Kubeflow MPIJob, or horovodrun in "
-    "the train step), evaluation of the single exported model, and registration."
+    "Check the parameters and the storage; prepare the data (an image folder, a .csv index, "
+    "TFRecord files or MNIST digits into sharded TFRecords, converted in parallel slices); train "
+    "with Horovod as ONE job; evaluate the single exported model; register it. "
+    "training_backend picks the job: auto (the default) an MPIJob where the cluster serves "
+    "mpi-operator, else a TrainJob on Kubeflow Trainer v2; mpijob or trainjob forces one; local "
+    "runs mpirun (horovodrun for an elastic job) in the train step's own pod. registry_root, "
+    "the model store, is required."
 )
+
+
+def parameters_docstring(params: list[Declared]) -> str:
+    """The pipeline function's docstring: an ``Args:`` section of every parameter's help text,
+    which KFP compiles into the parameter's description (the KFP UI shows it)."""
+    args = [f"    {p.name}: {' '.join(p.help.split())}" for p in params]
+    return "\n".join(["The kfp-horovod pipeline.", "", "Args:", *args]) + "\n"
 
 
 def make_check_component(image: str) -> dsl.base_component.BaseComponent:
@@ -59,11 +70,17 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
     list_op, slice_op, publish_op = make_data_prep(images["data_prep"])
     train_op = make_train(images["trainer"])
     evaluate_op, register_op = make_evaluate(images["evaluate"]), make_register(images["register"])
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    kind, empty = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty
+    # A required parameter (no default) first: Python's signatures want them before the rest.
+    ordered = sorted(PIPELINE_PARAMETERS, key=lambda p: not p.required)
     signature = inspect.Signature(
-        [inspect.Parameter(p.name, kind, default=p.default, annotation=p.type)
-         for p in PIPELINE_PARAMETERS]
-    )  # fmt: skip
+        [
+            inspect.Parameter(
+                p.name, kind, annotation=p.type, default=empty if p.required else p.default
+            )
+            for p in ordered
+        ]
+    )
 
     def mnist_horovod(*args: Any) -> None:
         values = dict(zip(signature.parameters, args, strict=True))
@@ -107,11 +124,13 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
         register_op(
             **taken_by(REGISTER_PARAMETERS), model=model, run_summary=train.outputs["run_summary"],
             dataset=prep.outputs["dataset"], accuracy=evaluate.outputs["accuracy"],
-            loss=evaluate.outputs["loss"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            loss=evaluate.outputs["loss"], confusion_matrix=evaluate.outputs["confusion_matrix"],
+            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             image_refs=images,
         ).set_display_name("register")  # fmt: skip
 
     mnist_horovod.__signature__ = signature  # type: ignore[attr-defined]
+    mnist_horovod.__doc__ = parameters_docstring(ordered)
     return dsl.pipeline(name=defaults.PIPELINE_NAME, description=PIPELINE_DESCRIPTION)(
         mnist_horovod
     )

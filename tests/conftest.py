@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -112,6 +113,28 @@ def read_only_bucket(gcs_emulator: str) -> Iterator[str]:
         storage.write_text(f"gs://{name}/reg/kept.txt", "kept")
     with ReadOnlyProxy(gcs_emulator) as proxy, storage_emulator(proxy.url):
         yield name
+
+
+@pytest.fixture
+def read_only_folder(tmp_path: Path) -> Iterator[Path]:
+    """An empty folder nobody may write in: mode 0o555 and, where this process still can (it
+    runs as root), the immutable attribute (``chattr +i``, which binds root too). Fails, never
+    skips, where neither holds."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    immutable = False
+    if os.access(folder, os.W_OK):  # root ignores the mode
+        subprocess.run(["chattr", "+i", str(folder)], check=True, capture_output=True)
+        immutable = True
+    try:
+        with pytest.raises(OSError):
+            (folder / "probe").write_text("")
+        yield folder
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True, capture_output=True)
+        folder.chmod(0o755)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from components.common import dataset, storage
+from components.common import dataset, storage, storage_access
 from components.common.failure import InputError, one_line_failures
 from components.data_prep.convert import Target, convert_slice
 from components.data_prep.publish import publish
@@ -106,6 +106,7 @@ def check_output_free(output: str) -> None:
     path = Path(output)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise InputError(f"{output}: already exists and is not empty; refusing to overwrite")
+    storage_access.check_local_folder("output", output)  # before the work, not at its end
 
 
 # The three steps, on their KFP artifacts -----------------------------------------------------

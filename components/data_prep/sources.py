@@ -258,8 +258,9 @@ def _npz(uri: str, expected_sha256: str | None) -> Listing:
     digest = sha256_bytes(data)
     if expected_sha256 is not None and digest != expected_sha256.lower():
         raise DataError(
-            f"{uri}: sha256 mismatch: got {digest}, expected {expected_sha256} (a corrupt or "
-            "other file: pass its sha256 as --data-sha256, or none to skip the check)"
+            f"{uri}: sha256 mismatch: got {digest}, expected {expected_sha256} "
+            "(corrupt or not the canonical mnist.npz; pass its sha256 as --data-sha256, or "
+            "--data-sha256 none not to check it)"
         )
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:

@@ -262,7 +262,9 @@ def register(
     """Gate, publish and maybe promote the SavedModel at `model_uri`. Every input is checked
     before the registry is touched (ValueError, DataError, ModelError)."""
     clock = now or (lambda: datetime.now(timezone.utc))
-    RegisterStep(float(min_accuracy), model_name, registry_root)  # the declared rules
+    RegisterStep(  # the declared rules
+        min_accuracy=float(min_accuracy), model_name=model_name, registry_root=registry_root
+    )
     scores = float(accuracy), float(loss), float(min_accuracy)
     candidate = Candidate(model_uri, model_name, pipeline_run_id, alias, *scores)
     store = ModelStore(registry_root, model_name)
@@ -289,18 +291,36 @@ def register(
     return promote(store, candidate, version, version_uri, clock().isoformat())
 
 
+def below_chance(result: Decision, min_accuracy: float, evaluation: dict[str, Any]) -> str | None:
+    """The warning for a model registered with a test accuracy below chance, 1 / the number of
+    classes the evaluation scored (its confusion matrix's, `evaluation`: the ClassificationMetrics
+    artifact's metadata), or None. The registration stands: min_accuracy is the user's."""
+    matrix = evaluation.get("confusionMatrix") or {}
+    classes = len(matrix.get("annotationSpecs") or matrix.get("rows") or [])
+    if not result.registered or classes < 2 or result.accuracy >= 1 / classes:
+        return None
+    return (
+        f"register: WARNING: {result.model_name} version {result.version} was registered with a "
+        f"test accuracy of {result.accuracy:.4f}, below chance ({1 / classes:.4f}, 1 of the "
+        f"{classes} classes the evaluation scored): min_accuracy {min_accuracy:g} let it through"
+    )
+
+
 def register_step(
     model: Any, run_summary: Any, dataset: Any, accuracy: float, loss: float,
-    min_accuracy: float, model_name: str, registry_root: str, pipeline_run_id: str,
-    image_refs: dict[str, str], decision: Any,
+    confusion_matrix: Any, min_accuracy: float, model_name: str, registry_root: str,
+    pipeline_run_id: str, image_refs: dict[str, str], decision: Any,
 ) -> tuple[bool, bool, int, str, str]:  # fmt: skip
-    """The register step: `component.RETURNS` from KFP artifacts and parameters."""
+    """The register step: `component.RETURNS` from KFP artifacts and parameters; a line warns
+    of a model registered below chance (`below_chance`)."""
     result = register(
         model.path, run_summary.path, dataset.path, accuracy, loss,
         registry_root=registry_root, pipeline_run_id=pipeline_run_id, model_name=model_name,
         min_accuracy=min_accuracy, image_refs=dict(image_refs),
         saved_model_sha256=model.metadata.get(DIGEST_KEY),
     )  # fmt: skip
+    if warning := below_chance(result, min_accuracy, dict(confusion_matrix.metadata)):
+        print(warning, flush=True)
     storage.write_text(decision.path, result.to_markdown())
     decision.metadata["decision"] = result.decision
     decision.metadata["version"] = result.version

@@ -238,8 +238,8 @@ def _import_model_module(model: str, module_name: str) -> Any:
             ) from exc
         raise ModelChoiceError(
             f"model {model!r}: cannot import module {module_name!r} "
-            f"({type(exc).__name__}: {exc}): install it in the trainer's image, or put it on "
-            "the trainer's PYTHONPATH"
+            f"({type(exc).__name__}: {exc}): install it where the trainer runs, or put its "
+            "folder on PYTHONPATH there"
         ) from exc
     try:
         keras_env.check_not_tf_keras(keras2, loaded_before)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -287,3 +288,35 @@ def test_image_prints_a_request_of_image_files_or_says_which_is_missing(
     assert capsys.readouterr().err.splitlines() == [
         f"FAILED: --image {tmp_path / 'nope.jpg'}: cannot be read (No such file or directory)"
     ]
+
+
+@pytest.mark.parametrize("port", ["-1", "0", "99999"])
+def test_a_bad_port_is_one_line_before_the_registry_or_the_model(port: str, tmp_path: Path) -> None:
+    """Checked first (it came after 10-17 s of loading the model): a registry that does not
+    exist is not even looked at."""
+    proc = serve_command("--registry-root", str(tmp_path / "nothing"), "--port", port)
+    assert (proc.returncode, proc.stdout) == (ExitCode.BAD_INPUT, "")
+    assert proc.stderr.splitlines() == [f"FAILED: --port must be 1..65535, got {port}"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_shuts_the_server_down_in_one_line(
+    trained_model, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Ctrl-C on `make serve` printed two KeyboardInterrupt tracebacks: now uvicorn's graceful
+    shutdown, one STOPPED line, exit 0 (so make adds no error line of its own)."""
+    root = str(tmp_path / "registry")
+    assert register_model(trained_model, root, "run-a", 0.90, tmp_path).promoted
+    port = free_port()
+    command = [sys.executable, "-m", "components.serve", "--registry-root", root]
+    proc = subprocess.Popen(
+        [*command, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    wait_until(lambda: _answers(port), "the server's answer", alive=lambda: proc.poll() is None)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == 0, out + err
+    assert out.splitlines()[-1] == (
+        f"STOPPED: {sig.name}: the server shut down; {MODEL} is no longer served"
+    )
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err

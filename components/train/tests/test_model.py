@@ -123,8 +123,8 @@ def test_a_users_entry_point_is_wrapped_into_the_trainers_contract() -> None:
         ("my models:build", "got 'my models:build'"),
         ("no_such_package.models:build", "model 'no_such_package.models:build': cannot import "
          "module 'no_such_package.models' (ModuleNotFoundError: No module named "
-         "'no_such_package'): install it in the trainer's image, or put it on the trainer's "
-         "PYTHONPATH"),
+         "'no_such_package'): install it where the trainer runs, or put its folder on "
+         "PYTHONPATH there"),
         (f"{USER}:nothing", f"model '{USER}:nothing': 'nothing' is not defined in module '{USER}'"),
         (f"{USER}:NOT_A_FUNCTION", "'NOT_A_FUNCTION' is not callable in module"),
         (f"{USER}:needs_three_arguments", "calling it as needs_three_arguments(input_shape=(28, "
@@ -148,6 +148,7 @@ def test_a_model_that_cannot_be_trained_is_named_with_the_reason(choice: str, me
     problem = str(preflight.value)
     assert message in problem and problem.startswith("kfp-horovod preflight failed: ")
     assert problem.endswith("No rank was started.")
+    assert "?." not in problem and ".." not in problem  # it reads as one sentence after another
 
 
 def test_built_in_names_pass_the_preflight_without_tensorflow_a_users_is_built() -> None:
