@@ -3,6 +3,7 @@ container), training as ``horovodrun`` on localhost, local disk for GCS; a quiet
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import io
 import json
@@ -126,7 +127,7 @@ def run_pipeline_locally(
     pipeline_func = build_pipeline(images, image_at_run_time=False)
     started = time.monotonic()
     log = root / "logs" / time.strftime("run-local-%Y%m%d-%H%M%S.log")
-    with quiet_console(log, stop):
+    with quiet_console(log, stop), own_print():
         pipeline_func(**params)
     runs = [p for p in set(pipeline_root.iterdir()) - before if p.name.startswith(PIPELINE_NAME)]
     if len(runs) != 1:
@@ -336,6 +337,18 @@ class _Tee(io.TextIOBase):
     def flush(self) -> None:
         self.log.flush()
         self.console.flush()
+
+
+@contextlib.contextmanager
+def own_print() -> Iterator[None]:
+    """This process's ``print`` back after the block: kfp.local's ParallelFor threads each put
+    an indenting ``builtins.print`` in place and restore the one they found, so two at once can
+    leave an indenting one behind (kfp 2.17.3, ``logging_utils.indented_print``)."""
+    found = builtins.print
+    try:
+        yield
+    finally:
+        builtins.print = found
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from components.common.kfp_function import kfp_function
 from components.data_prep.component import make_components as make_data_prep
 from components.data_prep.step_parameters import (
     LIST_PARAMETERS,
+    PREP_PARAMETERS,
     PUBLISH_PARAMETERS,
     SLICE_PARAMETERS,
 )
@@ -58,6 +59,54 @@ def make_check_component(image: str) -> dsl.base_component.BaseComponent:
     return dsl.component(base_image=image, install_kfp_package=False)(func)
 
 
+def data_prep(ops: Any, values: dict[str, Any], after: Any = None) -> Any:
+    """Data prep's three steps in a pipeline: the listing (after `after`), one task per slice
+    under ``dsl.ParallelFor``, the publishing of their parts (``dsl.Collected``); each step
+    takes its declared parameters from `values`. Returns the publishing task, whose ``dataset``
+    the later steps read."""
+    list_op, slice_op, publish_op = ops
+    listed = list_op(**{p.name: values[p.name] for p in LIST_PARAMETERS})
+    if after is not None:
+        listed.after(after)
+    listed.set_display_name("data prep: list the images")
+    listing = listed.outputs["listing"]
+    with dsl.ParallelFor(listed.outputs["Output"]) as slice_index:
+        sliced = slice_op(
+            listing=listing,
+            slice_index=slice_index,
+            **{p.name: values[p.name] for p in SLICE_PARAMETERS},
+        )
+        sliced.set_display_name("data prep: convert a slice")
+    published = publish_op(
+        listing=listing,
+        parts=dsl.Collected(sliced.outputs["part"]),
+        **{p.name: values[p.name] for p in PUBLISH_PARAMETERS},
+    )
+    return published.set_display_name("data prep: publish the dataset")
+
+
+def build_prep_pipeline(image: str) -> Callable[..., Any]:
+    """A pipeline of data prep alone, running in `image`, taking data prep's declared
+    parameters; its output is the dataset. For measuring and testing data prep's graph."""
+    ops = make_data_prep(image)
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [
+            inspect.Parameter(p.name, kind, default=p.default, annotation=p.type)
+            for p in PREP_PARAMETERS
+        ]
+    )
+
+    def data_prep_only(*args: Any) -> dsl.Dataset:
+        values = dict(zip(signature.parameters, args, strict=True))
+        return data_prep(ops, values).outputs["dataset"]
+
+    data_prep_only.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        return_annotation=dsl.Dataset
+    )
+    return dsl.pipeline(name="kfp-horovod-data-prep")(data_prep_only)
+
+
 def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Callable[..., Any]:
     """The pipeline function with each component running in its image from `images`.
 
@@ -67,7 +116,7 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
     pipeline with ``images["trainer"]`` already chosen (`pipeline.local_run`).
     """
     check_op = make_check_component(images["data_prep"])
-    list_op, slice_op, publish_op = make_data_prep(images["data_prep"])
+    prep_ops = make_data_prep(images["data_prep"])
     train_op = make_train(images["trainer"])
     evaluate_op, register_op = make_evaluate(images["evaluate"]), make_register(images["register"])
     kind, empty = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty
@@ -92,19 +141,7 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
             "check parameters, choose the trainer image"
         )
         check.set_caching_options(False)
-        listed = list_op(**taken_by(LIST_PARAMETERS)).after(check)
-        listed.set_display_name("data prep: list the images")
-        listing = listed.outputs["listing"]
-        with dsl.ParallelFor(listed.outputs["Output"]) as slice_index:
-            sliced = slice_op(
-                listing=listing, slice_index=slice_index, **taken_by(SLICE_PARAMETERS)
-            )
-            sliced.set_display_name("data prep: convert a slice")
-        prep = publish_op(
-            listing=listing,
-            parts=dsl.Collected(sliced.outputs["part"]),
-            **taken_by(PUBLISH_PARAMETERS),
-        ).set_display_name("data prep: publish the dataset")
+        prep = data_prep(prep_ops, values, after=check)
         train = train_op(
             **taken_by(PIPELINE_TRAIN_PARAMETERS, TRAIN_STEP_PARAMETERS)
             | {"trainer_image": check.outputs["trainer_image"]},  # the check step's choice

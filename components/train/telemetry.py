@@ -14,6 +14,7 @@ gathers every rank's record into the `RunSummary`.
 from __future__ import annotations
 
 import logging
+import resource
 import socket
 import statistics
 import time
@@ -325,15 +326,24 @@ class Telemetry:
         hvd, devices, rank = self.hvd, self.devices, int(self.hvd.rank())
         mine = [c.seconds for costs in self.costs for c in costs if c.rank == rank]
         timed = mine[1:] or mine  # the first epoch includes tracing and warm-up
+        rate = round(self.samples / statistics.median(timed), 1) if timed else 0.0
         record = {
-            "rank": rank, "local_rank": int(hvd.local_rank()), "host": socket.gethostname(),
-            "device": devices.device, **gpu_usage(self.tf, devices), "threads": devices.threads,
-            "sample_range": [shard.start, shard.stop], "samples_per_epoch": shard.samples,
-            "steps_per_epoch": shard.steps, "weights_sha256": weights_fingerprint(model),
+            "rank": rank,
+            "local_rank": int(hvd.local_rank()),
+            "host": socket.gethostname(),
+            "device": devices.device,
+            **gpu_usage(self.tf, devices),
+            "threads": devices.threads,
+            "sample_range": [shard.start, shard.stop],
+            "samples_per_epoch": shard.samples,
+            "steps_per_epoch": shard.steps,
+            "weights_sha256": weights_fingerprint(model),
             "own_metrics": dict(self.own),
-            "examples_per_second": round(self.samples / statistics.median(timed), 1) if timed
-            else 0.0,
-        }  # fmt: skip
+            "examples_per_second": rate,
+            # the rank process's peak resident memory: bounded by its input's buffers, not by
+            # the dataset (the input streams; bench.input measures it against the data's size)
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        }
         per_rank = sorted(allgather_object(record), key=lambda r: r["rank"])
         if rank != 0:
             return None

@@ -1,10 +1,10 @@
 """Data prep: determinism, manifest contents, every bad input, gs:// output, the KFP component."""
 
+import builtins
 import functools
 import hashlib
 import http.server
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -281,54 +281,23 @@ def test_the_three_steps_compile_and_run_as_a_parallel_for_with_kfp_local(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The listing, the slices under ``dsl.ParallelFor`` and the publishing, compiled and run by
-    kfp.local as the pipeline runs them: each slice's shards stay in its own artifact, and the
-    dataset artifact holds the manifest alone, naming them."""
-    from kfp import compiler, dsl, local
+    kfp.local as the pipeline runs them (`pipeline.pipeline.data_prep`): each slice's shards
+    stay in its own artifact, and the dataset artifact holds the manifest alone, naming them."""
+    from kfp import compiler, local
 
-    from components.data_prep.component import make_components
+    from pipeline.pipeline import build_prep_pipeline
 
-    list_op, slice_op, publish_op = make_components("example.com/data-prep:test")
-
-    @dsl.pipeline(name="prep-only")
-    def prep_only(parallelism: int = 3) -> dsl.Dataset:
-        listed = list_op(
-            data_source="bundled",
-            data_format="auto",
-            data_sha256="none",
-            data_limit=90,
-            test_fraction=0.2,
-            prep_parallelism=parallelism,
-        )
-        with dsl.ParallelFor(listed.outputs["Output"]) as index:
-            sliced = slice_op(
-                listing=listed.outputs["listing"],
-                slice_index=index,
-                image_size=0,
-                color_mode="auto",
-                skip_bad_images=False,
-                image_feature="image/encoded",
-                label_feature="image/class/label",
-                shard_size=40,
-            )
-        published = publish_op(
-            listing=listed.outputs["listing"],
-            parts=dsl.Collected(sliced.outputs["part"]),
-            image_size=0,
-            color_mode="auto",
-            skip_bad_images=False,
-        )
-        return published.outputs["dataset"]
-
+    prep_only = build_prep_pipeline("example.com/data-prep:test")
     package = tmp_path / "p.yaml"
     compiler.Compiler().compile(prep_only, str(package))
     assert "example.com/data-prep:test" in package.read_text()
 
-    # kfp.local's ParallelFor threads each swap sys.stdout for an indenting writer, and the
-    # last to finish may leave its own in place: put this process's streams back afterwards.
-    monkeypatch.setattr(sys, "stdout", sys.stdout)
-    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    # kfp.local's ParallelFor threads each swap builtins.print for an indenting one and put
+    # back the one they found, so two at once can leave an indenting print in place: put this
+    # process's back afterwards (pipeline.local_run does the same).
+    monkeypatch.setattr(builtins, "print", builtins.print)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
-    artifact = prep_only().output
+    artifact = prep_only(data_limit=90, shard_size=40, prep_parallelism=3).output
     assert sorted(p.name for p in Path(artifact.path).iterdir()) == ["manifest.json"]
     assert artifact.metadata["train_count"] == 90 and artifact.metadata["test_count"] == 90
     assert artifact.metadata["manifest_sha256"] == dataset.read_manifest(artifact.path).sha256
