@@ -344,7 +344,7 @@ def prep_seconds(log: str) -> dict[str, float]:
 
 
 def prep_scaling(work: Path, rounds: int, quick: bool) -> dict[str, Any]:
-    count = 800 if quick else 12_000
+    count = 800 if quick else 100_000
     folder = jpeg_folder(work / f"jpegs-{count}", count)
 
     def run(parallelism: int) -> Any:

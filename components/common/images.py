@@ -24,7 +24,10 @@ def decode(tf: Any, encoded: Any) -> Any:
     """An image file's bytes as ``uint8`` (height, width, 1 or 3): its own colour, without
     alpha. Raises TensorFlow's InvalidArgumentError for bytes it cannot decode."""
     image = tf.io.decode_image(encoded, channels=0, expand_animations=False)
-    channels = tf.shape(image)[-1]
+    # eagerly the channels are known (one operation an image); in a function they are not
+    channels = image.shape[-1] if image.shape[-1] is not None else tf.shape(image)[-1]
+    if isinstance(channels, int) and channels % 2:
+        return image
     # 2 (gray, alpha) -> 1; 4 (RGB, alpha) -> 3; 1 and 3 unchanged
     return image[..., : channels - (1 - channels % 2)]
 

@@ -188,6 +188,7 @@ class Reader:
         self.target, self.arrays = target, arrays
         self.image_feature, self.label_feature = image_feature, label_feature
         self.test_fraction = test_fraction
+        self._reshape: Any = None
 
     def all(self, items: list[Item]) -> Iterator[Pixels | Bad]:
         files = [item for item in items if item.uri and item.split]
@@ -267,11 +268,16 @@ class Reader:
         height, width, own = image.shape
         if (channels in (None, own)) and size in (0, height) and size in (0, width):
             return np.asarray(image)
-        tf = keras_env.tensorflow()
-        image = images.to_channels(tf, tf.convert_to_tensor(image), channels or int(own))
-        if size:
-            image = images.resize(tf, image, size, size)
-        return np.asarray(image.numpy())
+        if self._reshape is None:  # traced once: eagerly, an image took ten Python operations
+            tf = keras_env.tensorflow()
+
+            @tf.function(reduce_retracing=True)
+            def reshape(image: Any, channels: int, size: int) -> Any:
+                converted = images.to_channels(tf, image, channels)
+                return images.resize(tf, converted, size, size) if size else converted
+
+            self._reshape = reshape
+        return np.asarray(self._reshape(image, channels or int(own), size or 0).numpy())
 
 
 def image_problem(data: bytes) -> str | None:

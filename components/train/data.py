@@ -133,21 +133,17 @@ def shuffle_buffer(plan: RankPlan) -> int:
 def make_dataset(tf: Any, plan: RankPlan, seed: int, rank: int, epochs: range, threads: int) -> Any:
     """A ``tf.data`` pipeline serving this rank's batches of `epochs`: each epoch its pieces in
     a seeded order of their own, `CYCLE_LENGTH` of them read at once, its records shuffled in
-    a buffer of `shuffle_buffer` records, cut into `batch_bounds`' batches and decoded."""
+    a buffer of `shuffle_buffer` records, cut into `batch_bounds`' batches (``rebatch``: no
+    function runs per record) and decoded a batch at a time."""
     pieces = plan.pieces
-    edges = [lo for lo, _ in batch_bounds(plan.samples, plan.steps)] + [plan.samples]
-    sizes = tf.constant(np.diff(edges), tf.int64)
-    cuts = tf.constant(edges[1:], tf.int64)
+    sizes = [hi - lo for lo, hi in batch_bounds(plan.samples, plan.steps)]
     records = piece_records(tf, [(p.uri, p.sha256, p.skip, p.take) for p in pieces])
     buffer = shuffle_buffer(plan)
-
-    def batch_of(position: Any, record: Any) -> Any:
-        return tf.searchsorted(cuts, [position], side="right", out_type=tf.int64)[0]
 
     def epoch_batches(epoch: Any) -> Any:
         epoch_seed = tf.stack([tf.constant(seed, tf.int64), epoch * 1009 + rank])
         order = tf.argsort(tf.random.stateless_uniform([len(pieces)], seed=epoch_seed))
-        shuffled = (
+        return (
             tf.data.Dataset.from_tensor_slices(tf.cast(order, tf.int64))
             .interleave(
                 records,
@@ -156,11 +152,8 @@ def make_dataset(tf: Any, plan: RankPlan, seed: int, rank: int, epochs: range, t
                 deterministic=True,
             )
             .shuffle(buffer, seed=seed * 1_000_003 + epoch * 1009 + rank)
-        )
-        return shuffled.enumerate().group_by_window(
-            key_func=batch_of,
-            reduce_func=lambda _, window: window.batch(int(np.max(np.diff(edges)))),
-            window_size_func=lambda key: sizes[key],
+            .batch(max(sizes))
+            .rebatch(sizes)  # the epoch's records are exactly its batches' sizes
         )
 
     options = tf.data.Options()
@@ -170,7 +163,7 @@ def make_dataset(tf: Any, plan: RankPlan, seed: int, rank: int, epochs: range, t
         tf.data.Dataset.from_tensor_slices(tf.constant(list(epochs), tf.int64))
         .flat_map(epoch_batches)
         .map(
-            lambda _, serialized: dataset.decode_records(tf, serialized, plan.image),
+            lambda serialized: dataset.decode_records(tf, serialized, plan.image),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
         .prefetch(tf.data.AUTOTUNE)
