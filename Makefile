@@ -74,7 +74,7 @@ $(STAMP): requirements/lock.txt pyproject.toml $(HOROVOD_SCRIPTS)
 
 # Re-resolve the project's declared dependencies (pyproject.toml, all extras) and Horovod's build
 # tools (requirements/horovod-build.in), and write the lock (needs the network).
-LOCK_EXTRAS := pipeline,train,serve,dev
+LOCK_EXTRAS := pipeline,prep,train,serve,dev
 lock: ## re-resolve pyproject.toml's extras into requirements/lock.txt (needs the network)
 	rm -rf build/lock-venv && $(PYTHON) -m venv build/lock-venv
 	build/lock-venv/bin/pip install --quiet ".[$(LOCK_EXTRAS)]" -r requirements/horovod-build.in

@@ -235,9 +235,9 @@ def write_mnist_npz(path: Path, train: int, test: int | None = None, seed: int =
     Training samples are augmented copies of the real *training* digits only; the test split
     is the 1,000 real held-out digits (or, if `test` is given, `test` augmented copies of them).
     """
-    from components.data_prep.sources import load_bundled
+    from components.data_prep.sources import bundled_digits
 
-    splits = load_bundled().splits  # the real bundled digits, split as data prep splits them
+    splits = bundled_digits()  # the real bundled digits, split as data prep splits them
     x_train, y_train = augmented_digits(*splits["train"], train, seed)
     x_test, y_test = splits["test"]
     if test is not None:
@@ -258,7 +258,7 @@ def bench_dataset(root: Path, train: int) -> str:
         return str(out)
     npz = root / f"mnist-{train}.npz"
     write_mnist_npz(npz, train)
-    prepare(str(npz), str(out), expected_sha256=None)
+    prepare(str(npz), str(out), data_sha256="none")
     return str(out)
 
 

@@ -98,6 +98,7 @@ def worker(
 ) -> None:
     """One MWMS worker: train the project's model on this worker's shard, write epoch times."""
     from components.common import dataset, keras_env
+    from components.common.shard_files import read_split_arrays
     from components.train.data import shard_range, steps_per_epoch
     from components.train.model import build_model
 
@@ -112,7 +113,8 @@ def worker(
     manifest = dataset.read_manifest(data)
     total = manifest.count("train")
     start, stop = shard_range(total, index, size)
-    images, labels = dataset.load_range(manifest, "train", start, stop)
+    images, labels = read_split_arrays(tf, manifest, "train")  # the bench's reference: in memory
+    images, labels = images[start:stop], labels[start:stop]
     steps = steps_per_epoch(total, size, batch_size)
 
     ds = _worker_dataset(tf, images, labels, seed + index, batch_size)

@@ -93,11 +93,12 @@ def score(snapshots: Path, data: str, seed: int) -> list[dict[str, float]]:
     """Each snapshot's test accuracy on the held-out digits, with its clocks."""
     import numpy as np
 
-    from components.common import dataset
+    from components.common import dataset, keras_env
+    from components.common.shard_files import read_split_arrays
     from components.train.model import build_model
 
     manifest = dataset.read_manifest(data)
-    images, labels = dataset.load_range(manifest, "test", 0, manifest.count("test"))
+    images, labels = read_split_arrays(keras_env.tensorflow(), manifest, "test")
     model = build_model(seed, MODEL)
     curve = []
     for snap in json.loads((snapshots / SNAPSHOTS_FILE).read_text()):

@@ -10,7 +10,11 @@
 - ``--snapshots DIR``: rank 0 saves the weights ``--per-epoch`` times an epoch and records, for
   each, the training time from the first step and the wall clock, both without the time the
   saving took (``DIR/snapshots.json``). The benchmark scores them after the job, outside the
-  timed path.
+  timed path;
+- ``--input memory``: the rank's block of the training split read whole into memory first and
+  served from there, as the trainer fed itself before its input streamed (a tensor of the
+  block, each batch gathered from it by index, a new order each epoch): `bench.input`'s
+  reference for what streaming costs.
 """
 
 from __future__ import annotations
@@ -42,6 +46,53 @@ def _adadelta() -> None:
         return keras.optimizers.Adadelta(learning_rate=adam["learning_rate"])
 
     trainer.fused_adam = adadelta  # the name the trainer makes its optimizer by
+
+
+def _in_memory() -> None:
+    """The trainer's input from memory: its rank's block, decoded once into one tensor."""
+    from components.common import keras_env
+    from components.common.dataset import read_manifest
+    from components.common.shard_files import read_split_arrays
+    from components.train import trainer
+    from components.train.data import batch_bounds
+
+    def from_memory(tf: Any, plan: Any, seed: int, rank: int, epochs: range, threads: int) -> Any:
+        import numpy as np
+
+        manifest = read_manifest(trainer_data[0])
+        x, y = read_split_arrays(keras_env.tensorflow(), manifest, "train")
+        images, labels = (
+            tf.constant(x[plan.start : plan.stop]),
+            tf.constant(y[plan.start : plan.stop]),
+        )
+        bounds = batch_bounds(plan.samples, plan.steps)
+        width = max(hi - lo for lo, hi in bounds)
+        rows = np.zeros((len(epochs) * plan.steps, width), np.int64)
+        lengths = np.zeros(len(epochs) * plan.steps, np.int64)
+        for k, epoch in enumerate(epochs):
+            order = np.random.default_rng([seed, epoch, rank]).permutation(plan.samples)
+            for b, (lo, hi) in enumerate(bounds):
+                rows[k * plan.steps + b, : hi - lo] = order[lo:hi]
+                lengths[k * plan.steps + b] = hi - lo
+
+        def gather(row: Any, length: Any) -> tuple[Any, Any]:
+            return tf.gather(images, row[:length]), tf.gather(labels, row[:length])
+
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = threads
+        options.deterministic = True
+        slices = tf.data.Dataset.from_tensor_slices((rows, lengths))
+        return slices.map(gather).prefetch(2).with_options(options)
+
+    trainer_data: list[str] = []
+    plain_read = trainer.read_shard
+
+    def read_shard(job: Any) -> Any:
+        trainer_data[:] = [job.config.data]
+        return plain_read(job)
+
+    trainer.read_shard = read_shard
+    trainer.make_dataset = from_memory
 
 
 def snapshot_callback(keras: Any, out: Path, per_epoch: int, steps: int) -> Any:
@@ -103,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--optimizer", choices=["adam", "adadelta"], default="adam")
     p.add_argument("--snapshots", type=Path, default=None)
     p.add_argument("--per-epoch", type=int, default=4)
+    p.add_argument("--input", choices=["stream", "memory"], default="stream")
     a = p.parse_args(argv[:split])
     from components.common import keras_env
     from components.train import cli
@@ -114,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         _adadelta()
     if a.snapshots is not None:
         _snapshots(a.snapshots, a.per_epoch)
+    if a.input == "memory":
+        _in_memory()
     return cli.main(argv[split + 1 :])
 
 

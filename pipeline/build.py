@@ -7,6 +7,8 @@ from pathlib import Path
 from kfp import compiler
 
 from components.common.defaults import image_refs
+from components.common.failure import InputError
+from components.common.storage_access import check_local_folder
 from pipeline.pipeline import build_pipeline
 
 
@@ -16,6 +18,9 @@ def compile_pipeline(
     """Write the compiled pipeline to `output_path` (atomically) and return it; images default
     to ``components.common.defaults``, and nothing else (who compiles, where) changes it."""
     output = Path(output_path)
+    if output.is_dir():
+        raise InputError(f"--output {output_path} is a folder: name the YAML file to write")
+    check_local_folder("--output's folder", output.parent)  # one line, before anything is written
     output.parent.mkdir(parents=True, exist_ok=True)
     pipeline_func = build_pipeline(image_refs(image_registry, image_tag))
     tmp = output.with_name(f".{output.stem}.tmp.yaml")

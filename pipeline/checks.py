@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from components.common import declare, defaults, storage_access
+from components.common.dataset import DataError
 from components.common.declare import Declared
 from components.common.failure import InputError
 from components.common.placement import PLACEMENT_PARAMETERS, json_value
@@ -26,7 +27,10 @@ GROUPS = (
     ("Register (`RegisterStep`, components/register/step_parameters.py)", REGISTER_PARAMETERS),
 )
 PIPELINE_PARAMETERS: list[Declared] = [p for _, group in GROUPS for p in group]
-PIPELINE_DEFAULTS: dict[str, Any] = {p.name: p.default for p in PIPELINE_PARAMETERS}
+# The declared defaults; a required parameter (``registry_root``) has none: a run must be given it.
+PIPELINE_DEFAULTS: dict[str, Any] = {
+    p.name: p.default for p in PIPELINE_PARAMETERS if not p.required
+}
 # What docs/parameters.md says under the placement table.
 PLACEMENT_NOTE = (
     "`node_selector` and `tolerations` are KFP `dict` and `list` parameters; earlier pipelines "
@@ -46,10 +50,32 @@ class Checked(NamedTuple):
     train_step_gpus: int
 
 
+def samples_problem(values: dict[str, Any]) -> str | None:
+    """Why the job's ranks cannot train on the data, where the data's size is known before
+    data prep (the bundled digits); other sources are checked once listed and prepared, before
+    any rank starts (`components.train.preflight.check_job_before_launch`)."""
+    from components.data_prep.sources import detect, list_source
+    from components.train.data import ranks_problem
+
+    if detect(values["data_source"], values["data_format"]) != "bundled":
+        return None
+    try:
+        listing = list_source(
+            "bundled", "bundled", None, values["data_limit"], values["test_fraction"]
+        )
+    except DataError as exc:
+        return str(exc)
+    ranks = values["workers"] * values["slots_per_worker"]
+    return ranks_problem(listing.counts.get("train", 0), ranks, values["batch_size_per_worker"])
+
+
 def check_step(images: dict[str, str], **values: Any) -> Checked:
     """Raise ValueError naming every bad parameter; else choose the trainer's image from the
     compiled `images`."""
     declare.check(PIPELINE_PARAMETERS, values, "pipeline parameters")
+    problem = samples_problem(values)
+    if problem:
+        raise InputError(f"invalid pipeline parameters: {problem}")
     gpus = values["gpus_per_worker"]
     image = defaults.trainer_image(gpus, images, values["trainer_image"])
     local = values["training_backend"] == "local"
@@ -88,7 +114,7 @@ def parameters_markdown() -> str:
     for title, group in GROUPS:
         lines += ["", f"## {title}", "", "| parameter | type | default | |", "|---|---|---|---|"]
         for p in group:
-            default = "" if p.required else f"`{p.default!r}`"
+            default = "(required)" if p.required else f"`{p.default!r}`"
             lines.append(f"| `{p.name}` | {p.type.__name__} | {default} | {p.help} |")
         if group is PLACEMENT_PARAMETERS:
             lines += ["", PLACEMENT_NOTE]
@@ -119,5 +145,11 @@ def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
             values[name] = click.types.convert_type(kind).convert(raw, None, None)
         except click.BadParameter as exc:
             raise InputError(f"parameter {name!r}: {exc.message}") from exc
-    declare.check(PIPELINE_PARAMETERS, PIPELINE_DEFAULTS | values, "pipeline parameters")
+    missing = [f"{p.name} is required: {p.help}" for p in required_missing(values)]
+    declare.check(PIPELINE_PARAMETERS, PIPELINE_DEFAULTS | values, "pipeline parameters", *missing)
     return values
+
+
+def required_missing(values: dict[str, Any]) -> list[Declared]:
+    """The pipeline's required parameters (no default) that `values` does not give."""
+    return [p for p in PIPELINE_PARAMETERS if p.required and p.name not in values]

@@ -11,7 +11,7 @@ import click
 
 from components.common import defaults, storage, storage_access
 from components.common.declare import Declared, declared
-from components.common.failure import InputError, one_line_failures
+from components.common.failure import InputError, Stopped, one_line_failures, stops_on_signals
 from components.common.placement import PLACEMENT_PARAMETERS, json_value
 from components.data_prep.step_parameters import PREP_PARAMETERS
 from components.register.step_parameters import REGISTER_PARAMETERS
@@ -69,7 +69,10 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 
 
 @click.command("run-local")
-@declared_options([*PIPELINE_TRAIN_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS])
+# --registry-root: required by the pipeline, optional here (under --root when not given).
+@declared_options(
+    [*PIPELINE_TRAIN_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS], {"registry_root": ""}
+)
 @click.option("--root", default="runs", show_default=True, help="the local folder where runs "
               "(and the registry, unless --registry-root) go; not a URI")  # fmt: skip
 @click.option("--runner", type=click.Choice(["subprocess", "docker"]), default="subprocess",
@@ -80,16 +83,22 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 @click.option("--image-tag", default=defaults.LOCAL_IMAGE_TAG, show_default=True)
 def run_local_command(root: str, runner: str, image_registry: str, image_tag: str,
                       **params: object) -> None:  # fmt: skip
-    """Run the whole pipeline on this machine (kfp.local, horovodrun, local disk)."""
-    from pipeline.local_run import RunFailed, run_pipeline_locally
+    """Run the whole pipeline on this machine (kfp.local, mpirun, local disk). SIGTERM or
+    Ctrl-C ends every process the run started, within 10 s, in one STOPPED line (exit 128 + N)."""
+    from pipeline.local_run import RunFailed, RunStop, run_pipeline_locally
 
     if not params["registry_root"]:  # run_pipeline_locally's default: under ROOT
         del params["registry_root"]
     images = (image_registry, image_tag) if runner == "docker" else None
+    stop = RunStop()
     try:
-        run = run_pipeline_locally(root, docker_images=images, **params)
+        with stops_on_signals(stop):
+            run = run_pipeline_locally(root, docker_images=images, stop=stop, **params)
     except RunFailed as exc:  # the console ends with its FAILED line and the log's path
         raise SystemExit(exc.exit_code) from exc
+    except Stopped as stopped:  # before the steps' console: the group's handler prints it
+        stopped.ended.append(stop.finish())
+        raise
     click.echo("=" * 80)
     click.echo(f"kfp-horovod local run finished in {run.wall_seconds:.0f} s")
     click.echo("\n".join(run.report_lines()))

@@ -3,11 +3,14 @@ container), training as ``horovodrun`` on localhost, local disk for GCS; a quiet
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import io
 import json
+import os
 import re
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from components.common import defaults, failure
+from components.common import defaults, failure, processes, storage_access
 from components.common.defaults import PIPELINE_NAME
 from components.common.failure import ExitCode, ExpectedError, InputError
 from components.train.preflight import check_model_before_launch
@@ -49,7 +52,7 @@ class LocalRun:
         return [
             f"run: {self.run_dir}",
             f"log: {self.log}",
-            f"dataset: {self.artifact('prepare-data', 'dataset')}",
+            f"dataset: {self.artifact('publish-dataset', 'dataset')}",
             f"model: {self.artifact('train', 'saved_model')}",
             f"run_summary: {summary_path}",
             f"coordination_report: {self.artifact('train', 'coordination_report')}",
@@ -68,7 +71,10 @@ class LocalRun:
 
 
 def run_pipeline_locally(
-    root: str | Path = "runs", docker_images: tuple[str, str] | None = None, **params: Any
+    root: str | Path = "runs",
+    docker_images: tuple[str, str] | None = None,
+    stop: RunStop | None = None,
+    **params: Any,
 ) -> LocalRun:
     """Run the pipeline with kfp.local under `root`; return where everything went.
 
@@ -77,7 +83,8 @@ def run_pipeline_locally(
     (``registry_root`` defaults to ``<root>/registry``, ``training_backend`` to ``local``: the
     compiled default, ``auto``, needs a cluster). With `docker_images` = ``(registry, tag)``
     every step runs in its image (``DockerRunner``, the train step building the ``model``
-    there), else in this environment.
+    there), else in this environment. A stop under `failure.stops_on_signals(stop)` ends every
+    process the run started (`RunStop`) and the run with one ``STOPPED:`` line.
     """
     import kfp.local
 
@@ -86,6 +93,7 @@ def run_pipeline_locally(
             f"--root must be a local folder (kfp.local writes the runs to local disk), got the URI "
             f"{str(root)!r}; a run can put its registry on GCS: --registry-root gs://..."
         )
+    storage_access.check([storage_access.Location("--root", str(root), writes=True)])
     root = Path(root).resolve()
     pipeline_root = root / "pipeline-root"
     default_registry = (pipeline_root if docker_images else root) / "registry"
@@ -102,7 +110,11 @@ def run_pipeline_locally(
             f"{params['training_backend']!r}: 'auto', 'mpijob' and 'trainjob' run on a Kubeflow "
             "cluster (docs/operating.md)"
         )
-    if not docker_images:
+    if problem := local_gpu_problem(values["gpus_per_worker"], values["workers"], docker_images):
+        raise InputError(problem)  # before data prep, not in the train step
+    if docker_images:
+        check_local_images([images[name] for name in STEP_IMAGES])
+    else:
         check_model_before_launch(values["model"])
     pipeline_root.mkdir(parents=True, exist_ok=True)
     if docker_images:
@@ -115,7 +127,7 @@ def run_pipeline_locally(
     pipeline_func = build_pipeline(images, image_at_run_time=False)
     started = time.monotonic()
     log = root / "logs" / time.strftime("run-local-%Y%m%d-%H%M%S.log")
-    with quiet_console(log):
+    with quiet_console(log, stop), own_print():
         pipeline_func(**params)
     runs = [p for p in set(pipeline_root.iterdir()) - before if p.name.startswith(PIPELINE_NAME)]
     if len(runs) != 1:
@@ -125,11 +137,86 @@ def run_pipeline_locally(
     return LocalRun(runs[0], outputs, time.monotonic() - started, log)
 
 
+# The images a run with --runner docker runs its steps in (`images` after the check step's choice
+# of the trainer's: the check step runs in data prep's).
+STEP_IMAGES = ("data_prep", "trainer", "evaluate", "register")
+NVIDIA_DEVICE = re.compile(r"^nvidia\d+$")  # /dev/nvidia0, ...: a GPU the driver exposes
+
+
+def local_gpu_problem(
+    gpus_per_worker: int,
+    workers: int,
+    docker_images: tuple[str, str] | None,
+    dev: Path = Path("/dev"),
+) -> str | None:
+    """Why a local run asking for GPUs cannot train here (every rank on a GPU of its own, one of
+    the ``nvidia<N>`` devices in `dev`), or None: checked before data prep (it stopped the train
+    step after 39 s)."""
+    if gpus_per_worker <= 0:
+        return None
+    asked = (
+        f"gpus_per_worker={gpus_per_worker}: a local run trains each of its {workers} ranks on "
+        "a GPU of its own"
+    )
+    if docker_images:
+        return (
+            f"{asked}, but --runner docker gives the steps' containers no GPU (kfp.local's "
+            "DockerRunner); use --runner subprocess on a machine with GPUs, or "
+            "--gpus-per-worker 0 to train on the CPU"
+        )
+    found = sum(1 for d in dev.iterdir() if NVIDIA_DEVICE.match(d.name)) if dev.is_dir() else 0
+    if found < workers:
+        return (
+            f"{asked}, but this machine has {found} NVIDIA GPU(s) (/dev/nvidia<N>); use "
+            "--gpus-per-worker 0 to train on the CPU, or a machine with a GPU per rank"
+        )
+    from components.train.cuda import missing_cuda_libraries
+
+    if missing := missing_cuda_libraries():
+        return (
+            f"{asked}, but this environment's TensorFlow cannot load {', '.join(missing)} (the "
+            "CUDA libraries of tensorflow[and-cuda], requirements/lock-cuda.txt); install them, "
+            "or use --gpus-per-worker 0"
+        )
+    return None
+
+
+def check_local_images(refs: list[str]) -> None:
+    """InputError, one line, unless a Docker engine answers and holds every image of `refs`
+    (a missing one failed after data prep with Docker's raw APIError), naming the target that
+    builds them."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise InputError(
+            f"--runner docker: no Docker engine answers ({failure.reason(exc)}); start one "
+            "(`make docker-ready`), then build the step images (`make images-local`)"
+        ) from None
+    missing = []
+    for ref in dict.fromkeys(refs):
+        try:
+            client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            missing.append(ref)
+    if missing:
+        raise InputError(
+            f"--runner docker: no image {', '.join(missing)} on this machine's Docker engine; "
+            "build the step images with `make images-local` (LOCAL_TAG=<tag> for --image-tag "
+            "<tag>)"
+        )
+
+
 # A URI (``gs://``, any ``scheme://``), which `run_pipeline_locally`'s root may not be.
 URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-# What a run prints to the console: kfp.local's task lines, and what the trainer's ranks and
-# launcher say (rank-tagged lines, the launcher's watch). Everything goes to the log file.
-SHOWN = re.compile(r"Executing task|finished with status|\[rank \d+/\d+\]|launcher: |mpiwatch: ")
+# What a run prints to the console: kfp.local's task lines, what the trainer's ranks and
+# launcher say (rank-tagged lines, the launcher's watch) and the register step's warning.
+# Everything goes to the log file.
+SHOWN = re.compile(
+    r"Executing task|finished with status|\[rank \d+/\d+\]|launcher: |mpiwatch: |register: "
+)
 # mpirun's tag on each line of a rank (``[1,0]<stdout>:``): the console has the rank's own tag.
 MPI_TAG = re.compile(r"\[\d+,\d+\]<std(out|err)>:")
 # kfp.local's warning about running components outside their images: that is the point of a
@@ -140,6 +227,58 @@ TASK_STARTS = re.compile(r"Executing task '([^']+)'")
 TASK_SUCCEEDED = re.compile(r"Task '[^']+' finished with status SUCCESS")
 COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 TRACEBACK = "Traceback (most recent call last):"
+
+
+# How long a stopped run waits for its steps to end their work themselves (each ends its Horovod
+# job at once: `components.train.mpiwatch.watch`) before it SIGKILLs every process it started.
+STOP_GRACE_S = 10.0
+
+
+class RunStop:
+    """What a stop (SIGTERM, Ctrl-C) of run-local does to the processes the run started: in the
+    signal handler (`__call__`) it notes them all and passes the signal on to those in its own
+    process group, as Ctrl-C does (the steps and their shells: each step ends its own job); a
+    thread SIGKILLs whatever of them still runs `grace_s` later. `finish` waits for that and
+    says what was ended. So everything the run started is gone within `grace_s` of the signal
+    (plus a poll)."""
+
+    def __init__(self, grace_s: float = STOP_GRACE_S) -> None:
+        self.grace_s = grace_s
+        self.started = processes.Started()
+        self.killed: list[str] = []
+        self.signalled = 0.0
+        self._reaper: threading.Thread | None = None
+
+    def __call__(self, stop: failure.Stopped) -> None:
+        import psutil
+
+        self.signalled = time.monotonic()
+        self.started.note()
+        group = os.getpgrp()
+        for proc in self.started.running():  # as Ctrl-C reaches them: the steps, their shells
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(proc.pid) == group:  # not mpirun's own session
+                    proc.send_signal(stop.signum)
+        self._reaper = threading.Thread(target=self._reap, daemon=True, name="run-stop")
+        self._reaper.start()
+
+    def _reap(self) -> None:
+        if not self.started.wait(self.grace_s):
+            self.killed = self.started.kill()
+
+    def finish(self, step: str = "") -> str:
+        """What the stop ended, once all of it has ended (or `grace_s` has passed)."""
+        if self._reaper is None:
+            return "no step had started"
+        self._reaper.join(self.grace_s + 5)
+        took = time.monotonic() - self.signalled
+        said = f"step {step!r} stopped; " if step else ""
+        said += f"ended the {self.started.describe()} the run had started, in {took:.1f} s"
+        if self.killed:
+            said += f" ({processes.names(self.killed)} SIGKILLed after {self.grace_s:g} s)"
+        if left := self.started.running():
+            return said + f"; STILL RUNNING: pids {', '.join(str(p.pid) for p in left)}"
+        return said + "; none is left"
 
 
 class RunFailed(ExpectedError):
@@ -180,6 +319,8 @@ class _Tee(io.TextIOBase):
             self.task = ""
         elif text.startswith(failure.FAILED):
             self.failed = text[len(failure.FAILED) :]
+        elif text.startswith(failure.STOPPED):  # the step was stopped, not by this run
+            self.failed = "stopped by " + text[len(failure.STOPPED) :]
         elif text == TRACEBACK:
             self.traceback_indent = indent
         elif self.traceback_indent == indent and text:  # a traceback's last line: the error
@@ -199,10 +340,23 @@ class _Tee(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def quiet_console(log_path: Path) -> Iterator[None]:
+def own_print() -> Iterator[None]:
+    """This process's ``print`` back after the block: kfp.local's ParallelFor threads each put
+    an indenting ``builtins.print`` in place and restore the one they found, so two at once can
+    leave an indenting one behind (kfp 2.17.3, ``logging_utils.indented_print``)."""
+    found = builtins.print
+    try:
+        yield
+    finally:
+        builtins.print = found
+
+
+@contextlib.contextmanager
+def quiet_console(log_path: Path, stop: RunStop | None = None) -> Iterator[None]:
     """Everything printed to `log_path`, only `SHOWN` lines to the console; on failure the
     console ends with ``FAILED: step '<name>': <reason>`` and the log's path, and `RunFailed`
-    is raised (the traceback goes to the log)."""
+    is raised (the traceback goes to the log); on a stop, with the ``STOPPED:`` line naming the
+    step and what `stop` ended, and the log's path (exit 128 + N)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     console = sys.stdout
     with log_path.open("w") as log, warnings.catch_warnings():
@@ -211,6 +365,12 @@ def quiet_console(log_path: Path) -> Iterator[None]:
         try:
             with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):
                 yield
+        except failure.Stopped as stopped:
+            stopped.ended.append((stop or RunStop()).finish(tee.task))
+            log.write(f"{stopped.line()}\n")
+            log.flush()
+            console.write(f"{stopped.line()}\nlog: {log_path}\n")
+            raise SystemExit(stopped.exit_code) from None
         except Exception as exc:
             if not (tee.task and tee.failed):  # not a step's expected error: how it came about
                 traceback.print_exc(file=log)

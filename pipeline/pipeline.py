@@ -14,8 +14,13 @@ from kfp import dsl, kubernetes
 from components.common import defaults
 from components.common.declare import Declared
 from components.common.kfp_function import kfp_function
-from components.data_prep.component import make_component as make_data_prep
-from components.data_prep.step_parameters import PREP_PARAMETERS
+from components.data_prep.component import make_components as make_data_prep
+from components.data_prep.step_parameters import (
+    LIST_PARAMETERS,
+    PREP_PARAMETERS,
+    PUBLISH_PARAMETERS,
+    SLICE_PARAMETERS,
+)
 from components.evaluate.component import make_component as make_evaluate
 from components.register.component import make_component as make_register
 from components.register.step_parameters import REGISTER_PARAMETERS
@@ -25,9 +30,21 @@ from components.train.step_parameters import TRAIN_STEP_PARAMETERS
 from pipeline.checks import PIPELINE_PARAMETERS
 
 PIPELINE_DESCRIPTION = (
-    "MNIST data prep to GCS, Horovod training as ONE job (a Kubeflow MPIJob, or horovodrun in "
-    "the train step), evaluation of the single exported model, and registration."
+    "Check the parameters and the storage; prepare the data (an image folder, a .csv index, "
+    "TFRecord files or MNIST digits into sharded TFRecords, converted in parallel slices); train "
+    "with Horovod as ONE job; evaluate the single exported model; register it. "
+    "training_backend picks the job: auto (the default) an MPIJob where the cluster serves "
+    "mpi-operator, else a TrainJob on Kubeflow Trainer v2; mpijob or trainjob forces one; local "
+    "runs mpirun (horovodrun for an elastic job) in the train step's own pod. registry_root, "
+    "the model store, is required."
 )
+
+
+def parameters_docstring(params: list[Declared]) -> str:
+    """The pipeline function's docstring: an ``Args:`` section of every parameter's help text,
+    which KFP compiles into the parameter's description (the KFP UI shows it)."""
+    args = [f"    {p.name}: {' '.join(p.help.split())}" for p in params]
+    return "\n".join(["The kfp-horovod pipeline.", "", "Args:", *args]) + "\n"
 
 
 def make_check_component(image: str) -> dsl.base_component.BaseComponent:
@@ -42,6 +59,54 @@ def make_check_component(image: str) -> dsl.base_component.BaseComponent:
     return dsl.component(base_image=image, install_kfp_package=False)(func)
 
 
+def data_prep(ops: Any, values: dict[str, Any], after: Any = None) -> Any:
+    """Data prep's three steps in a pipeline: the listing (after `after`), one task per slice
+    under ``dsl.ParallelFor``, the publishing of their parts (``dsl.Collected``); each step
+    takes its declared parameters from `values`. Returns the publishing task, whose ``dataset``
+    the later steps read."""
+    list_op, slice_op, publish_op = ops
+    listed = list_op(**{p.name: values[p.name] for p in LIST_PARAMETERS})
+    if after is not None:
+        listed.after(after)
+    listed.set_display_name("data prep: list the images")
+    listing = listed.outputs["listing"]
+    with dsl.ParallelFor(listed.outputs["Output"]) as slice_index:
+        sliced = slice_op(
+            listing=listing,
+            slice_index=slice_index,
+            **{p.name: values[p.name] for p in SLICE_PARAMETERS},
+        )
+        sliced.set_display_name("data prep: convert a slice")
+    published = publish_op(
+        listing=listing,
+        parts=dsl.Collected(sliced.outputs["part"]),
+        **{p.name: values[p.name] for p in PUBLISH_PARAMETERS},
+    )
+    return published.set_display_name("data prep: publish the dataset")
+
+
+def build_prep_pipeline(image: str) -> Callable[..., Any]:
+    """A pipeline of data prep alone, running in `image`, taking data prep's declared
+    parameters; its output is the dataset. For measuring and testing data prep's graph."""
+    ops = make_data_prep(image)
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [
+            inspect.Parameter(p.name, kind, default=p.default, annotation=p.type)
+            for p in PREP_PARAMETERS
+        ]
+    )
+
+    def data_prep_only(*args: Any) -> dsl.Dataset:
+        values = dict(zip(signature.parameters, args, strict=True))
+        return data_prep(ops, values).outputs["dataset"]
+
+    data_prep_only.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        return_annotation=dsl.Dataset
+    )
+    return dsl.pipeline(name="kfp-horovod-data-prep")(data_prep_only)
+
+
 def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Callable[..., Any]:
     """The pipeline function with each component running in its image from `images`.
 
@@ -51,13 +116,20 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
     pipeline with ``images["trainer"]`` already chosen (`pipeline.local_run`).
     """
     check_op = make_check_component(images["data_prep"])
-    prep_op, train_op = make_data_prep(images["data_prep"]), make_train(images["trainer"])
+    prep_ops = make_data_prep(images["data_prep"])
+    train_op = make_train(images["trainer"])
     evaluate_op, register_op = make_evaluate(images["evaluate"]), make_register(images["register"])
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    kind, empty = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty
+    # A required parameter (no default) first: Python's signatures want them before the rest.
+    ordered = sorted(PIPELINE_PARAMETERS, key=lambda p: not p.required)
     signature = inspect.Signature(
-        [inspect.Parameter(p.name, kind, default=p.default, annotation=p.type)
-         for p in PIPELINE_PARAMETERS]
-    )  # fmt: skip
+        [
+            inspect.Parameter(
+                p.name, kind, annotation=p.type, default=empty if p.required else p.default
+            )
+            for p in ordered
+        ]
+    )
 
     def mnist_horovod(*args: Any) -> None:
         values = dict(zip(signature.parameters, args, strict=True))
@@ -69,7 +141,7 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
             "check parameters, choose the trainer image"
         )
         check.set_caching_options(False)
-        prep = prep_op(**taken_by(PREP_PARAMETERS)).after(check).set_display_name("data prep")
+        prep = data_prep(prep_ops, values, after=check)
         train = train_op(
             **taken_by(PIPELINE_TRAIN_PARAMETERS, TRAIN_STEP_PARAMETERS)
             | {"trainer_image": check.outputs["trainer_image"]},  # the check step's choice
@@ -89,11 +161,13 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
         register_op(
             **taken_by(REGISTER_PARAMETERS), model=model, run_summary=train.outputs["run_summary"],
             dataset=prep.outputs["dataset"], accuracy=evaluate.outputs["accuracy"],
-            loss=evaluate.outputs["loss"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            loss=evaluate.outputs["loss"], confusion_matrix=evaluate.outputs["confusion_matrix"],
+            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             image_refs=images,
         ).set_display_name("register")  # fmt: skip
 
     mnist_horovod.__signature__ = signature  # type: ignore[attr-defined]
+    mnist_horovod.__doc__ = parameters_docstring(ordered)
     return dsl.pipeline(name=defaults.PIPELINE_NAME, description=PIPELINE_DESCRIPTION)(
         mnist_horovod
     )

@@ -104,3 +104,24 @@ def rank_processes(root_pid: int) -> dict[int, Any]:
                 if rank.isdigit():
                     found[int(rank)] = proc
     return found
+
+
+MARK_ENV = "KFP_HOROVOD_TEST_RUN"  # a run's processes inherit it: what a stop must leave none of
+
+
+def marked_env(mark: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment whose processes, and every process they start, carry `mark`."""
+    import os
+
+    return {**(os.environ if base is None else base), MARK_ENV: mark}
+
+
+def marked_processes(mark: str) -> list[str]:
+    """``pid name command`` of every process still running (zombies have ended) that carries
+    `mark`, wherever it was reparented: what a stopped run left behind."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(MARK_ENV) == mark:
+                found.append(f"{proc.pid} {proc.name()} {' '.join(proc.cmdline())}")
+    return found

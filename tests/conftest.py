@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -115,6 +116,28 @@ def read_only_bucket(gcs_emulator: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def read_only_folder(tmp_path: Path) -> Iterator[Path]:
+    """An empty folder nobody may write in: mode 0o555 and, where this process still can (it
+    runs as root), the immutable attribute (``chattr +i``, which binds root too). Fails, never
+    skips, where neither holds."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    immutable = False
+    if os.access(folder, os.W_OK):  # root ignores the mode
+        subprocess.run(["chattr", "+i", str(folder)], check=True, capture_output=True)
+        immutable = True
+    try:
+        with pytest.raises(OSError):
+            (folder / "probe").write_text("")
+        yield folder
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True, capture_output=True)
+        folder.chmod(0o755)
+
+
+@pytest.fixture
 def no_credentials(tmp_path: Path) -> dict[str, str]:
     """An environment for a subprocess in which google-auth finds no credentials and reaches no
     network: no emulator, no GOOGLE_APPLICATION_CREDENTIALS, an empty HOME and gcloud config,
@@ -138,7 +161,7 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     from components.data_prep.prep import prepare
 
     out = tmp_path_factory.mktemp("tiny-dataset") / "ds"
-    prepare("bundled", str(out), shard_size=256, limit=400)
+    prepare("bundled", str(out), shard_size=256, data_limit=400)
     return str(out)
 
 
@@ -146,13 +169,15 @@ def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedMode
     """`build_model` (``small``, `seed`) trained `epochs` quick epochs on `dataset` without Horovod
     and exported at `path` as the trainer does (`model.export_saved_model`)."""
     from components.common import keras_env
-    from components.common.dataset import load_range, read_manifest
+    from components.common.dataset import read_manifest
     from components.common.model_files import saved_model_sha256
+    from components.common.tests.datasets import read_arrays
     from components.train.model import build_model, export_saved_model
 
     manifest = read_manifest(dataset)
-    (x, y), (x_test, y_test) = load_range(manifest, "train"), load_range(manifest, "test")
-    model = build_model(seed=seed, model="small")
+    (x, y), (x_test, y_test) = read_arrays(dataset, "train"), read_arrays(dataset, "test")
+    shape, classes = manifest.image.shape, manifest.num_classes
+    model = build_model(seed=seed, model="small", shape=shape, num_classes=classes)
     model.compile(
         optimizer=keras_env.keras().optimizers.Adam(0.003),
         loss="sparse_categorical_crossentropy",
@@ -160,7 +185,7 @@ def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedMode
     )
     model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
     loss, accuracy = model.evaluate(x_test, y_test, batch_size=400, verbose=0)
-    export_saved_model(model, path)
+    export_saved_model(model, path, manifest.image, manifest.classes)
     return TrainedModel(str(path), dataset, float(accuracy), float(loss), saved_model_sha256(path))
 
 

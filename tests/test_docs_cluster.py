@@ -189,7 +189,10 @@ def test_the_versions_it_names_are_the_projects() -> None:
     assert f"KFP SDK {kfp}" in TEXT
     assert f"export TRAINER_VERSION={defaults.TRAINER_VERSION}" in TEXT
     assert f"export MPI_OPERATOR_VERSION={defaults.MPI_OPERATOR_VERSION}" in TEXT
-    assert "export PIPELINE_VERSION=2.16.0" in TEXT and "--branch 26.03" in TEXT
+    assert "export PIPELINE_VERSION=2.16.1" in TEXT and "--branch 26.03.1 " in TEXT
+    # the Trainer the platform installs is one the manifests are tested against
+    (platform_trainer,) = re.findall(r"; 26\.03\.1 has\s+\*\*(v[\d.]+)\*\*", TEXT)
+    assert (ROOT / "deploy" / "crd" / "trainer" / platform_trainer).is_dir()
 
 
 def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes(tmp_path: Path) -> None:
@@ -201,7 +204,7 @@ def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes(tmp_path: 
     from components.train.config import PIPELINE_TRAIN_PARAMETERS
     from components.train.step_parameters import TRAIN_STEP_PARAMETERS
 
-    (example,) = fenced("python")
+    (example,) = [block for block in fenced("python") if "kubernetes." in block]
     calls = "\n".join(
         line for line in example.splitlines() if line.startswith(("kubernetes.", "train."))
     )

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.horovod
 
 def test_prep_train_evaluate_register_through_gcs(gcs_uri: str) -> None:
     data = f"{gcs_uri}/datasets/mnist"
-    prepare("bundled", data, shard_size=250, limit=600)
+    prepare("bundled", data, shard_size=250, data_limit=600)
     assert storage.exists(f"{data}/manifest.json")
 
     lines: list[str] = []

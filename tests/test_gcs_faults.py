@@ -92,7 +92,7 @@ def test_data_prep_retries_and_writes_the_whole_dataset(faulty: Faulty) -> None:
 
     data = f"{faulty.root}/data"
     with faulty.faults():
-        prepare("bundled", data, shard_size=250, limit=600)
+        prepare("bundled", data, shard_size=250, data_limit=600)
     manifest = dataset.read_manifest(data)
     assert (manifest.count("train"), manifest.count("test")) == (600, 600)
 

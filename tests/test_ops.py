@@ -91,8 +91,11 @@ def test_bad_arguments_are_refused_naming_them(pairs: list[str], message: str) -
 
 
 def test_a_run_without_a_registry_is_refused_as_the_check_step_would() -> None:
-    with pytest.raises(ValueError, match="registry_root is empty: set it to the model store"):
+    """The one required parameter, missing (KFP refuses the run) or empty (the check step)."""
+    with pytest.raises(ValueError, match="registry_root is required: the model store the run "):
         parse_arguments(["epochs=2"])
+    with pytest.raises(ValueError, match="registry_root is empty: set it to the model store"):
+        parse_arguments(["epochs=2", "registry_root="])
 
 
 @pytest.mark.parametrize(

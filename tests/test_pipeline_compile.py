@@ -14,17 +14,37 @@ import yaml
 from kfp import components
 
 from components.common import defaults
+from components.common.declare import TRAINING_BACKENDS
 from pipeline.build import compile_pipeline
-from pipeline.checks import PIPELINE_DEFAULTS, check_step, parameters_markdown
+from pipeline.checks import (
+    PIPELINE_DEFAULTS,
+    PIPELINE_PARAMETERS,
+    check_step,
+    parameters_markdown,
+    run_checks,
+)
 
 EXPECTED_PARAMETERS = {
     "workers", "epochs", "batch_size_per_worker", "learning_rate", "warmup_epochs", "lr_scaling",
     "threads_per_worker", "model", "augment", "data_source", "data_sha256", "data_limit",
-    "shard_size", "min_workers", "mixed_precision",
+    "shard_size", "min_workers", "data_format", "image_size", "color_mode", "test_fraction",
+    "skip_bad_images", "image_feature", "label_feature", "prep_parallelism",
+    "mixed_precision",
     "min_accuracy", "model_name", "registry_root", "training_backend", "trainer_image",
     "slots_per_worker", "cpu_per_worker", "memory_per_worker", "gpus_per_worker", "namespace",
     "trainer_service_account", "node_selector", "tolerations",
 }  # fmt: skip
+
+
+def undescribed(parameters: dict[str, dict]) -> dict[str, dict]:
+    """The compiled parameters without their descriptions (checked by a test of their own)."""
+    return {n: {k: v for k, v in p.items() if k != "description"} for n, p in parameters.items()}
+
+
+REGISTRY_HELP = (
+    "the model store the run registers its model in: a gs:// folder such as "
+    "gs://my-bucket/kfp-horovod/models (a local path for a local run)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +71,33 @@ def test_compiles_to_one_yaml_that_kfp_loads_back(compiled: Path, spec: dict) ->
     assert loaded.name == "kfp-horovod-mnist"
     assert set(loaded.component_spec.inputs) == EXPECTED_PARAMETERS
     tasks = spec["root"]["dag"]["tasks"]
-    assert set(tasks) == {"check-parameters", "prepare-data", "train", "evaluate", "register-model"}
-    assert sorted(tasks["train"]["dependentTasks"]) == ["check-parameters", "prepare-data"]
+    assert set(tasks) == {
+        "check-parameters",
+        "list-data",
+        "for-loop-1",
+        "publish-dataset",
+        "train",
+        "evaluate",
+        "register-model",
+    }
+    assert sorted(tasks["train"]["dependentTasks"]) == ["check-parameters", "publish-dataset"]
+    assert tasks["list-data"]["dependentTasks"] == ["check-parameters"]
+    # data prep: a ParallelFor over the listing's slices, each converting its own, collected
+    loop = tasks["for-loop-1"]
+    assert (
+        loop["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--list-data-Output"
+    )
+    assert list(spec["components"][loop["componentRef"]["name"]]["dag"]["tasks"]) == [
+        "prepare-slice"
+    ]
+    parts = tasks["publish-dataset"]["inputs"]["artifacts"]["parts"]["taskOutputArtifact"]
+    assert parts == {
+        "outputArtifactKey": "pipelinechannel--prepare-slice-part",
+        "producerTask": "for-loop-1",
+    }
+    for step in ("train", "evaluate"):
+        dataset = tasks[step]["inputs"]["artifacts"]["dataset"]["taskOutputArtifact"]
+        assert dataset == {"outputArtifactKey": "dataset", "producerTask": "publish-dataset"}
     assert tasks["evaluate"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"] == {
         "outputArtifactKey": "saved_model", "producerTask": "train",
     }  # fmt: skip
@@ -60,7 +105,7 @@ def test_compiles_to_one_yaml_that_kfp_loads_back(compiled: Path, spec: dict) ->
 
 def test_model_and_augment_reach_the_check_and_the_train_step(spec: dict) -> None:
     """The check step and the train step get both under the same names."""
-    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    parameters = undescribed(spec["root"]["inputDefinitions"]["parameters"])
     assert parameters["model"] == {
         "defaultValue": "mnist_advanced", "isOptional": True, "parameterType": "STRING",
     }  # fmt: skip
@@ -122,7 +167,10 @@ def test_the_uploaded_pipeline_is_the_cluster_pipeline(spec: dict) -> None:
     assert (defaults_back["node_selector"], defaults_back["tolerations"]) == ({}, [])
     assert defaults_back["trainer_image"] == ""  # chosen by gpus_per_worker
     assert defaults_back["gpus_per_worker"] == 0
-    assert defaults_back["registry_root"] == ""
+    assert parameters["registry_root"] == {
+        "description": REGISTRY_HELP,
+        "parameterType": "STRING",
+    }  # required: no default, not optional, so the UI asks for it
     assert defaults_back["workers"] == defaults.WORKERS
 
 
@@ -134,7 +182,7 @@ def test_placement_is_a_dict_and_a_list_set_on_the_train_task_with_kfp_kubernete
     task with kfp-kubernetes, whose task config carries them to the job's pods (the component
     takes neither as an input); the image references are dicts too."""
     spec, platform = documents
-    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    parameters = undescribed(spec["root"]["inputDefinitions"]["parameters"])
     assert parameters["node_selector"] == {
         "defaultValue": {}, "isOptional": True, "parameterType": "STRUCT",
     }  # fmt: skip
@@ -235,3 +283,51 @@ def test_the_train_component_declares_the_task_config_passthroughs(spec: dict) -
         "KUBERNETES_VOLUMES": False,
     }  # fmt: skip
     assert "task_config" not in spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
+
+
+# --- the pipeline as the Kubeflow UI shows it --------------------------------------------------
+
+
+def test_every_parameter_carries_its_declared_help_as_its_description(spec: dict) -> None:
+    """The UI shows each parameter's description: its declaration's help, as the CLIs do."""
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    declared = {p.name: p for p in PIPELINE_PARAMETERS}
+    assert set(parameters) == set(declared)
+    for name, compiled_parameter in parameters.items():
+        assert compiled_parameter.get("description"), f"{name} has no description"
+        assert compiled_parameter["description"] == " ".join(declared[name].help.split()), name
+
+
+def test_the_pipeline_description_names_each_training_backend_and_what_runs(spec: dict) -> None:
+    description = spec["pipelineInfo"]["description"]
+    assert all(backend in description for backend in TRAINING_BACKENDS), description
+    assert all(word in description for word in ("MPIJob", "TrainJob", "mpirun")), description
+
+
+def _typed(parameter: dict) -> Any:
+    """A compiled default as KFP's executor hands it to a step (integers compile as floats)."""
+    value = parameter["defaultValue"]
+    return int(value) if parameter["parameterType"] == "NUMBER_INTEGER" else value
+
+
+def test_pressing_run_with_only_the_required_parameters_passes_the_check_step(
+    spec: dict, gcs_uri: str
+) -> None:
+    """The README's "upload and press Run": the parameters the UI marks required (no
+    ``isOptional``) are the ones the README tells the user to fill in, and with those filled in
+    and every other one at its compiled default the check step passes, storage included
+    (fake-gcs-server for the bucket)."""
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    required = {name for name, p in parameters.items() if not p.get("isOptional")}
+    assert required == {p.name for p in PIPELINE_PARAMETERS if p.required}
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (press_run,) = [part for part in readme.split("\n\n") if "press Run" in part]
+    assert all(f"`{name}`" in press_run for name in required), press_run
+    filled_in = {"registry_root": f"{gcs_uri}/models"}  # what a user types into the UI
+    assert required <= set(filled_in), f"a value to fill in for {required - set(filled_in)}"
+    values = {name: _typed(p) for name, p in parameters.items() if p.get("isOptional")}
+    values |= {name: filled_in[name] for name in required}
+    images = _check_step_images(spec)
+    assert run_checks(images, **values).trainer_image == images["trainer"]
+    with pytest.raises(ValueError, match="registry_root is empty"):  # what an empty field gets
+        run_checks(images, **values | {"registry_root": ""})

@@ -148,13 +148,22 @@ def executor_input(
     return {
         "inputs": {
             "parameterValues": parameters,
-            "artifacts": artifacts(component["inputDefinitions"], "prepare-data"),
+            "artifacts": artifacts(component["inputDefinitions"], "publish-dataset"),
         },
         "outputs": {
             "artifacts": artifacts(component["outputDefinitions"], "train"),
             "outputFile": str(out / "executor_output.json"),
         },
     }
+
+
+def prepare_dataset(bucket: str, run_id: str) -> None:
+    """The run's dataset where the publish step puts it: what the train step checks, and its
+    ranks read."""
+    from components.data_prep.prep import prepare
+
+    root = f"{bucket}/pipeline-root/{run_id}/publish-dataset/dataset"
+    prepare("bundled", root, shard_size=200, data_limit=400)
 
 
 class Step:
@@ -247,11 +256,7 @@ def test_the_train_step_creates_a_trainjob_and_its_retry_reattaches(
     the job runs on to its end (the real trainer, from the stored TrainJob's command); KFP's
     retry (same run id) reattaches, streams the launcher's log and writes the step's outputs
     from what the trainer wrote: one model, its weights identical on both ranks."""
-    from components.data_prep.prep import prepare
-
-    prepare(
-        "bundled", f"{gcs_uri}/pipeline-root/run-7/prepare-data/dataset", shard_size=200, limit=400
-    )
+    prepare_dataset(gcs_uri, "run-7")
     op = TrainerOperator(cluster, {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, TRAINJOB_KIND)
     first = Step(compiled, cluster, gcs_uri, "run-7", tmp_path / "attempt-1", **TINY)
     first.wait_for("created TrainJob")
@@ -298,6 +303,7 @@ def test_sigterm_to_the_train_step_deletes_its_trainjob(
 ) -> None:
     """KFP cancels the run: the executor, sent SIGTERM while it streams the launcher's log,
     deletes the TrainJob, waits for its pods to go, and fails naming the cancellation."""
+    prepare_dataset(gcs_uri, "run-8")
     op = Operator(cluster, TRAINJOB_KIND)
     step = Step(compiled, cluster, gcs_uri, "run-8", tmp_path / "attempt-1")
     step.wait_for("created TrainJob")
@@ -342,6 +348,7 @@ def test_auto_picks_the_trainjob_and_the_task_config_is_on_its_pod_templates(
     config land on the TrainJob's pod templates; the backend is recorded. Its
     Trainer, v2.1.0, has no TrainJob deadline field: the step sends none and keeps the
     deadline itself, and the run summary says so."""
+    prepare_dataset(gcs_uri, "run-9")
     cluster, op = trainer_cluster, Operator(trainer_cluster, TRAINJOB_KIND)
     step = Step(compiled, cluster, gcs_uri, "run-9", tmp_path / "a", task_config=TASK_CONFIG,
                 **PLACED)  # fmt: skip

@@ -74,7 +74,10 @@ def test_run_local_help_lists_the_models() -> None:
     result = CliRunner().invoke(cli, ["run-local", "--help"])
     assert result.exit_code == 0
     text = " ".join(result.output.split())
-    assert "--model TEXT mnist_advanced or small, or a Python entry point package.module" in text
+    assert (
+        "--model TEXT mnist_advanced, small or mobilenet_v3_small (for larger colour images), "
+        "or a Python entry point package.module"
+    ) in text
     assert "--augment / --no-augment" in text
 
 
@@ -82,7 +85,8 @@ def test_run_local_help_lists_the_models() -> None:
     ("args", "code", "messages"),
     [
         (["--model", "resnet"], ExitCode.BAD_INPUT, ["model must be one of the built-in models "
-         "mnist_advanced, small or a Python entry point 'package.module:function'"]),
+         "mnist_advanced, small, mobilenet_v3_small or a Python entry point "
+         "'package.module:function'"]),
         (["--model", "components.train.tests.user_model:missing"], ExitCode.PREFLIGHT,
          ["kfp-horovod preflight failed: model 'components.train.tests.user_model:missing': "
           "'missing' is not defined in module"]),

@@ -155,3 +155,69 @@ def test_the_check_step_stops_a_run_on_a_missing_bucket(
     console = capsys.readouterr().out
     assert "Traceback" not in console and "Traceback" not in (tmp_path / "run.log").read_text()
     assert bucket_objects(gcs_emulator, missing) is None
+
+
+# --- local folders: checked with the same rigour -----------------------------------------------
+
+
+def test_a_local_folder_is_checked_by_a_probe_that_leaves_nothing(
+    tmp_path: Path, read_only_folder: Path
+) -> None:
+    """A folder that exists, or can be made, passes, and is left as it was (nothing made, no
+    probe left); one that cannot be written, or made, is refused in one line naming it."""
+    from components.common.storage_access import StorageAccessError, check_local_folder
+
+    (tmp_path / "exists").mkdir()
+    check_local_folder("--root", tmp_path / "exists")
+    check_local_folder("--root", tmp_path / "not" / "yet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists", "read-only"]
+    assert list((tmp_path / "exists").iterdir()) == []
+    (tmp_path / "a-file").write_text("")
+    for folder, said in [
+        (read_only_folder, f"--root {read_only_folder}: this process cannot write there ("),
+        (
+            read_only_folder / "x",
+            f"--root {read_only_folder / 'x'}: this process cannot write in "
+            f"{read_only_folder}, where it would be made (",
+        ),
+        (tmp_path / "a-file", f"--root {tmp_path / 'a-file'}: is a file, not a folder"),
+        (
+            tmp_path / "a-file" / "x",
+            f"--root {tmp_path / 'a-file' / 'x'}: cannot be made: "
+            f"{tmp_path / 'a-file'} is a file, not a folder",
+        ),
+    ]:
+        with pytest.raises(StorageAccessError) as info:
+            check_local_folder("--root", folder)
+        assert str(info.value).startswith(said), info.value
+    assert list(read_only_folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["root", "registry"])
+def test_run_local_stops_on_a_local_folder_it_cannot_write_before_data_prep(
+    where: str, tmp_path: Path, read_only_folder: Path
+) -> None:
+    """A read-only ``--root`` (a traceback before) or ``--registry-root`` (a failed
+    register step after training before): one line, before any step, nothing written."""
+    if where == "root":
+        root = read_only_folder / "runs"
+        line = run_local(root)
+        assert line.startswith(f"FAILED: --root {root}: this process cannot write in ")
+    else:
+        registry = read_only_folder / "registry"
+        line = run_local(tmp_path / "runs", "--registry-root", str(registry))
+        assert line.startswith(f"FAILED: registry_root {registry}: this process cannot write in ")
+    assert list(read_only_folder.iterdir()) == []
+
+
+def test_compile_refuses_an_output_it_cannot_write_in_one_line(
+    tmp_path: Path, read_only_folder: Path
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    for output, said in [
+        (tmp_path / "a-file" / "p.yaml", f"--output's folder {tmp_path / 'a-file'}: is a file"),
+        (read_only_folder / "p.yaml", f"--output's folder {read_only_folder}: this process "),
+        (tmp_path, f"--output {tmp_path} is a folder: name the YAML file to write"),
+    ]:
+        assert failed_line(["compile", "--output", str(output)]).startswith(f"FAILED: {said}")
+    assert list(read_only_folder.iterdir()) == []

@@ -178,7 +178,7 @@ class Bench:
     def prepare(self, output: str) -> str:
         from components.data_prep.prep import prepare
 
-        prepare("bundled", output, shard_size=1000, limit=TRAIN_LIMIT[self.size])
+        prepare("bundled", output, shard_size=1000, data_limit=TRAIN_LIMIT[self.size])
         return output
 
     def base_checkpoints(self) -> Path:

@@ -61,19 +61,34 @@ def find_crd(crd: Crd, start: Path | None = None) -> Path:
 
 
 def crd_schema(crd: Crd, path: Path) -> dict[str, Any]:
-    """The ``openAPIV3Schema`` of `crd`'s version in the CRD file at `path`."""
-    # libyaml's loader when PyYAML has it: the CRDs are large (KServe's: 2 MB, 18 s in Python)
-    doc = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    names = (doc.get("spec") or {}).get("names") or {}
+    """The ``openAPIV3Schema`` of `crd`'s version in the CRD file at `path`; InputError, one
+    line, for a file that is missing, unreadable, not YAML or not that CRD."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read the {crd.kind} CRD {path}: {exc.strerror or exc}") from None
+    try:  # libyaml's loader when PyYAML has it: the CRDs are large (KServe's: 2 MB, 18 s in Python)
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        problem = str(exc).splitlines()[0]
+        raise InputError(
+            f"{path} is not the {crd.group} {crd.kind} CRD: not YAML ({problem})"
+        ) from None
+    doc = doc if isinstance(doc, dict) else {}  # a list, a string: not a CRD
+    spec: dict[str, Any] = doc["spec"] if isinstance(doc.get("spec"), dict) else {}
+    names: dict[str, Any] = spec["names"] if isinstance(spec.get("names"), dict) else {}
     if (
         doc.get("kind") != "CustomResourceDefinition"
-        or doc["spec"].get("group") != crd.group
+        or spec.get("group") != crd.group
         or names.get("kind", crd.kind) != crd.kind
     ):
         raise InputError(f"{path} is not the {crd.group} {crd.kind} CRD")
-    for version in doc["spec"]["versions"]:
-        if version["name"] == crd.version:
-            return dict(version["schema"]["openAPIV3Schema"])
+    for version in spec.get("versions") or []:
+        if isinstance(version, dict) and version.get("name") == crd.version:
+            try:
+                return dict(version["schema"]["openAPIV3Schema"])
+            except (KeyError, TypeError):
+                raise InputError(f"{path}: its {crd.version} version has no schema") from None
     raise InputError(f"{path} has no {crd.version} version")
 
 

@@ -86,13 +86,23 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def param(default: Any = _MISSING, help: str = "", *, pipeline: bool = True, **rule: Any) -> Any:
+def param(
+    default: Any = _MISSING,
+    help: str = "",
+    *,
+    pipeline: bool = True,
+    kw_only: bool = False,
+    **rule: Any,
+) -> Any:
     """A declared field: its default (a dict or a list: a copy for each instance), its help
-    text, whether the pipeline exposes it, and its `Rule`'s keywords."""
+    text, whether the pipeline exposes it, its `Rule`'s keywords, and `kw_only` (a required
+    field declared after fields with defaults: a keyword argument of the dataclass)."""
     metadata = {"help": help, "pipeline": pipeline, "rule": Rule(**rule)}
     if isinstance(default, dict | list):
-        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+        return dataclasses.field(
+            default_factory=lambda: copy.deepcopy(default), metadata=metadata, kw_only=kw_only
+        )
+    return dataclasses.field(default=default, metadata=metadata, kw_only=kw_only)
 
 
 @dataclass(frozen=True)

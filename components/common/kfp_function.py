@@ -2,7 +2,8 @@
 
 KFP's lightweight components ship their function's source into the container, so a component
 whose parameters come from declarations needs them written out: ``def NAME(PARAMETERS) ->
-RETURNS:`` handing its arguments to the step's program inside `one_line_failures`. The source
+RETURNS:`` handing its arguments to the step's program inside `one_line_failures` and
+`stops_on_signals` (a stopped step ends what it started, in one line, exit 128 + N). The source
 is registered with `linecache`, where ``inspect.getsource`` (which KFP calls) finds it.
 """
 
@@ -29,8 +30,8 @@ def kfp_function(
     module, function = program.split(":")
     body = (
         "arguments = dict(locals())\n"  # before the imports, which bind locals too
-        "from components.common.failure import one_line_failures\n"
-        "with one_line_failures():\n"
+        "from components.common.failure import one_line_failures, stops_on_signals\n"
+        "with one_line_failures(), stops_on_signals():\n"
         f"    from {module} import {function}\n"
         f"    return {function}(**arguments)"
     )

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from components.common import storage
-from components.common.defaults import NUM_CLASSES
 from components.common.failure import InputError
 
 SAVED_MODEL_PB = "saved_model.pb"
 VARIABLES_INDEX = "variables/variables.index"
+# The SavedModel's contract (`components.train.model.export_saved_model`): its signatures,
+# their inputs and their outputs.
 SERVING_SIGNATURE = "serving_default"
+BYTES_SIGNATURE = "serving_bytes"
+INPUT_NAME, BYTES_INPUT = "image", "image_bytes"
+OUTPUT_NAME, CLASS_OUTPUT = "probabilities", "class_name"
 DIGEST_KEY = "saved_model_sha256"  # the run summary's and the Model artifact's metadata key
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -73,9 +77,57 @@ def verify_digest(local_dir: str | Path, recorded: str | None, where: str) -> st
     return actual
 
 
-def load_serving(local_dir: str | Path, where: str) -> Callable[..., np.ndarray]:
-    """The fetched SavedModel's ``serving_default`` signature (what TF Serving runs): raw
-    ``(n, 28, 28)`` digits in, ``(n, 10)`` probabilities out, in batches of `batch_size`."""
+class ServingModel:
+    """A loaded SavedModel's signatures, as TF Serving runs them: ``serving_default`` on image
+    batches (`predict`) and, where the model has it, ``serving_bytes`` on encoded image files
+    (`predict_bytes`)."""
+
+    def __init__(self, loaded: Any, where: str) -> None:
+        self.loaded, self.where = loaded, where
+        signature = loaded.signatures[SERVING_SIGNATURE]
+        ((self.input_name, spec),) = signature.structured_input_signature[1].items()
+        self.input_shape: tuple[int, ...] = tuple(spec.shape[1:])  # one image's
+        self.input_dtype: str = spec.dtype.name
+        (out,) = signature.structured_outputs.values()
+        self.num_classes = int(out.shape[-1])
+
+    @property
+    def takes_bytes(self) -> bool:
+        return BYTES_SIGNATURE in self.loaded.signatures
+
+    def predict(self, images: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        """Class probabilities ``(n, classes)`` of `images` (one image: `input_shape`)."""
+        from components.common.keras_env import tensorflow
+
+        tf = tensorflow()
+        # Looked up through `loaded` on every call: the signature alone does not keep the
+        # loaded object, whose deletion would free the variables it reads.
+        signature = self.loaded.signatures[SERVING_SIGNATURE]
+        rows = [np.zeros((0, self.num_classes), np.float32)]
+        for start in range(0, len(images), batch_size):
+            batch = np.asarray(images[start : start + batch_size]).astype(self.input_dtype)
+            (output,) = signature(**{self.input_name: tf.constant(batch)}).values()
+            rows.append(output.numpy())
+        return np.concatenate(rows)
+
+    def predict_bytes(self, encoded: list[bytes]) -> tuple[np.ndarray, list[str]]:
+        """Class probabilities and the top class's name of each encoded image file."""
+        from components.common.keras_env import tensorflow
+
+        tf = tensorflow()
+        if not self.takes_bytes:
+            raise ModelError(
+                f"{self.where}: the model has no {BYTES_SIGNATURE!r} signature (it was trained "
+                "before image bytes were served): send pixel arrays"
+            )
+        outputs = self.loaded.signatures[BYTES_SIGNATURE](**{BYTES_INPUT: tf.constant(encoded)})
+        names = [n.decode("utf-8") for n in outputs[CLASS_OUTPUT].numpy()]
+        return outputs[OUTPUT_NAME].numpy(), names
+
+
+def load_serving(local_dir: str | Path, where: str) -> ServingModel:
+    """The fetched SavedModel's signatures (ModelError naming `where` if it is unreadable or
+    has no ``serving_default``)."""
     from components.common.keras_env import tensorflow
 
     tf = tensorflow()
@@ -90,17 +142,4 @@ def load_serving(local_dir: str | Path, where: str) -> Callable[..., np.ndarray]
             f"{where}: SavedModel has no {SERVING_SIGNATURE!r} signature "
             f"(has {sorted(signatures)}); TF Serving needs it"
         )
-    (name,) = signatures[SERVING_SIGNATURE].structured_input_signature[1]  # one input
-
-    def predict(images: np.ndarray, batch_size: int = 256) -> np.ndarray:
-        # Looked up through `loaded` on every call: the signature alone does not keep the
-        # loaded object, whose deletion would free the variables it reads.
-        signature = loaded.signatures[SERVING_SIGNATURE]
-        rows = [np.zeros((0, NUM_CLASSES), np.float32)]
-        for start in range(0, len(images), batch_size):
-            batch = tf.constant(np.asarray(images[start : start + batch_size], np.float32))
-            (output,) = signature(**{name: batch}).values()
-            rows.append(output.numpy())
-        return np.concatenate(rows)
-
-    return predict
+    return ServingModel(loaded, where)

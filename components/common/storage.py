@@ -111,6 +111,22 @@ def read_bytes(uri: str) -> bytes:
         raise FileNotFoundError(f"no such object: {uri}") from exc
 
 
+@contextlib.contextmanager
+def open_read(uri: str) -> Iterator[Any]:
+    """A binary stream of the file at `uri` (GCS: downloaded in chunks as it is read, each
+    request retried); FileNotFoundError naming the URI if it is missing."""
+    if not is_gcs(uri):
+        with open(uri, "rb") as fh:  # its FileNotFoundError names the path
+            yield fh
+        return
+    try:
+        stream = _blob(uri).open("rb", chunk_size=8 * 2**20, retry=_retry("read", uri))
+    except _gcs_errors().NotFound as exc:
+        raise FileNotFoundError(f"no such object: {uri}") from exc
+    with stream:
+        yield stream
+
+
 def read_text(uri: str) -> str:
     return read_bytes(uri).decode("utf-8")
 
@@ -200,6 +216,13 @@ def relative_files(uri: str) -> list[str]:
 def list_files(uri: str) -> list[str]:
     """All files below a directory or prefix, as sorted full URIs."""
     return [join(uri, rel) for rel in relative_files(uri)]
+
+
+def sizes(uri: str) -> dict[str, int]:
+    """Relative path -> bytes of every file below `uri` (GCS: from the listing)."""
+    if is_gcs(uri):
+        return {rel: int(blob.size) for rel, blob in _listing(uri)}
+    return {rel: path.stat().st_size for rel, path in _listing(uri)}
 
 
 def checksums(uri: str) -> dict[str, str]:
@@ -335,3 +358,13 @@ def write_if_unchanged(uri: str, data: bytes, token: str) -> bool:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def crc32c_base64(data: bytes) -> str:
+    """`data`'s CRC32C as GCS reports an object's (base64 of the big-endian value), to check
+    a written object against its listing without reading it back."""
+    import base64
+
+    import google_crc32c
+
+    return base64.b64encode(google_crc32c.Checksum(data).digest()).decode("ascii")

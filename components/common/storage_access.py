@@ -12,14 +12,21 @@ fake-gcs-server, the emulator the tests run on, does not implement that call (it
 a bucket that exists), so a check built on it could not be tested here; the probe takes the
 same create, get and delete calls the run makes (the registry's compare-and-swap and the
 checkpoints' cleanup delete too), on any GCS. The probe's name starts with `PROBE_PREFIX`.
+
+A local folder a run writes (``run-local --root``, a local ``registry_root``) is checked with the
+same rigour (`check_local_folder`): it exists or can be made, and a probe file can be written in
+it (or in the folder it would be made in) and removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from components.common import storage
@@ -52,10 +59,38 @@ class Location:
 
 def check(locations: Iterable[Location], identity: str = THIS_IDENTITY) -> None:
     """Raise StorageAccessError for the first ``gs://`` location that `identity` cannot read,
-    or write where it `writes`; other locations (local paths) are not checked."""
+    or write where it `writes`, and for the first local folder written (`check_local_folder`)
+    that cannot be; local paths only read are left to their readers."""
     for location in locations:
         if storage.is_gcs(location.uri):
             _check_one(location, identity)
+        elif location.writes and location.uri and "://" not in location.uri:
+            check_local_folder(location.name, location.uri)
+
+
+def check_local_folder(name: str, folder: str | Path) -> None:
+    """StorageAccessError, one line naming `name`, unless `folder` is a local folder this
+    process can write in, or can make: its nearest existing folder takes a probe file (named
+    `PROBE_PREFIX`...), which is removed again. Nothing is made or left behind, whatever the
+    outcome."""
+    path = Path(folder).absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    head = f"{name} {folder}"
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"cannot be made: {existing} is a file"
+        raise StorageAccessError(f"{head}: {where}, not a folder")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=existing)
+    except OSError as exc:
+        where = "there" if existing == path else f"in {existing}, where it would be made"
+        raise StorageAccessError(
+            f"{head}: this process cannot write {where} ({exc.strerror or exc}); choose a "
+            "folder it can write, or give it write access"
+        ) from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 def check_job(config: Any, writes: bool) -> None:

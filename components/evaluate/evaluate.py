@@ -17,9 +17,16 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from components.common import dataset, keras_env
-from components.common.defaults import EVAL_BATCH_SIZE, NUM_CLASSES
+from components.common.defaults import EVAL_BATCH_SIZE
 from components.common.failure import InputError, one_line_failures
-from components.common.model_files import ModelError, fetch_model, load_serving, verify_digest
+from components.common.model_files import (
+    ModelError,
+    ServingModel,
+    fetch_model,
+    load_serving,
+    verify_digest,
+)
+from components.common.shard_files import read_split
 
 # Keras clips probabilities to [eps, 1 - eps] in its cross-entropy; do the same so the logged
 # loss equals model.evaluate()'s.
@@ -31,6 +38,7 @@ class Evaluation:
     accuracy: float
     loss: float
     samples: int
+    classes: list[str]
     confusion_matrix: list[list[int]]  # rows: true class, columns: predicted class
     precision: list[float]  # per class; 0.0 where the class was never predicted
     recall: list[float]  # per class; 0.0 where the class never occurs
@@ -45,52 +53,76 @@ class Evaluation:
         lines += [
             f"- saved_model.pb sha256: `{self.saved_model_sha256}`",
             f"- dataset: `{dataset_uri}` (manifest sha256 `{self.dataset_manifest_sha256}`)",
-            f"- split: {self.split}, {self.samples} samples",
+            f"- split: {self.split}, {self.samples} samples, {len(self.classes)} classes",
             f"- **accuracy: {self.accuracy:.4f}**, loss: {self.loss:.4f}",
             "",
             "| class | support | precision | recall |",
-            "|---:|---:|---:|---:|",
+            "|---|---:|---:|---:|",
         ]
         support = np.asarray(self.confusion_matrix).sum(axis=1)
-        for c in range(NUM_CLASSES):
+        for c, name in enumerate(self.classes):
             lines.append(
-                f"| {c} | {int(support[c])} | {self.precision[c]:.4f} | {self.recall[c]:.4f} |"
+                f"| {name} | {int(support[c])} | {self.precision[c]:.4f} | {self.recall[c]:.4f} |"
             )
         return "\n".join(lines) + "\n"
 
 
-def score(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
-    """Accuracy, loss, confusion matrix, precision and recall of class `probabilities` (ModelError
-    unless they are ``(n, 10)`` finite rows summing to 1)."""
-    p = np.asarray(probabilities, dtype=np.float64)
-    y = np.asarray(labels).astype(np.int64)
-    if p.ndim != 2 or p.shape != (len(y), NUM_CLASSES):
+class Scores:
+    """Accuracy, loss, confusion matrix, precision and recall, batch by batch: the test split is
+    streamed, never held whole."""
+
+    def __init__(self, num_classes: int) -> None:
+        self.confusion = np.zeros((num_classes, num_classes), np.int64)
+        self.log_loss = 0.0
+
+    def add(self, probabilities: np.ndarray, labels: np.ndarray) -> None:
+        """One batch of class `probabilities` (ModelError unless they are finite rows of one
+        probability per class summing to 1) and their true labels."""
+        p = np.asarray(probabilities, dtype=np.float64)
+        y = np.asarray(labels).astype(np.int64)
+        classes = len(self.confusion)
+        if p.ndim != 2 or p.shape != (len(y), classes):
+            raise ModelError(
+                f"model output has shape {p.shape}, expected ({len(y)}, {classes}) class "
+                "probabilities"
+            )
+        if not np.isfinite(p).all():
+            raise ModelError("model output contains NaN or infinite values")
+        if not np.allclose(p.sum(axis=1), 1.0, atol=1e-3) or p.min() < 0:
+            raise ModelError("model output rows are not probabilities (expected a softmax output)")
+        np.add.at(self.confusion, (y, p.argmax(axis=1)), 1)
+        picked = np.clip(p[np.arange(len(y)), y], _EPSILON, 1.0 - _EPSILON)
+        self.log_loss -= float(np.log(picked).sum())
+
+    def result(self) -> dict[str, Any]:
+        samples = int(self.confusion.sum())
+        if samples == 0:
+            raise dataset.DataError("the evaluation split is empty")
+        true_positive = np.diag(self.confusion).astype(np.float64)
+
+        def per_class(count: np.ndarray) -> list[float]:  # 0.0 where `count` is 0
+            zeros = np.zeros(len(count))
+            return np.divide(true_positive, count, out=zeros, where=count > 0).tolist()
+
+        return {
+            "accuracy": float(true_positive.sum() / samples),
+            "loss": self.log_loss / samples,
+            "samples": samples,
+            "confusion_matrix": self.confusion.tolist(),
+            "precision": per_class(self.confusion.sum(axis=0)),
+            "recall": per_class(self.confusion.sum(axis=1)),
+        }
+
+
+def check_fits(served: ServingModel, manifest: dataset.Manifest, model_uri: str) -> None:
+    """ModelError unless the model takes the dataset's images and scores its classes."""
+    want = (manifest.image.shape, manifest.num_classes)
+    if (served.input_shape, served.num_classes) != want:
         raise ModelError(
-            f"model output has shape {p.shape}, "
-            f"expected ({len(y)}, {NUM_CLASSES}) class probabilities"
+            f"{model_uri}: the model takes images of shape {served.input_shape} and scores "
+            f"{served.num_classes} classes; the dataset's are {manifest.image.shape} and "
+            f"{manifest.num_classes}: it was trained on another dataset"
         )
-    if not np.isfinite(p).all():
-        raise ModelError("model output contains NaN or infinite values")
-    if not np.allclose(p.sum(axis=1), 1.0, atol=1e-3) or p.min() < 0:
-        raise ModelError("model output rows are not probabilities (expected a softmax output)")
-    if len(y) == 0:
-        raise dataset.DataError("the evaluation split is empty")
-    tf = keras_env.tensorflow()
-    confusion = tf.math.confusion_matrix(y, p.argmax(axis=1), NUM_CLASSES, dtype=tf.int64).numpy()
-    true_positive = np.diag(confusion).astype(np.float64)
-
-    def per_class(count: np.ndarray) -> list[float]:  # 0.0 where `count` is 0
-        return np.divide(true_positive, count, out=np.zeros(NUM_CLASSES), where=count > 0).tolist()
-
-    picked = np.clip(p[np.arange(len(y)), y], _EPSILON, 1.0 - _EPSILON)
-    return {
-        "accuracy": float(true_positive.sum() / len(y)),
-        "loss": float(-np.log(picked).mean()),
-        "samples": int(len(y)),
-        "confusion_matrix": confusion.tolist(),
-        "precision": per_class(confusion.sum(axis=0)),
-        "recall": per_class(confusion.sum(axis=1)),
-    }
 
 
 def evaluate(
@@ -100,21 +132,27 @@ def evaluate(
     batch_size: int = EVAL_BATCH_SIZE,
     saved_model_sha256: str | None = None,
 ) -> Evaluation:
-    """Score the exported model at `model_uri` on `split` of the dataset at `dataset_uri`; with
-    `saved_model_sha256` (the trainer's digest) only if the model is the one that was trained."""
+    """Score the exported model at `model_uri` on `split` of the dataset at `dataset_uri`,
+    streamed batch by batch; with `saved_model_sha256` (the trainer's digest) only if the model
+    is the one that was trained."""
     if batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
     manifest = dataset.read_manifest(dataset_uri)
-    images, labels = dataset.load_range(manifest, split)
+    scores = Scores(manifest.num_classes)
     with tempfile.TemporaryDirectory(prefix="evaluate-") as workdir:
         local = fetch_model(model_uri, workdir)
         digest = verify_digest(local, saved_model_sha256, model_uri)
-        probabilities = load_serving(local, model_uri)(images, batch_size)
+        served = load_serving(local, model_uri)
+        check_fits(served, manifest, model_uri)
+        tf = keras_env.tensorflow()
+        for images, labels in read_split(tf, manifest, split, batch_size):
+            scores.add(served.predict(images.numpy(), batch_size), labels.numpy())
     return Evaluation(
         split=split,
+        classes=list(manifest.classes),
         dataset_manifest_sha256=manifest.sha256,
         saved_model_sha256=digest,
-        **score(probabilities, labels),
+        **scores.result(),
     )
 
 
@@ -141,8 +179,7 @@ def evaluate_step(
             writer.write(int(model.metadata.get("epochs", 0)), scalars)
     for name in ("accuracy", "loss", "samples"):
         metrics.log_metric(name, getattr(result, name))
-    categories = [str(c) for c in range(NUM_CLASSES)]
-    confusion_matrix.log_confusion_matrix(categories, result.confusion_matrix)
+    confusion_matrix.log_confusion_matrix(result.classes, result.confusion_matrix)
     Path(report.path).write_text(result.to_markdown(model.uri, dataset.uri, board), "utf-8")
     report.metadata["saved_model_sha256"] = result.saved_model_sha256
     return EvalOutputs(result.accuracy, result.loss)
@@ -154,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True, help="SavedModel directory (local or gs://)")
     parser.add_argument("--dataset", required=True, help="dataset directory (local or gs://)")
-    parser.add_argument("--split", default="test", choices=dataset.SPLITS)
+    parser.add_argument("--split", default="test", help="the split to score (train, test)")
     parser.add_argument("--batch-size", type=int, default=EVAL_BATCH_SIZE)
     parser.add_argument("--saved-model-sha256", help="the digest the trainer recorded, to verify")
     parser.add_argument("--output-json", help="also write the evaluation as JSON here")

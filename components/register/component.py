@@ -13,6 +13,7 @@ SIGNATURE = [
     ("dataset", "Input[Dataset]"),
     ("accuracy", "float"),
     ("loss", "float"),
+    ("confusion_matrix", "Input[ClassificationMetrics]"),  # the evaluation's: its classes
     *((p.name, p.type.__name__) for p in REGISTER_PARAMETERS),
     ("pipeline_run_id", "str"),
     ("image_refs", "dict"),

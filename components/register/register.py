@@ -130,6 +130,8 @@ class Candidate:
                 "uri": manifest.root,
                 "manifest_sha256": manifest.sha256,
                 "counts": {split: manifest.count(split) for split in manifest.splits},
+                "image": list(manifest.image.shape),
+                "classes": list(manifest.classes),
                 "source": manifest.raw.get("source", {}),
             },
             "model": summary.config.model,
@@ -190,6 +192,35 @@ def gate(store: ModelStore, candidate: Candidate) -> tuple[Decision | None, dict
     return None, previous
 
 
+def _contract(image: list[int], classes: list[str]) -> str:
+    names = ", ".join(classes[:4]) + (", …" if len(classes) > 4 else "")
+    return f"{'x'.join(map(str, image))} images of {len(classes)} classes ({names})"
+
+
+def contract_problem(
+    store: ModelStore, candidate: Candidate, manifest: dataset.Manifest
+) -> str | None:
+    """Why the model must not join `store`: the version its alias serves takes other images or
+    classes, so the served model's clients could not use it. None for a registry whose alias
+    holder predates these records."""
+    holder, _ = store.read_alias(candidate.alias)
+    if holder is None:
+        return None
+    version = int(holder["version"])
+    held = store.read_metadata(version).get("dataset", {})
+    if "image" not in held or "classes" not in held:
+        return None
+    mine = (list(manifest.image.shape), list(manifest.classes))
+    if mine == (held["image"], held["classes"]):
+        return None
+    return (
+        f"not registering {candidate.model_name!r}: its {candidate.alias} version {version} "
+        f"takes {_contract(held['image'], held['classes'])}, this model "
+        f"{_contract(*mine)}; the served model's clients could not use it: register it under "
+        "a model_name of its own"
+    )
+
+
 def promote(
     store: ModelStore, candidate: Candidate, version: int, version_uri: str, promoted_at: str
 ) -> Decision:
@@ -231,7 +262,9 @@ def register(
     """Gate, publish and maybe promote the SavedModel at `model_uri`. Every input is checked
     before the registry is touched (ValueError, DataError, ModelError)."""
     clock = now or (lambda: datetime.now(timezone.utc))
-    RegisterStep(float(min_accuracy), model_name, registry_root)  # the declared rules
+    RegisterStep(  # the declared rules
+        min_accuracy=float(min_accuracy), model_name=model_name, registry_root=registry_root
+    )
     scores = float(accuracy), float(loss), float(min_accuracy)
     candidate = Candidate(model_uri, model_name, pipeline_run_id, alias, *scores)
     store = ModelStore(registry_root, model_name)
@@ -244,6 +277,9 @@ def register(
         decided, previous = gate(store, candidate)
         if decided is not None:
             return decided
+        problem = contract_problem(store, candidate, manifest)
+        if problem:
+            raise InputError(problem)
         started = clock().isoformat()
         version = store.claim_for_run(candidate.run_id, previous, started)
         provenance = {
@@ -255,18 +291,36 @@ def register(
     return promote(store, candidate, version, version_uri, clock().isoformat())
 
 
+def below_chance(result: Decision, min_accuracy: float, evaluation: dict[str, Any]) -> str | None:
+    """The warning for a model registered with a test accuracy below chance, 1 / the number of
+    classes the evaluation scored (its confusion matrix's, `evaluation`: the ClassificationMetrics
+    artifact's metadata), or None. The registration stands: min_accuracy is the user's."""
+    matrix = evaluation.get("confusionMatrix") or {}
+    classes = len(matrix.get("annotationSpecs") or matrix.get("rows") or [])
+    if not result.registered or classes < 2 or result.accuracy >= 1 / classes:
+        return None
+    return (
+        f"register: WARNING: {result.model_name} version {result.version} was registered with a "
+        f"test accuracy of {result.accuracy:.4f}, below chance ({1 / classes:.4f}, 1 of the "
+        f"{classes} classes the evaluation scored): min_accuracy {min_accuracy:g} let it through"
+    )
+
+
 def register_step(
     model: Any, run_summary: Any, dataset: Any, accuracy: float, loss: float,
-    min_accuracy: float, model_name: str, registry_root: str, pipeline_run_id: str,
-    image_refs: dict[str, str], decision: Any,
+    confusion_matrix: Any, min_accuracy: float, model_name: str, registry_root: str,
+    pipeline_run_id: str, image_refs: dict[str, str], decision: Any,
 ) -> tuple[bool, bool, int, str, str]:  # fmt: skip
-    """The register step: `component.RETURNS` from KFP artifacts and parameters."""
+    """The register step: `component.RETURNS` from KFP artifacts and parameters; a line warns
+    of a model registered below chance (`below_chance`)."""
     result = register(
         model.path, run_summary.path, dataset.path, accuracy, loss,
         registry_root=registry_root, pipeline_run_id=pipeline_run_id, model_name=model_name,
         min_accuracy=min_accuracy, image_refs=dict(image_refs),
         saved_model_sha256=model.metadata.get(DIGEST_KEY),
     )  # fmt: skip
+    if warning := below_chance(result, min_accuracy, dict(confusion_matrix.metadata)):
+        print(warning, flush=True)
     storage.write_text(decision.path, result.to_markdown())
     decision.metadata["decision"] = result.decision
     decision.metadata["version"] = result.version

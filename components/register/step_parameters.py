@@ -26,10 +26,15 @@ class RegisterStep(Validated):
     model_name: str = param(
         defaults.MODEL_NAME, "the model's name in the registry", check=model_name_problem
     )
+    # Required, with no default: a cluster run's registry is a bucket of the user's that outlives
+    # the run (the champion is compared across runs), which no default can name; the KFP UI
+    # marks a parameter without a default required and asks for it.
     registry_root: str = param(
-        "", "the model store: a gs:// folder (or a local path for a local run)",
+        help="the model store the run registers its model in: a gs:// folder such as "
+        "gs://my-bucket/kfp-horovod/models (a local path for a local run)",
         check=registry_root_problem,
-    )  # fmt: skip
+        kw_only=True,
+    )
 
 
 REGISTER_PARAMETERS: list[Declared] = declared(RegisterStep)

@@ -66,7 +66,8 @@ class TrainConfig(Validated):
     threads_per_worker: int = param(0, "CPU threads per rank (0: cores / local ranks)", minimum=0)
     model: str = param(
         defaults.MODEL,
-        f"{' or '.join(defaults.MODELS)}, or a Python entry point package.module:function "
+        f"{', '.join(defaults.MODELS[:-1])} or {defaults.MODELS[-1]} (for larger colour "
+        "images), or a Python entry point package.module:function "
         "(called as function(input_shape, num_classes); returns a Keras model)",
         check=model_problem,
     )

@@ -1,9 +1,15 @@
-"""This rank's disjoint shard of the training split, its batches each epoch, and the
-``tf.data`` pipeline that serves them.
+"""This rank's part of the training split, streamed from the dataset's TFRecord shards.
 
-Rank *r* of *n* reads samples ``[r*N/n, (r+1)*N/n)``. All ranks run the *same* number of steps
-per epoch (a rank one step short would leave the others waiting forever in an allreduce), each
-cutting its block into that many nearly equal batches: no sample is dropped or repeated.
+Rank *r* of *n* reads samples ``[r*N/n, (r+1)*N/n)`` of the split, numbered in the manifest's
+shard order (`plan_rank`): only the shards that overlap its block, and of the first and last
+only the records inside it. All ranks run the *same* number of steps per epoch (a rank one step
+short would leave the others waiting forever in an allreduce), each cutting its block into that
+many nearly equal batches: no sample is dropped or repeated.
+
+Each epoch a rank visits its shards in an order of its own, reads several at once, shuffles the
+records in a buffer of bounded size (`SHUFFLE_BUFFER_BYTES`) and decodes whole batches in
+parallel (`make_dataset`): its memory is bounded by that buffer and a few batches, not by the
+dataset. Shards on GCS are streamed (`components.common.shard_files`).
 """
 
 from __future__ import annotations
@@ -15,7 +21,15 @@ from typing import Any
 import numpy as np
 
 from components.common import dataset
+from components.common.dataset import ImageSpec, Manifest
 from components.common.failure import InputError
+from components.common.shard_files import piece_records
+
+# The shuffle buffer's size in bytes of records (the number of records follows from the
+# image's size: the whole of a 2,000-digit block, 200 records of 224x224 RGB images).
+SHUFFLE_BUFFER_BYTES = 32 * 2**20
+# Shard files a rank reads from at once.
+CYCLE_LENGTH = 4
 
 
 def shard_range(num_samples: int, rank: int, size: int) -> tuple[int, int]:
@@ -44,95 +58,123 @@ def batch_bounds(shard_size: int, steps: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:], strict=True))
 
 
-def epoch_permutation(shard_size: int, seed: int, epoch: int, rank: int) -> np.ndarray:
-    """The order in which `rank` visits its shard in `epoch` (deterministic, differs per epoch)."""
-    return np.random.default_rng([seed, epoch, rank]).permutation(shard_size)
+def ranks_problem(train_samples: int, world_size: int, batch_size: int) -> str | None:
+    """Why a job of `world_size` ranks cannot train on `train_samples` samples, or None: every
+    rank needs a sample, and a batch in each of the same number of steps."""
+    if train_samples < world_size:
+        return (
+            f"the train split has {train_samples} samples, fewer than the job's {world_size} "
+            "ranks: every rank needs samples of its own; use fewer workers or more data"
+        )
+    smallest = train_samples // world_size
+    steps = steps_per_epoch(train_samples, world_size, batch_size)
+    if smallest < steps:
+        return (
+            f"the train split's {train_samples} samples give a rank {smallest}, too few for "
+            f"{steps} steps of at most {batch_size}: use a batch size above 1 or fewer workers"
+        )
+    return None
 
 
-@dataclass
-class RankShard:
+@dataclass(frozen=True)
+class Piece:
+    """Records ``[skip, skip + take)`` of one shard file."""
+
+    uri: str
+    sha256: str
+    skip: int
+    take: int
+
+
+@dataclass(frozen=True)
+class RankPlan:
     """This rank's block of the training split, samples ``[start, stop)`` of `total`, served
-    in `steps` batches an epoch."""
+    in `steps` batches an epoch from `pieces` of the shard files."""
 
-    images: np.ndarray
-    labels: np.ndarray
     start: int
     stop: int
     steps: int
     total: int
+    pieces: tuple[Piece, ...]
+    image: ImageSpec
+    classes: tuple[str, ...]
     manifest_sha256: str
 
+    @property
+    def samples(self) -> int:
+        return self.stop - self.start
 
-def load_shard(data: str, batch_size: int, rank: int, size: int) -> RankShard:
-    """This rank's block of the training split (DataError naming the file)."""
-    manifest = dataset.read_manifest(data)
+
+def plan_rank(manifest: Manifest, batch_size: int, rank: int, size: int) -> RankPlan:
+    """The shard pieces holding `rank`'s block of the training split (DataError naming the
+    dataset when the block cannot fill the job's steps)."""
     total = manifest.count("train")
+    problem = ranks_problem(total, size, batch_size)
+    if problem:
+        raise dataset.DataError(f"{manifest.root}: {problem}")
     start, stop = shard_range(total, rank, size)
-    if stop <= start:
-        raise dataset.DataError(
-            f"{data}: the train split has {total} samples, so rank {rank} of {size} gets "
-            "an empty shard; use fewer workers or more data"
-        )
     steps = steps_per_epoch(total, size, batch_size)
-    try:
-        batch_bounds(stop - start, steps)
-    except ValueError as exc:
-        raise dataset.DataError(f"{data}: {exc}") from exc
-    images, labels = dataset.load_range(manifest, "train", start, stop)
-    return RankShard(images, labels, start, stop, steps, total, manifest.sha256)
+    pieces, offset = [], 0
+    for shard in manifest.shards("train"):
+        lo, hi = max(start, offset), min(stop, offset + shard.count)
+        if lo < hi:
+            pieces.append(Piece(manifest.uri(shard), shard.sha256, lo - offset, hi - lo))
+        offset += shard.count
+    return RankPlan(
+        start, stop, steps, total, tuple(pieces), manifest.image, manifest.classes, manifest.sha256
+    )
 
 
-def epoch_batches(
-    shard: RankShard, seed: int, rank: int, epochs: range
-) -> tuple[np.ndarray, np.ndarray]:
-    """Every batch of `epochs` as rows of shard-local sample indices, padded, plus their lengths:
-    each epoch's `epoch_permutation` cut by `batch_bounds`."""
-    n = len(shard.labels)
-    bounds = batch_bounds(n, shard.steps)
-    width = max(hi - lo for lo, hi in bounds)
-    rows = np.zeros((len(epochs) * shard.steps, width), np.int64)
-    lengths = np.zeros(len(epochs) * shard.steps, np.int64)
-    for k, epoch in enumerate(epochs):
-        order = epoch_permutation(n, seed, epoch, rank)
-        for b, (lo, hi) in enumerate(bounds):
-            rows[k * shard.steps + b, : hi - lo] = order[lo:hi]
-            lengths[k * shard.steps + b] = hi - lo
-    return rows, lengths
+def shuffle_buffer(plan: RankPlan) -> int:
+    """Records in the shuffle buffer: `SHUFFLE_BUFFER_BYTES` of them, at most the block."""
+    return max(1, min(plan.samples, SHUFFLE_BUFFER_BYTES // max(1, plan.image.pixels)))
 
 
-def epoch_ids(shard: RankShard, seed: int, rank: int, epoch: int) -> np.ndarray:
-    """The global sample ids this rank serves in `epoch`, batch by batch."""
-    rows, lengths = epoch_batches(shard, seed, rank, range(epoch, epoch + 1))
-    return shard.start + np.concatenate([row[:n] for row, n in zip(rows, lengths, strict=True)])
+def make_dataset(tf: Any, plan: RankPlan, seed: int, rank: int, epochs: range, threads: int) -> Any:
+    """A ``tf.data`` pipeline serving this rank's batches of `epochs`: each epoch its pieces in
+    a seeded order of their own, `CYCLE_LENGTH` of them read at once, its records shuffled in
+    a buffer of `shuffle_buffer` records, cut into `batch_bounds`' batches (``rebatch``: no
+    function runs per record) and decoded a batch at a time."""
+    pieces = plan.pieces
+    sizes = [hi - lo for lo, hi in batch_bounds(plan.samples, plan.steps)]
+    records = piece_records(tf, [(p.uri, p.sha256, p.skip, p.take) for p in pieces])
+    buffer = shuffle_buffer(plan)
 
-
-def make_dataset(
-    tf: Any, shard: RankShard, seed: int, rank: int, epochs: range, threads: int
-) -> Any:
-    """A ``tf.data`` pipeline serving the batches of `epochs`, gathered inside TensorFlow: a
-    Keras ``Sequence`` indexing in numpy measured 1.29x slower (bench/README.md)."""
-    rows, lengths = epoch_batches(shard, seed, rank, epochs)
-    images = tf.constant(shard.images)
-    labels = tf.constant(shard.labels)
-
-    def gather(row: Any, length: Any) -> tuple[Any, Any]:
-        picked = row[:length]
-        return tf.gather(images, picked), tf.gather(labels, picked)
+    def epoch_batches(epoch: Any) -> Any:
+        epoch_seed = tf.stack([tf.constant(seed, tf.int64), epoch * 1009 + rank])
+        order = tf.argsort(tf.random.stateless_uniform([len(pieces)], seed=epoch_seed))
+        return (
+            tf.data.Dataset.from_tensor_slices(tf.cast(order, tf.int64))
+            .interleave(
+                records,
+                cycle_length=min(CYCLE_LENGTH, len(pieces)),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
+            .shuffle(buffer, seed=seed * 1_000_003 + epoch * 1009 + rank)
+            .batch(max(sizes))
+            .rebatch(sizes)  # the epoch's records are exactly its batches' sizes
+        )
 
     options = tf.data.Options()
     options.threading.private_threadpool_size = threads  # stay within this rank's share
     options.deterministic = True
     return (
-        tf.data.Dataset.from_tensor_slices((rows, lengths))
-        .map(gather)
-        .prefetch(2)
+        tf.data.Dataset.from_tensor_slices(tf.constant(list(epochs), tf.int64))
+        .flat_map(epoch_batches)
+        .map(
+            lambda serialized: dataset.decode_records(tf, serialized, plan.image),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+        .prefetch(tf.data.AUTOTUNE)
         .with_options(options)
     )
 
 
-def coverage(all_ids: list[np.ndarray], total: int) -> dict[str, Any]:
-    """Whether the ranks' ids of one epoch (one array per rank) cover 0..total-1 exactly once."""
-    ids = np.concatenate(all_ids)
+def coverage(blocks: list[tuple[int, int]], total: int) -> dict[str, Any]:
+    """Whether the ranks' blocks of one epoch (``[start, stop)`` each) cover 0..total-1 exactly
+    once: every sample once per epoch across the ranks."""
+    ids = np.concatenate([np.arange(start, stop) for start, stop in blocks])
     return {
         "samples": total,
         "seen_per_epoch": int(len(ids)),

@@ -16,12 +16,14 @@ marker itself and the shards are read and agreed on inside each attempt.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from components.common import keras_env
 from components.train import trainer
-from components.train.data import coverage, epoch_ids
+from components.train.data import coverage
+from components.train.launch import GLOO_TIMEOUT_ENV, JOIN_GLOO_TIMEOUT_S
 from components.train.trainer import Job, Trainee
 
 # Larger than any job's step count: Horovod's CommitStateCallback then commits at epoch ends
@@ -39,6 +41,9 @@ def train_elastic(job: Job) -> int:
     from horovod.common.exceptions import HostsUpdatedInterrupt
 
     hvd, config = job.hvd, job.config
+    # Gloo reads its timeout at each reset: the job's (the launcher's bound on a lost rank's
+    # stall) after a loss, Horovod's default before a join, whose worker starts only then.
+    bound = os.environ.get(GLOO_TIMEOUT_ENV)
     trainee = trainer.build_or_resume(job)
     start = "resumed from the checkpoint" if trainee.resume else "start"
     state = hvd.elastic.KerasState(
@@ -65,9 +70,13 @@ def train_elastic(job: Job) -> int:
             return _attempt(job, trainee, state)
         except HostsUpdatedInterrupt:
             why[0] = "the hosts changed (host discovery)"
+            if bound is not None:
+                os.environ[GLOO_TIMEOUT_ENV] = str(JOIN_GLOO_TIMEOUT_S)
             raise
         except Exception:  # Horovod resets only on its own errors (a failed collective)
             why[0] = "a worker was lost (a collective failed)"
+            if bound is not None:
+                os.environ[GLOO_TIMEOUT_ENV] = bound
             raise
 
     shard, first = attempt(state)
@@ -101,8 +110,8 @@ def _attempt(job: Job, trainee: Trainee, state: Any) -> tuple[Any, int]:
     keras = keras_env.keras()
 
     def record_epoch(epoch: int, logs: Any) -> None:
-        ids = allgather_object(epoch_ids(shard, job.config.seed, job.rank, epoch))
-        entry = {"epoch": epoch + 1, "world_size": job.size, **coverage(ids, shard.total)}
+        blocks = allgather_object((shard.start, shard.stop))
+        entry = {"epoch": epoch + 1, "world_size": job.size, **coverage(blocks, shard.total)}
         # Assign, never mutate: KerasState keeps the committed values by reference.
         state.epochs = [*state.epochs, entry]
         state.metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}

@@ -1,5 +1,5 @@
 """The training input's iterators, held until this rank's process ends, and the process ended
-without destroying them.
+without destroying them; and each step's wait for its batch, timed (`InputClock`).
 
 Why: TensorFlow 2.21's ``tf.data`` autotuning gives every iterator a model thread
 (``tf_data_model``) that wakes to re-tune after 10 ms, then after twice as long each time, up to
@@ -21,16 +21,33 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 from typing import Any, NoReturn
 
 HELD: list[Any] = []  # this process's training iterators, in the order their fits began
 
 
-def hold_callback(keras: Any) -> Any:
-    """A Keras callback that holds, in `HELD`, the iterator each step of its ``fit`` reads.
+class InputClock:
+    """Seconds this rank's steps waited for their batch: the input pipeline's share of a step."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+
+    def take(self) -> float:
+        """The seconds summed since the last `take`."""
+        spent, self.total = self.total, 0.0
+        return spent
+
+
+def hold_callback(keras: Any, clock: InputClock) -> Any:
+    """A Keras callback that holds, in `HELD`, the iterator each step of its ``fit`` reads, and
+    times on `clock` each step's wait for its batch.
 
     ``fit`` makes its step function before ``on_train_begin``; the callback calls it through a
-    wrapper that notes the iterator, and puts it back at ``on_train_end``.
+    wrapper, and puts it back at ``on_train_end``. The wrapper takes the step's batch from the
+    iterator itself (``get_next``, which returns once the batch is ready: the wait is the
+    input's) and hands Keras that one batch, which Keras's step function runs as it runs a
+    batch read inside it (its one-step function on the data, traced once).
     """
 
     class HoldInput(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
@@ -40,7 +57,10 @@ def hold_callback(keras: Any) -> Any:
             def train_function(iterator: Any) -> Any:
                 if not HELD or HELD[-1] is not iterator:
                     HELD.append(iterator)
-                return step(iterator)
+                began = time.perf_counter()
+                batch = iterator.get_next()
+                clock.total += time.perf_counter() - began
+                return step([batch])
 
             self.model.train_function = train_function
 

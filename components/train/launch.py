@@ -13,19 +13,30 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
-from components.common.failure import ExitCode, ExpectedError, InputError
+from components.common.failure import (
+    STOP_SIGNALS,
+    ExitCode,
+    ExpectedError,
+    InputError,
+    Stopped,
+    one_line_failures,
+    stops_on_signals,
+)
+from components.common.processes import Started
 from components.train.config import TrainConfig, to_argv
 from components.train.log_dedup import RankLines
 from components.train.mpiwatch import HEARTBEAT_ENV, period_for, watch
-from components.train.preflight import check_model_before_launch
+from components.train.preflight import check_job_before_launch
 
 YIELD_WHEN_IDLE = ("-mca", "mpi_yield_when_idle", "1")  # a waiting rank yields its core
 TRAINER = (sys.executable, "-m", "components.train")  # every rank's program here
@@ -36,6 +47,18 @@ TRAINER = (sys.executable, "-m", "components.train")  # every rank's program her
 # libraries (+0.5 s a launch in a child process; in this one, +320 MB resident and a later
 # `import ssl` bound to TF's BoringSSL). Reading the file: 0.1 s.
 BUILD_MARKERS = {"GLOO": b"gloo::rendezvous::Context", "MPI": b"N7horovod6common13MPIControllerE"}
+# Gloo's timeout (Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS, 30 s by default) in a local elastic
+# job. When a rank is lost, one survivor's collective fails at once (its connection to the lost
+# rank closes), but another can be left in a receive nothing will complete ("Timed out waiting
+# 30000ms for recv operation"), and the job forms its new world only when every survivor has
+# reset: recovery took 30.1 s in 2 of 6 trials here, 0.2-0.3 s in the others (debug logs; the
+# bench: 2 of 3, 1 of 3). The rendezvous share the timeout: a job's ranks start together
+# (0.1-0.8 s apart, measured here), but a worker that joins starts its process only then, so the
+# reset before a join takes Horovod's default (`JOIN_GLOO_TIMEOUT_S`, components/train/elastic.py;
+# with 5 s there, the test's join failed: "Wait timeout after 5 seconds for key(s): 2").
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+ELASTIC_GLOO_TIMEOUT_S = 5
+JOIN_GLOO_TIMEOUT_S = 30
 # Rank 0's line saying why the job stopped before training, as it reaches the launcher.
 RANK0_FAILED = re.compile(r"\[rank 0/\d+\] training failed: (.+)$")
 
@@ -116,12 +139,17 @@ def elastic_launcher_args(workers: int, min_workers: int, hosts: LocalHosts) -> 
     ]  # fmt: skip
 
 
-def job_environment(base: dict[str, str] | None = None, local_ranks: int = 0) -> dict[str, str]:
+def job_environment(
+    base: dict[str, str] | None = None, local_ranks: int = 0, elastic: bool = False
+) -> dict[str, str]:
     """The job's environment (values already in `base` kept): quiet TF C++ logs, unbuffered
-    output, a stall bound, Open MPI's consent to run as root, and for `local_ranks` ranks here
+    output, a stall bound, Open MPI's consent to run as root, for `local_ranks` ranks here
     rank r's Horovod background thread on core r: 1.10x the 2x1 throughput, arithmetic
-    unchanged (docs/performance.md)."""
+    unchanged (docs/performance.md), and for an `elastic` job Gloo's timeout, the bound on a
+    survivor's wait when a rank is lost (`ELASTIC_GLOO_TIMEOUT_S`)."""
     env = dict(os.environ if base is None else base)
+    if elastic:
+        env.setdefault(GLOO_TIMEOUT_ENV, str(ELASTIC_GLOO_TIMEOUT_S))
     if os.geteuid() == 0:  # a CI machine, a container run as root
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -163,11 +191,12 @@ def run_local(
     hosts: LocalHosts | None = None,
 ) -> int:
     """Run the trainer as one job of ``config.world_size`` processes here, its output to `log`;
-    returns the exit code (`mpiwatch.watch`'s). PreflightError, starting nothing, for a model
-    that does not build. An elastic job finds its slots through `hosts` (default: all)."""
-    check_model_before_launch(config.model)
+    returns the exit code (`mpiwatch.watch`'s). PreflightError, starting nothing, for a job that
+    cannot train (`check_job_before_launch`). An elastic job finds its slots through `hosts`
+    (default: all)."""
+    check_job_before_launch(config)
     ranks = 0 if config.elastic else config.world_size  # Horovod's elastic driver watches its own
-    job_env = job_environment(env, ranks)
+    job_env = job_environment(env, ranks, elastic=config.elastic)
     bound = float(job_env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"])
     with tempfile.TemporaryDirectory(prefix="kfp-horovod-hosts-") as tmp:
         if ranks:
@@ -210,13 +239,43 @@ def run_local_job(config: TrainConfig, log: Callable[[str], None] = print) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    """horovodrun's command line with its Gloo check answered (exit code as horovodrun's)."""
-    from horovod.runner import launch
+    """horovodrun's command line with its Gloo check answered (exit code as horovodrun's). A
+    stop (SIGTERM, Ctrl-C) ends every process below it in one ``STOPPED:`` line, exit 128 + N:
+    horovodrun's own shutdown terminates its workers (SIGKILL after 5 s; its multiprocessing
+    helper ends with this process)."""
+    from horovod.runner import gloo_run, launch
 
-    require("GLOO")
-    launch.gloo_built = lambda verbose=False: True
-    sys.argv = ["horovodrun", *(sys.argv[1:] if argv is None else argv)]
-    launch.run_commandline()
+    stops: list[tuple[Stopped, Started]] = []
+    register = gloo_run.register_shutdown_event  # horovodrun's handlers: set its shutdown event
+
+    def shutdown_event() -> Any:
+        event = register()
+
+        def on_signal(signum: int, frame: object) -> None:
+            if not stops:
+                stops.append((Stopped(signum), Started.of()))  # noted before any is ended
+            event.set()
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, on_signal)
+        return event
+
+    with one_line_failures(), stops_on_signals():  # until horovodrun takes the signals
+        require("GLOO")
+        launch.gloo_built = lambda verbose=False: True
+        gloo_run.register_shutdown_event = shutdown_event
+        sys.argv = ["horovodrun", *(sys.argv[1:] if argv is None else argv)]
+        try:
+            launch.run_commandline()
+        except Exception:
+            if not stops:
+                raise
+        finally:
+            gloo_run.register_shutdown_event = register
+        if stops:  # horovodrun ended with a RuntimeError naming a worker's 143
+            stop, below = stops[0]
+            stop.ended.append(f"horovodrun ended the {below.describe()} it had started")
+            raise stop
     return 0
 
 

@@ -12,8 +12,8 @@ heard; ``done``: no longer watched; a rank on the watch's own host, as in a loca
 while its process uses no CPU: one that a loaded machine delays, or that holds Python's lock
 in TensorFlow's import, is not frozen) ends mpirun (SIGTERM, then SIGKILL to everything below
 it), one last line names the rank and its host, and the exit code is `ExitCode.SILENT_RANK`;
-otherwise it is mpirun's (`SIGNAL_BASE` + N for a signal N). SIGTERM is handled like Ctrl-C
-(as a container's PID 1).
+otherwise it is mpirun's (`SIGNAL_BASE` + N for a signal N). A stop (SIGTERM, Ctrl-C: `Stopped`)
+kills mpirun and every process below it at once, and says so.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import functools
 import math
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +34,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from components.common.defaults import HEARTBEAT_SECONDS
-from components.common.failure import SIGNAL_BASE, ExitCode, InputError
+from components.common.failure import (
+    SIGNAL_BASE,
+    ExitCode,
+    InputError,
+    Stopped,
+    one_line_failures,
+    stops_on_signals,
+)
+from components.common.processes import Started
 
 TERM_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.5
@@ -214,14 +221,17 @@ def watch(
     """Run `command` (mpirun) watching `ranks` ranks (0: none), its output to `log`; returns
     the exit code. Past `timeout_s` the job is killed and TimeoutError raised."""
     lock = threading.Lock()  # one line at a time to `log`, from the reader and from here
-    if ranks:
-        log(f"{PREFIX} watching {ranks} rank(s): one silent (no heartbeat) for more than "
-            f"{bound_s:g} s ends the job")  # fmt: skip
     silence = Silence(ranks, bound_s, time.monotonic(), list(expected))
-    proc = subprocess.Popen(
-        list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=None if env is None else dict(env), start_new_session=True,
-    )  # fmt: skip
+    try:
+        proc = subprocess.Popen(
+            list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env), start_new_session=True,
+        )  # fmt: skip
+    except OSError as exc:  # no such program, not executable
+        raise InputError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+    if ranks:
+        said = f"one silent (no heartbeat) for more than {bound_s:g} s ends the job"
+        log(f"{PREFIX} watching {ranks} rank(s): {said}")
 
     def pump() -> None:  # mpirun's output, heartbeats taken out
         assert proc.stdout is not None
@@ -246,6 +256,15 @@ def watch(
             ending = time.monotonic()
             proc.terminate()  # mpirun tears the job down, on other hosts too
             _running(proc, TERM_GRACE_SECONDS)
+    except Stopped as stop:  # SIGTERM or Ctrl-C: the job ends at once, all of it
+        below = Started.of(proc.pid)  # noted first: a killed parent's children are reparented
+        kill_job(proc.pid)
+        proc.wait()
+        label = "horovodrun" if "components.train.launch" in command else Path(command[0]).name
+        stop.ended.append(
+            f"ended the Horovod job: {label} (pid {proc.pid}) and the {below.describe()} below it"
+        )
+        raise
     finally:
         if proc.poll() is None:  # after a timeout, an interrupt, an error, or the grace
             kill_job(proc.pid)
@@ -292,17 +311,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; a command that cannot run is one ``FAILED:`` line. As a launcher
+    container's PID 1 it has no default action on SIGTERM: SIGTERM and Ctrl-C end the job (the
+    watch kills mpirun and every process below it) in one ``STOPPED:`` line, exit 128 + N."""
     args = parse_args(argv)
     hostfile = Path(os.environ.get(HOSTFILE_ENV) or "/nonexistent")
     expected = expected_hosts(hostfile.read_text()) if hostfile.is_file() else []
-    # As a launcher container's PID 1 it has no default action on SIGTERM: end the job as on
-    # Ctrl-C (the watch kills mpirun and every process below it).
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        log = functools.partial(print, flush=True)
+    log = functools.partial(print, flush=True)
+    with one_line_failures(), stops_on_signals():
         return watch(args.command, args.ranks, args.silence_seconds, log, expected=expected)
-    except KeyboardInterrupt:
-        return SIGNAL_BASE + signal.SIGTERM
 
 
 if __name__ == "__main__":

@@ -3,15 +3,19 @@
 - `world_size_problem` (every rank, first thing): are we one Horovod job of the expected size,
   or N unrelated copies? The original report: an MPIJob whose N processes each ran the script
   on its own, each in a world of 1, training its own model and printing its own log lines.
-- `check_model_before_launch` (the launcher, once, before any rank starts): a typo in a user's
-  entry point is one clear message instead of one traceback per rank.
+- `check_job_before_launch` (the launcher, once, before any rank starts): a dataset with too
+  few training samples for the job's ranks, or a model that does not take its images (a typo
+  in a user's entry point included), is one clear message instead of one traceback per rank.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from components.common.defaults import IMAGE_SHAPE, MODELS
+from components.common import dataset
+from components.common.dataset import ImageSpec
+from components.common.defaults import MODELS
 from components.common.failure import ExitCode, InputError
 
 
@@ -58,21 +62,37 @@ def world_size_problem(
     )
 
 
-def check_model_before_launch(model: str) -> None:
-    """Raise PreflightError if the trainer cannot train `model`. A built-in name needs no
-    TensorFlow here; anything else is built once, here, as every rank would build it (which
-    refuses a malformed name too), and run on a black and a white image whose rows must be
-    probabilities."""
-    if model in MODELS:
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's notes, as the ranks have
-    import numpy as np
-
-    from components.train.model import ModelChoiceError, build_model
+def check_model_before_launch(
+    model: str, image: ImageSpec | None = None, num_classes: int = 0
+) -> None:
+    """Raise PreflightError if the trainer cannot train `model` on the dataset's images
+    (`image`) and `num_classes` classes. A built-in is checked against the smallest image it
+    takes, without TensorFlow. A user's model is imported; with `image` (the dataset is known)
+    it is built once, here, as every rank would build it, and run on a black and a white image,
+    whose rows must be probabilities. Before data prep (no `image`) its import alone is
+    checked."""
+    from components.train.model import (
+        ModelChoiceError,
+        build_model,
+        built_in_problem,
+        import_model_function,
+    )
 
     try:
-        images = np.stack([np.zeros(IMAGE_SHAPE), np.full(IMAGE_SHAPE, 255.0)]).astype(np.float32)
-        rows = np.asarray(build_model(0, model)(images, training=False))
+        if model in MODELS:
+            problem = built_in_problem(model, image.shape) if image else None
+            if problem:
+                raise ModelChoiceError(problem)
+            return
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's notes, as the ranks have
+        if image is None:
+            import_model_function(model)
+            return
+        import numpy as np
+
+        images = np.stack([np.zeros(image.shape), np.full(image.shape, 255)]).astype(np.uint8)
+        built = build_model(0, model, shape=image.shape, num_classes=num_classes)
+        rows = np.asarray(built(images, training=False))
         sums_to_1 = np.allclose(rows.sum(1), 1, 1e-3)
         if not (np.isfinite(rows).all() and (rows >= 0).all() and sums_to_1):
             raise ModelChoiceError(
@@ -83,3 +103,20 @@ def check_model_before_launch(model: str) -> None:
             )
     except ModelChoiceError as exc:
         raise PreflightError(f"kfp-horovod preflight failed: {exc}. No rank was started.") from exc
+
+
+def check_job_before_launch(config: Any) -> None:
+    """Raise PreflightError (or the dataset's DataError), starting nothing, if the job of
+    `config` (a TrainConfig) cannot train: its dataset's manifest is unreadable, its training
+    split is too small for its ranks (`data.ranks_problem`), or its model does not take the
+    dataset's images and classes (`check_model_before_launch`)."""
+    from components.train.data import ranks_problem
+
+    manifest = dataset.read_manifest(config.data)
+    train = manifest.count("train")
+    problem = ranks_problem(train, config.world_size, config.batch_size_per_worker)
+    if problem:
+        raise PreflightError(
+            f"kfp-horovod preflight failed: {config.data}: {problem}. No rank was started."
+        )
+    check_model_before_launch(config.model, manifest.image, manifest.num_classes)

@@ -21,7 +21,7 @@ from components.train.cluster import job
 from components.train.cluster.job import Choice, PodConfig
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
 from components.train.launch import run_local_job
-from components.train.preflight import check_model_before_launch
+from components.train.preflight import check_job_before_launch
 from components.train.step_parameters import TrainStep
 from components.train.summary import RunSummary, coordination_report
 
@@ -126,7 +126,7 @@ def train_on_cluster(
         namespace = namespace or Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
     if not namespace:
         raise InputError("namespace is empty and this pod's namespace is unknown: pass namespace")
-    check_model_before_launch(config.model)  # this pod runs the trainer's image, as the ranks do
+    check_job_before_launch(config)  # this pod runs the trainer's image, as the ranks do
     b = job.backend(chosen.backend)
     record = run_job(b, params, namespace=namespace, api_client=api_client, log=log)
     return record, chosen

@@ -141,7 +141,7 @@ def paid_line(summary: RunSummary) -> str | None:
     return (
         f"paid: estimated scaling efficiency {use['estimated_efficiency']:.2f} (a step: compute "
         f"{use['compute_share']:.0%}, communication {use['communication_share']:.0%}, waiting "
-        f"{use['waiting_share']:.0%}){advice}"
+        f"{use['waiting_share']:.0%}, input {use.get('input_share', 0.0):.0%}){advice}"
     )
 
 
@@ -267,14 +267,32 @@ def resource_lines(s: RunSummary) -> list[str]:
         "",
         f"A step took {use['step_seconds'] * 1e3:.1f} ms: compute **{use['compute_share']:.0%}**, "
         f"communication **{use['communication_share']:.0%}**, waiting for slower ranks "
-        f"**{use['waiting_share']:.0%}** (median of {use['epochs_measured']} epoch(s)). "
+        f"**{use['waiting_share']:.0%}**, waiting for the input "
+        f"**{use.get('input_share', 0.0):.0%}** (median of {use['epochs_measured']} epoch(s)). "
         f"Estimated scaling efficiency: **{use['estimated_efficiency']:.2f}**.",
         "",
-        _row("rank", "host", "step ms", "compute ms", "in allreduce ms", "CPU cores busy",
-             "threads"),
-        "|---:|---|---:|---:|---:|---:|---:|",
-    ]  # fmt: skip
-    keys = ("rank", "host", "step_ms", "compute_ms", "allreduce_ms", "cpu_cores_busy", "threads")
+        _row(
+            "rank",
+            "host",
+            "step ms",
+            "compute ms",
+            "in allreduce ms",
+            "input ms",
+            "CPU cores busy",
+            "threads",
+        ),
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    keys = (
+        "rank",
+        "host",
+        "step_ms",
+        "compute_ms",
+        "allreduce_ms",
+        "input_ms",
+        "cpu_cores_busy",
+        "threads",
+    )
     lines += [_row(*(r[k] for k in keys)) for r in use["per_rank"]]
     return [*lines, "", *(f"- {note}" for note in use["advice"]), ""]
 

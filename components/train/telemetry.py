@@ -2,16 +2,19 @@
 
 Did the workers pay? Each rank times, inside the step's graph (`AllreduceClock`), the part of
 the gradient allreduce that the backward pass does not hide, its wait for slower ranks
-included; the rest of a step is the rank's own work ("compute"). Each epoch the ranks share
-their figures (`EpochCost`): the shortest time in the allreduce is the communication itself (the
-slowest rank waits for no one), what a rank spends above that is waiting. From that split,
-`resource_use` estimates the scaling efficiency (compute's share of a step), names a straggler
-and gives advice; rank 0 logs each epoch and gathers every rank's record into the `RunSummary`.
+included, and, before each step, its wait for the step's batch (`held_input.InputClock`); the
+rest of a step is the rank's own work ("compute"). Each epoch the ranks share their figures
+(`EpochCost`): the shortest time in the allreduce is the communication itself (the slowest rank
+waits for no one), what a rank spends above that is waiting. From that split, `resource_use`
+estimates the scaling efficiency (compute's share of a step), names a straggler and gives
+advice (an input-bound job is told so, not to communicate less); rank 0 logs each epoch and
+gathers every rank's record into the `RunSummary`.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
 import socket
 import statistics
 import time
@@ -20,8 +23,9 @@ from typing import Any
 
 from components.common.board import Board
 from components.train.config import TrainConfig
-from components.train.data import RankShard, coverage
+from components.train.data import RankPlan, coverage
 from components.train.devices import Devices, gpu_usage
+from components.train.held_input import InputClock
 from components.train.model import weights_fingerprint
 from components.train.summary import Record, RunSummary
 
@@ -30,6 +34,8 @@ from components.train.summary import Record, RunSummary
 STRAGGLER_MARGIN = 0.10
 # Advice is given when communication and waiting together take more of a step than this.
 COMMUNICATION_ADVICE_SHARE = 0.15
+# ... or when waiting for the input takes more of a step than this.
+INPUT_ADVICE_SHARE = 0.10
 # ... or when a rank kept busy less than this share of the cores its threads may use.
 LOW_CPU_SHARE = 0.6
 
@@ -94,8 +100,9 @@ def _ready(tf: Any, tensors: list[Any]) -> list[Any]:
 
 @dataclass(frozen=True)
 class EpochCost:
-    """One rank's epoch: wall seconds, steps, seconds in the allreduce, CPU seconds used, and
-    its own metrics (before Horovod's MetricAverageCallback replaced them by the ranks' mean)."""
+    """One rank's epoch: wall seconds, steps, seconds in the allreduce, CPU seconds used, its
+    own metrics (before Horovod's MetricAverageCallback replaced them by the ranks' mean), and
+    seconds waiting for its input."""
 
     rank: int
     seconds: float
@@ -104,6 +111,7 @@ class EpochCost:
     cpu_seconds: float
     threads: int
     own_metrics: tuple[tuple[str, float], ...] = ()
+    input_seconds: float = 0.0
 
 
 # The logged metrics are the ranks' mean when they match it this closely (float32 allreduce).
@@ -125,11 +133,13 @@ def step_split(costs: list[EpochCost]) -> dict[str, float]:
     in_allreduce = [c.allreduce_seconds / c.steps for c in costs]
     communication = min(in_allreduce)
     waiting = statistics.fmean(in_allreduce) - communication
+    waiting_for_input = statistics.fmean(c.input_seconds / c.steps for c in costs)
     return {
         "step_seconds": step,
-        "compute_share": max(0.0, 1 - (communication + waiting) / step),
+        "compute_share": max(0.0, 1 - (communication + waiting + waiting_for_input) / step),
         "communication_share": communication / step,
         "waiting_share": waiting / step,
+        "input_share": waiting_for_input / step,
     }
 
 
@@ -140,11 +150,13 @@ def _per_rank(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> list[Reco
         mine = [c for costs in epochs for c in costs if c.rank == rank]
         step = statistics.median(c.seconds / c.steps for c in mine)
         allreduce = statistics.median(c.allreduce_seconds / c.steps for c in mine)
+        waiting_for_input = statistics.median(c.input_seconds / c.steps for c in mine)
         busy = statistics.median(c.cpu_seconds / c.seconds for c in mine if c.seconds > 0)
         rows.append({
             "rank": rank, "host": hosts.get(rank, "?"), "step_ms": round(step * 1e3, 2),
-            "compute_ms": round((step - allreduce) * 1e3, 2),
-            "allreduce_ms": round(allreduce * 1e3, 2), "cpu_cores_busy": round(busy, 2),
+            "compute_ms": round((step - allreduce - waiting_for_input) * 1e3, 2),
+            "allreduce_ms": round(allreduce * 1e3, 2),
+            "input_ms": round(waiting_for_input * 1e3, 2), "cpu_cores_busy": round(busy, 2),
             "threads": mine[0].threads,
         })  # fmt: skip
     return rows
@@ -180,7 +192,16 @@ def advice(use: Record) -> list[str]:
     """What to change, in plain words (or why nothing needs to)."""
     notes = []
     lost = use["communication_share"] + use["waiting_share"]
-    if lost > COMMUNICATION_ADVICE_SHARE:
+    input_bound = use.get("input_share", 0.0) > INPUT_ADVICE_SHARE
+    if input_bound:
+        notes.append(
+            f"the ranks wait {use['input_share']:.0%} of a step for their input (reading and "
+            "decoding batches), more than for each other: the input is the bottleneck, not "
+            "communication: give each worker more CPU threads (threads_per_worker, or its "
+            "cpu_per_worker), store smaller images (image_size), or keep the data closer to "
+            "the workers"
+        )
+    elif lost > COMMUNICATION_ADVICE_SHARE:
         notes.append(
             f"communication is {use['communication_share']:.0%} of a step and waiting for slower "
             f"ranks {use['waiting_share']:.0%}: try a larger batch per worker, or fewer, bigger "
@@ -194,7 +215,7 @@ def advice(use: Record) -> list[str]:
             "its CPU limit"
         )
     for r in use["per_rank"]:
-        if r["cpu_cores_busy"] < LOW_CPU_SHARE * r["threads"]:
+        if not input_bound and r["cpu_cores_busy"] < LOW_CPU_SHARE * r["threads"]:
             notes.append(
                 f"rank {r['rank']} kept {r['cpu_cores_busy']:.1f} cores busy with {r['threads']} "
                 "thread(s): it waits on its input, its storage or its CPU limit, not on compute"
@@ -216,6 +237,7 @@ class Telemetry:
     ) -> None:
         self.hvd, self.tf, self.devices, self.log, self.board = hvd, tf, devices, log, board
         self.clock = AllreduceClock(tf)
+        self.input_clock = InputClock()
         self.costs: list[list[EpochCost]] = []
         self.samples = 0
         self.own: dict[str, float] = {}
@@ -232,12 +254,12 @@ class Telemetry:
 
         return OwnMetrics()
 
-    def callback(self, keras: Any, shard: RankShard, epochs: int) -> Any:
+    def callback(self, keras: Any, shard: RankPlan, epochs: int) -> Any:
         """The callback of one fit over `shard` (an elastic attempt starts afresh), after the
         broadcast and the metric averaging, which it checks from what every rank holds."""
         from horovod.tensorflow import allgather_object
 
-        self.costs, self.samples = [], len(shard.labels)
+        self.costs, self.samples = [], shard.samples
         telemetry, rank, threads = self, int(self.hvd.rank()), self.devices.threads
 
         class TelemetryCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
@@ -253,7 +275,14 @@ class Telemetry:
                 cpu = time.process_time() - self.cpu
                 own = tuple(sorted(telemetry.own.items()))
                 cost = EpochCost(
-                    rank, seconds, shard.steps, telemetry.clock.take(), cpu, threads, own
+                    rank,
+                    seconds,
+                    shard.steps,
+                    telemetry.clock.take(),
+                    cpu,
+                    threads,
+                    own,
+                    telemetry.input_clock.take(),
                 )
                 telemetry.costs.append(list(allgather_object(cost)))  # every rank, every epoch
                 telemetry.metrics_averaged.append(averaged(logs or {}, telemetry.costs[-1]))
@@ -276,21 +305,29 @@ class Telemetry:
             else f"rank 0's own, NOT averaged: the ranks' losses are {losses}"
         )  # fmt: skip
         self.log.info(
-            "Epoch %d/%d - loss %.4f - accuracy %.4f (%s) - lr %.5f - "
-            "%.0f examples/s - a step: compute %.0f%%, communication %.0f%%, waiting %.0f%%",
-            epoch, epochs, logs.get("loss", float("nan")), logs.get("accuracy", float("nan")),
-            how, lr, job["examples_per_second"], 100 * job["compute_share"],
-            100 * job["communication_share"], 100 * job["waiting_share"],
-        )  # fmt: skip
+            "Epoch %d/%d - loss %.4f - accuracy %.4f (%s) - lr %.5f - %.0f examples/s - a step: "
+            "compute %.0f%%, communication %.0f%%, waiting %.0f%%, input %.0f%%",
+            epoch,
+            epochs,
+            logs.get("loss", float("nan")),
+            logs.get("accuracy", float("nan")),
+            how,
+            lr,
+            job["examples_per_second"],
+            100 * job["compute_share"],
+            100 * job["communication_share"],
+            100 * job["waiting_share"],
+            100 * job["input_share"],
+        )
         if self.board is not None:
             metrics = {k: float(v) for k, v in logs.items() if k in ("loss", "accuracy")}
             shares = {k: v for k, v in job.items() if k != "step_seconds"}
             self.board.write(epoch, {**metrics, **shares, "learning_rate": lr})
 
     def run_summary(
-        self, config: TrainConfig, shard: RankShard, model: Any, ids: Any, **outcome: Any
+        self, config: TrainConfig, shard: RankPlan, model: Any, **outcome: Any
     ) -> RunSummary | None:
-        """Every rank shares its record and its sample `ids` of one epoch; rank 0 gets the
+        """Every rank shares its record (its block of samples among it); rank 0 gets the
         `RunSummary` (without the SavedModel's digest), the others None. `outcome`: the
         summary's resumed_from_epoch, adam and final_metrics."""
         from horovod.tensorflow import allgather_object
@@ -298,17 +335,26 @@ class Telemetry:
         hvd, devices, rank = self.hvd, self.devices, int(self.hvd.rank())
         mine = [c.seconds for costs in self.costs for c in costs if c.rank == rank]
         timed = mine[1:] or mine  # the first epoch includes tracing and warm-up
+        rate = round(self.samples / statistics.median(timed), 1) if timed else 0.0
         record = {
-            "rank": rank, "local_rank": int(hvd.local_rank()), "host": socket.gethostname(),
-            "device": devices.device, **gpu_usage(self.tf, devices), "threads": devices.threads,
-            "sample_range": [shard.start, shard.stop], "samples_per_epoch": len(shard.labels),
-            "steps_per_epoch": shard.steps, "weights_sha256": weights_fingerprint(model),
-            "own_metrics": dict(self.own), **_loss_scale(model),
-            "examples_per_second": round(self.samples / statistics.median(timed), 1) if timed
-            else 0.0,
-        }  # fmt: skip
+            "rank": rank,
+            "local_rank": int(hvd.local_rank()),
+            "host": socket.gethostname(),
+            "device": devices.device,
+            **gpu_usage(self.tf, devices),
+            "threads": devices.threads,
+            "sample_range": [shard.start, shard.stop],
+            "samples_per_epoch": shard.samples,
+            "steps_per_epoch": shard.steps,
+            "weights_sha256": weights_fingerprint(model),
+            "own_metrics": dict(self.own),
+            **_loss_scale(model),
+            "examples_per_second": rate,
+            # the rank process's peak resident memory: bounded by its input's buffers, not by
+            # the dataset (the input streams; bench.input measures it against the data's size)
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        }
         per_rank = sorted(allgather_object(record), key=lambda r: r["rank"])
-        all_ids = allgather_object(ids)
         if rank != 0:
             return None
         return RunSummary(
@@ -322,9 +368,11 @@ class Telemetry:
                 "uri": config.data,
                 "manifest_sha256": shard.manifest_sha256,
                 "train_samples": shard.total,
+                "image": list(shard.image.shape),
+                "classes": list(shard.classes),
             },
             per_rank=per_rank,
-            coverage=coverage(all_ids, shard.total),
+            coverage=coverage([tuple(r["sample_range"]) for r in per_rank], shard.total),
             weights_identical_across_ranks=len({r["weights_sha256"] for r in per_rank}) == 1,
             start_weights_identical_across_ranks=len(set(self.start_fingerprints)) == 1,
             metrics_averaged_across_ranks=all(self.metrics_averaged or [False]),

@@ -5,10 +5,11 @@ from top to bottom.
    ``--slots-per-worker`` (N copies of a world of 1 are not one job).
 2. **Devices**: pin this rank to the GPU of its local rank (if any), set its CPU threads. A job
    that asked for GPUs (``--gpus-per-worker``) and cannot have them stops before training.
-3. **This rank's shard**: a disjoint block of the training split (`components.train.data`);
-   every rank learns whether any rank failed, the GPU check included, before anyone trains.
-4. **Model**: the same initial weights on every rank (from the seed), or rank 0's latest
-   checkpoint, which every rank restores.
+3. **This rank's shard**: a disjoint block of the training split, streamed from the dataset's
+   shard files (`components.train.data`); every rank learns whether any rank failed, the GPU
+   check included, before anyone trains.
+4. **Model**: for the dataset's image shape and classes, the same initial weights on every
+   rank (from the seed), or rank 0's latest checkpoint, which every rank restores.
 5. **Optimizer**: Adam at the ``lr_scaling`` rule's learning rate (``linear``: lr x size),
    wrapped in ``hvd.DistributedOptimizer``: gradients averaged every step.
 6. **Callbacks**: Horovod's ``BroadcastGlobalVariablesCallback(0)`` (rank 0's state to all),
@@ -29,7 +30,9 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +40,11 @@ from components.common import dataset, keras_env, storage, storage_access
 from components.common.board import Board
 from components.common.failure import ExitCode, ExpectedError
 from components.common.model_files import SAVED_MODEL_PB, saved_model_sha256
+from components.common.shard_files import ShardCheck, first_record_problem
 from components.train import checkpoints, held_input
 from components.train.adam import fused_adam
 from components.train.config import TrainConfig, adam_settings
-from components.train.data import RankShard, epoch_ids, load_shard, make_dataset
+from components.train.data import RankPlan, make_dataset, plan_rank
 from components.train.devices import Devices, configure_devices, gpu_problem
 from components.train.model import ModelChoiceError, build_model, export_saved_model
 from components.train.preflight import world_size_problem
@@ -64,11 +68,18 @@ class Job:
     devices: Devices
     workdir: Path
     telemetry: Telemetry = field(init=False)
+    shards: ShardCheck = field(init=False)
 
     def __post_init__(self) -> None:
         uri = self.config.tensorboard_uri
         board = Board(self.tf, uri, "train", self.workdir) if self.rank == 0 else None
         self.telemetry = Telemetry(self.hvd, self.tf, self.devices, self.log, board)
+        self.shards = ShardCheck()
+
+    @cached_property
+    def manifest(self) -> dataset.Manifest:
+        """The dataset's manifest, read by this rank (DataError naming the file)."""
+        return dataset.read_manifest(self.config.data)
 
     @property
     def rank(self) -> int:
@@ -142,24 +153,24 @@ def run(config: TrainConfig, train: Callable[[Job], int] | None = None) -> int:
 
 def train_static(job: Job) -> int:
     """Steps 3 to 8 of the checklist, for a job of a fixed size."""
-    shard = agree_to_train(job)
+    plan = agree_to_train(job)
     trainee = build_or_resume(job)
-    metrics = fit(job, trainee, shard, callbacks(job, trainee, shard), trainee.initial_epoch)
+    metrics = fit(job, trainee, plan, callbacks(job, trainee, plan), trainee.initial_epoch)
     if not metrics and trainee.resume:
         metrics = dict(trainee.resume.metrics)
-    return export(job, trainee, shard, metrics, trainee.initial_epoch)
+    return export(job, trainee, plan, metrics, trainee.initial_epoch)
 
 
 # 3. This rank's shard ------------------------------------------------------------------------
 
 
-def agree_to_train(job: Job) -> RankShard:
+def agree_to_train(job: Job) -> RankPlan:
     """This rank's shard, once every rank has found it can train (`devices_problem`,
     `read_shard`, `exported_model_problem`): every rank learns whether any rank failed before
     anyone trains (an AllRanksError on every rank, rank 0 saying why)."""
     from horovod.tensorflow import allgather_object
 
-    shard: RankShard | None = None
+    shard: RankPlan | None = None
     error = devices_problem(job)
     if error is None:
         try:
@@ -191,12 +202,25 @@ def devices_problem(job: Job) -> str | None:
     return gpu_problem(job.config.gpus_per_worker, local_size, found, missing)
 
 
-def read_shard(job: Job) -> RankShard:
-    """This rank's shard of the training split, read once the workers' identity is found to read
-    the data (rank 0: and to write where the job does); DataError or ValueError says why not."""
+def read_shard(job: Job) -> RankPlan:
+    """This rank's shard of the training split, planned once the workers' identity is found to
+    read the data (rank 0: and to write where the job does), each of its shard files found (a
+    local one's sha256 checked) and its first record found to hold what the manifest says;
+    DataError or ValueError says why not."""
     config = job.config
     storage_access.check_job(config, writes=job.rank == 0)
-    return load_shard(config.data, config.batch_size_per_worker, job.rank, job.size)
+    plan = plan_rank(job.manifest, config.batch_size_per_worker, job.rank, job.size)
+    for piece in plan.pieces:
+        job.shards.check(piece.uri, piece.sha256)
+    with ThreadPoolExecutor(max_workers=8) as pool:  # a GCS shard's first record: one request
+        problems = pool.map(
+            lambda p: first_record_problem(p.uri, p.sha256, plan.image, len(plan.classes)),
+            plan.pieces,
+        )
+        problem = next((found for found in problems if found), None)
+    if problem:
+        raise dataset.DataError(problem)
+    return plan
 
 
 def exported_model_problem(job: Job) -> str | None:
@@ -233,7 +257,8 @@ def build_or_resume(job: Job) -> Trainee:
     try:
         if problem:  # every rank has the same marker: every rank stops here
             raise ModelChoiceError(problem)
-        model = build_model(config.seed, config.model, config.augment)
+        image, classes = job.manifest.image, job.manifest.classes
+        model = build_model(config.seed, config.model, config.augment, image.shape, len(classes))
     except ModelChoiceError as exc:  # every rank builds the same: every rank stops here
         raise AllRanksError(str(exc)) from exc
     job.log.info(
@@ -274,7 +299,7 @@ def distributed_optimizer(job: Job) -> Any:
 # 6. Callbacks --------------------------------------------------------------------------------
 
 
-def callbacks(job: Job, trainee: Trainee, shard: RankShard) -> list[Any]:
+def callbacks(job: Job, trainee: Trainee, shard: RankPlan) -> list[Any]:
     """Horovod's broadcast, metric averaging and warmup; the telemetry; rank 0's checkpoints.
 
     An elastic job has no broadcast callback: its state's sync broadcasts rank 0's weights at
@@ -297,7 +322,8 @@ def callbacks(job: Job, trainee: Trainee, shard: RankShard) -> list[Any]:
             )
         )  # fmt: skip
     found.append(telemetry.callback(keras, shard, config.epochs))
-    found.append(held_input.hold_callback(keras))  # no wait for tf.data at the end of fit
+    # no wait for tf.data at the end of fit; the telemetry times each step's wait for its batch
+    found.append(held_input.hold_callback(keras, telemetry.input_clock))
     if job.rank == 0:
 
         def checkpoint(epoch: int, logs: Any) -> None:
@@ -315,7 +341,7 @@ def callbacks(job: Job, trainee: Trainee, shard: RankShard) -> list[Any]:
 
 
 def fit(
-    job: Job, trainee: Trainee, shard: RankShard, with_callbacks: list[Any], start: int
+    job: Job, trainee: Trainee, shard: RankPlan, with_callbacks: list[Any], start: int
 ) -> dict[str, float]:
     """Train the epochs after `start`; the last epoch's metrics ({} if none were left)."""
     config = job.config
@@ -323,7 +349,8 @@ def fit(
         job.log.info("the checkpoint already covers all %d epochs; exporting it", config.epochs)
         return {}
     epochs = range(start, config.epochs)
-    data = make_dataset(job.tf, shard, config.seed, job.rank, epochs, job.devices.threads)
+    threads = job.devices.threads
+    data = make_dataset(job.tf, shard, config.seed, job.rank, epochs, threads)
     history = trainee.model.fit(
         data, epochs=config.epochs, initial_epoch=start, steps_per_epoch=shard.steps,
         callbacks=with_callbacks, verbose=0, shuffle=False,  # `data` shuffles each epoch itself
@@ -335,34 +362,33 @@ def fit(
 
 
 def export(
-    job: Job, trainee: Trainee, shard: RankShard, metrics: dict[str, float], epoch: int,
+    job: Job, trainee: Trainee, shard: RankPlan, metrics: dict[str, float], epoch: int,
     **extra: Any,
 ) -> int:  # fmt: skip
-    """Every rank shares what it did (and its sample ids of `epoch`); rank 0 exports the one
-    model and the run summary (with `extra`'s fields: an elastic job's)."""
+    """Every rank shares what it did; rank 0 exports the one model and the run summary (with
+    `extra`'s fields: an elastic job's)."""
     config = job.config
-    ids = epoch_ids(shard, config.seed, job.rank, epoch)
     summary = job.telemetry.run_summary(
-        config, shard, trainee.model, ids, resumed_from_epoch=trainee.initial_epoch,
+        config, shard, trainee.model, resumed_from_epoch=trainee.initial_epoch,
         adam=job.adam, final_metrics=metrics,
     )  # fmt: skip
     if summary is None:  # not rank 0
         return ExitCode.OK
     for name, value in extra.items():
         setattr(summary, name, value)
-    summary.saved_model_sha256 = save_model(trainee.model, config.model_uri)
+    summary.saved_model_sha256 = save_model(trainee.model, config.model_uri, job.manifest)
     write(config.summary_uri, summary)
     for line in coordination_lines(summary):
         job.log.info("%s", line)
     return ExitCode.OK
 
 
-def save_model(model: Any, model_uri: str) -> str:
-    """Rank 0 writes the one SavedModel (no optimizer: it loads without Horovod); the sha256 of
-    its ``saved_model.pb``."""
+def save_model(model: Any, model_uri: str, manifest: dataset.Manifest) -> str:
+    """Rank 0 writes the one SavedModel for the dataset's images and classes (no optimizer: it
+    loads without Horovod); the sha256 of its ``saved_model.pb``."""
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         local = Path(tmp) / "model"
-        export_saved_model(model, local)
+        export_saved_model(model, local, manifest.image, manifest.classes)
         pb_sha256 = saved_model_sha256(local)
         storage.upload_dir(local, model_uri, last=SAVED_MODEL_PB)
     return pb_sha256
@@ -386,7 +412,7 @@ def rank_logger(rank: int, size: int) -> logging.Logger:
     return logger
 
 
-def _log_plan(job: Job, shard: RankShard) -> None:
+def _log_plan(job: Job, shard: RankPlan) -> None:
     """Rank 0 says, in plain words, what the job is about to do."""
     config, size, hvd = job.config, job.size, job.hvd
     lr = lr_formula(config.lr_scaling, config.learning_rate, size, job.adam["learning_rate"])
@@ -404,3 +430,12 @@ def _log_plan(job: Job, shard: RankShard) -> None:
         config.batch_size_per_worker * size, size, config.batch_size_per_worker, lr,
         config.warmup_epochs, job.devices.device, job.devices.threads,
     )  # fmt: skip
+    classes = shard.classes
+    named = ", ".join(classes[:5]) + (f", … ({len(classes)} in all)" if len(classes) > 5 else "")
+    job.log.info(
+        "data: %s images of %d classes (%s), streamed from %d shard file(s) of the train split",
+        shard.image.describe(),
+        len(classes),
+        named,
+        len(job.manifest.shards("train")),
+    )

@@ -94,5 +94,5 @@ def data_uri(gcs_host: str) -> str:
     from components.data_prep.prep import prepare
 
     uri = f"gs://{new_bucket()}/data"
-    prepare("bundled", uri, shard_size=400, limit=1200)
+    prepare("bundled", uri, shard_size=400, data_limit=1200)
     return uri

@@ -64,3 +64,20 @@ def _remove_step_containers(docker_client: Any, images: set[str], root: Path) ->
         mine = any(Path(m) == root or Path(m).is_relative_to(root) for m in mounts)
         if set(container.image.tags) & images and mine:
             container.remove()
+
+
+def test_step_images_missing_from_the_engine_are_refused_before_data_prep(
+    docker_client: Any, tmp_path: Path
+) -> None:
+    """``--runner docker`` with a tag no image has: one line naming the images and the make
+    target that builds them, before any step (it failed after data prep with Docker's raw
+    ``APIError: 500 ... no such host``), nothing written."""
+    root, tag = tmp_path / "runs", "no-such-tag-kfp-horovod"
+    options = ["--runner", "docker", "--root", str(root), "--image-tag", tag]
+    command = [sys.executable, "-m", "pipeline", "run-local", *options]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    lines = (out.stdout + out.stderr).splitlines()
+    assert out.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("FAILED: --runner docker: no image ") and f":{tag}" in lines[0]
+    assert "build the step images with `make images-local`" in lines[0]
+    assert not root.exists()

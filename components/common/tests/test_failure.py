@@ -4,13 +4,14 @@ ValueError raised in the project's own code included, keeps its traceback."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from components.common.failure import ExitCode
+from components.common.failure import SIGNAL_BASE, ExitCode
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -82,3 +83,40 @@ def test_an_unexpected_error_keeps_its_traceback(body: str, last: str) -> None:
     assert "FAILED" not in proc.stdout + proc.stderr
     assert proc.stderr.startswith("Traceback (most recent call last):")
     assert proc.stderr.splitlines()[-1].startswith(last)
+
+
+# A step's program as KFP's executor runs it: it says it is ready, then works until stopped;
+# its cleanup takes a while, and a second signal during it must not cut it short.
+STOPPABLE = """
+import sys, time
+from components.common.failure import Stopped, one_line_failures, stops_on_signals
+with one_line_failures(), stops_on_signals():
+    try:
+        print("ready", flush=True)
+        time.sleep(300)
+    except Stopped as stop:
+        print("cleaning up", flush=True)
+        time.sleep(1)
+        stop.ended.append("ended the job it had started")
+        raise
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stop_is_one_stopped_line_and_128_plus_n_and_a_second_signal_waits(
+    sig: signal.Signals,
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STOPPABLE],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(sig)
+    assert proc.stdout.readline() == "cleaning up\n"
+    proc.send_signal(sig)  # a second Ctrl-C while it cleans up: ignored
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == SIGNAL_BASE + sig, err
+    assert err.splitlines() == [f"STOPPED: {sig.name}: ended the job it had started"]

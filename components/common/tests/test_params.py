@@ -90,6 +90,7 @@ def test_every_problem_is_named_at_once() -> None:
     [
         ("mnist_advanced", True),
         ("small", True),
+        ("mobilenet_v3_small", True),
         ("my_models:build", True),
         ("team.models.cnn:build_v2", True),
         ("_private.mod:_fn", True),
@@ -113,7 +114,8 @@ def test_model_is_a_built_in_name_or_an_entry_point(model: object, valid: bool) 
     assert (found == []) is valid
     if not valid:
         assert found == [
-            "model must be one of the built-in models mnist_advanced, small or a Python entry "
+            "model must be one of the built-in models mnist_advanced, small, mobilenet_v3_small "
+            "or a Python entry "
             "point 'package.module:function' (a function (input_shape, num_classes) -> Keras "
             f"model), got {model!r}"
         ]

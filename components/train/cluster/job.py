@@ -181,7 +181,7 @@ class JobFailed(ClusterJobError):
 
 
 class JobCancelled(ClusterJobError):
-    """The task was cancelled (SIGTERM); the job was deleted."""
+    """The task was cancelled (SIGTERM; or Ctrl-C); the job was deleted. Exit 128 + N."""
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,10 @@ cancelled) deletes the job with foreground propagation and waits for its pods to
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -26,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from components.common import storage
 from components.common.crd import Crd, raise_problems
-from components.common.failure import InputError
+from components.common.failure import SIGNAL_BASE, InputError, Stopped, stops_on_signals
 from components.common.model_files import SAVED_MODEL_PB
 from components.train import summary
 from components.train.cluster.job import (
@@ -300,20 +298,6 @@ def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSumma
     return record
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt as Ctrl-C does, which no `except
-    Exception` swallows (only the main thread can set handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_job(
     b: Backend,
     params: ClusterJobParams,
@@ -349,7 +333,7 @@ def run_job(
         b, manifest, params.step.active_deadline_seconds, _served_schema(api_client, b, log)
     )
     log(deadline.said(deadline_grace_s))
-    with _sigterm_interrupts():
+    with stops_on_signals():  # SIGTERM (KFP cancels the task) and Ctrl-C raise Stopped
         try:
             for crd, obj in zip(b.shared, shared, strict=True):
                 run.ensure_shared(crd, obj)
@@ -360,7 +344,8 @@ def run_job(
             log(f"task cancelled: deleting {run.what}")
             left = run.delete(cleanup_timeout_s)
             suffix = f"; pods still present: {', '.join(left)}" if left else ""
-            raise JobCancelled(f"cancelled; {run.what} deleted{suffix}") from exc
+            code = exc.exit_code if isinstance(exc, Stopped) else SIGNAL_BASE + signal.SIGINT
+            raise JobCancelled(f"cancelled; {run.what} deleted{suffix}", code) from exc
     record = check_run(params, b.crd.kind, log)
     record.deadline_enforced_by = deadline.by
     return record

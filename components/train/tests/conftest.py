@@ -22,7 +22,7 @@ JobRunner = Callable[..., subprocess.CompletedProcess]
 def mnist_1000(tmp_path_factory: pytest.TempPathFactory) -> str:
     """1,000 real training digits (uneven over 3 ranks: 333/333/334) in shards of 300."""
     out = tmp_path_factory.mktemp("data") / "mnist-1000"
-    prepare("bundled", str(out), shard_size=300, limit=1000)
+    prepare("bundled", str(out), shard_size=300, data_limit=1000)
     return str(out)
 
 

@@ -48,6 +48,9 @@ def served(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
 
 
 def run_auto(bucket: str, tmp_path: Path, lines: list[str], **train: Any) -> dict[str, Any]:
+    from components.data_prep.prep import prepare
+
+    prepare("bundled", f"{bucket}/data", data_limit=100)  # what the step checks before launching
     config = TrainConfig(
         data=f"{bucket}/data", output=f"{bucket}/run/train/train-work",
         model_dir=f"{bucket}/run/train/model", workers=2, **train,

@@ -117,3 +117,17 @@ def test_the_rendered_mpijob_keeps_every_field_on_its_crd() -> None:
     assert result.exit_code == 0, result.output
     (doc,) = yaml.safe_load_all(result.stdout)
     assert prune(doc, schema_of(MPIJOB))[1] == []
+
+
+@pytest.mark.parametrize("command", ["render-mpijob", "render-trainjob"])
+def test_a_crd_dir_without_the_crd_file_is_refused_in_one_line(
+    command: str, tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(cli, [command, "--crd-dir", str(tmp_path)])
+    assert (result.exit_code, result.stdout) == (2, ""), result.output
+    kind = backend(command.removeprefix("render-")).crd
+    (line,) = result.stderr.splitlines()
+    assert line == (
+        f"FAILED: cannot read the {kind.kind} CRD {tmp_path / kind.relative_path.name}: "
+        "No such file or directory"
+    )

@@ -19,6 +19,7 @@ import pytest
 
 from components.common import defaults, storage
 from components.common.crd import Crd
+from components.common.failure import SIGNAL_BASE
 from components.train.cluster import job as jobs
 from components.train.cluster.job import ClusterJobError, JobCancelled, JobFailed
 from components.train.cluster.mpijob import MPIJOB
@@ -186,10 +187,11 @@ def test_sigterm_deletes_the_job_and_waits_for_its_pods(
     op.play(script)
     what = b.what(NS, NAME)
     expect = rf"^cancelled; {what} deleted$" if collected else r"pods still present: .*-launcher-"
-    with pytest.raises(JobCancelled, match=expect):
+    with pytest.raises(JobCancelled, match=expect) as cancelled:
         run(cluster, b, make_params(gcs_uri), lines.append,
             cleanup_timeout_s=HANG_S if collected else 0.5)  # fmt: skip
     op.join()
+    assert cancelled.value.exit_code == SIGNAL_BASE + signal.SIGTERM  # 143, as documented
     if collected:
         assert cluster.pod_names() == ["unrelated"]  # no orphans, nothing else touched
     else:

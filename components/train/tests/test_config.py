@@ -85,8 +85,8 @@ BAD_FIELDS = [
     ("threads_per_worker", -1, "threads_per_worker must be >= 0, got -1"),
     ("data", "", "data is empty"),
     ("output", "", "output is empty"),
-    ("model", "resnet", "model must be one of the built-in models mnist_advanced, small or a "
-     "Python entry point 'package.module:function'"),
+    ("model", "resnet", "model must be one of the built-in models mnist_advanced, small, "
+     "mobilenet_v3_small or a Python entry point 'package.module:function'"),
     ("model", "a.b", "got 'a.b'"),
     ("lr_scaling", "cubic", "lr_scaling must be one of linear, sqrt, none, got 'cubic'"),
     ("min_workers", -1, "min_workers must be >= 0, got -1"),

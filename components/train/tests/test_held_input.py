@@ -35,7 +35,7 @@ def _fit_model(batches: int) -> tuple[object, object]:
 def test_each_fit_leaves_the_iterator_its_steps_read_held() -> None:
     model, data = _fit_model(batches=8)
     before = len(held_input.HELD)
-    callback = held_input.hold_callback(keras())
+    callback = held_input.hold_callback(keras(), held_input.InputClock())
     model.fit(data, epochs=2, steps_per_epoch=3, verbose=0, callbacks=[callback], shuffle=False)
     assert len(held_input.HELD) == before + 1  # one iterator for the whole fit
     assert len(list(held_input.HELD[-1])) == 8 - 2 * 3  # the one the 6 steps read: 2 batches left
@@ -46,6 +46,32 @@ def test_each_fit_leaves_the_iterator_its_steps_read_held() -> None:
     assert len(held_input.HELD) == before + 2
     assert len(list(held_input.HELD[-1])) == 8 - 5
     assert model.train_function is step
+
+
+def test_the_clock_times_each_steps_wait_for_its_batch() -> None:
+    """An input pipeline that takes 100 ms a batch: the steps wait about that long for each
+    batch, and the clock says so; training reads the batches in order, and learns from them
+    as Keras's own step does."""
+    import tensorflow as tf
+
+    model, data = _fit_model(batches=6)
+    baseline, _ = _fit_model(batches=6)
+    baseline.set_weights(model.get_weights())
+    slow = data.map(lambda x, y: (tf.numpy_function(_after_100_ms, [x], tf.float32), y))
+    clock = held_input.InputClock()
+    callback = held_input.hold_callback(keras(), clock)
+    model.fit(slow, epochs=1, steps_per_epoch=6, verbose=0, callbacks=[callback], shuffle=False)
+    assert clock.take() >= 6 * 0.1 * 0.8 and clock.take() == 0.0
+    baseline.fit(data, epochs=1, steps_per_epoch=6, verbose=0, shuffle=False)
+    for ours, keras_own in zip(model.get_weights(), baseline.get_weights(), strict=True):
+        np.testing.assert_allclose(ours, keras_own, rtol=1e-5)
+
+
+def _after_100_ms(x: np.ndarray) -> np.ndarray:
+    import time
+
+    time.sleep(0.1)
+    return x
 
 
 def _exit_in_subprocess(hold: bool) -> subprocess.CompletedProcess[str]:

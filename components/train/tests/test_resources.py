@@ -13,10 +13,21 @@ from components.train.telemetry import EpochCost, advice, resource_use, step_spl
 from standins.jobs import static_command
 
 
-def _cost(rank: int, allreduce_ms: float, step_ms: float = 100.0, cpu: float = 1.0) -> EpochCost:
+def _cost(
+    rank: int, allreduce_ms: float, step_ms: float = 100.0, cpu: float = 1.0, input_ms: float = 0
+) -> EpochCost:
     steps = 10
     seconds = step_ms * steps / 1e3
-    return EpochCost(rank, seconds, steps, allreduce_ms * steps / 1e3, cpu * seconds, 1)
+    return EpochCost(
+        rank,
+        seconds,
+        steps,
+        allreduce_ms * steps / 1e3,
+        cpu * seconds,
+        1,
+        (),
+        input_ms * steps / 1e3,
+    )
 
 
 def test_the_shortest_allreduce_is_communication_the_rest_is_waiting() -> None:
@@ -25,6 +36,20 @@ def test_the_shortest_allreduce_is_communication_the_rest_is_waiting() -> None:
     assert split["communication_share"] == pytest.approx(0.10)
     assert split["waiting_share"] == pytest.approx(0.10)  # rank 0 waited 20 ms: a mean of 10
     assert split["compute_share"] == pytest.approx(0.80)
+    assert split["input_share"] == 0.0
+
+
+def test_waiting_for_input_is_its_own_share_and_its_own_advice() -> None:
+    """Ranks that wait 30 ms of a 100 ms step for their batch are told that the input is the
+    bottleneck, not communication, though they wait for each other too."""
+    epochs = [[_cost(0, 12, cpu=0.5, input_ms=30), _cost(1, 8, cpu=0.5, input_ms=30)]]
+    use = resource_use(epochs, {0: "a", 1: "b"})
+    assert use["input_share"] == pytest.approx(0.30)
+    assert use["compute_share"] == pytest.approx(1 - 0.08 - 0.02 - 0.30)
+    assert use["per_rank"][0]["input_ms"] == 30.0 and use["per_rank"][0]["compute_ms"] == 58.0
+    (note,) = use["advice"]
+    assert note.startswith("the ranks wait 30% of a step for their input (reading and decoding")
+    assert "the input is the bottleneck, not communication" in note
 
 
 def test_a_rank_computing_more_than_10_percent_slower_is_named() -> None:
@@ -48,7 +73,7 @@ def test_the_first_epoch_is_left_out_and_the_advice_says_what_to_change() -> Non
     assert use["estimated_efficiency"] == use["compute_share"] == pytest.approx(0.675)
     assert use["per_rank"][0] == {
         "rank": 0, "host": "w-0", "step_ms": 100.0, "compute_ms": 60.0, "allreduce_ms": 40.0,
-        "cpu_cores_busy": 1.0, "threads": 1,
+        "input_ms": 0.0, "cpu_cores_busy": 1.0, "threads": 1,
     }  # fmt: skip
     assert use["straggler"] == {"rank": 1, "host": "w-1", "slower_by": 0.25}  # waits least
     assert use["advice"] == [

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from components.common import storage
 from components.train import step_program
 from components.train.config import TrainConfig
 from components.train.step_parameters import TrainStep
@@ -64,7 +65,19 @@ def test_mpijob_backend_refuses_local_artifacts(tmp_path: Path) -> None:
         _run_mpijob_task(tmp_path, config, dataset_path=str(tmp_path / "d"), model_path="/gcs/b/m")
 
 
-def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def gcs_dataset(gcs_uri: str) -> str:
+    """A small real dataset at gs://<bucket>/data (fake-gcs-server): what the step checks
+    before it launches a job."""
+    from components.data_prep.prep import prepare
+
+    prepare("bundled", f"{gcs_uri}/data", data_limit=300)
+    return f"{gcs_uri}/data"
+
+
+def test_mpijob_backend_wiring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gcs_dataset: str
+) -> None:
     """What the component hands to the MPIJob lifecycle, and what it writes back.
 
     The cluster itself is replaced here (no Kubernetes runs on this machine); the lifecycle
@@ -80,10 +93,11 @@ def test_mpijob_backend_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         return _summary(world_size=6)
 
     monkeypatch.setattr(run, "run_job", fake_run_job)
-    summary = _run_mpijob_task(tmp_path, _config(slots_per_worker=2), pipeline_run_id="run-42")
+    config = _config(slots_per_worker=2, data=gcs_dataset)
+    summary = _run_mpijob_task(tmp_path, config, pipeline_run_id="run-42")
     params = seen["params"]
     assert (seen["namespace"], seen["backend"]) == ("team-a", "mpijob")
-    assert (params.train.data, params.train.model_uri) == ("gs://b/data", "gs://b/run/train/model")
+    assert (params.train.data, params.train.model_uri) == (gcs_dataset, "gs://b/run/train/model")
     assert params.train.output == "gs://b/run/train/train-work"
     assert params.train.world_size == 6 and params.image == "reg/trainer:9"
     assert (params.run_name, params.pipeline_run_id) == ("train-run-42", "run-42")
@@ -121,9 +135,11 @@ def test_report_answers_one_model_or_n_and_flags_diverged_ranks() -> None:
 BAD_ENTRY_POINT = "components.train.tests.user_model:five_classes"
 
 
-def test_both_launchers_check_the_model_before_starting_a_rank(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_both_launchers_check_the_job_before_starting_a_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gcs_dataset: str
 ) -> None:
+    """A model that does not fit the dataset's classes, and a dataset too small for the job's
+    ranks, stop the local launcher and the cluster step before any rank or job starts."""
     from components.train import launch
     from components.train.cluster import run
     from components.train.preflight import PreflightError
@@ -133,7 +149,9 @@ def test_both_launchers_check_the_model_before_starting_a_rank(
 
     monkeypatch.setattr(launch, "local_command", must_not_start)
     monkeypatch.setattr(run, "run_job", must_not_start)
-    config = TrainConfig(data="/d", output=str(tmp_path), workers=3, model=BAD_ENTRY_POINT)
+    local = str(tmp_path / "data")
+    storage.download_dir(gcs_dataset, local)
+    config = TrainConfig(data=local, output=str(tmp_path), workers=3, model=BAD_ENTRY_POINT)
     with pytest.raises(PreflightError) as info:
         launch.run_local(config)
     assert str(info.value) == (
@@ -141,7 +159,13 @@ def test_both_launchers_check_the_model_before_starting_a_rank(
         "(None, 5); the trainer needs (None, 10): one probability per class. No rank was started."
     )
     with pytest.raises(PreflightError, match="returns outputs of shape"):
-        _run_mpijob_task(tmp_path, _config(model=BAD_ENTRY_POINT))
+        _run_mpijob_task(tmp_path, _config(model=BAD_ENTRY_POINT, data=gcs_dataset))
+    too_many = _config(data=gcs_dataset, workers=400, batch_size_per_worker=1)
+    with pytest.raises(PreflightError) as info:
+        _run_mpijob_task(tmp_path, too_many)
+    assert f"{gcs_dataset}: the train split has 300 samples, fewer than the job's 400 ranks" in (
+        str(info.value)
+    )
 
 
 def test_artifact_metadata_says_which_model_was_trained() -> None:

@@ -6,59 +6,70 @@ must still stop (the ranks agree on errors before training) instead of hanging.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from components.common.dataset import sha256_bytes, write_dataset
+from components.common import tfrecord
+from components.common.dataset import sha256_bytes
 
 pytestmark = pytest.mark.horovod
 EARLIER = b"an earlier model"
 
 
-def _replace_array(dataset: Path, rel: str, array: np.ndarray, count: int | None = None) -> None:
-    """Swap in a bad array; fix the manifest's sha256 (and count) so only the content is bad."""
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    (dataset / rel).write_bytes(buf.getvalue())
+def _edit_manifest(dataset: Path, edit: Any) -> None:
     manifest = json.loads((dataset / "manifest.json").read_text())
-    for shard in manifest["splits"]["train"]["shards"]:
-        for kind in ("images", "labels"):
-            if shard[kind] == rel:
-                shard[f"{kind}_sha256"] = sha256_bytes(buf.getvalue())
-                if count is not None:
-                    shard["count"] = count
+    edit(manifest)
     (dataset / "manifest.json").write_text(json.dumps(manifest))
 
 
+def _shard(d: Path, k: int) -> str:
+    """The k-th train shard's file, below the dataset (the last ones: rank 1 reads them)."""
+    return json.loads((d / "manifest.json").read_text())["splits"]["train"]["shards"][k]["location"]
+
+
+def _rewrite_shard(d: Path, k: int, records: list[bytes]) -> str:
+    """Shard k holding `records` instead, its manifest entry fixed so only the content is bad."""
+    rel = _shard(d, k)
+    data = b"".join(tfrecord.frame(r) for r in records)
+    (d / rel).write_bytes(data)
+
+    def fix(manifest: dict[str, Any]) -> None:
+        entry = manifest["splits"]["train"]["shards"][k]
+        entry["sha256"], entry["count"] = sha256_bytes(data), len(records)
+
+    _edit_manifest(d, fix)
+    return rel
+
+
 def _corrupt_shard(d: Path) -> str:
-    raw = bytearray((d / "train/images-00002.npy").read_bytes())
+    rel = _shard(d, 2)
+    raw = bytearray((d / rel).read_bytes())
     raw[-100:] = bytes(100)
-    (d / "train/images-00002.npy").write_bytes(bytes(raw))
-    return r"train/images-00002.npy: corrupt \(sha256"
+    (d / rel).write_bytes(bytes(raw))
+    return rf"{re.escape(rel)}: corrupt \(sha256"
 
 
 def _wrong_shape(d: Path) -> str:
-    _replace_array(d, "train/images-00003.npy", np.zeros((100, 28, 27), np.uint8))
-    return r"train/images-00003.npy: images have shape \(100, 28, 27\), expected \(n, 28, 28\)"
+    pixels = {"image/encoded": bytes(28 * 27), "image/class/label": 3}
+    rel = _rewrite_shard(d, 3, [tfrecord.example(pixels)] * 100)
+    return rf"{re.escape(rel)}: record 0 holds 756 bytes of pixels, not a 28x28 grayscale image"
 
 
 def _bad_labels(d: Path) -> str:
-    labels = np.load(d / "train/labels-00000.npy")
-    labels[5] = 12
-    _replace_array(d, "train/labels-00000.npy", labels)
-    return r"train/images-00000.npy: labels outside 0..9: \[12\]"
+    pixels = {"image/encoded": bytes(28 * 28), "image/class/label": 12}
+    rel = _rewrite_shard(d, 3, [tfrecord.example(pixels)] * 100)
+    return rf"{re.escape(rel)}: record 0's label 12 is not one of the manifest's 10 classes"
 
 
 def _empty_shard(d: Path) -> str:
-    _replace_array(d, "train/images-00003.npy", np.zeros((0, 28, 28), np.uint8), count=0)
-    return r"train/images-00003.npy: empty shard in split 'train'"
+    rel = _shard(d, 3)
+    _edit_manifest(d, lambda m: m["splits"]["train"]["shards"][3].update(count=0))
+    return rf"{re.escape(rel)}: empty shard in split 'train'"
 
 
 def _missing_data(d: Path) -> str:
@@ -72,10 +83,16 @@ def _garbage_manifest(d: Path) -> str:
 
 
 def _too_few_samples(d: Path) -> str:
-    x, y = np.zeros((1, 28, 28), np.uint8), np.zeros((1,), np.uint8)
-    shutil.rmtree(d)
-    write_dataset(str(d), {"train": (x, y), "test": (x, y)}, {"uri": "test"}, 10)
-    return "the train split has 1 samples, so rank 0 of 2 gets an empty shard"
+    """The manifest's train split: the first record of its first shard (a shard's count says
+    how many of its first records the split takes)."""
+
+    def one(manifest: dict[str, Any]) -> None:
+        train = manifest["splits"]["train"]
+        train["shards"] = [dict(train["shards"][0], count=1)]
+        train["count"] = 1
+
+    _edit_manifest(d, one)
+    return "the train split has 1 samples, fewer than the job's 2 ranks"
 
 
 def _model_already_exported(d: Path) -> str:

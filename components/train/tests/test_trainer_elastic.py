@@ -33,7 +33,7 @@ WENT_ON_AT_TWO = "the job goes on as ONE job of 2 workers"  # elastic.py's line 
 def mnist_3000(tmp_path_factory: pytest.TempPathFactory) -> str:
     """3,000 real digits: 1,000 per rank at 3 ranks, 1,500 at 2 (a few seconds an epoch)."""
     out = tmp_path_factory.mktemp("data") / "mnist-3000"
-    prepare("bundled", str(out), shard_size=1000, limit=3000)
+    prepare("bundled", str(out), shard_size=1000, data_limit=3000)
     return str(out)
 
 
