@@ -14,7 +14,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import data_prep, faults, levers, mwms, pipeline_overhead, scaling, time_to_accuracy
+from bench import (
+    data_prep,
+    faults,
+    input_pipeline,
+    levers,
+    mwms,
+    pipeline_overhead,
+    scaling,
+    time_to_accuracy,
+)
 from bench.common import RESULTS_DIR, write_result
 from bench.report import DOC, write_report
 
@@ -25,6 +34,7 @@ BENCHMARKS: dict[str, Callable[[list[str]], int]] = {
     "mwms": mwms.main,
     "time_to_accuracy": time_to_accuracy.main,
     "pipeline_overhead": pipeline_overhead.main,
+    "input_pipeline": input_pipeline.main,
     "faults": faults.main,
 }
 # Extra flags of the full run (kept here so the budget is visible in one place).

@@ -13,7 +13,7 @@
   timed path;
 - ``--input memory``: the rank's block of the training split read whole into memory first and
   served from there, as the trainer fed itself before its input streamed (a tensor of the
-  block, each batch gathered from it by index, a new order each epoch): `bench.input`'s
+  block, each batch gathered from it by index, a new order each epoch): `bench.input_pipeline`'s
   reference for what streaming costs.
 """
 

@@ -18,6 +18,7 @@ from bench import (
     common,
     data_prep,
     faults,
+    input_pipeline,
     levers,
     mwms,
     pipeline_overhead,
@@ -158,7 +159,14 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
                for p in curve)  # fmt: skip
     assert set(tta["rules"]) == {"linear", "adadelta"} and "plateau" in tta
     pipe = _read(out, "pipeline_overhead")["medians"]["e2e"]
-    assert set(pipe["task_seconds"]) >= {"prepare-data", "train", "evaluate", "register-model"}
+    assert set(pipe["task_seconds"]) >= {
+        "list-data",
+        "prepare-slice",
+        "publish-dataset",
+        "train",
+        "evaluate",
+        "register-model",
+    }
     assert 0 < pipe["training_seconds"] < pipe["train_task_seconds"] < pipe["total_seconds"]
     assert 0 < pipe["not_training_share"] < 1
     lv = _read(out, "levers")
@@ -178,6 +186,31 @@ def test_multi_job_benchmarks_run(tmp_path: Path, local_pipeline_run: LocalRun) 
     summary = (out / "summary.md").read_text()
     assert "Time to" in summary and "| Target | Required | Measured | Verdict |" in summary
     assert (out / "time_to_accuracy.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_input_pipeline_benchmark_runs_its_four_parts(tmp_path: Path) -> None:
+    """``bench.input_pipeline --quick``: streamed and in-memory jobs, the input against
+    decoding, each rank's peak memory at two dataset sizes, data prep with 1 and 2 slices; the
+    page gets its section and its targets."""
+    out, common = _flags(tmp_path)
+    assert input_pipeline.main(common) == 0
+    found = _read(out, "input_pipeline")
+    streaming = found["streaming"]
+    assert set(streaming["runs"]) == {"stream", "memory"}
+    assert streaming["stream_over_memory"] == streaming["ratio_per_round"][0] > 0
+    rates = found["input"]
+    assert rates["decode_alone_per_second"] > 0 and rates["rank_input_per_second"] > 0
+    assert rates["bytes_per_image"]["prepared_decoded"] > 64 * 64 * 3  # the pixels, and framing
+    memory = found["memory"]
+    assert set(memory["by_size"]) == {"1000", "8000"}
+    assert all(len(by["peak_rss_mb"]) == 2 for by in memory["by_size"].values())  # both ranks
+    prep = found["prep"]
+    assert prep["speedup"] == prep["speedup_per_round"][0] > 0
+    assert all(run["seconds"]["slices"] > 0 for run in prep["runs"]["2"])
+    write_report(out)
+    summary = (out / "summary.md").read_text()
+    assert "## The input on your own images (`bench.input_pipeline`)" in summary
+    assert "data prep's images/s, 2 ParallelFor tasks / 1, slices' phase" in summary
 
 
 def test_stack_benchmark_runs_two_environments(tmp_path: Path) -> None:

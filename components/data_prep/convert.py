@@ -188,7 +188,7 @@ class Reader:
         self.target, self.arrays = target, arrays
         self.image_feature, self.label_feature = image_feature, label_feature
         self.test_fraction = test_fraction
-        self._reshape: Any = None
+        self._reshape: dict[int, Any] = {}
 
     def all(self, items: list[Item]) -> Iterator[Pixels | Bad]:
         files = [item for item in items if item.uri and item.split]
@@ -268,16 +268,17 @@ class Reader:
         height, width, own = image.shape
         if (channels in (None, own)) and size in (0, height) and size in (0, width):
             return np.asarray(image)
-        if self._reshape is None:  # traced once: eagerly, an image took ten Python operations
+        channels = channels or int(own)
+        if channels not in self._reshape:  # traced once: eagerly, ten Python operations an image
             tf = keras_env.tensorflow()
 
-            @tf.function(reduce_retracing=True)
-            def reshape(image: Any, channels: int, size: int) -> Any:
+            def reshape(image: Any) -> Any:
                 converted = images.to_channels(tf, image, channels)
                 return images.resize(tf, converted, size, size) if size else converted
 
-            self._reshape = reshape
-        return np.asarray(self._reshape(image, channels or int(own), size or 0).numpy())
+            any_image = tf.TensorSpec([None, None, None], tf.uint8)
+            self._reshape[channels] = tf.function(reshape, input_signature=[any_image])
+        return np.asarray(self._reshape[channels](image).numpy())
 
 
 def image_problem(data: bytes) -> str | None:

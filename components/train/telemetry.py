@@ -351,7 +351,7 @@ class Telemetry:
             **_loss_scale(model),
             "examples_per_second": rate,
             # the rank process's peak resident memory: bounded by its input's buffers, not by
-            # the dataset (the input streams; bench.input measures it against the data's size)
+            # the dataset (bench.input_pipeline measures it against the data's size)
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         }
         per_rank = sorted(allgather_object(record), key=lambda r: r["rank"])

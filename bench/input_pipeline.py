@@ -48,14 +48,14 @@ from bench.common import (
     write_result,
 )
 
-NAME = "input"
+NAME = "input_pipeline"
 # The trainer's throughput is compared at the default model, batch and layout (2x1).
 STREAM_TRAIN, STREAM_EPOCHS = 8000, 4
 JPEG_SIDE, JPEG_QUALITY = 64, 90
 MEMORY_SIDE, MEMORY_SIZES = 96, (10_000, 80_000)
 # A network whose compute is small beside reading 96x96 colour images: the memory benchmark
 # measures the input, not the model.
-TINY_MODEL = "bench.input:tiny_network"
+TINY_MODEL = "bench.input_pipeline:tiny_network"
 TASK_LINE = re.compile(r"(\d\d):(\d\d):(\d\d\.\d+) - INFO - (Executing task|Task) '([^']+)'")
 
 
@@ -128,7 +128,7 @@ import json, sys, time
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
-from bench.input import measure_input
+from bench.input_pipeline import measure_input
 print("RESULT " + json.dumps(measure_input(sys.argv[1], sys.argv[2], sys.argv[3])))
 """
 
