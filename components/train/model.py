@@ -15,10 +15,12 @@ The ``model`` parameter picks one:
   (Keras 2) is refused by name.
 
 `build_model` seeds every random generator with the run's seed first, so every rank builds the
-same initial weights. `export_saved_model` writes the one SavedModel with two signatures:
-``serving_default`` (a ``uint8`` image batch at the dataset's shape in, ``probabilities`` out)
-and ``serving_bytes`` (encoded JPEG, PNG, BMP or GIF files in, decoded and resized inside the
-model as data prep did, ``probabilities`` and the top class's name out).
+same initial weights. The output layer computes in float32 whatever the dtype policy (Keras's
+advice for a softmax under ``mixed_precision``), so the probabilities are float32 too.
+`export_saved_model` writes the one SavedModel with two signatures: ``serving_default`` (a
+``uint8`` image batch at the dataset's shape in, ``probabilities`` out) and ``serving_bytes``
+(encoded JPEG, PNG, BMP or GIF files in, decoded and resized inside the model as data prep did,
+``probabilities`` and the top class's name out).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def _small(keras: Any, num_classes: int) -> list[Any]:
         keras.layers.MaxPooling2D(),
         keras.layers.Flatten(),
         keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(num_classes, activation="softmax", name=OUTPUT_NAME),
+        keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name=OUTPUT_NAME),
     ]
 
 
@@ -73,7 +75,7 @@ def _mnist_advanced(keras: Any, num_classes: int) -> list[Any]:
         keras.layers.Flatten(),
         keras.layers.Dense(128, activation="relu"),
         keras.layers.Dropout(0.5),
-        keras.layers.Dense(num_classes, activation="softmax", name=OUTPUT_NAME),
+        keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name=OUTPUT_NAME),
     ]
 
 
@@ -86,7 +88,7 @@ def _mobilenet_v3_small(keras: Any, num_classes: int, shape: tuple[int, ...]) ->
         include_preprocessing=False,
         classifier_activation="softmax",
     )
-    return [network, keras.layers.Activation("linear", name=OUTPUT_NAME)]
+    return [network, keras.layers.Activation("linear", dtype="float32", name=OUTPUT_NAME)]
 
 
 # Built-in model -> (the Keras model's name, its layers after the scaling, the smallest image
@@ -175,7 +177,8 @@ def _user_model(
         )
     try:
         wrapped = keras.Sequential(
-            [*front, built, keras.layers.Activation("linear", name=OUTPUT_NAME)], name="user_model"
+            [*front, built, keras.layers.Activation("linear", dtype="float32", name=OUTPUT_NAME)],
+            name="user_model",
         )
     except Exception as exc:  # Keras says why the input does not fit in its own words
         reason = next(

@@ -345,3 +345,23 @@ def test_serving_bytes_decodes_and_resizes_as_data_prep_does(tmp_path: Path) -> 
     np.testing.assert_allclose(out["probabilities"].numpy(), plain.numpy(), atol=1e-6)
     names = [n.decode() for n in out["class_name"].numpy()]
     assert names == [classes[k] for k in plain.numpy().argmax(axis=1)]
+
+
+def test_under_mixed_precision_the_probabilities_stay_float32(tmp_path: Path) -> None:
+    """The trainer's ``mixed_precision`` policy computes the network in float16 and its output
+    layer in float32 (the softmax's sums), for the built-ins and a user's model alike; the
+    SavedModel returns float32 probabilities."""
+    import tensorflow as tf
+
+    k = keras()
+    k.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        for choice in ("small", f"{USER}:build"):
+            model = build_model(0, choice)
+            assert model.layers[-2].compute_dtype == "float16" or choice != "small"
+            assert model(_digits(), training=False).dtype == tf.float32
+        export_saved_model(model, tmp_path / "m", DIGITS, DIGIT_CLASSES)
+    finally:
+        k.mixed_precision.set_global_policy("float32")
+    served = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]
+    assert served(image=tf.constant(_digits()))["probabilities"].dtype == tf.float32
