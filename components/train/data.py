@@ -14,6 +14,7 @@ dataset. Shards on GCS are streamed (`components.common.shard_files`).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -140,8 +141,8 @@ def make_dataset(tf: Any, plan: RankPlan, seed: int, rank: int, epochs: range, t
     records = piece_records(tf, [(p.uri, p.sha256, p.skip, p.take) for p in pieces])
     buffer = shuffle_buffer(plan)
 
-    def epoch_batches(epoch: Any) -> Any:
-        epoch_seed = tf.stack([tf.constant(seed, tf.int64), epoch * 1009 + rank])
+    def epoch_batches(epoch: int) -> Any:
+        epoch_seed = tf.constant([seed, epoch * 1009 + rank], tf.int64)
         order = tf.argsort(tf.random.stateless_uniform([len(pieces)], seed=epoch_seed))
         return (
             tf.data.Dataset.from_tensor_slices(tf.cast(order, tf.int64))
@@ -159,10 +160,11 @@ def make_dataset(tf: Any, plan: RankPlan, seed: int, rank: int, epochs: range, t
     options = tf.data.Options()
     options.threading.private_threadpool_size = threads  # stay within this rank's share
     options.deterministic = True
+    # One dataset per epoch, chained, so that each shuffle's seed is a Python int: a tensor
+    # seed (``flat_map`` over the epochs) fails to trace when the global seed is 0.
+    batches = functools.reduce(lambda a, b: a.concatenate(b), map(epoch_batches, epochs))
     return (
-        tf.data.Dataset.from_tensor_slices(tf.constant(list(epochs), tf.int64))
-        .flat_map(epoch_batches)
-        .map(
+        batches.map(
             lambda serialized: dataset.decode_records(tf, serialized, plan.image),
             num_parallel_calls=tf.data.AUTOTUNE,
         )

@@ -115,6 +115,23 @@ def test_resumed_epochs_are_the_same_batches_as_uninterrupted_ones(digits: str) 
             np.testing.assert_array_equal(ya, yb)
 
 
+def test_a_run_seeded_0_streams_its_block(digits: str) -> None:
+    """The trainer seeds every generator with the run's seed before the input is built; seed 0
+    (a user's choice) still gives the rank its block, once per epoch."""
+    tf = keras_env.tensorflow()
+    x, y = read_arrays(digits, "train")
+    tf.keras.utils.set_random_seed(0)
+    try:
+        plan, epochs = _epochs(digits, 1, 3, range(2))
+    finally:
+        tf.random.set_seed(None)
+    for batches in epochs:
+        images = np.concatenate([b[0] for b in batches])
+        labels = np.concatenate([b[1] for b in batches])
+        block = slice(plan.start, plan.stop)
+        assert _rows(images, labels) == _rows(x[block], y[block])
+
+
 def test_the_input_is_streamed_not_loaded_whole(digits: str) -> None:
     """The rank's pipeline holds no copy of its samples: the constants in its graph are a few
     bytes of bookkeeping, where its block's pixels are 333 x 784 bytes."""
