@@ -224,9 +224,12 @@ def watch(
     silence = Silence(ranks, bound_s, time.monotonic(), list(expected))
     try:
         proc = subprocess.Popen(
-            list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=None if env is None else dict(env), start_new_session=True,
-        )  # fmt: skip
+            list(command),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+        )
     except OSError as exc:  # no such program, not executable
         raise InputError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
     if ranks:

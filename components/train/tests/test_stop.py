@@ -56,8 +56,8 @@ def stop_when_started(
 def test_a_stopped_watch_ends_mpirun_and_its_ranks_in_one_line(sig: signal.Signals) -> None:
     """As the launcher container's PID 1 (the kubelet's SIGTERM) or at a terminal."""
     mark = uuid.uuid4().hex
-    command = [sys.executable, "-m", "components.train.mpiwatch", "--ranks", "2",
-               "--silence-seconds", "60", "--", *mpirun("sleep", "300", "0")]  # fmt: skip
+    watch = [sys.executable, "-m", "components.train.mpiwatch", "--ranks", "2"]
+    command = [*watch, "--silence-seconds", "60", "--", *mpirun("sleep", "300", "0")]
     code, output = stop_when_started(command, 2, sig, mark)
     assert code == SIGNAL_BASE + sig, output
     last = output.splitlines()[-1]
@@ -86,8 +86,8 @@ def test_a_stopped_elastic_launcher_ends_its_driver_workers_in_one_line(tmp_path
 
 
 def test_a_command_the_watch_cannot_run_is_one_line() -> None:
-    command = [sys.executable, "-m", "components.train.mpiwatch", "--ranks", "2",
-               "--silence-seconds", "5", "--", "/nonexistent/mpirun", "-np", "2"]  # fmt: skip
+    watch = [sys.executable, "-m", "components.train.mpiwatch", "--ranks", "2"]
+    command = [*watch, "--silence-seconds", "5", "--", "/nonexistent/mpirun", "-np", "2"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=HANG_S, cwd=ROOT)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr.splitlines() == [
