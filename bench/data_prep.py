@@ -2,7 +2,7 @@
 
 Each input is an ``mnist.npz`` (``x_train``/``y_train`` plus a test split of a sixth of that,
 as MNIST's 60k/10k) made of shifted copies of the real bundled digits, fed through the
-project's ``prepare(..., expected_sha256=None)`` (the CLI's ``--data-sha256 none``): read, validate,
+project's ``prepare(..., data_sha256="none")`` (the CLI's ``--data-sha256 none``): read, validate,
 shard, hash every shard, publish. Side by side, in the same rounds, a raw copy of the same
 file (``shutil.copyfile``) gives the floor. Throughput is input MB / second. Linearity: a
 least-squares line ``t = a + b n`` through the medians, and the per-sample time at each size.
@@ -67,7 +67,7 @@ def run(sizes: list[int], repeats: int, work: Path) -> dict[str, Any]:
     nbytes = {n: write_mnist_npz(path, n, test=max(1, n // 6)) for n, path in inputs.items()}
     variants = {}
     for n, path in inputs.items():
-        prep = functools.partial(prepare, str(path), expected_sha256=None)
+        prep = functools.partial(prepare, str(path), data_sha256="none")
         copy = functools.partial(shutil.copyfile, path)
         variants[f"prepare_{n}"] = lambda r, f=prep, n=n: {"seconds": timed(f, work / f"out-{n}")}
         variants[f"copy_{n}"] = lambda r, f=copy, n=n: {"seconds": timed(f, work / f"{n}.copy")}

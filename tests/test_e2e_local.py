@@ -62,10 +62,9 @@ def test_make_run_equivalent_end_to_end(local_pipeline_run: LocalRun) -> None:
     assert f"tensorboard --logdir {board}" in Path(first["evaluation_report"]).read_text()
     scalars = read_scalars(board)
     epochs = summary.config.epochs
-    assert set(scalars["train"]) == {
-        "loss", "accuracy", "learning_rate", "examples_per_second", "compute_share",
-        "communication_share", "waiting_share",
-    }  # fmt: skip
+    shares = {"compute_share", "communication_share", "waiting_share", "input_share"}
+    metrics = {"loss", "accuracy", "learning_rate", "examples_per_second"}
+    assert set(scalars["train"]) == metrics | shares
     assert [step for step, _ in scalars["train"]["loss"]] == list(range(1, epochs + 1))
     final_loss = scalars["train"]["loss"][-1][1]
     assert final_loss == pytest.approx(summary.final_metrics["loss"], rel=1e-5)
@@ -89,7 +88,7 @@ def test_a_keras_3_users_model_trains_registers_and_serves(tmp_path: Path) -> No
     """A model written for today's Keras (``keras.ops``, a custom layer, the functional API)
     goes through ``run-local`` across 2 ranks, is registered, and `make serve`'s server answers
     with what the evaluate step computed from the same SavedModel."""
-    from components.common.dataset import load_range, read_manifest
+    from components.common.tests.datasets import read_arrays
     from components.serve.tests.test_serve import evaluate_step_predictions, running, served
 
     user = "components.train.tests.user_model:build"
@@ -99,9 +98,9 @@ def test_a_keras_3_users_model_trains_registers_and_serves(tmp_path: Path) -> No
     assert summary.weights_identical_across_ranks and summary.metrics_averaged_across_ranks
     assert run["decision"].startswith("registered as version 1; promoted")
     dataset = Path(run["dataset"])
-    images = load_range(read_manifest(str(dataset)), "test")[0][:50]
+    images = read_arrays(str(dataset), "test")[0][:50]
     with running(str(tmp_path / "registry")) as (banner, url):
-        answered = served(url, images.astype(np.float32))
+        answered = served(url, images)
     assert banner.startswith("serving ") and answered.shape == (50, 10)
     expected = evaluate_step_predictions(run["model"], images)
     np.testing.assert_allclose(answered, expected, atol=1e-5)

@@ -185,7 +185,7 @@ def test_a_gpu_job_where_tensorflow_has_no_cuda_is_refused_by_rank_0_once(
     from components.train.config import TrainConfig
     from components.train.launch import run_local_job
 
-    prepare("bundled", str(tmp_path / "data"), limit=200)
+    prepare("bundled", str(tmp_path / "data"), data_limit=200)
     config = TrainConfig(
         data=str(tmp_path / "data"),
         output=str(tmp_path / "out"),
