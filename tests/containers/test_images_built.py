@@ -110,8 +110,8 @@ def test_every_component_package_runs_in_an_image() -> None:
 def test_every_image_as_built(component: str, docker_client: Any) -> None:
     """A non-root user (the trainers': the MPIJob's, with Open MPI and sshd) and no credential;
     exactly images/<name>/requirements.txt's pins (installed --no-deps; no TensorFlow in the
-    register image, no Horovod in data prep's) and Horovod in the trainers; every file of the project's
-    packages (it installs the project's wheel); every module of its program imports."""
+    register image, no Horovod in data prep's) and Horovod in the trainers; every file of the
+    project's packages (it installs the project's wheel); every module of its program imports."""
     image = require_images(docker_client, component)[component]
     config = docker_client.images.get(image).attrs["Config"]
     assert config["User"] not in ("", "root", "0"), f"{image} runs as {config['User'] or 'root'}"
