@@ -50,8 +50,9 @@ def declared_options(params: Sequence[Declared], overrides: dict[str, Any] | Non
             if p.required and p.name not in overrides:
                 func = click.option(flag, p.name, type=kind, required=True, help=p.help)(func)
             else:
-                func = click.option(flag, p.name, type=kind, default=default, help=p.help,
-                                    show_default=True)(func)  # fmt: skip
+                func = click.option(
+                    flag, p.name, type=kind, default=default, help=p.help, show_default=True
+                )(func)
         return func
 
     return apply
@@ -73,16 +74,30 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 @declared_options(
     [*PIPELINE_TRAIN_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS], {"registry_root": ""}
 )
-@click.option("--root", default="runs", show_default=True, help="the local folder where runs "
-              "(and the registry, unless --registry-root) go; not a URI")  # fmt: skip
-@click.option("--runner", type=click.Choice(["subprocess", "docker"]), default="subprocess",
-              show_default=True, help="subprocess: every step in this environment; docker: every "
-              "step in its image (build them with `make images-local`)")  # fmt: skip
-@click.option("--image-registry", default=defaults.LOCAL_IMAGE_REGISTRY, show_default=True,
-              help="with --runner docker: where the step images come from")  # fmt: skip
+@click.option(
+    "--root",
+    default="runs",
+    show_default=True,
+    help="the local folder where runs (and the registry, unless --registry-root) go; not a URI",
+)
+@click.option(
+    "--runner",
+    type=click.Choice(["subprocess", "docker"]),
+    default="subprocess",
+    show_default=True,
+    help="subprocess: every step in this environment; docker: every "
+    "step in its image (build them with `make images-local`)",
+)
+@click.option(
+    "--image-registry",
+    default=defaults.LOCAL_IMAGE_REGISTRY,
+    show_default=True,
+    help="with --runner docker: where the step images come from",
+)
 @click.option("--image-tag", default=defaults.LOCAL_IMAGE_TAG, show_default=True)
-def run_local_command(root: str, runner: str, image_registry: str, image_tag: str,
-                      **params: object) -> None:  # fmt: skip
+def run_local_command(
+    root: str, runner: str, image_registry: str, image_tag: str, **params: object
+) -> None:
     """Run the whole pipeline on this machine (kfp.local, mpirun, local disk). SIGTERM or
     Ctrl-C ends every process the run started, within 10 s, in one STOPPED line (exit 128 + N)."""
     from pipeline.local_run import RunFailed, RunStop, run_pipeline_locally
@@ -128,9 +143,17 @@ def step_options(backend: str) -> list[Declared]:
     return [*CLUSTER_JOB_PARAMETERS, *steps, *PLACEMENT_PARAMETERS]
 
 
-def render(backend: str, namespace: str | None, crd_dir: str | None, data: str | None,
-           output: str | None, model_dir: str | None, image_registry: str, image_tag: str,
-           **options: Any) -> str:  # fmt: skip
+def render(
+    backend: str,
+    namespace: str | None,
+    crd_dir: str | None,
+    data: str | None,
+    output: str | None,
+    model_dir: str | None,
+    image_registry: str,
+    image_tag: str,
+    **options: Any,
+) -> str:
     """The validated manifests of `backend` for the command's options, as YAML documents,
     written for the job's CRD in `crd_dir` (a release's: deploy/crd/trainer/<version>) as the
     train step writes them for the cluster's; InputError lists every bad option at once."""
@@ -164,8 +187,10 @@ def render(backend: str, namespace: str | None, crd_dir: str | None, data: str |
 def render_command(backend: str, what: str) -> click.Command:
     """The click command ``render-<backend>``, which prints `what`."""
 
-    @click.command(f"render-{backend}", help=f"Print {what} the train step would submit, as "
-                   "YAML, without a cluster.")  # fmt: skip
+    @click.command(
+        f"render-{backend}",
+        help=f"Print {what} the train step would submit, as YAML, without a cluster.",
+    )
     @click.option("--namespace", default=None, help="Set metadata.namespace.")
     @click.option("--data", default=None, help="gs:// dataset [<bucket>/data].")
     @click.option("--output", default=None, help="gs:// output [<bucket>/runs/<run>].")
@@ -173,9 +198,11 @@ def render_command(backend: str, what: str) -> click.Command:
     @click.option("--image-registry", default=defaults.DEFAULT_IMAGE_REGISTRY, show_default=True)
     @click.option("--image-tag", default=defaults.PACKAGE_VERSION, show_default=True)
     @click.option(
-        "--crd-dir", default=None, type=click.Path(exists=True, file_okay=False),
+        "--crd-dir",
+        default=None,
+        type=click.Path(exists=True, file_okay=False),
         help="Folder of the CRD files, e.g. deploy/crd/trainer/v2.1.0 [the packaged ones].",
-    )  # fmt: skip
+    )
     @declared_options(TRAINER_OPTIONS)
     @declared_options(step_options(backend), {"run_name": "dry-run"})
     def command(**options: Any) -> None:
@@ -209,23 +236,44 @@ def _serving_folder(registry_root: str, model_name: str, alias: str) -> Any:
 @registry_options
 @click.option("--name", default=None, help="The InferenceService's name [the model name].")
 @click.option("--namespace", default=None, help="Set metadata.namespace.")
-@click.option("--service-account", default=defaults.TRAINER_SERVICE_ACCOUNT, show_default=True,
-              help="The predictor's KSA (Workload Identity: reads the bucket).")  # fmt: skip
+@click.option(
+    "--service-account",
+    default=defaults.TRAINER_SERVICE_ACCOUNT,
+    show_default=True,
+    help="The predictor's KSA (Workload Identity: reads the bucket).",
+)
 @click.option("--gpus", type=int, default=0, show_default=True, help="nvidia.com/gpu per pod.")
 @click.option("--cpu", default="1", show_default=True, help="CPU per pod (requests = limits).")
 @click.option("--memory", default="2Gi", show_default=True, help="Memory per pod.")
 @click.option("--node-selector", type=JsonText(), help="JSON object of node label -> value.")
 @click.option("--tolerations", type=JsonText(), help="JSON list of Kubernetes tolerations.")
-@click.option("--poll-seconds", type=int, default=30, show_default=True,
-              help="TF Serving re-reads the folder this often (0: at pod start only).")  # fmt: skip
-@click.option("--runtime-version", default=None,
-              help="TF Serving's image tag (a -gpu one with --gpus) [KServe's].")  # fmt: skip
-@click.option("--crd", "crd_path", default=None, type=click.Path(exists=True, dir_okay=False),
-              help="CRD file [deploy/crd/kserve/...].")  # fmt: skip
+@click.option(
+    "--poll-seconds",
+    type=int,
+    default=30,
+    show_default=True,
+    help="TF Serving re-reads the folder this often (0: at pod start only).",
+)
+@click.option(
+    "--runtime-version",
+    default=None,
+    help="TF Serving's image tag (a -gpu one with --gpus) [KServe's].",
+)
+@click.option(
+    "--crd",
+    "crd_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="CRD file [deploy/crd/kserve/...].",
+)
 def render_inferenceservice(
-    registry_root: str, model_name: str, alias: str, name: str | None, crd_path: str | None,
+    registry_root: str,
+    model_name: str,
+    alias: str,
+    name: str | None,
+    crd_path: str | None,
     **options: Any,
-) -> None:  # fmt: skip
+) -> None:
     """Print the KServe InferenceService that serves the alias's serving folder, as YAML (a dry
     run: it reads the alias, writes nothing)."""
     import yaml
@@ -277,11 +325,16 @@ class OneLineGroup(click.Group):
 @click.group(
     cls=OneLineGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
-    commands=[compile_command, run_local_command, parameters_command,
-              render_command("mpijob", "the MPIJob manifest"),
-              render_command("trainjob", "the TrainingRuntime and the TrainJob (Kubeflow "
-                             "Trainer v2)"),
-              render_inferenceservice, sync_serving, *OPS_COMMANDS],
-)  # fmt: skip
+    commands=[
+        compile_command,
+        run_local_command,
+        parameters_command,
+        render_command("mpijob", "the MPIJob manifest"),
+        render_command("trainjob", "the TrainingRuntime and the TrainJob (Kubeflow Trainer v2)"),
+        render_inferenceservice,
+        sync_serving,
+        *OPS_COMMANDS,
+    ],
+)
 def cli() -> None:
     """Compile, run locally, render the cluster job, and operate the pipeline on a KFP cluster."""

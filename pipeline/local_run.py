@@ -132,8 +132,9 @@ def run_pipeline_locally(
     runs = [p for p in set(pipeline_root.iterdir()) - before if p.name.startswith(PIPELINE_NAME)]
     if len(runs) != 1:
         raise RuntimeError(f"expected one new run under {pipeline_root}, found {len(runs)}")
-    outputs = {f.parent.name: json.loads(f.read_text())
-               for f in runs[0].glob("*/executor_output.json")}  # fmt: skip
+    outputs = {
+        f.parent.name: json.loads(f.read_text()) for f in runs[0].glob("*/executor_output.json")
+    }
     return LocalRun(runs[0], outputs, time.monotonic() - started, log)
 
 

@@ -110,8 +110,13 @@ def find_version(client: Any, pipeline: str, version: str) -> tuple[str | None, 
     """``(pipeline id, version)`` of the version named `version`; None for what is missing."""
     pid = call(f"look up pipeline {pipeline!r}", client.get_pipeline_id, pipeline)
     query = {"predicates": [{"operation": 1, "key": "display_name", "stringValue": version}]}
-    page = pid and call(f"look up version {version!r}", client.list_pipeline_versions, pid,
-                        page_size=100, filter=json.dumps(query))  # fmt: skip
+    page = pid and call(
+        f"look up version {version!r}",
+        client.list_pipeline_versions,
+        pid,
+        page_size=100,
+        filter=json.dumps(query),
+    )
     found = [v for v in (page and page.pipeline_versions) or [] if v.display_name == version]
     return pid, found[0] if found else None
 
@@ -150,41 +155,60 @@ def wait_for_run(client: Any, run_id: str, timeout: float, poll_interval: float 
                 message = f"run {run_id} ended {state}: {failed_tasks(run)}"
                 raise OpsError(message, ExitCode.RUN_FAILED)
         if time.monotonic() >= deadline:
-            raise OpsError(f"run {run_id} did not finish within {timeout:g} s (last state: "
-                           f"{state or 'UNKNOWN'})", ExitCode.TIMED_OUT)  # fmt: skip
+            raise OpsError(
+                f"run {run_id} did not finish within {timeout:g} s (last state: "
+                f"{state or 'UNKNOWN'})",
+                ExitCode.TIMED_OUT,
+            )
         time.sleep(max(0.0, min(poll_interval, deadline - time.monotonic())))
 
 
 def connection(func: Callable[..., Any]) -> Callable[..., Any]:
     """`connect`'s options, each also read from kfp's own environment variable."""
-    for option, envvar in [("--sa-token-path", "SA_TOKEN_PATH"), ("--token", "TOKEN"),
-                           ("--namespace", "NAMESPACE"), ("--host", "ENDPOINT")]:  # fmt: skip
+    for option, envvar in [
+        ("--sa-token-path", "SA_TOKEN_PATH"),
+        ("--token", "TOKEN"),
+        ("--namespace", "NAMESPACE"),
+        ("--host", "ENDPOINT"),
+    ]:
         func = click.option(option, envvar=f"KF_PIPELINES_{envvar}", show_envvar=True)(func)
     return func
 
 
-def connect(host: str | None, namespace: str | None, token: str | None,
-            sa_token_path: str | None) -> Any:  # fmt: skip
+def connect(
+    host: str | None, namespace: str | None, token: str | None, sa_token_path: str | None
+) -> Any:
     """A ``kfp.Client`` (no `host`: in-cluster or kubeconfig), with a token or a token file."""
     import kfp
     from kfp.client.set_volume_credentials import ServiceAccountTokenVolumeCredentials
 
     path = None if token else sa_token_path
     credentials = ServiceAccountTokenVolumeCredentials(path) if path else None
-    return call(f"connect to KFP at {host or '(auto)'}", kfp.Client, host=host,
-                namespace=namespace or "kubeflow", existing_token=token,
-                credentials=credentials)  # fmt: skip
+    return call(
+        f"connect to KFP at {host or '(auto)'}",
+        kfp.Client,
+        host=host,
+        namespace=namespace or "kubeflow",
+        existing_token=token,
+        credentials=credentials,
+    )
 
 
-pipeline_option = click.option("--pipeline-name", default=defaults.PIPELINE_NAME,
-                               show_default=True)  # fmt: skip
-param_option = click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
-                            callback=_arguments, help="Typed by its declaration.")  # fmt: skip
+pipeline_option = click.option("--pipeline-name", default=defaults.PIPELINE_NAME, show_default=True)
+param_option = click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="NAME=VALUE",
+    callback=_arguments,
+    help="Typed by its declaration.",
+)
 experiment_option = click.option("--experiment", default="Default", show_default=True)
 
 
-def _target(client: Any, package: str | None, pipeline: str, version: str | None,
-            experiment: str) -> dict[str, Any]:  # fmt: skip
+def _target(
+    client: Any, package: str | None, pipeline: str, version: str | None, experiment: str
+) -> dict[str, Any]:
     """What a run or schedule runs (the package, or the uploaded `version` of `pipeline`), and
     in which `experiment` (created when missing)."""
     target: dict[str, Any] = {"pipeline_package_path": package or "build/pipeline.yaml"}
@@ -205,53 +229,84 @@ def version_name_command() -> None:
 
 
 @click.command("upload")
-@click.option("--package", type=click.Path(exists=True, dir_okay=False),
-              default="build/pipeline.yaml", show_default=True)  # fmt: skip
+@click.option(
+    "--package",
+    type=click.Path(exists=True, dir_okay=False),
+    default="build/pipeline.yaml",
+    show_default=True,
+)
 @pipeline_option
 @click.option("--version-name", help="[default: <package version>-g<commit>[-dirty]]")
 @click.option("--reuse-existing", is_flag=True, help="Keep an existing version and succeed.")
 @connection
-def upload_command(package: str, pipeline_name: str, version_name: str | None,
-                   reuse_existing: bool, **kw: Any) -> None:  # fmt: skip
+def upload_command(
+    package: str, pipeline_name: str, version_name: str | None, reuse_existing: bool, **kw: Any
+) -> None:
     """Create the pipeline (empty, so that every version carries the commit's name) or add a
     version to it, from the compiled package."""
     name = version_name or git_version_name()
     client = connect(**kw)
     pid, found = find_version(client, pipeline_name, name)
     if found is not None and not reuse_existing:
-        raise OpsError(f"pipeline {pipeline_name!r} already has a version named {name!r}; "
-                       "commit, pass another --version-name, or --reuse-existing")  # fmt: skip
+        raise OpsError(
+            f"pipeline {pipeline_name!r} already has a version named {name!r}; "
+            "commit, pass another --version-name, or --reuse-existing"
+        )
     if pid is None:
         create = client.pipelines.pipeline_service_create_pipeline
-        pid = call(f"create pipeline {pipeline_name!r}", create,
-                   {"display_name": pipeline_name}).pipeline_id  # fmt: skip
+        pid = call(
+            f"create pipeline {pipeline_name!r}", create, {"display_name": pipeline_name}
+        ).pipeline_id
     what, upload = "kept existing" if found else "uploaded", client.upload_pipeline_version
-    found = found or call(f"upload version {name!r} of pipeline {pipeline_name!r}", upload,
-                          package, name, pipeline_id=pid)  # fmt: skip
+    found = found or call(
+        f"upload version {name!r} of pipeline {pipeline_name!r}",
+        upload,
+        package,
+        name,
+        pipeline_id=pid,
+    )
     click.echo(f"{what} version {name} ({found.pipeline_version_id}) of {pipeline_name} ({pid})")
 
 
 @click.command("submit")
-@click.option("--package", type=click.Path(exists=True, dir_okay=False),
-              help="[default: build/pipeline.yaml]")  # fmt: skip
+@click.option(
+    "--package", type=click.Path(exists=True, dir_okay=False), help="[default: build/pipeline.yaml]"
+)
 @click.option("--version-name", help="Run this uploaded version instead of the package.")
 @pipeline_option
 @param_option
 @experiment_option
 @click.option("--run-name", help="[default: <pipeline> <version> <UTC time>]")
-@click.option("--wait", is_flag=True, help=f"Follow the run; exit {ExitCode.RUN_FAILED:d} if it "
-              f"fails, {ExitCode.TIMED_OUT:d} on timeout.")  # fmt: skip
+@click.option(
+    "--wait",
+    is_flag=True,
+    help=f"Follow the run; exit {ExitCode.RUN_FAILED:d} if it "
+    f"fails, {ExitCode.TIMED_OUT:d} on timeout.",
+)
 @click.option("--timeout", type=click.FloatRange(min=1), default=3600.0, show_default=True)
 @connection
-def submit_command(package: str | None, version_name: str | None, pipeline_name: str,
-                   params: dict[str, Any], experiment: str, run_name: str | None,
-                   wait: bool, timeout: float, **kw: Any) -> None:  # fmt: skip
+def submit_command(
+    package: str | None,
+    version_name: str | None,
+    pipeline_name: str,
+    params: dict[str, Any],
+    experiment: str,
+    run_name: str | None,
+    wait: bool,
+    timeout: float,
+    **kw: Any,
+) -> None:
     """Create a run of the compiled package (or of an uploaded version); --wait follows it."""
     client = connect(**kw)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     run_name = run_name or " ".join(filter(None, (pipeline_name, version_name, stamp)))
-    run = call(f"create run {run_name!r}", client.run_pipeline, job_name=run_name, params=params,
-               **_target(client, package, pipeline_name, version_name, experiment))  # fmt: skip
+    run = call(
+        f"create run {run_name!r}",
+        client.run_pipeline,
+        job_name=run_name,
+        params=params,
+        **_target(client, package, pipeline_name, version_name, experiment),
+    )
     click.echo(f"created run {run.run_id}: {run.display_name}")
     if wait:
         wait_for_run(client, run.run_id, timeout)
@@ -260,8 +315,12 @@ def submit_command(package: str | None, version_name: str | None, pipeline_name:
 
 @click.command("schedule")
 @click.option("--name", required=True, help="The schedule's name; unused in the experiment.")
-@click.option("--cron", required=True, callback=lambda _ctx, _opt, cron: validate_cron(cron),
-              help="6 fields, seconds first, e.g. '0 0 2 * * *'.")  # fmt: skip
+@click.option(
+    "--cron",
+    required=True,
+    callback=lambda _ctx, _opt, cron: validate_cron(cron),
+    help="6 fields, seconds first, e.g. '0 0 2 * * *'.",
+)
 @click.option("--version-name", required=True, help="The uploaded version to run.")
 @pipeline_option
 @param_option
@@ -269,15 +328,30 @@ def submit_command(package: str | None, version_name: str | None, pipeline_name:
 @click.option("--max-concurrency", type=click.IntRange(1, 10), default=1, show_default=True)
 @click.option("--catchup/--no-catchup", default=False, show_default=True)
 @connection
-def schedule_command(name: str, cron: str, version_name: str, pipeline_name: str,
-                     params: dict[str, Any], experiment: str, max_concurrency: int,
-                     catchup: bool, **kw: Any) -> None:  # fmt: skip
+def schedule_command(
+    name: str,
+    cron: str,
+    version_name: str,
+    pipeline_name: str,
+    params: dict[str, Any],
+    experiment: str,
+    max_concurrency: int,
+    catchup: bool,
+    **kw: Any,
+) -> None:
     """Create a recurring run of an uploaded version (list, pause, delete: kfp recurring-run)."""
     client = connect(**kw)
     target = _target(client, None, pipeline_name, version_name, experiment)
-    created = call(f"create schedule {name!r}", client.create_recurring_run, job_name=name,
-                   cron_expression=cron, max_concurrency=max_concurrency, no_catchup=not catchup,
-                   params=params, **target)  # fmt: skip
+    created = call(
+        f"create schedule {name!r}",
+        client.create_recurring_run,
+        job_name=name,
+        cron_expression=cron,
+        max_concurrency=max_concurrency,
+        no_catchup=not catchup,
+        params=params,
+        **target,
+    )
     click.echo(f"created schedule {created.recurring_run_id}: {name} ({cron})")
 
 

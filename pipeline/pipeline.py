@@ -52,10 +52,13 @@ def make_check_component(image: str) -> dsl.base_component.BaseComponent:
     signature = [(p.name, p.type.__name__) for p in PIPELINE_PARAMETERS] + [("images", "dict")]
     returns = 'NamedTuple("Checked", [("trainer_image", str), ("train_step_gpus", int)])'
     func = kfp_function(
-        "check_parameters", signature, returns, "pipeline.checks:run_checks",
+        "check_parameters",
+        signature,
+        returns,
+        "pipeline.checks:run_checks",
         "Fail the run before any work if a parameter is bad or its storage cannot be used; "
         "choose the trainer's image.",
-    )  # fmt: skip
+    )
     return dsl.component(base_image=image, install_kfp_package=False)(func)
 
 
@@ -145,8 +148,9 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
         train = train_op(
             **taken_by(PIPELINE_TRAIN_PARAMETERS, TRAIN_STEP_PARAMETERS)
             | {"trainer_image": check.outputs["trainer_image"]},  # the check step's choice
-            dataset=prep.outputs["dataset"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-        ).set_display_name("Horovod training (one job)")  # fmt: skip
+            dataset=prep.outputs["dataset"],
+            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        ).set_display_name("Horovod training (one job)")
         # where the job's pods run: through the train task's config (`components.train.component`)
         kubernetes.add_node_selector_json(train, values["node_selector"])
         kubernetes.add_toleration_json(train, values["tolerations"])
@@ -159,12 +163,16 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
             "evaluate the exported model"
         )
         register_op(
-            **taken_by(REGISTER_PARAMETERS), model=model, run_summary=train.outputs["run_summary"],
-            dataset=prep.outputs["dataset"], accuracy=evaluate.outputs["accuracy"],
-            loss=evaluate.outputs["loss"], confusion_matrix=evaluate.outputs["confusion_matrix"],
+            **taken_by(REGISTER_PARAMETERS),
+            model=model,
+            run_summary=train.outputs["run_summary"],
+            dataset=prep.outputs["dataset"],
+            accuracy=evaluate.outputs["accuracy"],
+            loss=evaluate.outputs["loss"],
+            confusion_matrix=evaluate.outputs["confusion_matrix"],
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             image_refs=images,
-        ).set_display_name("register")  # fmt: skip
+        ).set_display_name("register")
 
     mnist_horovod.__signature__ = signature  # type: ignore[attr-defined]
     mnist_horovod.__doc__ = parameters_docstring(ordered)

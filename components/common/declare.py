@@ -139,9 +139,13 @@ def declared(cls: type, pipeline_only: bool = False) -> list[Declared]:
         args = [a for a in getattr(hint, "__args__", ()) if a is not type(None)]
         kind = get_origin(hint) if get_origin(hint) in (dict, list) else (args or [hint])[0]
         item = Declared(
-            f.name, kind, f.default if made is _MISSING else made(), f.metadata["help"],
-            f.metadata["pipeline"], f.metadata["rule"],
-        )  # fmt: skip
+            f.name,
+            kind,
+            f.default if made is _MISSING else made(),
+            f.metadata["help"],
+            f.metadata["pipeline"],
+            f.metadata["rule"],
+        )
         if item.pipeline or not pipeline_only:
             out.append(item)
     return out

@@ -150,8 +150,7 @@ def _is_auth_error(exc: BaseException) -> bool:
     """Whether `exc` says this process has no Google credentials, or none that work."""
     from google.auth import exceptions  # lazily, as the storage client
 
-    kinds = (exceptions.DefaultCredentialsError, exceptions.RefreshError,
-             exceptions.TransportError)  # fmt: skip
+    kinds = (exceptions.DefaultCredentialsError, exceptions.RefreshError, exceptions.TransportError)
     return isinstance(exc, kinds)
 
 

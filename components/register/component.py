@@ -31,8 +31,10 @@ RETURNS = (
 def make_component(image: str) -> dsl.base_component.BaseComponent:
     """The KFP register component running in `image`."""
     func = kfp_function(
-        "register_model", SIGNATURE, RETURNS,
+        "register_model",
+        SIGNATURE,
+        RETURNS,
         "components.register.register:register_step",
         "Quality gate + champion/challenger; publish the model as the next numeric version.",
-    )  # fmt: skip
+    )
     return dsl.component(base_image=image, install_kfp_package=False)(func)

@@ -61,10 +61,15 @@ class Decision:
         """The KFP ``decision`` output."""
         registered = f"yes, version {self.version}" if self.registered else "no"
         lines = [
-            "# Registration", "", f"**{self.decision}**", "", f"- model: `{self.model_name}`",
+            "# Registration",
+            "",
+            f"**{self.decision}**",
+            "",
+            f"- model: `{self.model_name}`",
             f"- accuracy: {self.accuracy:.4f}, loss: {self.loss:.4f}",
-            f"- registered: {registered}", f"- promoted: {'yes' if self.promoted else 'no'}",
-        ]  # fmt: skip
+            f"- registered: {registered}",
+            f"- promoted: {'yes' if self.promoted else 'no'}",
+        ]
         if self.version_uri:
             lines.append(f"- location: `{self.version_uri}`")
         if self.champion_version is not None:
@@ -105,17 +110,27 @@ class Candidate:
         return {"accuracy": self.accuracy, "loss": self.loss, "min_accuracy": self.min_accuracy}
 
     def decision(
-        self, store: ModelStore, version: int, text: str, promoted: bool = False,
+        self,
+        store: ModelStore,
+        version: int,
+        text: str,
+        promoted: bool = False,
         champion: dict[str, Any] | None = None,
-    ) -> Decision:  # fmt: skip
+    ) -> Decision:
         """The outcome: registered as `version` (0: not registered)."""
         old = champion.get("metrics", {}).get("accuracy") if champion else None
         return Decision(
-            version > 0, promoted, version, text,
-            store.version_uri(version) if version > 0 else "", self.model_name, self.accuracy,
-            self.loss, champion_version=champion.get("version") if champion else None,
+            version > 0,
+            promoted,
+            version,
+            text,
+            store.version_uri(version) if version > 0 else "",
+            self.model_name,
+            self.accuracy,
+            self.loss,
+            champion_version=champion.get("version") if champion else None,
             champion_accuracy=float(old) if old is not None else None,
-        )  # fmt: skip
+        )
 
     def metadata(
         self, manifest: dataset.Manifest, summary: RunSummary, provenance: dict[str, Any]
@@ -144,9 +159,12 @@ class Candidate:
 
 
 def trusted_model(
-    candidate: Candidate, summary: RunSummary, summary_uri: str, from_artifact: str | None,
+    candidate: Candidate,
+    summary: RunSummary,
+    summary_uri: str,
+    from_artifact: str | None,
     workdir: str,
-) -> tuple[Path, str]:  # fmt: skip
+) -> tuple[Path, str]:
     """The fetched model and its digest: its ``saved_model.pb`` must hash to the digest the
     trainer recorded in the run summary and, when given, in the Model artifact's metadata
     (`from_artifact`); both present, they must agree."""
@@ -283,9 +301,11 @@ def register(
         started = clock().isoformat()
         version = store.claim_for_run(candidate.run_id, previous, started)
         provenance = {
-            "version": version, "registered_at": started, "image_refs": dict(image_refs or {}),
+            "version": version,
+            "registered_at": started,
+            "image_refs": dict(image_refs or {}),
             DIGEST_KEY: digest,
-        }  # fmt: skip
+        }
         metadata = candidate.metadata(manifest, summary, provenance)
         version_uri = store.publish(version, local_model, metadata)
     return promote(store, candidate, version, version_uri, clock().isoformat())
@@ -307,18 +327,34 @@ def below_chance(result: Decision, min_accuracy: float, evaluation: dict[str, An
 
 
 def register_step(
-    model: Any, run_summary: Any, dataset: Any, accuracy: float, loss: float,
-    confusion_matrix: Any, min_accuracy: float, model_name: str, registry_root: str,
-    pipeline_run_id: str, image_refs: dict[str, str], decision: Any,
-) -> tuple[bool, bool, int, str, str]:  # fmt: skip
+    model: Any,
+    run_summary: Any,
+    dataset: Any,
+    accuracy: float,
+    loss: float,
+    confusion_matrix: Any,
+    min_accuracy: float,
+    model_name: str,
+    registry_root: str,
+    pipeline_run_id: str,
+    image_refs: dict[str, str],
+    decision: Any,
+) -> tuple[bool, bool, int, str, str]:
     """The register step: `component.RETURNS` from KFP artifacts and parameters; a line warns
     of a model registered below chance (`below_chance`)."""
     result = register(
-        model.path, run_summary.path, dataset.path, accuracy, loss,
-        registry_root=registry_root, pipeline_run_id=pipeline_run_id, model_name=model_name,
-        min_accuracy=min_accuracy, image_refs=dict(image_refs),
+        model.path,
+        run_summary.path,
+        dataset.path,
+        accuracy,
+        loss,
+        registry_root=registry_root,
+        pipeline_run_id=pipeline_run_id,
+        model_name=model_name,
+        min_accuracy=min_accuracy,
+        image_refs=dict(image_refs),
         saved_model_sha256=model.metadata.get(DIGEST_KEY),
-    )  # fmt: skip
+    )
     if warning := below_chance(result, min_accuracy, dict(confusion_matrix.metadata)):
         print(warning, flush=True)
     storage.write_text(decision.path, result.to_markdown())

@@ -20,9 +20,11 @@ class RegisterStep(Validated):
     """The quality gate and the model store."""
 
     min_accuracy: float = param(
-        defaults.MIN_ACCURACY, "the test accuracy a model needs to be registered", minimum=0,
+        defaults.MIN_ACCURACY,
+        "the test accuracy a model needs to be registered",
+        minimum=0,
         maximum=1,
-    )  # fmt: skip
+    )
     model_name: str = param(
         defaults.MODEL_NAME, "the model's name in the registry", check=model_name_problem
     )

@@ -23,9 +23,12 @@ from components.common.failure import InputError
 from components.common.placement import node_selector_problem, tolerations_problem
 
 INFERENCESERVICE = Crd(
-    "serving.kserve.io", "v1beta1", "InferenceService", "inferenceservices",
+    "serving.kserve.io",
+    "v1beta1",
+    "InferenceService",
+    "inferenceservices",
     relative_path=Path("deploy") / "crd" / "kserve" / "serving.kserve.io_inferenceservices.yaml",
-)  # fmt: skip
+)
 
 POLL_SECONDS = 30
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -71,8 +74,10 @@ def build_inferenceservice(
     if runtime_version:
         model["runtimeVersion"] = runtime_version
     if poll_seconds:
-        model["args"] = [f"--model_base_path={storage_uri}",
-                         f"--file_system_poll_wait_seconds={poll_seconds}"]  # fmt: skip
+        model["args"] = [
+            f"--model_base_path={storage_uri}",
+            f"--file_system_poll_wait_seconds={poll_seconds}",
+        ]
     predictor: dict[str, Any] = {"serviceAccountName": service_account, "model": model}
     if node_selector:
         predictor["nodeSelector"] = node_selector

@@ -38,12 +38,17 @@ def fused_adam_class() -> type:
             step = tf.cast(self.iterations + 1, dtype)
             beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
             tf.raw_ops.ResourceApplyAdam(
-                var=_handle(keras, variable), m=_handle(keras, self._momentums[index]),
+                var=_handle(keras, variable),
+                m=_handle(keras, self._momentums[index]),
                 v=_handle(keras, self._velocities[index]),
-                beta1_power=tf.pow(beta_1, step), beta2_power=tf.pow(beta_2, step),
-                lr=tf.cast(learning_rate, dtype), beta1=beta_1, beta2=beta_2,
-                epsilon=tf.cast(self.epsilon, dtype), grad=tf.cast(gradient, dtype),
-            )  # fmt: skip
+                beta1_power=tf.pow(beta_1, step),
+                beta2_power=tf.pow(beta_2, step),
+                lr=tf.cast(learning_rate, dtype),
+                beta1=beta_1,
+                beta2=beta_2,
+                epsilon=tf.cast(self.epsilon, dtype),
+                grad=tf.cast(gradient, dtype),
+            )
             return None
 
     FusedAdam.__module__ = __name__

@@ -52,8 +52,13 @@ class CheckpointInfo:
     @classmethod
     def of(cls, raw: Any) -> CheckpointInfo:
         """From a parsed marker; raises KeyError, TypeError or ValueError."""
-        return cls(int(raw["epoch"]), str(raw["prefix"]), dict(raw.get("metrics", {})),
-                   str(raw["model"]), int(raw.get("keras", 2)))  # fmt: skip
+        return cls(
+            int(raw["epoch"]),
+            str(raw["prefix"]),
+            dict(raw.get("metrics", {})),
+            str(raw["model"]),
+            int(raw.get("keras", 2)),
+        )
 
     def resume_problem(self, model: str, checkpoint_uri: str) -> str | None:
         """Why a run training `model` cannot resume from this checkpoint, or None."""
@@ -152,8 +157,13 @@ def save(
     """Write `checkpoint` (a ``tf.train.Checkpoint``) as the state after `epoch` finished epochs
     of training `model`: its files, its ``checkpoint.json`` last, then ``latest.json``."""
     name = epoch_dir(epoch)
-    marker = {"epoch": epoch, "prefix": f"{name}/ckpt", "metrics": metrics, "model": model,
-              "keras": KERAS_MAJOR}  # fmt: skip
+    marker = {
+        "epoch": epoch,
+        "prefix": f"{name}/ckpt",
+        "metrics": metrics,
+        "model": model,
+        "keras": KERAS_MAJOR,
+    }
     with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
         checkpoint.write(str(Path(tmp) / "ckpt"))
         files = {

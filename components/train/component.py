@@ -44,11 +44,13 @@ PASSTHROUGHS = [
 def make_component(image: str) -> dsl.base_component.BaseComponent:
     """The KFP train component running in `image` (the trainer image)."""
     func = kfp_function(
-        "train", SIGNATURE, "None",
+        "train",
+        SIGNATURE,
+        "None",
         "components.train.step_program:run_step",
         "Train ONE model with a Horovod job of `workers` processes (local, an MPIJob or a "
         "TrainJob).",
-    )  # fmt: skip
+    )
     return dsl.component(
         base_image=image, install_kfp_package=False, task_config_passthroughs=PASSTHROUGHS
     )(func)

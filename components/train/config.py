@@ -39,10 +39,14 @@ class TrainConfig(Validated):
 
     what = "training parameters"
 
-    data: str = param(help="dataset directory written by data prep", pipeline=False,
-                      check=nonempty_problem)  # fmt: skip
-    output: str = param(help="run_summary.json, tensorboard/ (and checkpoints/, model/)",
-                        pipeline=False, check=nonempty_problem)  # fmt: skip
+    data: str = param(
+        help="dataset directory written by data prep", pipeline=False, check=nonempty_problem
+    )
+    output: str = param(
+        help="run_summary.json, tensorboard/ (and checkpoints/, model/)",
+        pipeline=False,
+        check=nonempty_problem,
+    )
     workers: int = param(
         defaults.WORKERS, "Horovod processes (local backend) or worker pods (MPIJob)", minimum=1
     )
@@ -51,18 +55,22 @@ class TrainConfig(Validated):
     )
     epochs: int = param(defaults.EPOCHS, "epochs to train", minimum=1)
     batch_size_per_worker: int = param(
-        defaults.BATCH_SIZE_PER_WORKER, "batch per rank; the global batch is this x ranks",
+        defaults.BATCH_SIZE_PER_WORKER,
+        "batch per rank; the global batch is this x ranks",
         minimum=1,
-    )  # fmt: skip
+    )
     learning_rate: float = param(
-        defaults.BASE_LEARNING_RATE, "Adam's learning rate for one rank (lr_scaling scales it)",
-        above=0, maximum=10,
-    )  # fmt: skip
+        defaults.BASE_LEARNING_RATE,
+        "Adam's learning rate for one rank (lr_scaling scales it)",
+        above=0,
+        maximum=10,
+    )
     warmup_epochs: int = param(defaults.WARMUP_EPOCHS, "epochs of learning-rate warmup", minimum=0)
     lr_scaling: str = param(
-        defaults.LR_SCALING, "how Adam follows the world size: linear, sqrt or none",
+        defaults.LR_SCALING,
+        "how Adam follows the world size: linear, sqrt or none",
         choices=LR_SCALINGS,
-    )  # fmt: skip
+    )
     threads_per_worker: int = param(0, "CPU threads per rank (0: cores / local ranks)", minimum=0)
     model: str = param(
         defaults.MODEL,
@@ -75,20 +83,25 @@ class TrainConfig(Validated):
         defaults.AUGMENT, "augment the training images (rotation, shifts, shear, zoom)"
     )
     min_workers: int = param(
-        0, "0: static (losing a worker ends the job); N > 0: elastic, it goes on with as few as "
-        "N workers and grows back to workers", minimum=0,
-    )  # fmt: skip
+        0,
+        "0: static (losing a worker ends the job); N > 0: elastic, it goes on with as few as "
+        "N workers and grows back to workers",
+        minimum=0,
+    )
     mixed_precision: bool = param(
         False,
         "Keras's mixed_float16: float16 compute, float32 weights, the loss scaled (every rank "
         "skips an overflowed step alike); for GPUs with float16 units, slow on CPUs",
     )
     gpus_per_worker: int = param(
-        0, "0: train on the CPU; N > 0: every rank trains on a GPU of its own, or the job stops "
-        "before training", minimum=0,
-    )  # fmt: skip
-    seed: int = param(defaults.SHUFFLE_SEED, "initial weights and sample order", pipeline=False,
-                      minimum=0)  # fmt: skip
+        0,
+        "0: train on the CPU; N > 0: every rank trains on a GPU of its own, or the job stops "
+        "before training",
+        minimum=0,
+    )
+    seed: int = param(
+        defaults.SHUFFLE_SEED, "initial weights and sample order", pipeline=False, minimum=0
+    )
     model_dir: str | None = param(None, "SavedModel export (default OUTPUT/model)", pipeline=False)
     checkpoint_dir: str | None = param(None, "default OUTPUT/checkpoints", pipeline=False)
 
@@ -178,8 +191,10 @@ def adam_settings(rule: str, learning_rate: float, k: int) -> dict[str, float]:
     """
     if rule == "sqrt":
         return {
-            "learning_rate": learning_rate * math.sqrt(k), "beta_1": 1 - k * (1 - BETA_1),
-            "beta_2": 1 - k * (1 - BETA_2), "epsilon": EPSILON / math.sqrt(k),
-        }  # fmt: skip
+            "learning_rate": learning_rate * math.sqrt(k),
+            "beta_1": 1 - k * (1 - BETA_1),
+            "beta_2": 1 - k * (1 - BETA_2),
+            "epsilon": EPSILON / math.sqrt(k),
+        }
     scaled = learning_rate * k if rule == "linear" else learning_rate
     return {"learning_rate": scaled, "beta_1": BETA_1, "beta_2": BETA_2, "epsilon": EPSILON}

@@ -47,10 +47,13 @@ def train_elastic(job: Job) -> int:
     trainee = trainer.build_or_resume(job)
     start = "resumed from the checkpoint" if trainee.resume else "start"
     state = hvd.elastic.KerasState(
-        trainee.model, trainee.model.optimizer, epoch=trainee.initial_epoch,
+        trainee.model,
+        trainee.model.optimizer,
+        epoch=trainee.initial_epoch,
         metrics=dict(trainee.resume.metrics) if trainee.resume else {},
-        history=[world_entry(trainee.initial_epoch, job.size, start)], epochs=[],
-    )  # fmt: skip
+        history=[world_entry(trainee.initial_epoch, job.size, start)],
+        epochs=[],
+    )
     why = ["start"]
 
     def on_reset() -> None:
@@ -59,8 +62,11 @@ def train_elastic(job: Job) -> int:
         state.save()  # else the sync that follows puts back the history of the last commit
         job.log.info(
             "elastic: %s; the job goes on as ONE job of %d workers from epoch %d of %d",
-            why[0], job.size, state.epoch + 1, config.epochs,
-        )  # fmt: skip
+            why[0],
+            job.size,
+            state.epoch + 1,
+            config.epochs,
+        )
 
     state.register_reset_callbacks([on_reset])
 
@@ -80,16 +86,22 @@ def train_elastic(job: Job) -> int:
             raise
 
     shard, first = attempt(state)
-    record = {"min_workers": config.min_workers, "max_workers": config.workers,
-              "world_size_history": list(state.history), "epochs": list(state.epochs)}  # fmt: skip
+    record = {
+        "min_workers": config.min_workers,
+        "max_workers": config.workers,
+        "world_size_history": list(state.history),
+        "epochs": list(state.epochs),
+    }
     extra: dict[str, Any] = {"elastic": record}
     if state.epochs:  # the coverage of every epoch this job trained, each at its world size
         epochs = state.epochs
         extra["coverage"] = {
-            "samples": shard.total, "seen_per_epoch": epochs[-1]["seen_per_epoch"],
+            "samples": shard.total,
+            "seen_per_epoch": epochs[-1]["seen_per_epoch"],
             "disjoint": all(e["disjoint"] for e in epochs),
-            "covers_all": all(e["covers_all"] for e in epochs), "epochs_checked": len(epochs),
-        }  # fmt: skip
+            "covers_all": all(e["covers_all"] for e in epochs),
+            "epochs_checked": len(epochs),
+        }
     return trainer.export(job, trainee, shard, dict(state.metrics), first, **extra)
 
 
@@ -118,7 +130,10 @@ def _attempt(job: Job, trainee: Trainee, state: Any) -> tuple[Any, int]:
         state.epoch = epoch + 1
 
     commit = job.hvd.elastic.CommitStateCallback(state, COMMIT_AT_EPOCH_ENDS_ONLY)
-    found = [*trainer.callbacks(job, trainee, shard), keras.callbacks.LambdaCallback(
-        on_epoch_end=record_epoch), commit]  # fmt: skip
+    found = [
+        *trainer.callbacks(job, trainee, shard),
+        keras.callbacks.LambdaCallback(on_epoch_end=record_epoch),
+        commit,
+    ]
     trainer.fit(job, trainee, shard, found, start)
     return shard, start

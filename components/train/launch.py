@@ -100,9 +100,19 @@ def local_command(workers: int, args: list[str]) -> list[str]:
 # Horovod's elastic driver blacklists a whole host when one of its ranks fails, so a lost rank
 # takes out only its own "host"; horovodrun starts every one here without ssh.
 LOOPBACK_NAMES = (
-    "localhost", "127.0.0.1", "127.0.1", "127.1", "0x7f.1", "0x7f.0.1", "0x7f.0.0.1",
-    "0177.1", "0177.0.1", "0177.0.0.1", "2130706433", "0x7f000001",
-)  # fmt: skip
+    "localhost",
+    "127.0.0.1",
+    "127.0.1",
+    "127.1",
+    "0x7f.1",
+    "0x7f.0.1",
+    "0x7f.0.0.1",
+    "0177.1",
+    "0177.0.1",
+    "0177.0.0.1",
+    "2130706433",
+    "0x7f000001",
+)
 
 
 @dataclass(frozen=True)
@@ -134,9 +144,18 @@ def elastic_launcher_args(workers: int, min_workers: int, hosts: LocalHosts) -> 
     """Elastic horovodrun's arguments: `min_workers` to `workers` ranks found by `hosts`."""
     listed = len((hosts.directory / "hosts").read_text().split())
     return [
-        "-np", str(min(listed, workers)), "--min-np", str(min_workers), "--max-np", str(workers),
-        "--host-discovery-script", str(hosts.script), "--network-interface", "lo", "--gloo",
-    ]  # fmt: skip
+        "-np",
+        str(min(listed, workers)),
+        "--min-np",
+        str(min_workers),
+        "--max-np",
+        str(workers),
+        "--host-discovery-script",
+        str(hosts.script),
+        "--network-interface",
+        "lo",
+        "--gloo",
+    ]
 
 
 def job_environment(

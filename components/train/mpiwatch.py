@@ -123,9 +123,13 @@ class Silence:
     `cpu_seconds(host, pid)`: what a rank's process has used, where the watch can see it."""
 
     def __init__(
-        self, ranks: int, bound_s: float, now: float, expected: list[str],
+        self,
+        ranks: int,
+        bound_s: float,
+        now: float,
+        expected: list[str],
         cpu_seconds: Callable[[str, int], float | None] = local_cpu_seconds,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.bound_s, self.expected, self.cpu_seconds = bound_s, expected, cpu_seconds
         self.last = dict.fromkeys(range(ranks), now)  # when each was last heard, or the launch
         self.host: dict[int, str] = {}
@@ -298,9 +302,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--ranks", type=int, required=True, help="the job's number of ranks")
     parser.add_argument(
-        "--silence-seconds", type=float, required=True,
+        "--silence-seconds",
+        type=float,
+        required=True,
         help="end the job when a rank has sent no heartbeat for this long",
-    )  # fmt: skip
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- mpirun ...")
     args = parser.parse_args(argv)
     args.command = args.command[1:] if args.command[:1] == ["--"] else args.command

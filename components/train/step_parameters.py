@@ -32,16 +32,19 @@ class TrainStep(Validated):
     """How the train step runs the job: its backend, image, pods, identity and run policy."""
 
     training_backend: str = param(
-        "auto", "auto: the job operator the cluster serves (an MPIJob where mpi-operator is "
+        "auto",
+        "auto: the job operator the cluster serves (an MPIJob where mpi-operator is "
         "installed, else a TrainJob on Kubeflow Trainer v2); mpijob: a Kubeflow MPIJob across "
         "pods (mpi-operator); trainjob: a Kubeflow Trainer v2 TrainJob across pods; local: "
         "mpirun inside the train step's own pod",
         choices=TRAINING_BACKENDS,
-    )  # fmt: skip
+    )
     trainer_image: str = param(
-        "", "the trainer's image; empty: this version's trainer image, the GPU one when "
-        "gpus_per_worker > 0", check=image_problem,
-    )  # fmt: skip
+        "",
+        "the trainer's image; empty: this version's trainer image, the GPU one when "
+        "gpus_per_worker > 0",
+        check=image_problem,
+    )
     # resources of each worker pod (requests == limits: Guaranteed QoS)
     cpu_per_worker: str = param(defaults.WORKER_CPU, "CPU of each worker pod", quantity=True)
     memory_per_worker: str = param(
@@ -49,26 +52,35 @@ class TrainStep(Validated):
     )
     namespace: str = param("", "the cluster job's namespace; empty: the train step's own")
     trainer_service_account: str = param(
-        defaults.TRAINER_SERVICE_ACCOUNT, "the service account of the job's pods (Workload "
-        "Identity)", check=dns_name_problem,
-    )  # fmt: skip
+        defaults.TRAINER_SERVICE_ACCOUNT,
+        "the service account of the job's pods (Workload Identity)",
+        check=dns_name_problem,
+    )
     # the job's own settings, at their defaults in a pipeline run
     stall_shutdown_seconds: int = param(
-        defaults.STALL_SHUTDOWN_SECONDS, "how long a rank may stall (or stay silent) before "
-        "the job ends", pipeline=False, minimum=1,
-    )  # fmt: skip
+        defaults.STALL_SHUTDOWN_SECONDS,
+        "how long a rank may stall (or stay silent) before the job ends",
+        pipeline=False,
+        minimum=1,
+    )
     launcher_cpu: str = param(
-        defaults.LAUNCHER_CPU, "CPU of the launcher pod (MPIJob only)", pipeline=False,
+        defaults.LAUNCHER_CPU,
+        "CPU of the launcher pod (MPIJob only)",
+        pipeline=False,
         quantity=True,
-    )  # fmt: skip
+    )
     launcher_memory: str = param(
-        defaults.LAUNCHER_MEMORY, "memory of the launcher pod (MPIJob only)", pipeline=False,
+        defaults.LAUNCHER_MEMORY,
+        "memory of the launcher pod (MPIJob only)",
+        pipeline=False,
         quantity=True,
-    )  # fmt: skip
+    )
     ttl_seconds_after_finished: int = param(
-        defaults.JOB_TTL_SECONDS_AFTER_FINISHED, "seconds a finished job is kept",
-        pipeline=False, minimum=0,
-    )  # fmt: skip
+        defaults.JOB_TTL_SECONDS_AFTER_FINISHED,
+        "seconds a finished job is kept",
+        pipeline=False,
+        minimum=0,
+    )
     backoff_limit: int = param(
         defaults.JOB_BACKOFF_LIMIT, "launcher retries", pipeline=False, minimum=0
     )
@@ -77,9 +89,11 @@ class TrainStep(Validated):
     )
     # gang scheduling (Volcano / scheduler-plugins); all optional
     queue: str | None = param(
-        None, "gang-scheduling queue (Volcano; MPIJob only)", pipeline=False,
+        None,
+        "gang-scheduling queue (Volcano; MPIJob only)",
+        pipeline=False,
         check=dns_name_problem,
-    )  # fmt: skip
+    )
     priority_class: str | None = param(
         None, "priority class of the pods", pipeline=False, check=dns_name_problem
     )

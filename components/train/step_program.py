@@ -184,9 +184,14 @@ def run_step(
         data=dataset.uri, output=work_uri(saved_model.uri), model_dir=saved_model.uri, **trainer
     )
     record = run_train_task(
-        config, TrainStep(**values), dataset.path, saved_model.path,
-        (run_summary.path, coordination_report.path), pipeline_run_id, task_config=task_config,
-    )  # fmt: skip
+        config,
+        TrainStep(**values),
+        dataset.path,
+        saved_model.path,
+        (run_summary.path, coordination_report.path),
+        pipeline_run_id,
+        task_config=task_config,
+    )
     model_metadata, summary_metadata = artifact_metadata(record)
     saved_model.metadata.update(model_metadata)
     run_summary.metadata.update(summary_metadata)
@@ -195,11 +200,15 @@ def run_step(
 def artifact_metadata(record: RunSummary) -> tuple[dict[str, Any], dict[str, Any]]:
     """The metadata of the Model and the run_summary artifacts, from the run summary."""
     model = {
-        "framework": "tensorflow-savedmodel", "model": record.config.model,
-        "augment": record.config.augment, "world_size": record.world_size,
-        "epochs": record.config.epochs, "saved_model_sha256": record.saved_model_sha256,
-        "final_metrics": record.final_metrics, "tensorboard_uri": record.config.tensorboard_uri,
-    }  # fmt: skip
+        "framework": "tensorflow-savedmodel",
+        "model": record.config.model,
+        "augment": record.config.augment,
+        "world_size": record.world_size,
+        "epochs": record.config.epochs,
+        "saved_model_sha256": record.saved_model_sha256,
+        "final_metrics": record.final_metrics,
+        "tensorboard_uri": record.config.tensorboard_uri,
+    }
     run = {
         "world_size": record.world_size,
         "weights_identical_across_ranks": record.weights_identical_across_ranks,

@@ -207,8 +207,11 @@ def coordination_report(summary: RunSummary) -> str:
         f"{', '.join(s.hosts)}).",
         "",
         *([f"- Backend: **{s.training_backend}**{reason}"] if s.training_backend else []),
-        *([f"- Deadline enforced by: **{s.deadline_enforced_by}**"]
-          if s.deadline_enforced_by else []),
+        *(
+            [f"- Deadline enforced by: **{s.deadline_enforced_by}**"]
+            if s.deadline_enforced_by
+            else []
+        ),
         f"- Gradient allreduce: **{s.gradient_allreduce}**, "
         f"{ALLREDUCE_TEXT.get(s.gradient_allreduce, s.gradient_allreduce)}",
         f"- Global batch: **{s.global_batch_size}** = {size} workers x "
@@ -222,17 +225,34 @@ def coordination_report(summary: RunSummary) -> str:
         "",
         "## What each rank read and did",
         "",
-        _row("rank", "host", "device", "threads", "samples read", "samples/epoch",
-             "steps/epoch", "examples/s", "weights sha256"),
+        _row(
+            "rank",
+            "host",
+            "device",
+            "threads",
+            "samples read",
+            "samples/epoch",
+            "steps/epoch",
+            "examples/s",
+            "weights sha256",
+        ),
         "|---:|---|---|---:|---|---:|---:|---:|---|",
-    ]  # fmt: skip
+    ]
     for r in s.per_rank:
         lo, hi = r["sample_range"]
         lines.append(
-            _row(r["rank"], r["host"], device_text(r), r["threads"], f"[{lo}, {hi})",
-                 r["samples_per_epoch"], r["steps_per_epoch"], r["examples_per_second"],
-                 f"`{r['weights_sha256'][:16]}`")
-        )  # fmt: skip
+            _row(
+                r["rank"],
+                r["host"],
+                device_text(r),
+                r["threads"],
+                f"[{lo}, {hi})",
+                r["samples_per_epoch"],
+                r["steps_per_epoch"],
+                r["examples_per_second"],
+                f"`{r['weights_sha256'][:16]}`",
+            )
+        )
     return "\n".join([*lines, "", *_elastic_lines(s), *resource_lines(s), *_result_lines(s)])
 
 

@@ -152,13 +152,18 @@ def _per_rank(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> list[Reco
         allreduce = statistics.median(c.allreduce_seconds / c.steps for c in mine)
         waiting_for_input = statistics.median(c.input_seconds / c.steps for c in mine)
         busy = statistics.median(c.cpu_seconds / c.seconds for c in mine if c.seconds > 0)
-        rows.append({
-            "rank": rank, "host": hosts.get(rank, "?"), "step_ms": round(step * 1e3, 2),
-            "compute_ms": round((step - allreduce - waiting_for_input) * 1e3, 2),
-            "allreduce_ms": round(allreduce * 1e3, 2),
-            "input_ms": round(waiting_for_input * 1e3, 2), "cpu_cores_busy": round(busy, 2),
-            "threads": mine[0].threads,
-        })  # fmt: skip
+        rows.append(
+            {
+                "rank": rank,
+                "host": hosts.get(rank, "?"),
+                "step_ms": round(step * 1e3, 2),
+                "compute_ms": round((step - allreduce - waiting_for_input) * 1e3, 2),
+                "allreduce_ms": round(allreduce * 1e3, 2),
+                "input_ms": round(waiting_for_input * 1e3, 2),
+                "cpu_cores_busy": round(busy, 2),
+                "threads": mine[0].threads,
+            }
+        )
     return rows
 
 
@@ -182,9 +187,12 @@ def resource_use(epochs: list[list[EpochCost]], hosts: dict[int, str]) -> Record
     split = {k: round(statistics.median(s[k] for s in splits), 4) for k in splits[0]}
     ranks = _per_rank(timed, hosts)
     use: Record = {
-        **split, "estimated_efficiency": split["compute_share"], "epochs_measured": len(timed),
-        "per_rank": ranks, "straggler": straggler(ranks),
-    }  # fmt: skip
+        **split,
+        "estimated_efficiency": split["compute_share"],
+        "epochs_measured": len(timed),
+        "per_rank": ranks,
+        "straggler": straggler(ranks),
+    }
     return {**use, "advice": advice(use)}
 
 
@@ -301,9 +309,10 @@ class Telemetry:
         own = [dict(c.own_metrics).get("loss", float("nan")) for c in costs]
         losses = ", ".join(f"{v:.4f}" for v in own)
         how = (
-            f"averaged over {len(costs)} ranks" if self.metrics_averaged[-1]
+            f"averaged over {len(costs)} ranks"
+            if self.metrics_averaged[-1]
             else f"rank 0's own, NOT averaged: the ranks' losses are {losses}"
-        )  # fmt: skip
+        )
         self.log.info(
             "Epoch %d/%d - loss %.4f - accuracy %.4f (%s) - lr %.5f - %.0f examples/s - a step: "
             "compute %.0f%%, communication %.0f%%, waiting %.0f%%, input %.0f%%",

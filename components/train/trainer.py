@@ -262,16 +262,20 @@ def build_or_resume(job: Job) -> Trainee:
     except ModelChoiceError as exc:  # every rank builds the same: every rank stops here
         raise AllRanksError(str(exc)) from exc
     job.log.info(
-        "model %s: %s parameters; augmentation %s", config.model, f"{model.count_params():,}",
+        "model %s: %s parameters; augmentation %s",
+        config.model,
+        f"{model.count_params():,}",
         "on (training only)" if config.augment else "off",
-    )  # fmt: skip
+    )
     optimizer = distributed_optimizer(job)
     # No XLA: the Horovod build has no XLA kernels (make/horovod/patches/0001), and Keras 3's
     # "auto" picks XLA wherever a GPU is.
     model.compile(
-        optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+        optimizer=optimizer,
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
         jit_compile=False,
-    )  # fmt: skip
+    )
     # Built now, not in the first step: a checkpoint restores every slot, and the broadcast (or
     # the elastic state) covers them.
     optimizer.build(model.trainable_variables)
@@ -317,10 +321,11 @@ def callbacks(job: Job, trainee: Trainee, shard: RankPlan) -> list[Any]:
     if config.warmup_epochs > 0:
         found.append(
             hvd.callbacks.LearningRateWarmupCallback(
-                initial_lr=job.adam["learning_rate"], warmup_epochs=config.warmup_epochs,
+                initial_lr=job.adam["learning_rate"],
+                warmup_epochs=config.warmup_epochs,
                 steps_per_epoch=shard.steps,
             )
-        )  # fmt: skip
+        )
     found.append(telemetry.callback(keras, shard, config.epochs))
     # no wait for tf.data at the end of fit; the telemetry times each step's wait for its batch
     found.append(held_input.hold_callback(keras, telemetry.input_clock))
@@ -352,9 +357,14 @@ def fit(
     threads = job.devices.threads
     data = make_dataset(job.tf, shard, config.seed, job.rank, epochs, threads)
     history = trainee.model.fit(
-        data, epochs=config.epochs, initial_epoch=start, steps_per_epoch=shard.steps,
-        callbacks=with_callbacks, verbose=0, shuffle=False,  # `data` shuffles each epoch itself
-    )  # fmt: skip
+        data,
+        epochs=config.epochs,
+        initial_epoch=start,
+        steps_per_epoch=shard.steps,
+        callbacks=with_callbacks,
+        verbose=0,
+        shuffle=False,  # `data` shuffles each epoch itself
+    )
     return {k: float(v[-1]) for k, v in history.history.items() if k != "lr"}
 
 
@@ -362,16 +372,24 @@ def fit(
 
 
 def export(
-    job: Job, trainee: Trainee, shard: RankPlan, metrics: dict[str, float], epoch: int,
+    job: Job,
+    trainee: Trainee,
+    shard: RankPlan,
+    metrics: dict[str, float],
+    epoch: int,
     **extra: Any,
-) -> int:  # fmt: skip
+) -> int:
     """Every rank shares what it did; rank 0 exports the one model and the run summary (with
     `extra`'s fields: an elastic job's)."""
     config = job.config
     summary = job.telemetry.run_summary(
-        config, shard, trainee.model, resumed_from_epoch=trainee.initial_epoch,
-        adam=job.adam, final_metrics=metrics,
-    )  # fmt: skip
+        config,
+        shard,
+        trainee.model,
+        resumed_from_epoch=trainee.initial_epoch,
+        adam=job.adam,
+        final_metrics=metrics,
+    )
     if summary is None:  # not rank 0
         return ExitCode.OK
     for name, value in extra.items():
@@ -421,15 +439,24 @@ def _log_plan(job: Job, shard: RankPlan) -> None:
         "model together. Each rank reads a disjoint 1/%d of the %d training samples and runs %d "
         "steps per epoch; gradients are averaged every step; rank 0 alone logs, checkpoints and "
         "exports.",
-        size, hvd.local_size(), "mpi" if hvd.mpi_enabled() else "gloo", size, shard.total,
+        size,
+        hvd.local_size(),
+        "mpi" if hvd.mpi_enabled() else "gloo",
+        size,
+        shard.total,
         shard.steps,
-    )  # fmt: skip
+    )
     job.log.info(
         "global batch %d = %d workers x %d; learning rate %s, warmed up over %d epoch(s); "
         "device %s, %d thread(s) per worker",
-        config.batch_size_per_worker * size, size, config.batch_size_per_worker, lr,
-        config.warmup_epochs, job.devices.device, job.devices.threads,
-    )  # fmt: skip
+        config.batch_size_per_worker * size,
+        size,
+        config.batch_size_per_worker,
+        lr,
+        config.warmup_epochs,
+        job.devices.device,
+        job.devices.threads,
+    )
     classes = shard.classes
     named = ", ".join(classes[:5]) + (f", … ({len(classes)} in all)" if len(classes) > 5 else "")
     job.log.info(

@@ -17,11 +17,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_step(body: str) -> subprocess.CompletedProcess:
-    program = "\n".join([
-        "from components.common.failure import one_line_failures",
-        "with one_line_failures():",
-        f"    {body}",
-    ])  # fmt: skip
+    program = "\n".join(
+        [
+            "from components.common.failure import one_line_failures",
+            "with one_line_failures():",
+            f"    {body}",
+        ]
+    )
     return subprocess.run(
         [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
@@ -30,20 +32,27 @@ def run_step(body: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     ("body", "line"),
     [
-        ("from components.data_prep.sources import fetch; fetch('/nonexistent/mnist.npz')",
-         "FAILED: /nonexistent/mnist.npz: not found"),
-        ("from components.common.declare import check; from pipeline.checks import "
-         "PIPELINE_PARAMETERS; check(PIPELINE_PARAMETERS, {'workers': 0}, 'pipeline parameters')",
-         "FAILED: invalid pipeline parameters: workers must be >= 1, got 0"),
+        (
+            "from components.data_prep.sources import fetch; fetch('/nonexistent/mnist.npz')",
+            "FAILED: /nonexistent/mnist.npz: not found",
+        ),
+        (
+            "from components.common.declare import check; "
+            "from pipeline.checks import PIPELINE_PARAMETERS; "
+            "check(PIPELINE_PARAMETERS, {'workers': 0}, 'pipeline parameters')",
+            "FAILED: invalid pipeline parameters: workers must be >= 1, got 0",
+        ),
         # a RegistryError was a RuntimeError, which the handler let through with its traceback
-        ("from components.register.registry import ModelStore; import pathlib; "
-         "s = ModelStore('{tmp}', 'm'); pathlib.Path(s.alias_uri('production')).parent.mkdir("
-         "parents=True); pathlib.Path(s.alias_uri('production')).write_text('[1]'); "
-         "s.read_alias('production')",
-         "FAILED: {tmp}/m/_aliases/production.json: expected a JSON object"),
+        (
+            "from components.register.registry import ModelStore; import pathlib; "
+            "s = ModelStore('{tmp}', 'm'); pathlib.Path(s.alias_uri('production')).parent.mkdir("
+            "parents=True); pathlib.Path(s.alias_uri('production')).write_text('[1]'); "
+            "s.read_alias('production')",
+            "FAILED: {tmp}/m/_aliases/production.json: expected a JSON object",
+        ),
     ],
     ids=["bad input", "a refused parameter", "a registry error"],
-)  # fmt: skip
+)
 def test_an_expected_error_is_one_failed_line_and_its_exit_code(
     body: str, line: str, tmp_path: Path
 ) -> None:
@@ -72,11 +81,13 @@ def test_an_expected_error_ends_with_its_own_exit_code() -> None:
         ("import json; json.loads('{')", "json.decoder.JSONDecodeError: Expecting property name"),
         ("{}['splits']", "KeyError: 'splits'"),
         # a plain ValueError from the project's own code is a broken invariant, not bad input
-        ("from components.train.data import shard_range; shard_range(10, 5, 2)",
-         "ValueError: rank 5 is not in a world of size 2"),
+        (
+            "from components.train.data import shard_range; shard_range(10, 5, 2)",
+            "ValueError: rank 5 is not in a world of size 2",
+        ),
     ],
     ids=["a library's ValueError", "a bug", "the project's own ValueError"],
-)  # fmt: skip
+)
 def test_an_unexpected_error_keeps_its_traceback(body: str, last: str) -> None:
     proc = run_step(body)
     assert proc.returncode == ExitCode.UNEXPECTED

@@ -74,13 +74,31 @@ def test_the_data_rules(rule: Any, value: str, problem: str | None) -> None:
 
 def test_every_problem_is_named_at_once() -> None:
     found = pipeline_problems(
-        {"workers": 0, "learning_rate": 20.0, "training_backend": "k8s", "model_name": "A",
-         "cpu_per_worker": "1K", "data_sha256": "x", "data_source": "ftp://x",
-         "gpus_per_worker": True, "augment": "yes", "registry_root": ""}
-    )  # fmt: skip
+        {
+            "workers": 0,
+            "learning_rate": 20.0,
+            "training_backend": "k8s",
+            "model_name": "A",
+            "cpu_per_worker": "1K",
+            "data_sha256": "x",
+            "data_source": "ftp://x",
+            "gpus_per_worker": True,
+            "augment": "yes",
+            "registry_root": "",
+        }
+    )
     message = "; ".join(found)
-    for name in ("workers", "learning_rate", "training_backend", "model_name", "cpu_per_worker",
-                 "data_sha256", "data_source", "gpus_per_worker", "registry_root"):  # fmt: skip
+    for name in (
+        "workers",
+        "learning_rate",
+        "training_backend",
+        "model_name",
+        "cpu_per_worker",
+        "data_sha256",
+        "data_source",
+        "gpus_per_worker",
+        "registry_root",
+    ):
         assert name in message
     assert "augment must be true or false, got 'yes'" in found
 

@@ -20,11 +20,12 @@ from components.common.placement import (
 from pipeline.checks import PIPELINE_PARAMETERS, check_step
 
 GOOD_SELECTORS = [
-    "{}", "",
+    "{}",
+    "",
     '{"cloud.google.com/gke-accelerator": "nvidia-l4"}',
     '{"cloud.google.com/gke-spot": "true", "pool": ""}',
     json.dumps({"a" * 63: "b" * 63, "x.y/" + "z" * 63: "v"}),
-]  # fmt: skip
+]
 BAD_SELECTORS = [
     ('["a"]', "node_selector must be a JSON object of label -> value, got ['a']"),
     ("{pool: gpu}", "node_selector is not JSON (Expecting property name enclosed in double"),
@@ -39,14 +40,15 @@ BAD_SELECTORS = [
 ]
 GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 GOOD_TOLERATIONS = [
-    "[]", "",
+    "[]",
+    "",
     json.dumps([GPU]),
     '[{"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]',
     '[{"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoExecute", '
     '"tolerationSeconds": 30}]',
     '[{"operator": "Exists"}]',
     '[{"key": "x", "effect": ""}]',
-]  # fmt: skip
+]
 BAD_TOLERATIONS = [
     ('{"key": "a"}', "tolerations must be a JSON list of tolerations, got"),
     ("[{key}]", "tolerations is not JSON"),

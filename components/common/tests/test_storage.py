@@ -15,8 +15,9 @@ def test_write_read_list_remove(storage_root: str) -> None:
     storage.write_bytes(storage.join(storage_root, "a/c/d.bin"), b"\x00\x01")
     assert storage.read_text(storage.join(storage_root, "a/b.txt")) == "hello"
     assert storage.list_files(storage.join(storage_root, "a")) == [
-        storage.join(storage_root, "a/b.txt"), storage.join(storage_root, "a/c/d.bin"),
-    ]  # fmt: skip
+        storage.join(storage_root, "a/b.txt"),
+        storage.join(storage_root, "a/c/d.bin"),
+    ]
     assert storage.relative_files(storage.join(storage_root, "a") + "/") == ["b.txt", "c/d.bin"]
     storage.remove_tree(storage.join(storage_root, "a"))
     assert storage.list_files(storage.join(storage_root, "a")) == []

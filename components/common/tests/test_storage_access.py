@@ -22,8 +22,12 @@ def test_a_location_it_can_write_passes_and_the_probe_is_gone(
     gcs_emulator: str, gcs_bucket: str
 ) -> None:
     storage.write_text(f"gs://{gcs_bucket}/reg/kept.txt", "kept")
-    check([Location("registry_root", f"gs://{gcs_bucket}/reg", writes=True),
-           Location("data_source", f"gs://{gcs_bucket}/reg/kept.txt")])  # fmt: skip
+    check(
+        [
+            Location("registry_root", f"gs://{gcs_bucket}/reg", writes=True),
+            Location("data_source", f"gs://{gcs_bucket}/reg/kept.txt"),
+        ]
+    )
     assert bucket_objects(gcs_emulator, gcs_bucket) == ["reg/kept.txt"]
 
 
@@ -68,9 +72,13 @@ def test_no_credentials_is_named_with_how_to_provide_them(no_credentials: dict[s
         "check([Location('registry_root', 'gs://some-bucket/reg', writes=True)])"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", program], cwd=ROOT, env=no_credentials, capture_output=True,
-        text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-c", program],
+        cwd=ROOT,
+        env=no_credentials,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     last = proc.stderr.strip().splitlines()[-1]
     assert last == (
         "components.common.storage_access.StorageAccessError: registry_root gs://some-bucket/reg: "

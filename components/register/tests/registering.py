@@ -18,6 +18,13 @@ def register_run(
     `run_id` with test `accuracy` and `loss`; `kw` as `register` takes them."""
     kw.setdefault("min_accuracy", 0.5)
     return rg.register(
-        model.path, summary, model.dataset, accuracy, loss, registry_root=root,
-        pipeline_run_id=run_id, now=lambda: FIXED_TIME, **kw,
-    )  # fmt: skip
+        model.path,
+        summary,
+        model.dataset,
+        accuracy,
+        loss,
+        registry_root=root,
+        pipeline_run_id=run_id,
+        now=lambda: FIXED_TIME,
+        **kw,
+    )

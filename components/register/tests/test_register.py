@@ -166,17 +166,35 @@ def _bad_cases(model: TrainedModel, summary: str, tmp_path: Path):
         ({"model": str(tmp_path / "missing")}, ModelError, "model directory is missing"),
         ({"model": str(tmp_path / "empty-model")}, ModelError, "not a SavedModel (no saved_mod"),
         ({"model": str(no_variables)}, ModelError, "incomplete (no variables/variables.index)"),
-        ({"model": str(swapped)}, ModelError, (
-            f"not registering 'mnist-cnn': {swapped}: saved_model.pb has sha256 {actual}, but "
-            f"the trainer recorded {digest}: this is not the model that was trained")),
-        ({"summary": no_digest}, ModelError, (
-            "not registering 'mnist-cnn': no saved_model_sha256 recorded, neither in the run "
-            f"summary {no_digest} nor in the Model artifact's metadata")),
-        ({"summary": bad_digest}, ModelError,
-         f"run summary {bad_digest}: saved_model_sha256 'abc' is not a sha256 hex digest"),
-        ({"saved_model_sha256": other}, ModelError, (
-            f"the recorded saved_model_sha256 values disagree: the run summary {summary} "
-            f"records {digest}, the Model artifact's metadata records {other}")),
+        (
+            {"model": str(swapped)},
+            ModelError,
+            (
+                f"not registering 'mnist-cnn': {swapped}: saved_model.pb has sha256 {actual}, but "
+                f"the trainer recorded {digest}: this is not the model that was trained"
+            ),
+        ),
+        (
+            {"summary": no_digest},
+            ModelError,
+            (
+                "not registering 'mnist-cnn': no saved_model_sha256 recorded, neither in the run "
+                f"summary {no_digest} nor in the Model artifact's metadata"
+            ),
+        ),
+        (
+            {"summary": bad_digest},
+            ModelError,
+            f"run summary {bad_digest}: saved_model_sha256 'abc' is not a sha256 hex digest",
+        ),
+        (
+            {"saved_model_sha256": other},
+            ModelError,
+            (
+                f"the recorded saved_model_sha256 values disagree: the run summary {summary} "
+                f"records {digest}, the Model artifact's metadata records {other}"
+            ),
+        ),
         ({"summary": str(tmp_path / "nope.json")}, ValueError, "nope.json: missing"),
         ({"summary": str(tmp_path / "summary.txt")}, ValueError, "summary.txt: not valid JSON"),
         ({"summary": str(tmp_path / "list.json")}, ValueError, "expected a JSON object"),
@@ -189,7 +207,7 @@ def _bad_cases(model: TrainedModel, summary: str, tmp_path: Path):
         ({"min_accuracy": -0.1}, ValueError, "min_accuracy must be >= 0, got -0.1"),
         ({"pipeline_run_id": " "}, ValueError, "pipeline_run_id is empty"),
         ({"registry_root": ""}, ValueError, "registry_root is empty: set it"),
-    ]  # fmt: skip
+    ]
 
 
 def test_bad_input_fails_clearly_and_writes_nothing(
@@ -200,10 +218,16 @@ def test_bad_input_fails_clearly_and_writes_nothing(
     root = tmp_path / "registry"
     for change, error, message in _bad_cases(trained_model, trained_summary, tmp_path):
         kwargs = {
-            "model": trained_model.path, "summary": trained_summary, "data": trained_model.dataset,
-            "accuracy": 0.99, "loss": 0.1, "registry_root": str(root),
-            "pipeline_run_id": "run-1", "min_accuracy": 0.5, **change,
-        }  # fmt: skip
+            "model": trained_model.path,
+            "summary": trained_summary,
+            "data": trained_model.dataset,
+            "accuracy": 0.99,
+            "loss": 0.1,
+            "registry_root": str(root),
+            "pipeline_run_id": "run-1",
+            "min_accuracy": 0.5,
+            **change,
+        }
         args = [kwargs.pop(k) for k in ("model", "summary", "data", "accuracy", "loss")]
         with pytest.raises(error) as info:
             rg.register(*args, **kwargs)
@@ -222,11 +246,27 @@ def test_the_model_artifacts_digest_is_enough(trained_model, trained_summary, tm
 
 def cli_args(trained_model: Any, summary: str, root: Path, out: Path) -> list[str]:
     return [
-        "--model", trained_model.path, "--run-summary", summary,
-        "--dataset", trained_model.dataset, "--accuracy", "0.95", "--loss", "0.2",
-        "--registry-root", str(root), "--pipeline-run-id", "cli-run", "--min-accuracy", "0.9",
-        "--image-refs", '{"register": "img:1"}', "--output-json", str(out),
-    ]  # fmt: skip
+        "--model",
+        trained_model.path,
+        "--run-summary",
+        summary,
+        "--dataset",
+        trained_model.dataset,
+        "--accuracy",
+        "0.95",
+        "--loss",
+        "0.2",
+        "--registry-root",
+        str(root),
+        "--pipeline-run-id",
+        "cli-run",
+        "--min-accuracy",
+        "0.9",
+        "--image-refs",
+        '{"register": "img:1"}',
+        "--output-json",
+        str(out),
+    ]
 
 
 def test_the_cli_registers_without_tensorflow(
@@ -257,12 +297,15 @@ def test_the_cli_registers_without_tensorflow(
     ("option", "value", "line"),
     [
         ("--image-refs", "[1]", "image_refs must be a JSON object of strings, got '[1]'"),
-        ("--model", "{tmp}/none", "not registering 'mnist-cnn': {tmp}/none: model directory is "
-         "missing"),
+        (
+            "--model",
+            "{tmp}/none",
+            "not registering 'mnist-cnn': {tmp}/none: model directory is missing",
+        ),
         ("--accuracy", "1.5", "accuracy must be a finite number in 0..1.0, got 1.5"),
         ("--registry-root", "gs://", "gs:// URI has no bucket: 'gs://'"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_to_the_cli_is_one_line_and_writes_nothing(
     trained_model, trained_summary, tmp_path: Path, option: str, value: str, line: str
 ) -> None:
@@ -278,9 +321,12 @@ def test_bad_input_to_the_cli_is_one_line_and_writes_nothing(
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("{nope", "image_refs is not valid JSON"), ('["a"]', "JSON object of strings"),
-     ('{"a": 1}', "JSON object of strings")],
-)  # fmt: skip
+    [
+        ("{nope", "image_refs is not valid JSON"),
+        ('["a"]', "JSON object of strings"),
+        ('{"a": 1}', "JSON object of strings"),
+    ],
+)
 def test_parse_image_refs_rejects_bad_values(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         rg.parse_image_refs(text)
@@ -318,8 +364,9 @@ def test_the_component_function(
         )
 
     decision = dsl.Markdown(uri=str(tmp_path / "decision.md"))
-    registered, promoted, version, text, uri = call(trained_model.saved_model_sha256, "registry",
-                                                    decision)  # fmt: skip
+    registered, promoted, version, text, uri = call(
+        trained_model.saved_model_sha256, "registry", decision
+    )
     assert (registered, promoted, version) == (True, True, 1)
     assert uri == str(tmp_path / "registry" / "mnist-cnn" / "1")
     assert text in Path(decision.path).read_text() and decision.metadata["version"] == 1
@@ -347,8 +394,13 @@ def test_the_component_function(
     ]
     component = make_component("example.com/register:test")  # compiled: test_pipeline_compile
     assert set(component.component_spec.outputs) == {
-        "decision", "registered", "promoted", "version", "decision_text", "version_uri",
-    }  # fmt: skip
+        "decision",
+        "registered",
+        "promoted",
+        "version",
+        "decision_text",
+        "version_uri",
+    }
 
 
 def test_a_model_of_other_images_or_classes_is_not_registered_under_the_same_name(

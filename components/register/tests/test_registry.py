@@ -203,7 +203,7 @@ def test_concurrent_claims_and_alias_moves_across_processes(storage_root: str) -
             [sys.executable, "-c", WORKER, storage_root, f"p{i}", str(a)],
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for i, a in enumerate(ACCURACIES)
     ]
     outs = [json.loads(p.communicate(timeout=300)[0]) for p in procs]

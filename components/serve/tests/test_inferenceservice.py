@@ -38,10 +38,23 @@ def render(*args: str) -> Any:
 def test_renders_a_crd_valid_inferenceservice_of_the_serving_folder(registry: str) -> None:
     tolerations = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
     result = render(
-        "--registry-root", registry, "--namespace", "kubeflow", "--gpus", "1",
-        "--cpu", "2", "--memory", "4Gi", "--node-selector", '{"pool": "serving"}',
-        "--tolerations", json.dumps(tolerations), "--runtime-version", "2.19.1-gpu",
-    )  # fmt: skip
+        "--registry-root",
+        registry,
+        "--namespace",
+        "kubeflow",
+        "--gpus",
+        "1",
+        "--cpu",
+        "2",
+        "--memory",
+        "4Gi",
+        "--node-selector",
+        '{"pool": "serving"}',
+        "--tolerations",
+        json.dumps(tolerations),
+        "--runtime-version",
+        "2.19.1-gpu",
+    )
     assert result.exit_code == 0, result.output
     folder = f"{registry}/mnist-cnn/_serving/production"
     assert result.stderr.startswith(f"note: {folder} does not hold version 4 alone yet")
@@ -50,25 +63,28 @@ def test_renders_a_crd_valid_inferenceservice_of_the_serving_folder(registry: st
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
         "metadata": {
-            "name": "mnist-cnn", "labels": {"app.kubernetes.io/name": "kfp-horovod"},
+            "name": "mnist-cnn",
+            "labels": {"app.kubernetes.io/name": "kfp-horovod"},
             "namespace": "kubeflow",
         },
-        "spec": {"predictor": {
-            "serviceAccountName": "kfp-horovod-trainer",
-            "model": {
-                "modelFormat": {"name": "tensorflow"},
-                "storageUri": folder,
-                "resources": {
-                    "requests": {"cpu": "2", "memory": "4Gi"},
-                    "limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": 1},
+        "spec": {
+            "predictor": {
+                "serviceAccountName": "kfp-horovod-trainer",
+                "model": {
+                    "modelFormat": {"name": "tensorflow"},
+                    "storageUri": folder,
+                    "resources": {
+                        "requests": {"cpu": "2", "memory": "4Gi"},
+                        "limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": 1},
+                    },
+                    "runtimeVersion": "2.19.1-gpu",
+                    "args": [f"--model_base_path={folder}", "--file_system_poll_wait_seconds=30"],
                 },
-                "runtimeVersion": "2.19.1-gpu",
-                "args": [f"--model_base_path={folder}", "--file_system_poll_wait_seconds=30"],
-            },
-            "nodeSelector": {"pool": "serving"},
-            "tolerations": tolerations,
-        }},
-    }  # fmt: skip
+                "nodeSelector": {"pool": "serving"},
+                "tolerations": tolerations,
+            }
+        },
+    }
     assert manifest_problems(manifest, INFERENCESERVICE) == []
 
 

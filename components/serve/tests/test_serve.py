@@ -67,9 +67,11 @@ def running(
         assert proc.poll() is None, "".join(lines)
         url = f"http://127.0.0.1:{port}/v1/models/{model}:predict"
         wait_until(
-            lambda: _answers(port, model), f"answer from the server on port {port}",
-            alive=lambda: proc.poll() is None, poll_s=0.2,
-        )  # fmt: skip
+            lambda: _answers(port, model),
+            f"answer from the server on port {port}",
+            alive=lambda: proc.poll() is None,
+            poll_s=0.2,
+        )
         yield lines[-1].strip(), url
     finally:
         proc.terminate()

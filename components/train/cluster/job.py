@@ -113,11 +113,9 @@ def uri_problems(data: str, output: str, model_dir: str | None) -> list[str]:
     return [
         f"{name} must be a gs:// URI for a cluster backend (its pods cannot see the "
         f"component's disk; a pipeline's root must be a gs:// bucket), got {uri!r}"
-        for name, uri in (
-            ("data", data), ("output", output), ("model_dir", model_dir)
-        )
+        for name, uri in (("data", data), ("output", output), ("model_dir", model_dir))
         if uri is not None and not storage.is_gcs(uri)
-    ]  # fmt: skip
+    ]
 
 
 def sanitize_name(text: str, max_length: int = MAX_NAME_LENGTH) -> str:
@@ -374,9 +372,10 @@ def choose_backend(api: CustomObjectsApi) -> Choice:
         )
     if len(served) == 2:
         return Choice(
-            "mpijob", f"this cluster serves both {mpijob} (mpi-operator) and {trainjob} "
+            "mpijob",
+            f"this cluster serves both {mpijob} (mpi-operator) and {trainjob} "
             "(Kubeflow Trainer); the MPIJob is the stable API and runs elastic jobs",
-        )  # fmt: skip
+        )
     (name,) = served
     other = trainjob if name == "mpijob" else mpijob
     return Choice(name, f"this cluster serves {api_of[name]} and not {other}")

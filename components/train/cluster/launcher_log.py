@@ -131,8 +131,9 @@ class LauncherLog:
             return True
         statuses = (pod.status.container_statuses if pod.status else None) or []
         mine = [s for s in statuses if s.name == self.container]
-        return any((s.restart_count or 0) != key[1] or bool(s.state and s.state.terminated)
-                   for s in mine)  # fmt: skip
+        return any(
+            (s.restart_count or 0) != key[1] or bool(s.state and s.state.terminated) for s in mine
+        )
 
     def _stream(self, key: Key) -> bool:
         """Copy container `key`'s lines past those copied already; True if its stream ended,
@@ -142,9 +143,12 @@ class LauncherLog:
 
         try:
             response = self.run.core.read_namespaced_pod_log(
-                key[0], self.run.namespace, container=self.container, follow=True,
+                key[0],
+                self.run.namespace,
+                container=self.container,
+                follow=True,
                 _preload_content=False,
-            )  # fmt: skip
+            )
         except ApiException as exc:
             if exc.status in (400, 404):  # the container has not started, or the pod is gone
                 return False

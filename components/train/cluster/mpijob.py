@@ -19,10 +19,13 @@ from components.train.cluster.job import (
 from components.train.step_parameters import TrainStep
 
 MPIJOB = Crd(
-    "kubeflow.org", "v2beta1", "MPIJob", "mpijobs",
+    "kubeflow.org",
+    "v2beta1",
+    "MPIJob",
+    "mpijobs",
     relative_path=Path("deploy") / "crd" / "kubeflow.org_mpijobs.yaml",
     packaged_schema=Path(__file__).with_name("mpijob-v2beta1.schema.json"),
-)  # fmt: skip
+)
 # The pods' own label (mpi-operator copies the templates' labels), how the run finds them.
 LABEL_JOB = "kfp-horovod/mpijob"
 LAUNCHER_CREATION_POLICIES = ("AtStartup", "WaitForWorkersReady")
@@ -45,8 +48,11 @@ def _run_policy(step: TrainStep) -> dict[str, Any]:
         "backoffLimit": step.backoff_limit,
         "activeDeadlineSeconds": step.active_deadline_seconds,
     }
-    gang = {"queue": step.queue, "priorityClass": step.priority_class,
-            "minAvailable": step.min_available}  # fmt: skip
+    gang = {
+        "queue": step.queue,
+        "priorityClass": step.priority_class,
+        "minAvailable": step.min_available,
+    }
     if scheduling := {key: value for key, value in gang.items() if value is not None}:
         run_policy["schedulingPolicy"] = scheduling
     return run_policy
@@ -57,9 +63,12 @@ def build_manifest(p: ClusterJobParams, namespace: str | None = None) -> dict[st
     name = str(metadata["name"])
     worker = {**pods.sshd_container("worker", p.image), "resources": pods.worker_resources(p)}
     launcher = pods.container(
-        "launcher", p.image, command=pods.launcher_command(p), env=pods.launcher_env(p),
+        "launcher",
+        p.image,
+        command=pods.launcher_command(p),
+        env=pods.launcher_env(p),
         resources=pods.resources(p.step.launcher_cpu, p.step.launcher_memory, 0),
-    )  # fmt: skip
+    )
     return {
         "apiVersion": MPIJOB.api_version,
         "kind": MPIJOB.kind,

@@ -38,18 +38,33 @@ def launcher_command(p: ClusterJobParams) -> list[str]:
     t = p.train
     if t.elastic:
         return [
-            "python", "-m", "components.train.launch",
-            "-np", str(t.world_size), "--min-np", str(t.min_world_size),
-            "--max-np", str(t.world_size), "--slots", str(t.slots_per_worker),
-            "--host-discovery-script", DISCOVER_HOSTS, "--gloo",
+            "python",
+            "-m",
+            "components.train.launch",
+            "-np",
+            str(t.world_size),
+            "--min-np",
+            str(t.min_world_size),
+            "--max-np",
+            str(t.world_size),
+            "--slots",
+            str(t.slots_per_worker),
+            "--host-discovery-script",
+            DISCOVER_HOSTS,
+            "--gloo",
             *trainer_command(p),
-        ]  # fmt: skip
+        ]
     return [
-        "python", "-m", "components.train.mpiwatch",
-        "--ranks", str(t.world_size),
-        "--silence-seconds", str(p.step.stall_shutdown_seconds),
-        "--", *mpirun_command(p),
-    ]  # fmt: skip
+        "python",
+        "-m",
+        "components.train.mpiwatch",
+        "--ranks",
+        str(t.world_size),
+        "--silence-seconds",
+        str(p.step.stall_shutdown_seconds),
+        "--",
+        *mpirun_command(p),
+    ]
 
 
 def launcher_env(p: ClusterJobParams) -> list[dict[str, str]]:
@@ -95,10 +110,18 @@ def container(name: str, image: str, **fields: Any) -> dict[str, Any]:
     non-root user, without privilege escalation or capabilities."""
     uid = defaults.MPI_USER_UID
     return {
-        "name": name, "image": image, "imagePullPolicy": "IfNotPresent", **fields,
-        "securityContext": {"runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True,
-                            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-    }  # fmt: skip
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        **fields,
+        "securityContext": {
+            "runAsUser": uid,
+            "runAsGroup": uid,
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
 
 
 def sshd_container(name: str, image: str) -> dict[str, Any]:
@@ -106,10 +129,13 @@ def sshd_container(name: str, image: str) -> dict[str, Any]:
     accepts a TCP connection (the caller sets its resources)."""
     port = defaults.MPI_SSHD_PORT
     return container(
-        name, image, command=["/usr/sbin/sshd"], args=["-De", "-f", defaults.MPI_SSHD_CONFIG],
+        name,
+        image,
+        command=["/usr/sbin/sshd"],
+        args=["-De", "-f", defaults.MPI_SSHD_CONFIG],
         ports=[{"name": "ssh", "containerPort": port, "protocol": "TCP"}],
         readinessProbe={"tcpSocket": {"port": port}, "initialDelaySeconds": 2, "periodSeconds": 2},
-    )  # fmt: skip
+    )
 
 
 def pod_spec(p: ClusterJobParams, one: dict[str, Any], gpus: bool) -> dict[str, Any]:

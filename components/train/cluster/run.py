@@ -104,9 +104,13 @@ class _Run:
         field its CRD lacks: Strict validation, or a value it does not accept)."""
         try:
             self.api.create_namespaced_custom_object(
-                crd.group, crd.version, self.namespace, crd.plural, manifest,
+                crd.group,
+                crd.version,
+                self.namespace,
+                crd.plural,
+                manifest,
                 field_validation="Strict",
-            )  # fmt: skip
+            )
         except ApiException as exc:
             if exc.status == 409:
                 return False
@@ -157,9 +161,15 @@ class _Run:
             )
             return
         manifest["metadata"]["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": uid,
-             "controller": False, "blockOwnerDeletion": False}
-        ]  # fmt: skip
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod_name,
+                "uid": uid,
+                "controller": False,
+                "blockOwnerDeletion": False,
+            }
+        ]
 
     def create_or_reattach(self, manifest: dict[str, Any], cleanup_timeout_s: float) -> None:
         """Create the job, or reattach to the existing one of the same run (by its
@@ -222,9 +232,13 @@ class _Run:
         crd = self.b.crd
         try:
             self.api.delete_namespaced_custom_object(
-                crd.group, crd.version, self.namespace, crd.plural, self.name,
+                crd.group,
+                crd.version,
+                self.namespace,
+                crd.plural,
+                self.name,
                 body=client.V1DeleteOptions(propagation_policy="Foreground"),
-            )  # fmt: skip
+            )
             self.log(f"deleted {self.what} (foreground propagation)")
         except ApiException as exc:
             if exc.status != 404:

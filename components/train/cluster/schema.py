@@ -58,10 +58,13 @@ def served_schema(api_client: ApiClient, crd: Crd) -> Schema | None:
 
     try:
         doc = api_client.call_api(
-            OPENAPI_V3.format(group=crd.group, version=crd.version), "GET",
-            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-            response_type="object", _return_http_data_only=True,
-        )  # fmt: skip
+            OPENAPI_V3.format(group=crd.group, version=crd.version),
+            "GET",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            response_type="object",
+            _return_http_data_only=True,
+        )
     except ApiException as exc:
         if exc.status in (401, 403, 404, 406):
             return None

@@ -36,15 +36,21 @@ API_GROUP = "trainer.kubeflow.org"
 API_VERSION = "v1alpha1"
 _CRDS = Path("deploy") / "crd" / "trainer" / defaults.TRAINER_VERSION  # one folder per release
 TRAINJOB = Crd(
-    API_GROUP, API_VERSION, "TrainJob", "trainjobs",
+    API_GROUP,
+    API_VERSION,
+    "TrainJob",
+    "trainjobs",
     relative_path=_CRDS / "trainer.kubeflow.org_trainjobs.yaml",
     packaged_schema=Path(__file__).with_name("trainjob-v1alpha1.schema.json"),
-)  # fmt: skip
+)
 TRAINING_RUNTIME = Crd(
-    API_GROUP, API_VERSION, "TrainingRuntime", "trainingruntimes",
+    API_GROUP,
+    API_VERSION,
+    "TrainingRuntime",
+    "trainingruntimes",
     relative_path=_CRDS / "trainer.kubeflow.org_trainingruntimes.yaml",
     packaged_schema=Path(__file__).with_name("trainingruntime-v1alpha1.schema.json"),
-)  # fmt: skip
+)
 
 # Kubeflow Trainer's names (pkg/constants/constants.go at v2.3.0).
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
@@ -53,9 +59,11 @@ NODE = "node"  # the node job, and every container's (only those get Trainer's S
 LAUNCHER = "launcher"
 # Trainer sets these on the launcher itself and refuses a TrainJob that sets one (MPI plugin).
 RESERVED_ENV = (
-    "OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args",
-    "OMPI_MCA_orte_keep_fqdn_hostnames", "OMPI_MCA_orte_set_default_slots",
-)  # fmt: skip
+    "OMPI_MCA_orte_default_hostfile",
+    "OMPI_MCA_plm_rsh_args",
+    "OMPI_MCA_orte_keep_fqdn_hostnames",
+    "OMPI_MCA_orte_set_default_slots",
+)
 # What a TrainJob cannot take: its launcher is node 0 (sized as a worker), and its gang
 # scheduling is the runtime's.
 GANG = "is an MPIJob scheduling policy; a TrainJob is gang-scheduled through its runtime's "
@@ -141,8 +149,12 @@ def build_runtime(p: ClusterJobParams, namespace: str | None = None) -> dict[str
     }
     if namespace:
         metadata["namespace"] = namespace
-    return {"apiVersion": TRAINING_RUNTIME.api_version, "kind": "TrainingRuntime",
-            "metadata": metadata, "spec": spec}  # fmt: skip
+    return {
+        "apiVersion": TRAINING_RUNTIME.api_version,
+        "kind": "TrainingRuntime",
+        "metadata": metadata,
+        "spec": spec,
+    }
 
 
 def build_manifests(p: ClusterJobParams, namespace: str | None = None) -> list[dict[str, Any]]:

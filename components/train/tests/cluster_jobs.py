@@ -30,10 +30,16 @@ def make_params(bucket: str = "gs://bkt", **overrides: Any) -> ClusterJobParams:
     """A 2 x 2 run ``nightly``; `overrides` may name fields of TrainConfig, TrainStep, the task
     config (`PodConfig`) or ClusterJobParams."""
     parts: dict[str, dict[str, Any]] = {
-        "train": {"data": f"{bucket}/data", "output": f"{bucket}/runs/nightly", "workers": 2,
-                  "slots_per_worker": 2},
-        "step": {}, "pod": {}, "run": {"run_name": "nightly", "pipeline_run_id": "run-123"},
-    }  # fmt: skip
+        "train": {
+            "data": f"{bucket}/data",
+            "output": f"{bucket}/runs/nightly",
+            "workers": 2,
+            "slots_per_worker": 2,
+        },
+        "step": {},
+        "pod": {},
+        "run": {"run_name": "nightly", "pipeline_run_id": "run-123"},
+    }
     for name, value in overrides.items():
         part = "train" if name in TrainConfig.__dataclass_fields__ else "run"
         part = "pod" if name in PodConfig.__dataclass_fields__ else part
@@ -67,12 +73,18 @@ def pod_specs(doc: Any) -> list[dict[str, Any]]:
 
 def write_kubeconfig(path: Path, cluster: Cluster) -> Path:
     """A kubeconfig at `path` that reaches `cluster` with a token, as the step's does."""
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
-        "users": [{"name": "step", "user": {"token": "t"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "step"}}],
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
+                "users": [{"name": "step", "user": {"token": "t"}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "step"}}],
+            }
+        )
+    )
     return path
 
 

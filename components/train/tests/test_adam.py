@@ -71,8 +71,10 @@ def test_amsgrad_and_sparse_gradients_get_keras_own_step() -> None:
     fused = _steps(fused_adam(**settings), dense, [0.01] * 3, graph=True)
     plain = _steps(keras().optimizers.Adam(**settings), dense, [0.01] * 3, graph=True)
     np.testing.assert_array_equal(fused[0][0], plain[0][0])
-    rows = [tf.IndexedSlices(tf.constant(g[0][:2]), tf.constant([1, 3]), tf.constant([5, 2]))
-            for g in dense]  # fmt: skip
+    rows = [
+        tf.IndexedSlices(tf.constant(g[0][:2]), tf.constant([1, 3]), tf.constant([5, 2]))
+        for g in dense
+    ]
     fused = _steps(fused_adam(**SETTINGS), [[r] for r in rows], [0.01] * 3, graph=False)
     plain = _steps(keras().optimizers.Adam(**SETTINGS), [[r] for r in rows], [0.01] * 3, False)
     np.testing.assert_array_equal(fused[0][0], plain[0][0])

@@ -34,8 +34,9 @@ TRAINER_ONLY = (TRAINJOB, TRAINING_RUNTIME)
 
 
 @pytest.fixture
-def served(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-           ) -> Iterator[Cluster]:  # fmt: skip
+def served(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Cluster]:
     """A cluster serving the APIs the test is parametrized with, which the step reaches through
     its kubeconfig (as outside a pod: no in-cluster service account here)."""
     with Cluster(request.param) as cluster:
@@ -52,13 +53,21 @@ def run_auto(bucket: str, tmp_path: Path, lines: list[str], **train: Any) -> dic
 
     prepare("bundled", f"{bucket}/data", data_limit=100)  # what the step checks before launching
     config = TrainConfig(
-        data=f"{bucket}/data", output=f"{bucket}/run/train/train-work",
-        model_dir=f"{bucket}/run/train/model", workers=2, **train,
-    )  # fmt: skip
+        data=f"{bucket}/data",
+        output=f"{bucket}/run/train/train-work",
+        model_dir=f"{bucket}/run/train/model",
+        workers=2,
+        **train,
+    )
     record = run_train_task(
-        config, TrainStep(namespace=NS), "", "", (str(tmp_path / "s"), str(tmp_path / "r")),
-        "run-1", log=lines.append,
-    )  # fmt: skip
+        config,
+        TrainStep(namespace=NS),
+        "",
+        "",
+        (str(tmp_path / "s"), str(tmp_path / "r")),
+        "run-1",
+        log=lines.append,
+    )
     return dataclasses.asdict(record)
 
 
@@ -81,14 +90,23 @@ def created(cluster: Cluster, *crds: Crd) -> list[str]:
 @pytest.mark.parametrize(
     ("served", "kind", "reason"),
     [
-        (BOTH, MPIJOB_KIND, "training_backend=auto chose mpijob: this cluster serves both "
-         "MPIJob kubeflow.org/v2beta1 (mpi-operator) and TrainJob trainer.kubeflow.org/v1alpha1 "
-         "(Kubeflow Trainer); the MPIJob is the stable API and runs elastic jobs"),
-        (TRAINER_ONLY, TRAINJOB_KIND, "training_backend=auto chose trainjob: this cluster serves "
-         "TrainJob trainer.kubeflow.org/v1alpha1 and not MPIJob kubeflow.org/v2beta1"),
+        (
+            BOTH,
+            MPIJOB_KIND,
+            "training_backend=auto chose mpijob: this cluster serves both "
+            "MPIJob kubeflow.org/v2beta1 (mpi-operator) and TrainJob trainer.kubeflow.org/v1alpha1 "
+            "(Kubeflow Trainer); the MPIJob is the stable API and runs elastic jobs",
+        ),
+        (
+            TRAINER_ONLY,
+            TRAINJOB_KIND,
+            "training_backend=auto chose trainjob: this cluster serves "
+            "TrainJob trainer.kubeflow.org/v1alpha1 and not MPIJob kubeflow.org/v2beta1",
+        ),
     ],
-    indirect=["served"], ids=["both-served", "only-trainer"],
-)  # fmt: skip
+    indirect=["served"],
+    ids=["both-served", "only-trainer"],
+)
 def test_auto_runs_on_the_operator_the_cluster_serves_and_says_why_first(
     served: Cluster, kind: Kind, reason: str, gcs_uri: str, tmp_path: Path
 ) -> None:
@@ -104,31 +122,51 @@ def test_auto_runs_on_the_operator_the_cluster_serves_and_says_why_first(
     assert record["training_backend"] == backend
     summary = json.loads((tmp_path / "s").read_text())
     assert (summary["training_backend"], summary["training_backend_reason"]) == (
-        backend, reason.split(": ", 1)[1],
-    )  # fmt: skip
+        backend,
+        reason.split(": ", 1)[1],
+    )
     assert f"- Backend: **{backend}** ({reason.split(': ', 1)[1]})" in (tmp_path / "r").read_text()
 
 
 @pytest.mark.parametrize(
     ("served", "train", "error", "message", "said"),
     [
-        ((), {}, ClusterJobError, "training_backend=auto: this cluster serves neither MPIJob "
-         "kubeflow.org/v2beta1 nor TrainJob trainer.kubeflow.org/v1alpha1: install mpi-operator "
-         "v0.8.2 (it also runs elastic jobs) or Kubeflow Trainer v2.3 (docs/cluster.md); nothing "
-         "was created", []),
+        (
+            (),
+            {},
+            ClusterJobError,
+            "training_backend=auto: this cluster serves neither MPIJob kubeflow.org/v2beta1 "
+            "nor TrainJob trainer.kubeflow.org/v1alpha1: install mpi-operator v0.8.2 (it also "
+            "runs elastic jobs) or Kubeflow Trainer v2.3 (docs/cluster.md); nothing was created",
+            [],
+        ),
         # the TrainJob refuses an elastic job itself, as training_backend=trainjob would
-        (TRAINER_ONLY, {"min_workers": 1}, ValueError, "invalid TrainJob parameters: "
-         "min_workers=1: elastic training needs mpi-operator's discover_hosts.sh, which Kubeflow "
-         "Trainer v2 does not provide; use training_backend 'mpijob' (or min_workers 0) instead "
-         "of 'trainjob'", ["training_backend=auto chose trainjob: this cluster serves TrainJob "
-         "trainer.kubeflow.org/v1alpha1 and not MPIJob kubeflow.org/v2beta1"]),
+        (
+            TRAINER_ONLY,
+            {"min_workers": 1},
+            ValueError,
+            "invalid TrainJob parameters: "
+            "min_workers=1: elastic training needs mpi-operator's discover_hosts.sh, which "
+            "Kubeflow Trainer v2 does not provide; use training_backend 'mpijob' (or min_workers "
+            "0) instead of 'trainjob'",
+            [
+                "training_backend=auto chose trainjob: this cluster serves TrainJob "
+                "trainer.kubeflow.org/v1alpha1 and not MPIJob kubeflow.org/v2beta1"
+            ],
+        ),
     ],
-    indirect=["served"], ids=["neither-served", "elastic-on-trainer-only"],
-)  # fmt: skip
+    indirect=["served"],
+    ids=["neither-served", "elastic-on-trainer-only"],
+)
 def test_auto_refuses_before_creating_anything(
-    served: Cluster, train: dict[str, Any], error: type[Exception], message: str,
-    said: list[str], gcs_uri: str, tmp_path: Path,
-) -> None:  # fmt: skip
+    served: Cluster,
+    train: dict[str, Any],
+    error: type[Exception],
+    message: str,
+    said: list[str],
+    gcs_uri: str,
+    tmp_path: Path,
+) -> None:
     lines: list[str] = []
     with pytest.raises(error) as info:
         run_auto(gcs_uri, tmp_path, lines, **train)

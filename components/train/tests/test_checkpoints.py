@@ -29,8 +29,13 @@ def test_marker_records_the_model_and_refuses_another(tmp_path: Path) -> None:
     uri = str(tmp_path / "checkpoints")
     checkpoints.save(_FakeCheckpoint(), uri, 2, {"loss": 0.5}, "small")
     marker = json.loads((tmp_path / "checkpoints" / "latest.json").read_text())
-    assert marker == {"epoch": 2, "prefix": "epoch-0002/ckpt", "metrics": {"loss": 0.5},
-                      "model": "small", "keras": 3}  # fmt: skip
+    assert marker == {
+        "epoch": 2,
+        "prefix": "epoch-0002/ckpt",
+        "metrics": {"loss": 0.5},
+        "model": "small",
+        "keras": 3,
+    }
     info = checkpoints.latest(uri)
     assert info is not None and info.model == "small"
     assert info.resume_problem("small", uri) is None
@@ -47,8 +52,9 @@ def test_a_checkpoint_of_the_tf_keras_trainer_is_refused_by_name(tmp_path: Path)
     uri = str(tmp_path / "checkpoints")
     checkpoints.save(_FakeCheckpoint(), uri, 2, {"loss": 0.5}, "small")
     for marker in (tmp_path / "checkpoints").rglob("*.json"):  # as the tf-keras trainer wrote
-        marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items()
-                                      if k != "keras"}))  # fmt: skip
+        marker.write_text(
+            json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "keras"})
+        )
     info = checkpoints.latest(uri)
     assert info is not None and info.keras == 2
     assert info.resume_problem("small", uri) == (
@@ -95,10 +101,14 @@ def test_each_epoch_records_its_files_and_the_newest_is_chosen(
         f.rsplit("/", 2)[-2] + "/" + f.rsplit("/", 1)[-1] for f in storage.list_files(three_epochs)
     }
     assert names == {
-        "epoch-0002/checkpoint.json", "epoch-0002/ckpt.index", f"epoch-0002/{DATA}",
-        "epoch-0003/checkpoint.json", "epoch-0003/ckpt.index", f"epoch-0003/{DATA}",
+        "epoch-0002/checkpoint.json",
+        "epoch-0002/ckpt.index",
+        f"epoch-0002/{DATA}",
+        "epoch-0003/checkpoint.json",
+        "epoch-0003/ckpt.index",
+        f"epoch-0003/{DATA}",
         "checkpoints/latest.json",
-    }  # fmt: skip
+    }
     marker = json.loads(storage.read_text(f"{three_epochs}/epoch-0003/checkpoint.json"))
     assert marker["files"][DATA]["bytes"] == 200 and len(marker["files"][DATA]["sha256"]) == 64
     info = checkpoints.latest(three_epochs)
@@ -112,20 +122,32 @@ EPOCH_3 = "checkpoint after epoch 3 is unreadable ("
 @pytest.mark.parametrize(
     ("damage", "epoch", "said"),
     [
-        (lambda u: storage.write_bytes(f"{u}/epoch-0003/{DATA}", b"e3" * 10), 2,
-         f"{EPOCH_3}{DATA} has 20 bytes, 200 were written); "),
-        (lambda u: storage.write_bytes(f"{u}/epoch-0003/{DATA}", b"xx" * 100), 2,
-         f"{EPOCH_3}{DATA} does not match the sha256 recorded when it was written); "),
+        (
+            lambda u: storage.write_bytes(f"{u}/epoch-0003/{DATA}", b"e3" * 10),
+            2,
+            f"{EPOCH_3}{DATA} has 20 bytes, 200 were written); ",
+        ),
+        (
+            lambda u: storage.write_bytes(f"{u}/epoch-0003/{DATA}", b"xx" * 100),
+            2,
+            f"{EPOCH_3}{DATA} does not match the sha256 recorded when it was written); ",
+        ),
         (lambda u: _delete(f"{u}/epoch-0003/{DATA}"), 2, f"{EPOCH_3}{DATA} is missing); "),
         (lambda u: storage.remove_tree(f"{u}/epoch-0003"), 2, f"{EPOCH_3}its directory is missing"),
-        (lambda u: storage.write_text(f"{u}/epoch-0003/checkpoint.json", "{"), 2,
-         f"{EPOCH_3}unreadable: Expecting property name"),
+        (
+            lambda u: storage.write_text(f"{u}/epoch-0003/checkpoint.json", "{"),
+            2,
+            f"{EPOCH_3}unreadable: Expecting property name",
+        ),
         # latest.json unreadable: the newest complete epoch
-        (lambda u: storage.write_text(f"{u}/latest.json", '{"epoch": 3, "pre'), 3,
-         "latest.json is unreadable: "),
+        (
+            lambda u: storage.write_text(f"{u}/latest.json", '{"epoch": 3, "pre'),
+            3,
+            "latest.json is unreadable: ",
+        ),
     ],
     ids=["truncated", "corrupt", "data-deleted", "dir-deleted", "marker-corrupt", "latest-json"],
-)  # fmt: skip
+)
 def test_a_damaged_checkpoint_is_passed_over_in_one_line(
     three_epochs: str, caplog: pytest.LogCaptureFixture, damage, epoch: int, said: str
 ) -> None:

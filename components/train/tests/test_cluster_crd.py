@@ -61,12 +61,29 @@ def test_packaged_schema_equals_the_crd_and_validates_where_the_crd_is_absent(
 TRAINERS = sorted(p.name for p in crds.find_crd(TRAINJOB).parents[1].glob("v*"))
 SETTINGS = [  # the defaults, and a GPU run placed, scheduled and sized by hand
     [],
-    ["--workers", "4", "--slots-per-worker", "2", "--gpus-per-worker", "2",
-     "--node-selector", '{"cloud.google.com/gke-accelerator": "nvidia-l4"}',
-     "--tolerations", '[{"key": "team", "operator": "Exists", "effect": "NoSchedule"}]',
-     "--trainer-service-account", "trainer", "--priority-class", "batch",
-     "--scheduler-name", "volcano", "--backoff-limit", "2", "--active-deadline-seconds", "600"],
-]  # fmt: skip
+    [
+        "--workers",
+        "4",
+        "--slots-per-worker",
+        "2",
+        "--gpus-per-worker",
+        "2",
+        "--node-selector",
+        '{"cloud.google.com/gke-accelerator": "nvidia-l4"}',
+        "--tolerations",
+        '[{"key": "team", "operator": "Exists", "effect": "NoSchedule"}]',
+        "--trainer-service-account",
+        "trainer",
+        "--priority-class",
+        "batch",
+        "--scheduler-name",
+        "volcano",
+        "--backoff-limit",
+        "2",
+        "--active-deadline-seconds",
+        "600",
+    ],
+]
 
 
 def test_the_vendored_trainers_are_those_platform_releases_ship() -> None:

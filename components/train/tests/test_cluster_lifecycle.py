@@ -105,15 +105,25 @@ EXITED, JOBSET = "launcher exited with code 3", "jobset failed due to one or mor
         ("mpijob", "JobFailed", EXITED, "Evicted", "JobFailed (launcher pod Evicted)"),
         ("mpijob", "DeadlineExceeded", EXITED, None, "DeadlineExceeded"),
         ("trainjob", "FailedJobs", JOBSET, None, "FailedJobs"),
-        ("trainjob", "DeadlineExceeded", "TrainJob exceeded its activeDeadlineSeconds", None,
-         "DeadlineExceeded"),
+        (
+            "trainjob",
+            "DeadlineExceeded",
+            "TrainJob exceeded its activeDeadlineSeconds",
+            None,
+            "DeadlineExceeded",
+        ),
         ("trainjob", "FailedJobs", JOBSET, "Evicted", "FailedJobs (launcher pod Evicted)"),
     ],
-)  # fmt: skip
+)
 def test_failure_carries_reason_and_log_tail(
-    cluster: Cluster, gcs_uri: str, name: str, reason: str, message: str, pod_reason: str | None,
+    cluster: Cluster,
+    gcs_uri: str,
+    name: str,
+    reason: str,
+    message: str,
+    pod_reason: str | None,
     expect: str,
-) -> None:  # fmt: skip
+) -> None:
     b, kind = pair(name)
 
     def script(op: Operator) -> None:
@@ -188,8 +198,13 @@ def test_sigterm_deletes_the_job_and_waits_for_its_pods(
     what = b.what(NS, NAME)
     expect = rf"^cancelled; {what} deleted$" if collected else r"pods still present: .*-launcher-"
     with pytest.raises(JobCancelled, match=expect) as cancelled:
-        run(cluster, b, make_params(gcs_uri), lines.append,
-            cleanup_timeout_s=HANG_S if collected else 0.5)  # fmt: skip
+        run(
+            cluster,
+            b,
+            make_params(gcs_uri),
+            lines.append,
+            cleanup_timeout_s=HANG_S if collected else 0.5,
+        )
     op.join()
     assert cancelled.value.exit_code == SIGNAL_BASE + signal.SIGTERM  # 143, as documented
     if collected:
@@ -291,9 +306,11 @@ def test_the_task_pods_owns_the_job_built_once_and_checked_by_the_server(
 
 @pytest.mark.parametrize(
     ("name", "crd", "path"),
-    [("mpijob", MPIJOB, ("spec", "launcherCreationPolicy")),
-     ("trainjob", TRAINING_RUNTIME, ("spec", "mlPolicy", "mpi", "runLauncherAsNode"))],
-)  # fmt: skip
+    [
+        ("mpijob", MPIJOB, ("spec", "launcherCreationPolicy")),
+        ("trainjob", TRAINING_RUNTIME, ("spec", "mlPolicy", "mpi", "runLauncherAsNode")),
+    ],
+)
 def test_a_field_the_clusters_crd_lacks_is_refused_by_the_server_and_nothing_is_created(
     gcs_uri: str, name: str, crd: Crd, path: tuple[str, ...]
 ) -> None:
@@ -327,13 +344,22 @@ def test_what_the_backend_cannot_do_is_refused_before_any_request(
 @pytest.mark.parametrize(
     ("name", "served", "missing", "install"),
     [
-        ("mpijob", (TRAINJOB, TRAINING_RUNTIME), MPIJOB,
-         f"install mpi-operator {defaults.MPI_OPERATOR_VERSION}"),
-        *(("trainjob", served, missing, f"install Kubeflow Trainer {defaults.TRAINER_VERSION}")
-          for served, missing in (((MPIJOB,), TRAINJOB), ((MPIJOB, TRAINJOB), TRAINING_RUNTIME),
-                                  ((MPIJOB, TRAINING_RUNTIME), TRAINJOB))),
+        (
+            "mpijob",
+            (TRAINJOB, TRAINING_RUNTIME),
+            MPIJOB,
+            f"install mpi-operator {defaults.MPI_OPERATOR_VERSION}",
+        ),
+        *(
+            ("trainjob", served, missing, f"install Kubeflow Trainer {defaults.TRAINER_VERSION}")
+            for served, missing in (
+                ((MPIJOB,), TRAINJOB),
+                ((MPIJOB, TRAINJOB), TRAINING_RUNTIME),
+                ((MPIJOB, TRAINING_RUNTIME), TRAINJOB),
+            )
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_cluster_without_the_backends_api_names_what_to_install(
     gcs_uri: str, name: str, served: tuple[Crd, ...], missing: Crd, install: str
 ) -> None:
@@ -347,11 +373,15 @@ def test_a_cluster_without_the_backends_api_names_what_to_install(
     ("world_size", "drop", "message"),
     [
         (3, None, "world_size=3, expected workers x slots = 2 x 2 = 4"),
-        (None, "summary", r"the MPIJob succeeded but its run summary gs://\S+/run_summary\.json: "
-         "missing"),
+        (
+            None,
+            "summary",
+            r"the MPIJob succeeded but its run summary gs://\S+/run_summary\.json: "
+            "missing",
+        ),
         (None, "model", "no model at gs://"),
     ],
-)  # fmt: skip
+)
 def test_success_checks(
     gcs_uri: str, world_size: int | None, drop: str | None, message: str
 ) -> None:

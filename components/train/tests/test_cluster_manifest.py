@@ -33,9 +33,13 @@ DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 def params(**overrides: Any) -> Any:
     """A nightly run of the default size; `overrides` name any part's fields."""
     return make_params(
-        **{"workers": defaults.WORKERS, "slots_per_worker": 1, "pipeline_run_id": "0b5e-run-42",
-           **overrides}
-    )  # fmt: skip
+        **{
+            "workers": defaults.WORKERS,
+            "slots_per_worker": 1,
+            "pipeline_run_id": "0b5e-run-42",
+            **overrides,
+        }
+    )
 
 
 def container(manifest: dict[str, Any], role: str) -> dict[str, Any]:
@@ -63,9 +67,17 @@ def flag(command: list[str], name: str, default: str | None = None) -> str | Non
 
 @pytest.mark.parametrize(
     "run_name",
-    ["nightly", "My Run_2024/07 (retry)", "UPPER.case.dots", "123-starts-with-digits", "---",
-     "ü" * 10, "a" * 200, "x-"],
-)  # fmt: skip
+    [
+        "nightly",
+        "My Run_2024/07 (retry)",
+        "UPPER.case.dots",
+        "123-starts-with-digits",
+        "---",
+        "ü" * 10,
+        "a" * 200,
+        "x-",
+    ],
+)
 def test_job_name_is_dns_1035_short_and_deterministic(run_name: str) -> None:
     name = job_name(run_name, "run-id")
     assert DNS_1035.match(name) and len(name) <= MAX_NAME_LENGTH and name.startswith("hvd-")
@@ -81,12 +93,19 @@ def test_job_name_keeps_the_readable_part_and_separates_runs() -> None:
 
 @pytest.mark.parametrize(  # data, min_available, cpu_per_worker, backoff_limit: the next test
     "bad",  # the trainer's own fields: test_config.py; run_name: test_cluster_render.py
-    [{"output": "s3://bkt/out"}, {"model_dir": "/tmp/model"}, {"launcher_cpu": "0"},
-     {"stall_shutdown_seconds": 0}, {"memory_per_worker": "0Gi"},
-     {"ttl_seconds_after_finished": -1}, {"active_deadline_seconds": 0},
-     {"queue": "Bad Queue"}, {"trainer_service_account": "SA_x"},
-     {"trainer_image": "has space:1"}],
-)  # fmt: skip
+    [
+        {"output": "s3://bkt/out"},
+        {"model_dir": "/tmp/model"},
+        {"launcher_cpu": "0"},
+        {"stall_shutdown_seconds": 0},
+        {"memory_per_worker": "0Gi"},
+        {"ttl_seconds_after_finished": -1},
+        {"active_deadline_seconds": 0},
+        {"queue": "Bad Queue"},
+        {"trainer_service_account": "SA_x"},
+        {"trainer_image": "has space:1"},
+    ],
+)
 def test_bad_parameters_are_named(bad: dict[str, Any]) -> None:
     (name,) = bad
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
@@ -95,17 +114,32 @@ def test_bad_parameters_are_named(bad: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(
     ("overrides", "expected"),
-    [({"workers": 0, "epochs": 0, "learning_rate": 11.0},
-      ["workers must be >= 1, got 0", "epochs must be >= 1, got 0",
-       "learning_rate must be <= 10, got 11.0"]),
-     ({"data": "data", "min_available": 9},
-      ["data must be a gs:// URI", "min_available must be <= workers + 1 launcher"]),
-     ({"gpus_per_worker": -1, "slots_per_worker": 0},  # the trainer checks the GPUs
-      ["gpus_per_worker must be >= 0, got -1", "slots_per_worker must be >= 1, got 0"]),
-     ({"cpu_per_worker": "1K", "backoff_limit": -1},  # the train step's own fields
-      ["cpu_per_worker must be a positive Kubernetes quantity",
-       "backoff_limit must be >= 0, got -1"])],
-)  # fmt: skip
+    [
+        (
+            {"workers": 0, "epochs": 0, "learning_rate": 11.0},
+            [
+                "workers must be >= 1, got 0",
+                "epochs must be >= 1, got 0",
+                "learning_rate must be <= 10, got 11.0",
+            ],
+        ),
+        (
+            {"data": "data", "min_available": 9},
+            ["data must be a gs:// URI", "min_available must be <= workers + 1 launcher"],
+        ),
+        (
+            {"gpus_per_worker": -1, "slots_per_worker": 0},  # the trainer checks the GPUs
+            ["gpus_per_worker must be >= 0, got -1", "slots_per_worker must be >= 1, got 0"],
+        ),
+        (
+            {"cpu_per_worker": "1K", "backoff_limit": -1},  # the train step's own fields
+            [
+                "cpu_per_worker must be a positive Kubernetes quantity",
+                "backoff_limit must be >= 0, got -1",
+            ],
+        ),
+    ],
+)
 def test_all_problems_are_reported_at_once(overrides: dict[str, Any], expected: list[str]) -> None:
     with pytest.raises(ValueError) as info:
         params(**overrides)
@@ -119,13 +153,21 @@ def test_the_launcher_runs_mpirun_of_workers_times_slots_under_the_heartbeat_wat
     m = mpijob(workers=workers, slots_per_worker=slots)
     cmd = container(m, "Launcher")["command"]
     watch, mpirun = cmd[: cmd.index("--")], cmd[cmd.index("--") + 1 :]
-    assert watch == ["python", "-m", "components.train.mpiwatch", "--ranks", str(workers * slots),
-                     "--silence-seconds", str(defaults.STALL_SHUTDOWN_SECONDS)]  # fmt: skip
+    assert watch == [
+        "python",
+        "-m",
+        "components.train.mpiwatch",
+        "--ranks",
+        str(workers * slots),
+        "--silence-seconds",
+        str(defaults.STALL_SHUTDOWN_SECONDS),
+    ]
     assert mpirun[:4] == ["mpirun", "-np", str(workers * slots), "--tag-output"]
     assert cmd[cmd.index("components.train") - 2 :][:3] == ["python", "-m", "components.train"]
     assert (flag(cmd, "--workers", "2"), flag(cmd, "--slots-per-worker", "1")) == (
-        str(workers), str(slots),
-    )  # fmt: skip
+        str(workers),
+        str(slots),
+    )
     assert "--min-workers" not in cmd
     assert m["spec"]["slotsPerWorker"] == slots
     assert m["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == workers
@@ -136,16 +178,28 @@ def test_the_launcher_runs_mpirun_of_workers_times_slots_under_the_heartbeat_wat
 
 def test_the_trainer_reads_and_writes_gcs_directly_with_the_runs_settings() -> None:
     p = params(
-        model_dir="gs://bkt/models/m1", epochs=7, batch_size_per_worker=32, learning_rate=0.01,
-        warmup_epochs=2, threads_per_worker=3, seed=5, model="team.models:build", augment=True,
-    )  # fmt: skip
+        model_dir="gs://bkt/models/m1",
+        epochs=7,
+        batch_size_per_worker=32,
+        learning_rate=0.01,
+        warmup_epochs=2,
+        threads_per_worker=3,
+        seed=5,
+        model="team.models:build",
+        augment=True,
+    )
     cmd = launcher_command(p)
     given = {
-        "--data": "gs://bkt/data", "--output": "gs://bkt/runs/nightly",
-        "--model-dir": "gs://bkt/models/m1", "--epochs": "7", "--batch-size-per-worker": "32",
-        "--seed": "5", "--warmup-epochs": "2", "--threads-per-worker": "3",
+        "--data": "gs://bkt/data",
+        "--output": "gs://bkt/runs/nightly",
+        "--model-dir": "gs://bkt/models/m1",
+        "--epochs": "7",
+        "--batch-size-per-worker": "32",
+        "--seed": "5",
+        "--warmup-epochs": "2",
+        "--threads-per-worker": "3",
         "--model": "team.models:build",
-    }  # fmt: skip
+    }
     assert {name: flag(cmd, name) for name in given} == given and "--augment" in cmd
     assert float(flag(cmd, "--learning-rate") or 0) == 0.01
     assert p.train.model_uri == "gs://bkt/models/m1"
@@ -172,8 +226,11 @@ def test_the_watch_bound_is_the_stall_bound_and_the_ranks_beat_four_times_in_it(
     mpirun = cmd[cmd.index("--") + 1 : cmd.index("components.train")]
     exported = [mpirun[i + 1] for i, word in enumerate(mpirun) if word == "-x"]
     env = {"PYTHONUNBUFFERED": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(stall)}
-    assert exported == ["PATH", *(f"{k}={v}" for k, v in env.items()),
-                        f"KFP_HOROVOD_HEARTBEAT_SECONDS={period}"]  # fmt: skip
+    assert exported == [
+        "PATH",
+        *(f"{k}={v}" for k, v in env.items()),
+        f"KFP_HOROVOD_HEARTBEAT_SECONDS={period}",
+    ]
     assert {e["name"]: e["value"] for e in launcher["env"]} == env
 
 
@@ -184,8 +241,13 @@ def test_an_elastic_mpijob_runs_elastic_horovodrun_on_the_operators_discovery_sc
     assert cmd[:3] == ["python", "-m", "components.train.launch"]  # horovodrun's command line
 
     # ranks: 4 workers x 2 slots at most, 3 x 2 at least; slots per discovered host: 2
-    options = {"-np": "8", "--min-np": "6", "--max-np": "8", "--slots": "2",
-               "--host-discovery-script": "/etc/mpi/discover_hosts.sh"}  # fmt: skip
+    options = {
+        "-np": "8",
+        "--min-np": "6",
+        "--max-np": "8",
+        "--slots": "2",
+        "--host-discovery-script": "/etc/mpi/discover_hosts.sh",
+    }
     assert {name: cmd[cmd.index(name) + 1] for name in options} == options
     assert "mpirun" not in cmd and "--gloo" in cmd
     assert (flag(cmd, "--min-workers"), flag(cmd, "--workers")) == ("3", "4")
@@ -208,7 +270,7 @@ def test_the_mpijob_basics_resources_scheduling_and_identity() -> None:
         "ttlSecondsAfterFinished": defaults.JOB_TTL_SECONDS_AFTER_FINISHED,
         "backoffLimit": defaults.JOB_BACKOFF_LIMIT,
         "activeDeadlineSeconds": defaults.JOB_ACTIVE_DEADLINE_SECONDS,
-    }  # fmt: skip
+    }
     assert spec["mpiReplicaSpecs"]["Launcher"]["replicas"] == 1
     for role in ("Launcher", "Worker"):
         template = spec["mpiReplicaSpecs"][role]["template"]
@@ -225,35 +287,56 @@ def test_the_mpijob_basics_resources_scheduling_and_identity() -> None:
     assert res["requests"] == res["limits"] == {"cpu": "2", "memory": defaults.WORKER_MEMORY}
 
     g = mpijob(
-        gpus_per_worker=2, slots_per_worker=2, cpu_per_worker="3500m", queue="training",
-        priority_class="batch-high", min_available=3, scheduler_name="volcano",
-        trainer_service_account="trainer-ksa", ttl_seconds_after_finished=60, backoff_limit=2,
+        gpus_per_worker=2,
+        slots_per_worker=2,
+        cpu_per_worker="3500m",
+        queue="training",
+        priority_class="batch-high",
+        min_available=3,
+        scheduler_name="volcano",
+        trainer_service_account="trainer-ksa",
+        ttl_seconds_after_finished=60,
+        backoff_limit=2,
         active_deadline_seconds=7200,
-    )  # fmt: skip
+    )
     res = container(g, "Worker")["resources"]
-    assert res["requests"] == res["limits"] == {
-        "cpu": "3500m", "memory": defaults.WORKER_MEMORY, "nvidia.com/gpu": 2,
-    }  # fmt: skip
+    assert (
+        res["requests"]
+        == res["limits"]
+        == {
+            "cpu": "3500m",
+            "memory": defaults.WORKER_MEMORY,
+            "nvidia.com/gpu": 2,
+        }
+    )
     assert "nvidia.com/gpu" not in container(g, "Launcher")["resources"]["limits"]  # mpirun only
     assert g["spec"]["runPolicy"] == {
-        "cleanPodPolicy": "Running", "ttlSecondsAfterFinished": 60, "backoffLimit": 2,
+        "cleanPodPolicy": "Running",
+        "ttlSecondsAfterFinished": 60,
+        "backoffLimit": 2,
         "activeDeadlineSeconds": 7200,
         "schedulingPolicy": {"queue": "training", "priorityClass": "batch-high", "minAvailable": 3},
-    }  # fmt: skip
+    }
     for role in ("Launcher", "Worker"):
         pod = g["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
         assert (pod["serviceAccountName"], pod["priorityClassName"], pod["schedulerName"]) == (
-            "trainer-ksa", "batch-high", "volcano",
-        )  # fmt: skip
+            "trainer-ksa",
+            "batch-high",
+            "volcano",
+        )
 
 
 def test_the_runtime_runs_the_trainer_image_on_launcher_and_nodes_as_trainer_expects() -> None:
     runtime, job = trainjob(workers=3)
     assert runtime["spec"]["mlPolicy"] == {
         "numNodes": 1,  # the launcher's own count
-        "mpi": {"numProcPerNode": 1, "mpiImplementation": "OpenMPI",
-                "sshAuthMountPath": defaults.MPI_SSH_AUTH_MOUNT_PATH, "runLauncherAsNode": True},
-    }  # fmt: skip
+        "mpi": {
+            "numProcPerNode": 1,
+            "mpiImplementation": "OpenMPI",
+            "sshAuthMountPath": defaults.MPI_SSH_AUTH_MOUNT_PATH,
+            "runLauncherAsNode": True,
+        },
+    }
     spec = runtime["spec"]["template"]["spec"]
     by_name = {j["name"]: j for j in spec["replicatedJobs"]}
     assert list(by_name) == ["node", "launcher"]  # nodes first: dependsOn points backwards
@@ -283,9 +366,10 @@ def test_the_trainjob_runs_the_mpijob_launchers_line_on_n_nodes_of_k_processes()
     assert meta["name"] == job_name("nightly", "0b5e-run-42") and meta["namespace"] == "team-a"
     assert meta["labels"]["pipeline/runid"] == "0b5e-run-42"
     assert job["spec"]["runtimeRef"] == {
-        "name": runtime["metadata"]["name"], "apiGroup": "trainer.kubeflow.org",
+        "name": runtime["metadata"]["name"],
+        "apiGroup": "trainer.kubeflow.org",
         "kind": "TrainingRuntime",
-    }  # fmt: skip
+    }
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (4, 2)
     assert trainer["command"] == container(mpijob(**sized), "Launcher")["command"]
     assert trainer["env"] == container(mpijob(**sized), "Launcher")["env"]
@@ -306,10 +390,15 @@ def test_runs_with_the_same_settings_share_one_runtime_and_other_settings_get_th
     assert nightly["metadata"]["annotations"][SPEC_ANNOTATION] == digest
     names = {
         trainjob(**change)[0]["metadata"]["name"]
-        for change in ({}, {"trainer_image": "r/other:1"}, {"trainer_service_account": "sa"},
-                       {"gpus_per_worker": 1}, {"backoff_limit": 2},
-                       {"node_selector": {"pool": "a"}})
-    }  # fmt: skip
+        for change in (
+            {},
+            {"trainer_image": "r/other:1"},
+            {"trainer_service_account": "sa"},
+            {"gpus_per_worker": 1},
+            {"backoff_limit": 2},
+            {"node_selector": {"pool": "a"}},
+        )
+    }
     assert len(names) == 6
 
 
@@ -326,28 +415,65 @@ def test_what_a_trainjob_cannot_do_is_refused_all_at_once_by_name() -> None:
 @pytest.mark.parametrize(
     ("name", "index", "change", "message"),
     [
-        ("mpijob", 0, lambda m: m["spec"].update(slotPerWorker=m["spec"].pop("slotsPerWorker")),
-         r"spec: .*'slotPerWorker' was unexpected"),
-        ("mpijob", 0, lambda m: m["spec"]["mpiReplicaSpecs"]["Worker"].update(replicas="two"),
-         r"spec\.mpiReplicaSpecs\.Worker\.replicas: 'two'"),
-        ("mpijob", 0, lambda m: m["spec"].update(mpiImplementation="LAM"),
-         r"spec\.mpiImplementation"),
-        ("mpijob", 0, lambda m: m["spec"].update(launcherCreationPolicy="Eventually"),
-         r"spec\.launcherCreationPolicy: must be AtStartup or WaitForWorkersReady"),
-        ("mpijob", 0, lambda m: m["spec"].pop("mpiReplicaSpecs"),
-         r"'mpiReplicaSpecs' is a required property"),
-        ("mpijob", 0, lambda m: container(m, "Launcher").update(imagePullPolice="Always"),
-         r"containers\.0: .*'imagePullPolice'"),
+        (
+            "mpijob",
+            0,
+            lambda m: m["spec"].update(slotPerWorker=m["spec"].pop("slotsPerWorker")),
+            r"spec: .*'slotPerWorker' was unexpected",
+        ),
+        (
+            "mpijob",
+            0,
+            lambda m: m["spec"]["mpiReplicaSpecs"]["Worker"].update(replicas="two"),
+            r"spec\.mpiReplicaSpecs\.Worker\.replicas: 'two'",
+        ),
+        (
+            "mpijob",
+            0,
+            lambda m: m["spec"].update(mpiImplementation="LAM"),
+            r"spec\.mpiImplementation",
+        ),
+        (
+            "mpijob",
+            0,
+            lambda m: m["spec"].update(launcherCreationPolicy="Eventually"),
+            r"spec\.launcherCreationPolicy: must be AtStartup or WaitForWorkersReady",
+        ),
+        (
+            "mpijob",
+            0,
+            lambda m: m["spec"].pop("mpiReplicaSpecs"),
+            r"'mpiReplicaSpecs' is a required property",
+        ),
+        (
+            "mpijob",
+            0,
+            lambda m: container(m, "Launcher").update(imagePullPolice="Always"),
+            r"containers\.0: .*'imagePullPolice'",
+        ),
         ("mpijob", 0, lambda m: m.update(kind="TFJob"), r"kind: expected MPIJob"),
-        ("trainjob", 1, lambda m: m["spec"]["trainer"].update(numNode=m["spec"]["trainer"].pop(
-            "numNodes")), r"TrainJob .*spec\.trainer: .*'numNode' was unexpected"),
-        ("trainjob", 0, lambda m: m["spec"]["mlPolicy"]["mpi"].update(mpiImplementation="LAM"),
-         r"TrainingRuntime .*spec\.mlPolicy\.mpi\.mpiImplementation"),
-        ("trainjob", 1, lambda m: m["spec"]["trainer"]["env"].append(
-            {"name": "OMPI_MCA_plm_rsh_args", "value": "-v"}),
-         "OMPI_MCA_plm_rsh_args is reserved by Kubeflow Trainer"),
+        (
+            "trainjob",
+            1,
+            lambda m: m["spec"]["trainer"].update(numNode=m["spec"]["trainer"].pop("numNodes")),
+            r"TrainJob .*spec\.trainer: .*'numNode' was unexpected",
+        ),
+        (
+            "trainjob",
+            0,
+            lambda m: m["spec"]["mlPolicy"]["mpi"].update(mpiImplementation="LAM"),
+            r"TrainingRuntime .*spec\.mlPolicy\.mpi\.mpiImplementation",
+        ),
+        (
+            "trainjob",
+            1,
+            lambda m: m["spec"]["trainer"]["env"].append(
+                {"name": "OMPI_MCA_plm_rsh_args", "value": "-v"}
+            ),
+            "OMPI_MCA_plm_rsh_args is reserved by Kubeflow Trainer",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_crds_refuse_typos_wrong_types_and_what_the_operators_refuse(
     name: str, index: int, change: Any, message: str
 ) -> None:

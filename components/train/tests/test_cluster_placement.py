@@ -38,9 +38,13 @@ def params(gpus: int = 1, **overrides: Any) -> ClusterJobParams:
     placed = {"node_selector": SELECTOR, "tolerations": [TEAM, GPU]}
     placed = {} if "task_config" in overrides else placed  # the one way placement comes
     return make_params(
-        "gs://b", workers=3, slots_per_worker=1, gpus_per_worker=gpus, run_name="placed",
+        "gs://b",
+        workers=3,
+        slots_per_worker=1,
+        gpus_per_worker=gpus,
+        run_name="placed",
         **(placed | overrides),
-    )  # fmt: skip
+    )
 
 
 @BOTH
@@ -61,16 +65,29 @@ def test_every_pod_is_placed_and_tolerates_the_gpu_taint_once(name: str) -> None
 
 
 def test_the_task_config_reaches_every_rank_pod_of_both_backends() -> None:
-    spot = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
-            "effect": "NoSchedule"}  # fmt: skip
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "zone", "operator": "In", "values": ["a", "b"]}]}]}}}  # fmt: skip
+    spot = {
+        "key": "cloud.google.com/gke-spot",
+        "operator": "Equal",
+        "value": "true",
+        "effect": "NoSchedule",
+    }
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}
+                ]
+            }
+        }
+    }
     passed = PodConfig(
-        node_selector={"pool": "gpu"}, tolerations=[spot, TEAM], affinity=affinity,
-        env=[{"name": "MY_FLAG", "value": "1"}], volumes=[{"name": "scratch", "emptyDir": {}}],
+        node_selector={"pool": "gpu"},
+        tolerations=[spot, TEAM],
+        affinity=affinity,
+        env=[{"name": "MY_FLAG", "value": "1"}],
+        volumes=[{"name": "scratch", "emptyDir": {}}],
         volume_mounts=[{"name": "scratch", "mountPath": "/scratch"}],
-    )  # fmt: skip
+    )
     p = params(task_config=passed)
     runtime, trainjob = validated(backend("trainjob"), p, NS)[0]
     specs = pod_specs([runtime, *validated(backend("mpijob"), p, NS)[0]])

@@ -131,7 +131,11 @@ def test_each_backend_sends_only_requests_the_role_grants(backend: str, gcs_uri:
         } - {None}
     assert sent <= _granted(), sorted(sent - _granted())
     group = crd.group
-    assert {(group, crd.plural, "create"), (group, crd.plural, "delete"),
-            ("", "pods", "get"), ("", "pods/log", "get")} <= sent, sorted(sent)  # fmt: skip
+    assert {
+        (group, crd.plural, "create"),
+        (group, crd.plural, "delete"),
+        ("", "pods", "get"),
+        ("", "pods/log", "get"),
+    } <= sent, sorted(sent)
     if backend == "trainjob":
         assert ("trainer.kubeflow.org", "trainingruntimes", "create") in sent

@@ -34,20 +34,42 @@ def launcher(manifests: list[dict[str, Any]]) -> dict[str, Any]:
 )
 def test_render_prints_the_exact_valid_manifests(command: str, extra: list[str]) -> None:
     code, out = render(
-        command, "--workers", "3", "--slots-per-worker", "2", "--run-name", "Nightly #7",
-        "--pipeline-run-id", "r-1", "--namespace", "team-a", "--data", "gs://b/data",
-        "--output", "gs://b/out", "--trainer-service-account", "trainer", *extra,
-    )  # fmt: skip
+        command,
+        "--workers",
+        "3",
+        "--slots-per-worker",
+        "2",
+        "--run-name",
+        "Nightly #7",
+        "--pipeline-run-id",
+        "r-1",
+        "--namespace",
+        "team-a",
+        "--data",
+        "gs://b/data",
+        "--output",
+        "gs://b/out",
+        "--trainer-service-account",
+        "trainer",
+        *extra,
+    )
     assert code == 0, out
     manifests = list(yaml.safe_load_all(out))
     b = backend(command)
     check_manifests(b, manifests)
     gpus = {"gpus_per_worker": 2, "queue": "train"} if extra else {}
     p = make_params(
-        "gs://b", data="gs://b/data", output="gs://b/out", workers=3, slots_per_worker=2,
-        run_name="Nightly #7", pipeline_run_id="r-1", trainer_service_account="trainer",
-        trainer_image=defaults.image_ref("trainer_gpu" if gpus else "trainer"), **gpus,
-    )  # fmt: skip  # the GPU trainer image is what --gpus-per-worker > 0 picks
+        "gs://b",
+        data="gs://b/data",
+        output="gs://b/out",
+        workers=3,
+        slots_per_worker=2,
+        run_name="Nightly #7",
+        pipeline_run_id="r-1",
+        trainer_service_account="trainer",
+        trainer_image=defaults.image_ref("trainer_gpu" if gpus else "trainer"),
+        **gpus,
+    )  # the GPU trainer image is what --gpus-per-worker > 0 picks
     assert manifests == b.build(p, "team-a")  # the name and command: test_cluster_manifest.py
 
 
@@ -69,9 +91,17 @@ def test_gpus_pick_the_gpu_trainer_image_and_a_given_image_wins() -> None:
 @pytest.mark.parametrize("command", ["mpijob", "trainjob"])
 def test_render_defaults_use_the_placeholder_bucket_and_the_image_options(command: str) -> None:
     code, out = render(
-        command, "--workers", "2", "--image-registry", "europe-docker.pkg.dev/p/r",
-        "--image-tag", "v9", "--model", "small", "--augment",
-    )  # fmt: skip
+        command,
+        "--workers",
+        "2",
+        "--image-registry",
+        "europe-docker.pkg.dev/p/r",
+        "--image-tag",
+        "v9",
+        "--model",
+        "small",
+        "--augment",
+    )
     assert code == 0, out
     manifests = list(yaml.safe_load_all(out))
     check_manifests(backend(command), manifests)
@@ -87,20 +117,38 @@ def test_render_defaults_use_the_placeholder_bucket_and_the_image_options(comman
 @pytest.mark.parametrize(
     ("command", "args", "messages"),
     [
-        ("mpijob", ["--workers", "0", "--data", "/local/data", "--model", "resnet"],
-         ["workers must be >= 1, got 0", "data must be a gs:// URI",
-          "model must be one of the built-in models mnist_advanced, small"]),
-        ("mpijob", ["--workers", "2", "--slots-per-worker", "2", "--gpus-per-worker", "1"],
-         ["gpus_per_worker must be 0 (CPU) or >= slots_per_worker"]),
-        ("trainjob", ["--min-workers", "1"],
-         ["elastic training needs mpi-operator's discover_hosts.sh"]),
+        (
+            "mpijob",
+            ["--workers", "0", "--data", "/local/data", "--model", "resnet"],
+            [
+                "workers must be >= 1, got 0",
+                "data must be a gs:// URI",
+                "model must be one of the built-in models mnist_advanced, small",
+            ],
+        ),
+        (
+            "mpijob",
+            ["--workers", "2", "--slots-per-worker", "2", "--gpus-per-worker", "1"],
+            ["gpus_per_worker must be 0 (CPU) or >= slots_per_worker"],
+        ),
+        (
+            "trainjob",
+            ["--min-workers", "1"],
+            ["elastic training needs mpi-operator's discover_hosts.sh"],
+        ),
         ("trainjob", ["--data", "/tmp/data"], ["data must be a gs:// URI for a cluster backend"]),
         ("trainjob", ["--queue", "q"], ["No such option '--queue'"]),
         ("mpijob", ["--run-name", " "], ["invalid cluster job parameters: run_name is empty"]),
-        *((command, ["--node-selector", '{"bad key": "x"}'], ["node_selector: label key 'bad key'"])
-          for command in ("mpijob", "trainjob")),
+        *(
+            (
+                command,
+                ["--node-selector", '{"bad key": "x"}'],
+                ["node_selector: label key 'bad key'"],
+            )
+            for command in ("mpijob", "trainjob")
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_a_usage_error_naming_it(
     command: str, args: list[str], messages: list[str]
 ) -> None:

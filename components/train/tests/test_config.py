@@ -53,10 +53,18 @@ def test_argv_round_trips_every_field(seed: int) -> None:
 
 def test_every_field_has_one_flag_under_its_own_name() -> None:
     config = TrainConfig(
-        data="/d", output="/o", workers=3, slots_per_worker=2, batch_size_per_worker=16,
-        learning_rate=0.01, threads_per_worker=2, model_dir="/m", checkpoint_dir="/c",
-        model="team.models:build", augment=True,
-    )  # fmt: skip
+        data="/d",
+        output="/o",
+        workers=3,
+        slots_per_worker=2,
+        batch_size_per_worker=16,
+        learning_rate=0.01,
+        threads_per_worker=2,
+        model_dir="/m",
+        checkpoint_dir="/c",
+        model="team.models:build",
+        augment=True,
+    )
     argv = to_argv(config)
     argv.remove("--augment")  # a switch, no value: --augment or --no-augment
     flag = dict(zip(argv[::2], argv[1::2], strict=True))
@@ -64,8 +72,10 @@ def test_every_field_has_one_flag_under_its_own_name() -> None:
     assert (flag["--workers"], flag["--slots-per-worker"]) == ("3", "2")  # no world-size flag
     assert (flag["--batch-size-per-worker"], flag["--learning-rate"]) == ("16", "0.01")
     assert (flag["--threads-per-worker"], flag["--model-dir"], flag["--checkpoint-dir"]) == (
-        "2", "/m", "/c",
-    )  # fmt: skip
+        "2",
+        "/m",
+        "/c",
+    )
     assert {p.flag for p in TRAIN_PARAMETERS} == {
         "--" + name.replace("_", "-") for name in TrainConfig.__dataclass_fields__
     }
@@ -85,16 +95,23 @@ BAD_FIELDS = [
     ("threads_per_worker", -1, "threads_per_worker must be >= 0, got -1"),
     ("data", "", "data is empty"),
     ("output", "", "output is empty"),
-    ("model", "resnet", "model must be one of the built-in models mnist_advanced, small, "
-     "mobilenet_v3_small or a Python entry point 'package.module:function'"),
+    (
+        "model",
+        "resnet",
+        "model must be one of the built-in models mnist_advanced, small, "
+        "mobilenet_v3_small or a Python entry point 'package.module:function'",
+    ),
     ("model", "a.b", "got 'a.b'"),
     ("lr_scaling", "cubic", "lr_scaling must be one of linear, sqrt, none, got 'cubic'"),
     ("min_workers", -1, "min_workers must be >= 0, got -1"),
-    ("min_workers", 3, "min_workers must be <= workers (the most workers an elastic job runs "
-     "with), got 3 > 2"),
+    (
+        "min_workers",
+        3,
+        "min_workers must be <= workers (the most workers an elastic job runs with), got 3 > 2",
+    ),
     ("gpus_per_worker", -1, "gpus_per_worker must be >= 0, got -1"),
     ("seed", -1, "seed must be >= 0, got -1"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("field", "value", "message"), BAD_FIELDS)
@@ -123,9 +140,11 @@ def test_a_flag_of_the_wrong_type_or_a_non_bool_switch_is_refused(
 def test_uris_derive_from_output_once() -> None:
     c = TrainConfig(data="/d", output="gs://b/out", workers=1)
     assert (c.model_uri, c.checkpoint_uri, c.summary_uri, c.tensorboard_uri) == (
-        "gs://b/out/model", "gs://b/out/checkpoints", "gs://b/out/run_summary.json",
+        "gs://b/out/model",
+        "gs://b/out/checkpoints",
+        "gs://b/out/run_summary.json",
         "gs://b/out/tensorboard",
-    )  # fmt: skip
+    )
     moved = TrainConfig(data="/d", output="/o", workers=1, model_dir="/m", checkpoint_dir="/c")
     assert (moved.model_uri, moved.checkpoint_uri) == ("/m", "/c")
 
@@ -135,13 +154,24 @@ ONE = {"learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
 
 @pytest.mark.parametrize(
     ("rule", "k", "adam", "words"),
-    [("linear", 4, {**ONE, "learning_rate": 0.004}, "0.004 = 0.001 x 4 workers (linear)"),
-     ("none", 4, ONE, "0.001 = 0.001 for 4 workers (none)"),
-     ("sqrt", 1, ONE, "0.001 = 0.001 x sqrt(1 workers) (sqrt)"),  # one rank: unchanged
-     # Malladi et al.: a batch k = 2 times larger
-     ("sqrt", 2, {"learning_rate": 0.001 * math.sqrt(2), "beta_1": 0.8, "beta_2": 0.998,
-                  "epsilon": 1e-7 / math.sqrt(2)}, "0.00141421 = 0.001 x sqrt(2 workers) (sqrt)")],
-)  # fmt: skip
+    [
+        ("linear", 4, {**ONE, "learning_rate": 0.004}, "0.004 = 0.001 x 4 workers (linear)"),
+        ("none", 4, ONE, "0.001 = 0.001 for 4 workers (none)"),
+        ("sqrt", 1, ONE, "0.001 = 0.001 x sqrt(1 workers) (sqrt)"),  # one rank: unchanged
+        # Malladi et al.: a batch k = 2 times larger
+        (
+            "sqrt",
+            2,
+            {
+                "learning_rate": 0.001 * math.sqrt(2),
+                "beta_1": 0.8,
+                "beta_2": 0.998,
+                "epsilon": 1e-7 / math.sqrt(2),
+            },
+            "0.00141421 = 0.001 x sqrt(2 workers) (sqrt)",
+        ),
+    ],
+)
 def test_each_rule_sets_adam_for_the_world_size_and_says_so_in_words(
     rule: str, k: int, adam: dict[str, float], words: str
 ) -> None:

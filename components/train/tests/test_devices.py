@@ -108,11 +108,16 @@ V1 = "cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us"
 
 @pytest.mark.parametrize(
     ("files", "quota"),
-    [({}, None), ({"cpu.max": "100000 100000\n"}, 1.0), ({"cpu.max": "50000 100000\n"}, 0.5),
-     ({"cpu.max": "max 100000\n"}, None), ({V1[0]: "200000\n", V1[1]: "100000\n"}, 2.0),
-     ({V1[0]: "-1\n", V1[1]: "100000\n"}, None)],
+    [
+        ({}, None),
+        ({"cpu.max": "100000 100000\n"}, 1.0),
+        ({"cpu.max": "50000 100000\n"}, 0.5),
+        ({"cpu.max": "max 100000\n"}, None),
+        ({V1[0]: "200000\n", V1[1]: "100000\n"}, 2.0),
+        ({V1[0]: "-1\n", V1[1]: "100000\n"}, None),
+    ],
     ids=["none", "v2-1", "v2-half", "v2-max", "v1-2", "v1-unlimited"],
-)  # fmt: skip
+)
 def test_threads_split_the_cores_among_local_ranks_capped_by_the_cpu_limit(
     tmp_path: Path, files: dict[str, str], quota: float | None
 ) -> None:

@@ -90,9 +90,10 @@ def _exit_in_subprocess(hold: bool) -> subprocess.CompletedProcess[str]:
         del kept
         print("exiting", end=" ")
         held_input.exit_process(3)
-    """)  # fmt: skip
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60)  # fmt: skip
+    """)
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
 
 
 def test_the_process_ends_with_its_exit_handlers_and_without_destroying_what_it_holds() -> None:

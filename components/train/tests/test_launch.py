@@ -84,8 +84,16 @@ def test_a_horovod_without_mpi_or_gloo_or_a_missing_mpirun_is_refused_by_name(
 def test_a_line_every_rank_printed_is_shown_once_with_its_first_ranks_tag() -> None:
     shown: list[str] = []
     once = RankLines(shown.append)
-    lines = ["[1,1]<stdout>:a warning", "[1,0]<stdout>:a warning[1,0]<stdout>:", "untagged", "",
-             "untagged", "", "[1,0]<stdout>:rank 0's", "[1,1]<stdout>:rank 1's"]  # fmt: skip
+    lines = [
+        "[1,1]<stdout>:a warning",
+        "[1,0]<stdout>:a warning[1,0]<stdout>:",
+        "untagged",
+        "",
+        "untagged",
+        "",
+        "[1,0]<stdout>:rank 0's",
+        "[1,1]<stdout>:rank 1's",
+    ]
     for line in lines:
         once(line)
     assert shown == ["[1,1]<stdout>:a warning", *lines[2:]]

@@ -116,32 +116,53 @@ def test_a_users_entry_point_is_wrapped_into_the_trainers_contract() -> None:
 @pytest.mark.parametrize(
     ("choice", "message"),
     [
-        ("resnet", "model must be one of the built-in models mnist_advanced, small, "
-         "mobilenet_v3_small or a Python entry point 'package.module:function' (a function "
-         "(input_shape, num_classes) -> Keras model), got 'resnet'"),
+        (
+            "resnet",
+            "model must be one of the built-in models mnist_advanced, small, "
+            "mobilenet_v3_small or a Python entry point 'package.module:function' (a function "
+            "(input_shape, num_classes) -> Keras model), got 'resnet'",
+        ),
         ("my.models:build:v2", "entry point 'package.module:function'"),
         ("my models:build", "got 'my models:build'"),
-        ("no_such_package.models:build", "model 'no_such_package.models:build': cannot import "
-         "module 'no_such_package.models' (ModuleNotFoundError: No module named "
-         "'no_such_package'): install it where the trainer runs, or put its folder on "
-         "PYTHONPATH there"),
+        (
+            "no_such_package.models:build",
+            "model 'no_such_package.models:build': cannot import "
+            "module 'no_such_package.models' (ModuleNotFoundError: No module named "
+            "'no_such_package'): install it where the trainer runs, or put its folder on "
+            "PYTHONPATH there",
+        ),
         (f"{USER}:nothing", f"model '{USER}:nothing': 'nothing' is not defined in module '{USER}'"),
         (f"{USER}:NOT_A_FUNCTION", "'NOT_A_FUNCTION' is not callable in module"),
-        (f"{USER}:needs_three_arguments", "calling it as needs_three_arguments(input_shape=(28, "
-         "28, 1), num_classes=10) raised TypeError"),
-        (f"{USER}:a_layer", f"model '{USER}:a_layer' returned "
-         "keras.src.layers.core.dense.Dense, not a Keras 3 model (keras.Model"),
-        ("components.train.tests.keras2_model:build", "model 'components.train.tests."
-         "keras2_model:build': module 'components.train.tests.keras2_model' imports tf_keras, "
-         "the legacy Keras 2 package, which the trainer does not have: it runs Keras 3, so write "
-         "the model with `import keras` (or `from tensorflow import keras`)"),
-        (f"{USER}:five_classes", f"model '{USER}:five_classes' returns outputs of shape "
-         "(None, 5); the trainer needs (None, 10): one probability per class"),
-        (f"{USER}:colour_input", "does not take the trainer's images, float32 batches of shape "
-         "(None, 28, 28, 1) scaled to [0, 1]: Input 0 with name 'input_layer"),
+        (
+            f"{USER}:needs_three_arguments",
+            "calling it as needs_three_arguments(input_shape=(28, "
+            "28, 1), num_classes=10) raised TypeError",
+        ),
+        (
+            f"{USER}:a_layer",
+            f"model '{USER}:a_layer' returned "
+            "keras.src.layers.core.dense.Dense, not a Keras 3 model (keras.Model",
+        ),
+        (
+            "components.train.tests.keras2_model:build",
+            "model 'components.train.tests.keras2_model:build': module "
+            "'components.train.tests.keras2_model' imports tf_keras, the legacy Keras 2 package, "
+            "which the trainer does not have: it runs Keras 3, so write the model with "
+            "`import keras` (or `from tensorflow import keras`)",
+        ),
+        (
+            f"{USER}:five_classes",
+            f"model '{USER}:five_classes' returns outputs of shape "
+            "(None, 5); the trainer needs (None, 10): one probability per class",
+        ),
+        (
+            f"{USER}:colour_input",
+            "does not take the trainer's images, float32 batches of shape "
+            "(None, 28, 28, 1) scaled to [0, 1]: Input 0 with name 'input_layer",
+        ),
         (f"{USER}:logits", "returns outputs that are not class probabilities"),
     ],
-)  # fmt: skip
+)
 def test_a_model_that_cannot_be_trained_is_named_with_the_reason(choice: str, message: str) -> None:
     with pytest.raises(PreflightError) as preflight:  # the ranks' ModelChoiceError, its words
         check_model_before_launch(choice, DIGITS, 10)
@@ -163,9 +184,12 @@ def test_built_in_names_pass_the_preflight_without_tensorflow_a_users_is_built()
     )
     models = [*defaults.MODELS, f"{USER}:build"]
     out = subprocess.run(
-        [sys.executable, "-c", program, *models], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", program, *models],
+        capture_output=True,
+        text=True,
+        timeout=300,
         cwd=Path(__file__).resolve().parents[3],
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1]) == [False, False, False, True]
 
@@ -248,8 +272,11 @@ def test_an_augmented_models_saved_model_serves_as_the_plain_one(tmp_path: Path)
     )
     out = subprocess.run(
         [sys.executable, "-c", program, str(tmp_path / "model"), str(tmp_path / "x.npy")],
-        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[3],
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert out.returncode == 0, out.stderr
     name, shape, dtype, (served, again), augment = json.loads(out.stdout.splitlines()[-1])
     assert (name, shape, dtype, augment) == ("image", [None, 28, 28, 1], "uint8", False)
@@ -269,14 +296,22 @@ def test_shear_is_image_data_generators_shear() -> None:
     image = _digits(1)[0].astype(np.float32)
     for degrees in (20.0, -12.5):
         expected = apply_affine_transform(
-            image, shear=degrees, row_axis=0, col_axis=1, channel_axis=2, fill_mode="nearest",
+            image,
+            shear=degrees,
+            row_axis=0,
+            col_axis=1,
+            channel_axis=2,
+            fill_mode="nearest",
             order=1,
-        )  # fmt: skip
+        )
         got = tf.raw_ops.ImageProjectiveTransformV3(
             images=image[None],
             transforms=shear_transforms(tf, tf.constant([math.radians(degrees)]), 28),
-            output_shape=[28, 28], fill_value=0.0, interpolation="BILINEAR", fill_mode="NEAREST",
-        )[0].numpy()  # fmt: skip
+            output_shape=[28, 28],
+            fill_value=0.0,
+            interpolation="BILINEAR",
+            fill_mode="NEAREST",
+        )[0].numpy()
         assert np.abs(expected - image).max() > 100  # a visible shear at this angle
         assert np.allclose(got, expected, atol=1e-3)
 

@@ -80,8 +80,9 @@ def test_a_rank_the_watch_sees_use_cpu_is_not_frozen_however_long_it_is_silent()
     busy holding Python's lock, or waiting for a loaded machine's CPU, it is not frozen. The
     watch cannot see another host's process (a cluster's worker): its beats alone count."""
     used = {("here", 11): 1.0, ("here", 12): 1.0}
-    silence = Silence(3, bound_s=5, now=0.0, expected=[],
-                      cpu_seconds=lambda host, pid: used.get((host, pid)))  # fmt: skip
+    silence = Silence(
+        3, bound_s=5, now=0.0, expected=[], cpu_seconds=lambda host, pid: used.get((host, pid))
+    )
     for rank, host in enumerate(["here", "here", "there"]):
         silence.observe(f"[1,{rank}]<stdout>:{MARK} beat host={host} pid={11 + rank}", 1.0)
     silence.sample(1.0)
@@ -90,8 +91,10 @@ def test_a_rank_the_watch_sees_use_cpu_is_not_frozen_however_long_it_is_silent()
         silence.sample(now)
     assert silence.silent(8.0) == [1, 2]  # rank 0: silent 7 s, but it ran at 8 s
     assert silence.silent(13.0) == [1, 2] and silence.silent(13.6) == [0, 1, 2]
-    assert silence.describe(0, 13.6) == "rank 0 on here sent no heartbeat for 13 s and used no " \
-        "CPU for 6 s"  # fmt: skip
+    assert (
+        silence.describe(0, 13.6) == "rank 0 on here sent no heartbeat for 13 s and used no "
+        "CPU for 6 s"
+    )
     assert silence.describe(2, 13.6) == "rank 2 on there sent no heartbeat for 13 s"
 
 
@@ -119,8 +122,13 @@ def test_the_trainer_beats_from_its_start_only_when_asked() -> None:
 
     def trainer(period: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PYTHONPATH": str(ROOT), HEARTBEAT_ENV: period}
-        return subprocess.run([sys.executable, "-m", "components.train"], capture_output=True,
-                              text=True, env=env, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "components.train"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
 
     asked, plain, bad = trainer("0.05"), trainer(""), trainer("soon")
     assert (asked.returncode, plain.returncode, bad.returncode) == (2, 2, 2), asked.stderr
@@ -151,8 +159,19 @@ def test_the_command_line_refuses_a_missing_command_and_bad_bounds() -> None:
 def mpirun(*action: str) -> list[str]:
     """2 ranks of `beating_rank.py`, the heartbeat period forwarded as on a cluster."""
     exported = ["-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED=1", "-x", f"{HEARTBEAT_ENV}=0.25"]
-    return ["mpirun", "-np", "2", "--tag-output", "--oversubscribe", "-bind-to", "none",
-            *exported, sys.executable, str(RANK_PROGRAM), *action]  # fmt: skip
+    return [
+        "mpirun",
+        "-np",
+        "2",
+        "--tag-output",
+        "--oversubscribe",
+        "-bind-to",
+        "none",
+        *exported,
+        sys.executable,
+        str(RANK_PROGRAM),
+        *action,
+    ]
 
 
 def rank_pids(output: str) -> dict[int, int]:
@@ -192,11 +211,14 @@ def test_a_frozen_rank_ends_the_job_in_one_line_else_mpiruns_code_passes(
     assert got == code and sorted(rank_pids(out)) == [0, 1], out
     assert "kfp-horovod-heartbeat" not in out
     said = [line for line in out.splitlines() if line.startswith("mpiwatch: ")]
-    assert said[0] == "mpiwatch: watching 2 rank(s): one silent (no heartbeat) for more than " \
-        "5 s ends the job"  # fmt: skip
+    assert (
+        said[0] == "mpiwatch: watching 2 rank(s): one silent (no heartbeat) for more than "
+        "5 s ends the job"
+    )
     if code == ExitCode.SILENT_RANK:
-        assert len(said) == 2 and said[1].startswith(f"mpiwatch: the job failed: rank 1 on {HOST} "
-                                                     "sent no heartbeat for "), out  # fmt: skip
+        assert len(said) == 2 and said[1].startswith(
+            f"mpiwatch: the job failed: rank 1 on {HOST} sent no heartbeat for "
+        ), out
         assert "and used no CPU for " in said[1]  # the watch sees the local rank's process
         assert "(bound 5 s): frozen, or its node or network is down (mpirun ended " in said[1]
         assert said[1] == out.splitlines()[-1]  # the log ends naming the rank
@@ -207,8 +229,17 @@ def test_a_frozen_rank_ends_the_job_in_one_line_else_mpiruns_code_passes(
 
 def test_sigterm_to_the_watch_reaches_mpirun_and_the_ranks() -> None:
     """As the launcher container's PID 1, the watch must pass the kubelet's SIGTERM on."""
-    command = [sys.executable, "-m", "components.train.mpiwatch", "--ranks", "2",
-               "--silence-seconds", "60", "--", *mpirun("sleep", "120", "0")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "components.train.mpiwatch",
+        "--ranks",
+        "2",
+        "--silence-seconds",
+        "60",
+        "--",
+        *mpirun("sleep", "120", "0"),
+    ]
     env = job_environment({**os.environ, "PYTHONPATH": str(ROOT)})
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
@@ -234,9 +265,14 @@ def test_a_frozen_rank_of_a_real_job_is_named_and_ends_the_job(
     collectives, keeps beating), its checkpoint kept, no model exported. The bound is generous:
     importing TensorFlow holds the GIL, so beats pause for seconds."""
     config = TrainConfig(
-        data=mnist_1000, output=str(tmp_path / "out"), workers=2, epochs=20,
-        batch_size_per_worker=16, threads_per_worker=1, model="small",
-    )  # fmt: skip
+        data=mnist_1000,
+        output=str(tmp_path / "out"),
+        workers=2,
+        epochs=20,
+        batch_size_per_worker=16,
+        threads_per_worker=1,
+        model="small",
+    )
     lines: list[str] = []
     env = {**os.environ, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "15"}
     result: list[int] = []
@@ -246,8 +282,9 @@ def test_a_frozen_rank_of_a_real_job_is_named_and_ends_the_job(
     job.start()
     wait_until(
         lambda: any("checkpoint after epoch 1 " in line for line in lines),
-        lambda: "checkpoint after epoch 1 in:\n" + "\n".join(lines), alive=job.is_alive,
-    )  # fmt: skip
+        lambda: "checkpoint after epoch 1 in:\n" + "\n".join(lines),
+        alive=job.is_alive,
+    )
     os.kill(rank_processes(os.getpid())[1].pid, signal.SIGSTOP)
     join(job, "the job with a frozen rank")
     assert result == [ExitCode.SILENT_RANK], "\n".join(lines)

@@ -72,9 +72,15 @@ def test_the_first_epoch_is_left_out_and_the_advice_says_what_to_change() -> Non
     assert use["communication_share"] == pytest.approx(0.25)
     assert use["estimated_efficiency"] == use["compute_share"] == pytest.approx(0.675)
     assert use["per_rank"][0] == {
-        "rank": 0, "host": "w-0", "step_ms": 100.0, "compute_ms": 60.0, "allreduce_ms": 40.0,
-        "input_ms": 0.0, "cpu_cores_busy": 1.0, "threads": 1,
-    }  # fmt: skip
+        "rank": 0,
+        "host": "w-0",
+        "step_ms": 100.0,
+        "compute_ms": 60.0,
+        "allreduce_ms": 40.0,
+        "input_ms": 0.0,
+        "cpu_cores_busy": 1.0,
+        "threads": 1,
+    }
     assert use["straggler"] == {"rank": 1, "host": "w-1", "slower_by": 0.25}  # waits least
     assert use["advice"] == [
         "communication is 25% of a step and waiting for slower ranks 8%: try a larger batch per "
@@ -135,8 +141,11 @@ sys.stdout.flush()
 def test_the_clock_sees_a_rank_wait_for_a_late_one_in_a_real_job() -> None:
     done = subprocess.run(
         static_command(2, [sys.executable, "-c", RANK_PROGRAM]),
-        capture_output=True, text=True, timeout=180, env=launch.job_environment(None, 2),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=launch.job_environment(None, 2),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     median_step = {}
     for line in done.stdout.splitlines():

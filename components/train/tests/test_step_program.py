@@ -18,29 +18,48 @@ from components.train.summary import RunSummary, coordination_report, parse
 
 def _config(**overrides: Any) -> TrainConfig:
     base: dict[str, Any] = dict(
-        data="gs://b/data", output="gs://b/run/train/train-work",
-        model_dir="gs://b/run/train/model", workers=3, epochs=2, batch_size_per_worker=32,
-        learning_rate=0.001, warmup_epochs=1,
-    )  # fmt: skip
+        data="gs://b/data",
+        output="gs://b/run/train/train-work",
+        model_dir="gs://b/run/train/model",
+        workers=3,
+        epochs=2,
+        batch_size_per_worker=32,
+        learning_rate=0.001,
+        warmup_epochs=1,
+    )
     return TrainConfig(**{**base, **overrides})
 
 
 def _summary(world_size: int = 3, same: bool = True) -> RunSummary:
     return RunSummary(
-        config=_config(augment=True), world_size=world_size, hosts=["w-0", "w-1"],
-        controller="mpi", gradient_allreduce="host", resumed_from_epoch=0,
-        adam={"learning_rate": 0.001 * world_size}, dataset={},
+        config=_config(augment=True),
+        world_size=world_size,
+        hosts=["w-0", "w-1"],
+        controller="mpi",
+        gradient_allreduce="host",
+        resumed_from_epoch=0,
+        adam={"learning_rate": 0.001 * world_size},
+        dataset={},
         coverage={"samples": 900, "seen_per_epoch": 900, "disjoint": True, "covers_all": True},
         per_rank=[
-            {"rank": r, "host": f"w-{r % 2}", "device": "CPU", "threads": 1,
-             "sample_range": [300 * r, 300 * (r + 1)], "samples_per_epoch": 300,
-             "steps_per_epoch": 10, "examples_per_second": 100.0,
-             "weights_sha256": "ab" * 32 if same or r == 0 else "cd" * 32}
+            {
+                "rank": r,
+                "host": f"w-{r % 2}",
+                "device": "CPU",
+                "threads": 1,
+                "sample_range": [300 * r, 300 * (r + 1)],
+                "samples_per_epoch": 300,
+                "steps_per_epoch": 10,
+                "examples_per_second": 100.0,
+                "weights_sha256": "ab" * 32 if same or r == 0 else "cd" * 32,
+            }
             for r in range(world_size)
         ],
-        final_metrics={"accuracy": 0.9, "loss": 0.3}, saved_model_sha256="ef" * 32,
-        model_parameters=1199882, weights_identical_across_ranks=same,
-    )  # fmt: skip
+        final_metrics={"accuracy": 0.9, "loss": 0.3},
+        saved_model_sha256="ef" * 32,
+        model_parameters=1199882,
+        weights_identical_across_ranks=same,
+    )
 
 
 def test_unknown_backend_is_refused_by_name() -> None:
@@ -54,9 +73,11 @@ def _run_mpijob_task(tmp_path: Path, config: TrainConfig, **kw: Any) -> RunSumma
     """The train task of `config` on the MPIJob backend, in namespace team-a."""
     step = TrainStep(trainer_image="reg/trainer:9", namespace="team-a", training_backend="mpijob")
     return run_train_task(
-        config, step, outputs=(str(tmp_path / "summary"), str(tmp_path / "report")),
+        config,
+        step,
+        outputs=(str(tmp_path / "summary"), str(tmp_path / "report")),
         **{"dataset_path": "/gcs/b/data", "model_path": "/gcs/b/run/train/model", **kw},
-    )  # fmt: skip
+    )
 
 
 def test_mpijob_backend_refuses_local_artifacts(tmp_path: Path) -> None:
@@ -107,8 +128,9 @@ def test_mpijob_backend_wiring(
     assert "--workers 3 --slots-per-worker 2" in command
     assert parse((tmp_path / "summary").read_text()) == summary
     assert (summary.training_backend, summary.training_backend_reason) == (
-        "mpijob", "training_backend forces it",
-    )  # fmt: skip
+        "mpijob",
+        "training_backend forces it",
+    )
     report = (tmp_path / "report").read_text()
     assert "6 workers formed ONE Horovod job" in report
     assert "- Backend: **mpijob** (training_backend forces it)" in report
@@ -173,14 +195,20 @@ def test_artifact_metadata_says_which_model_was_trained() -> None:
         dataclasses.replace(_summary(), training_backend="trainjob")
     )
     assert model == {
-        "framework": "tensorflow-savedmodel", "model": "mnist_advanced", "augment": True,
-        "world_size": 3, "epochs": 2, "saved_model_sha256": "ef" * 32,
+        "framework": "tensorflow-savedmodel",
+        "model": "mnist_advanced",
+        "augment": True,
+        "world_size": 3,
+        "epochs": 2,
+        "saved_model_sha256": "ef" * 32,
         "final_metrics": {"accuracy": 0.9, "loss": 0.3},
         "tensorboard_uri": "gs://b/run/train/train-work/tensorboard",
-    }  # fmt: skip  # evaluation writes its test metrics into that TensorBoard at epoch 2
+    }  # evaluation writes its test metrics into that TensorBoard at epoch 2
     assert run == {
-        "world_size": 3, "weights_identical_across_ranks": True, "training_backend": "trainjob",
-    }  # fmt: skip
+        "world_size": 3,
+        "weights_identical_across_ranks": True,
+        "training_backend": "trainjob",
+    }
 
 
 def test_work_dir_sits_beside_the_model_artifact() -> None:
@@ -191,17 +219,28 @@ def test_work_dir_sits_beside_the_model_artifact() -> None:
 def test_report_shows_an_elastic_jobs_world_sizes_and_each_epochs_coverage() -> None:
     summary = _summary()
     summary.elastic = {
-        "min_workers": 2, "max_workers": 3,
+        "min_workers": 2,
+        "max_workers": 3,
         "world_size_history": [
             {"epoch": 0, "world_size": 3, "when": "2026-12-03T06:00:00Z", "why": "start"},
-            {"epoch": 2, "world_size": 2, "when": "2026-12-03T06:01:00Z",
-             "why": "a worker was lost (a collective failed)"},
+            {
+                "epoch": 2,
+                "world_size": 2,
+                "when": "2026-12-03T06:01:00Z",
+                "why": "a worker was lost (a collective failed)",
+            },
         ],
         "epochs": [
-            {"epoch": e, "world_size": 3 if e <= 2 else 2, "seen_per_epoch": 900,
-             "disjoint": True, "covers_all": True} for e in (1, 2, 3)
+            {
+                "epoch": e,
+                "world_size": 3 if e <= 2 else 2,
+                "seen_per_epoch": 900,
+                "disjoint": True,
+                "covers_all": True,
+            }
+            for e in (1, 2, 3)
         ],
-    }  # fmt: skip
+    }
     text = coordination_report(summary)
     assert (
         "elastic job (2 to 3 workers): 3 workers from epoch 1; then 2 workers from epoch 3 "

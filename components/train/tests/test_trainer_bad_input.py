@@ -115,9 +115,18 @@ def _gpus_asked(d: Path) -> str:
 
 @pytest.mark.parametrize(
     "breaker",
-    [_missing_data, _garbage_manifest, _corrupt_shard, _wrong_shape, _bad_labels, _empty_shard,
-     _too_few_samples, _model_already_exported, _gpus_asked],
-)  # fmt: skip
+    [
+        _missing_data,
+        _garbage_manifest,
+        _corrupt_shard,
+        _wrong_shape,
+        _bad_labels,
+        _empty_shard,
+        _too_few_samples,
+        _model_already_exported,
+        _gpus_asked,
+    ],
+)
 def test_bad_input_fails_clearly_on_every_rank(
     breaker: Any, mnist_1000: str, tmp_path: Path, run_job: Any
 ) -> None:

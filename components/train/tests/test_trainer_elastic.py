@@ -72,9 +72,15 @@ def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
 
     watcher = Background(kill_rank_1_then_grow, "the test's thread that kills rank 1")
     config = TrainConfig(
-        data=mnist_3000, output=str(out), workers=3, min_workers=2, epochs=EPOCHS,
-        batch_size_per_worker=16, threads_per_worker=1, model="small",
-    )  # fmt: skip
+        data=mnist_3000,
+        output=str(out),
+        workers=3,
+        min_workers=2,
+        epochs=EPOCHS,
+        batch_size_per_worker=16,
+        threads_per_worker=1,
+        model="small",
+    )
     try:
         code = run_local(config, timeout_s=400, log=lines.append, hosts=hosts)
     finally:

@@ -29,10 +29,21 @@ def job(mnist_1000: str, tmp_path_factory: pytest.TempPathFactory, run_job: Any)
     root = tmp_path_factory.mktemp("job3")
     output, audit = root / "out", root / "audit"
     args = [
-        "--data", mnist_1000, "--output", str(output), "--workers", str(WORKERS),
-        "--epochs", "2", "--batch-size-per-worker", "32", "--threads-per-worker", "1",
-        "--model", USER_MODEL,
-    ]  # fmt: skip
+        "--data",
+        mnist_1000,
+        "--output",
+        str(output),
+        "--workers",
+        str(WORKERS),
+        "--epochs",
+        "2",
+        "--batch-size-per-worker",
+        "32",
+        "--threads-per-worker",
+        "1",
+        "--model",
+        USER_MODEL,
+    ]
     proc = run_job(WORKERS, args, audit=(audit, output))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     raw = json.loads((output / "run_summary.json").read_text())
@@ -71,8 +82,11 @@ def test_shards_are_disjoint_and_cover_every_sample(job: dict[str, Any]) -> None
     assert [r["samples_per_epoch"] for r in summary.per_rank] == [333, 333, 334]
     assert len({r["steps_per_epoch"] for r in summary.per_rank}) == 1  # same steps: no deadlock
     assert summary.coverage == {
-        "samples": 1000, "seen_per_epoch": 1000, "disjoint": True, "covers_all": True,
-    }  # fmt: skip
+        "samples": 1000,
+        "seen_per_epoch": 1000,
+        "disjoint": True,
+        "covers_all": True,
+    }
 
 
 def test_only_rank_0_writes_files_and_prints_progress(job: dict[str, Any]) -> None:

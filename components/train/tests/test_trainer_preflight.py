@@ -42,16 +42,26 @@ def test_independent_copies_fail_at_once(mnist_1000: str, tmp_path: Path) -> Non
 @pytest.mark.horovod
 @pytest.mark.parametrize(
     ("ranks", "min_workers", "said"),
-    [(2, "0", "This process is in a Horovod job of 2 worker(s)"),
-     (1, "2", "fewer than its minimum of 2")],
+    [
+        (2, "0", "This process is in a Horovod job of 2 worker(s)"),
+        (1, "2", "fewer than its minimum of 2"),
+    ],
     ids=["static", "elastic-below-minimum"],
-)  # fmt: skip
+)
 def test_job_of_the_wrong_size_fails_on_every_rank(
     ranks: int, min_workers: str, said: str, mnist_1000: str, tmp_path: Path, run_job: Any
 ) -> None:
     """2 ranks of a job for 3; 1 rank of an elastic job of 2 to 3 workers."""
-    args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--workers", "3",
-            "--min-workers", min_workers]  # fmt: skip
+    args = [
+        "--data",
+        mnist_1000,
+        "--output",
+        str(tmp_path / "out"),
+        "--workers",
+        "3",
+        "--min-workers",
+        min_workers,
+    ]
     proc = run_job(ranks, args, timeout=180)
     assert proc.returncode != 0
     for rank in range(ranks):

@@ -22,9 +22,22 @@ pytestmark = pytest.mark.horovod
 
 def _small_job(data: str, output: Path, epochs: int, *extra: str) -> list[str]:
     return [
-        "--data", data, "--output", str(output), "--workers", "2", "--epochs", str(epochs),
-        "--batch-size-per-worker", "32", "--threads-per-worker", "1", "--model", "small", *extra,
-    ]  # fmt: skip
+        "--data",
+        data,
+        "--output",
+        str(output),
+        "--workers",
+        "2",
+        "--epochs",
+        str(epochs),
+        "--batch-size-per-worker",
+        "32",
+        "--threads-per-worker",
+        "1",
+        "--model",
+        "small",
+        *extra,
+    ]
 
 
 def test_killed_run_resumes_at_the_next_epoch(
@@ -35,9 +48,13 @@ def test_killed_run_resumes_at_the_next_epoch(
     args = _small_job(mnist_1000, tmp_path / "out", epochs, "--augment")
     marker = tmp_path / "out" / "checkpoints" / "latest.json"
     first = subprocess.Popen(
-        local_command(2, args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=job_environment(), start_new_session=True,
-    )  # fmt: skip
+        local_command(2, args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=job_environment(),
+        start_new_session=True,
+    )
     with contextlib.suppress(AssertionError):  # no checkpoint: said below, with the output
         wait_until(marker.exists, "a checkpoint", alive=lambda: first.poll() is None, poll_s=0.05)
     kill_job(first.pid)  # the whole job, as a node loss would

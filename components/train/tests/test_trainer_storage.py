@@ -22,9 +22,12 @@ def stopped_in_one_line(mnist: str, output: str, env: dict[str, str] | None = No
     that it ended with exit 2, no traceback and no epoch."""
     args = ["--data", mnist, "--output", output, "--workers", "2", "--epochs", "1"]
     proc = subprocess.run(
-        local_command(2, args), capture_output=True, text=True, timeout=240,
+        local_command(2, args),
+        capture_output=True,
+        text=True,
+        timeout=240,
         env=job_environment(env),
-    )  # fmt: skip
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr  # every rank stopped on purpose
     failed = [line for line in proc.stdout.splitlines() if "training failed: " in line]
     assert len(failed) == 1 and "[rank 0/2] training failed:" in failed[0], proc.stdout
@@ -52,6 +55,8 @@ def test_a_job_without_credentials_stops_before_training(
     mnist_1000: str, no_credentials: dict[str, str]
 ) -> None:
     line = stopped_in_one_line(mnist_1000, "gs://my-bucket/runs/r1", no_credentials)
-    assert "1 of 2 ranks cannot train: output gs://my-bucket/runs/r1: the workers' identity " \
-        "found no Google credentials to reach bucket 'my-bucket'; provide Application " \
-        "Default Credentials" in line, line  # fmt: skip
+    assert (
+        "1 of 2 ranks cannot train: output gs://my-bucket/runs/r1: the workers' identity "
+        "found no Google credentials to reach bucket 'my-bucket'; provide Application "
+        "Default Credentials" in line
+    ), line

@@ -86,9 +86,13 @@ def test_the_runtime_is_created_when_absent_reused_when_present_refused_when_cha
     changed = copy.deepcopy(runtime)
     changed["metadata"]["annotations"][SPEC_ANNOTATION] = "0" * 64
     cluster.custom.patch_namespaced_custom_object(
-        TRAINING_RUNTIME.group, TRAINING_RUNTIME.version, NS, TRAINING_RUNTIME.plural,
-        runtime["metadata"]["name"], {"metadata": changed["metadata"]},
-    )  # fmt: skip
+        TRAINING_RUNTIME.group,
+        TRAINING_RUNTIME.version,
+        NS,
+        TRAINING_RUNTIME.plural,
+        runtime["metadata"]["name"],
+        {"metadata": changed["metadata"]},
+    )
     third = make_params(gcs_uri, run_name="third")
     with pytest.raises(ClusterJobError, match="exists but was not made from this spec"):
         run(cluster, b, third, lambda _: None)
@@ -119,9 +123,11 @@ def test_the_trainjob_holds_only_fields_the_clusters_trainer_has_and_says_who_ke
     assert ("activeDeadlineSeconds" in sent["spec"]) == (BY[trainer] == "cluster")
     assert summary.deadline_enforced_by == BY[trainer]
     (said,) = [line for line in lines if line.startswith("deadline: ")]
-    by = {"step": "the train step (this cluster's TrainJob has no spec.activeDeadlineSeconds, "
-          "which Kubeflow Trainer v2.2.0 (kubeflow/trainer#3258) added)",
-          "cluster": "the cluster (the TrainJob's spec.activeDeadlineSeconds)"}  # fmt: skip
+    by = {
+        "step": "the train step (this cluster's TrainJob has no spec.activeDeadlineSeconds, "
+        "which Kubeflow Trainer v2.2.0 (kubeflow/trainer#3258) added)",
+        "cluster": "the cluster (the TrainJob's spec.activeDeadlineSeconds)",
+    }
     assert said.startswith(
         f"deadline: 21600 s (active_deadline_seconds), enforced by {by[BY[trainer]]}"
     )
