@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -332,3 +333,14 @@ def test_pressing_run_with_only_the_required_parameters_passes_the_check_step(
     assert run_checks(images, **values).trainer_image == images["trainer"]
     with pytest.raises(ValueError, match="registry_root is empty"):  # what an empty field gets
         run_checks(images, **values | {"registry_root": ""})
+
+
+def test_the_parameters_users_set_are_those_before_round_4(spec: dict) -> None:
+    """The compiled pipeline's parameters are the users' API: each one's name, type, default and
+    whether it may be left out are those compiled from 4d7f064, before the redesign of issue 48
+    (tests/data holds them, without their descriptions, whose words may be improved)."""
+    before = json.loads(
+        (Path(__file__).parent / "data/pipeline_parameters_before_round4.json").read_text()
+    )
+    now = spec["root"]["inputDefinitions"]["parameters"]
+    assert undescribed(now) == before
