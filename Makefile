@@ -202,7 +202,7 @@ MPI_OPERATOR_REF ?= caa3c47
 crd: install ## refresh deploy/crd from kubeflow/mpi-operator at MPI_OPERATOR_REF, and the packaged schemas
 	curl -fsSL -o deploy/crd/kubeflow.org_mpijobs.yaml \
 		https://raw.githubusercontent.com/kubeflow/mpi-operator/$(MPI_OPERATOR_REF)/manifests/base/kubeflow.org_mpijobs.yaml
-	$(PY) -c "from components.common.crd import write_packaged_schema as w; from components.train.cluster.mpijob import MPIJOB; from components.train.cluster.trainjob import TRAINJOB, TRAINING_RUNTIME; [w(c) for c in (MPIJOB, TRAINJOB, TRAINING_RUNTIME)]"
+	$(PY) -c "from components.common.crd import write_packaged_schema as w; from components.train.launcher.cluster.mpijob import MPIJOB; from components.train.launcher.cluster.trainjob import TRAINJOB, TRAINING_RUNTIME; [w(c) for c in (MPIJOB, TRAINJOB, TRAINING_RUNTIME)]"
 	@echo "deploy/crd: now from mpi-operator $(MPI_OPERATOR_REF); write it into deploy/crd/SOURCE.md"
 
 bench: install ## the benchmarks (bench/README.md)

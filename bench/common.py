@@ -29,7 +29,7 @@ from components.common.defaults import MODEL, SPLIT_SEED
 from components.data_prep.prep import prepare
 from components.train import summary
 from components.train.config import TrainConfig, to_argv
-from components.train.launch import YIELD_WHEN_IDLE, job_environment
+from components.train.launcher.launch import YIELD_WHEN_IDLE, job_environment
 from standins.jobs import JobResult, run_job, static_command
 
 RESULTS_DIR = Path(__file__).with_name("results")
@@ -316,7 +316,7 @@ def fresh(path: Path) -> Path:
 def trainer_args(
     data: str, output: Path, workers: int, epochs: int, threads: int, **fields: Any
 ) -> list[str]:
-    """Arguments of ``python -m components.train`` for a benchmark run (in a fresh `output`).
+    """Arguments of ``python -m components.train.rank`` for a benchmark run (in a fresh `output`).
 
     The trainer's own defaults apply (batch size, seed, ...) unless `fields` of `TrainConfig`
     override them (the model included: the trainer's default unless `fields` name another).
@@ -351,7 +351,7 @@ def run_trainer(
     as one Horovod job (see `horovod_command`). `env` is added to this process's environment.
     Returns the job and its run_summary."""
     job_env = local_job_env(workers, env)
-    module = module or "components.train"
+    module = module or "components.train.rank"
     command = horovod_command(workers, module, args, controller, edit, python)
     result = run_job(command, job_env)
     output = Path(args[args.index("--output") + 1])

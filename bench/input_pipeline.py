@@ -6,7 +6,7 @@ scales out. Four figures, each a ratio of runs made side by side in this one ben
   same trainer fed from memory (its rank's block decoded into one tensor first, as it fed
   itself before: ``bench.variants --input memory``), interleaved round by round on the bundled
   digits (target: >= 0.97).
-- ``input``: one rank's input pipeline (``components.train.data.make_dataset``: read, parse,
+- ``input``: one rank's input pipeline (``components.train.rank.data.make_dataset``: read, parse,
   shuffle, batch, on one thread) on the dataset prepared from a generated folder of 64x64
   colour JPEGs, in images/s, against decoding those JPEGs alone on one core
   (``tf.io.decode_jpeg``, one thread) (target: >= 0.9). Beside it, the other way to store the
@@ -141,7 +141,7 @@ def measure_input(folder: str, prepared: str, encoded: str) -> dict[str, Any]:
     import tensorflow as tf
 
     from components.common import dataset
-    from components.train.data import make_dataset, plan_rank
+    from components.train.rank.data import make_dataset, plan_rank
 
     files = [p.read_bytes() for p in sorted(Path(folder).rglob("*.jpg"))]
 

@@ -99,8 +99,8 @@ def worker(
     """One MWMS worker: train the project's model on this worker's shard, write epoch times."""
     from components.common import dataset, keras_env
     from components.common.shard_files import read_split_arrays
-    from components.train.data import shard_range, steps_per_epoch
-    from components.train.model import build_model
+    from components.train.rank.data import shard_range, steps_per_epoch
+    from components.train.rank.model import build_model
 
     tf, keras = keras_env.tensorflow(), keras_env.keras()
     tf.config.threading.set_intra_op_parallelism_threads(threads)

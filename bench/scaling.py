@@ -75,7 +75,7 @@ def two_copies(
         output = work / f"{name}-copy{copy}"
         fields = {"batch_size_per_worker": batch_size, **model_fields(model)}
         args = trainer_args(data, output, 1, epochs, 1, **fields)
-        command = horovod_command(1, "components.train", args, python=python)
+        command = horovod_command(1, "components.train.rank", args, python=python)
         jobs.append((start_job(command, local_job_env(1)), output))
     rates = []
     for job, output in jobs:

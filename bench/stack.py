@@ -13,7 +13,7 @@ built for its TF). Per stack, interleaved round by round: 1x1, 2x1 and two 1x1 j
     python -m bench.stack --other-python /path/to/venv-tf218/bin/python --other-name tf-2.18
 
 The other environment needs the lock's runtime packages and a Horovod built for its TF, but
-not this project installed: its ranks run ``python -m components.train`` from this checkout, or
+not this project installed: its ranks run ``python -m components.train.rank`` from this checkout, or
 from ``--other-checkout`` (another checkout's trainer: the tf-keras trainer before the move to
 Keras 3, say, with a venv of its lock):
 
@@ -79,7 +79,8 @@ def measure(
 
 
 def in_checkout(python: str, checkout: Path, work: Path) -> str:
-    """A launcher for `python` that runs it in `checkout`, so that ``python -m components.train``
+    """A launcher for `python` that runs it in `checkout`, so that ``python -m
+    components.train.rank``
     is that checkout's trainer (``-m`` looks in the working directory first)."""
     wrapper = work / "other-python"
     wrapper.write_text(f'#!/bin/sh\ncd "{checkout.resolve()}" && exec "{python}" "$@"\n')

@@ -95,7 +95,7 @@ def score(snapshots: Path, data: str, seed: int) -> list[dict[str, float]]:
 
     from components.common import dataset, keras_env
     from components.common.shard_files import read_split_arrays
-    from components.train.model import build_model
+    from components.train.rank.model import build_model
 
     manifest = dataset.read_manifest(data)
     images, labels = read_split_arrays(keras_env.tensorflow(), manifest, "test")

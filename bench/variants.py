@@ -1,7 +1,7 @@
 """The trainer variants the benchmarks measure, built here, on the benchmarks' side.
 
 ``python -m bench.variants [--groups N] [--optimizer adadelta] [--snapshots DIR --per-epoch K]
--- TRAINER ARGS`` runs the project's trainer (``components.train.cli.main``) with:
+-- TRAINER ARGS`` runs the project's trainer (``components.train.rank.cli.main``) with:
 
 - ``--groups N``: Horovod's grouped allreduce (``DistributedOptimizer(groups=N)``: the
   gradients go as N groups instead of being left to tensor fusion);
@@ -38,7 +38,7 @@ def _grouped(groups: int) -> None:
 
 def _adadelta() -> None:
     from components.common import keras_env
-    from components.train import trainer
+    from components.train.rank import trainer
 
     keras = keras_env.keras()
 
@@ -53,8 +53,8 @@ def _in_memory() -> None:
     from components.common import keras_env
     from components.common.dataset import read_manifest
     from components.common.shard_files import read_split_arrays
-    from components.train import trainer
-    from components.train.data import batch_bounds
+    from components.train.rank import trainer
+    from components.train.rank.data import batch_bounds
 
     def from_memory(tf: Any, plan: Any, seed: int, rank: int, epochs: range, threads: int) -> Any:
         import numpy as np
@@ -131,7 +131,7 @@ def snapshot_callback(keras: Any, out: Path, per_epoch: int, steps: int) -> Any:
 
 def _snapshots(out: Path, per_epoch: int) -> None:
     from components.common import keras_env
-    from components.train import trainer
+    from components.train.rank import trainer
 
     keras, plain = keras_env.keras(), trainer.callbacks
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input", choices=["stream", "memory"], default="stream")
     a = p.parse_args(argv[:split])
     from components.common import keras_env
-    from components.train import cli
+    from components.train.rank import cli
 
     keras_env.keras()  # Keras 3 on TensorFlow, checked before Horovod is imported (as the trainer)
     if a.groups:

@@ -16,12 +16,15 @@ from components.common.placement import PLACEMENT_PARAMETERS, json_value
 from components.data_prep.step_parameters import PREP_PARAMETERS
 from components.register.step_parameters import REGISTER_PARAMETERS
 from components.train.config import PIPELINE_TRAIN_PARAMETERS
-from components.train.step_parameters import TRAIN_STEP_PARAMETERS
+from components.train.launcher.parameters import TRAIN_STEP_PARAMETERS
 
 # In the order of the pipeline's signature, under their docs/parameters.md headings.
 GROUPS = (
     ("The trainer (`TrainConfig`, components/train/config.py)", PIPELINE_TRAIN_PARAMETERS),
-    ("The train step (`TrainStep`, components/train/step_parameters.py)", TRAIN_STEP_PARAMETERS),
+    (
+        "The train step (`TrainStep`, components/train/launcher/parameters.py)",
+        TRAIN_STEP_PARAMETERS,
+    ),
     ("Placement (`Placement`, components/common/placement.py)", PLACEMENT_PARAMETERS),
     ("Data prep (`PrepStep`, components/data_prep/step_parameters.py)", PREP_PARAMETERS),
     ("Register (`RegisterStep`, components/register/step_parameters.py)", REGISTER_PARAMETERS),
@@ -53,9 +56,9 @@ class Checked(NamedTuple):
 def samples_problem(values: dict[str, Any]) -> str | None:
     """Why the job's ranks cannot train on the data, where the data's size is known before
     data prep (the bundled digits); other sources are checked once listed and prepared, before
-    any rank starts (`components.train.preflight.check_job_before_launch`)."""
+    any rank starts (`components.train.launcher.preflight.check_job_before_launch`)."""
     from components.data_prep.sources import detect, list_source
-    from components.train.data import ranks_problem
+    from components.train.rank.data import ranks_problem
 
     if detect(values["data_source"], values["data_format"]) != "bundled":
         return None

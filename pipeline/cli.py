@@ -16,7 +16,7 @@ from components.common.placement import PLACEMENT_PARAMETERS, json_value
 from components.data_prep.step_parameters import PREP_PARAMETERS
 from components.register.step_parameters import REGISTER_PARAMETERS
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TRAIN_PARAMETERS
-from components.train.step_parameters import TrainStep
+from components.train.launcher.parameters import TrainStep
 from pipeline.ops import COMMANDS as OPS_COMMANDS
 
 
@@ -135,8 +135,8 @@ TRAINER_OPTIONS = [p for p in TRAIN_PARAMETERS if p.name not in ("data", "output
 def step_options(backend: str) -> list[Declared]:
     """The train step's and the run's declared fields the render command of `backend` takes:
     all but the backend, the namespace (an option of its own) and what it refuses."""
-    from components.train.cluster.job import CLUSTER_JOB_PARAMETERS
-    from components.train.cluster.job import backend as backend_of
+    from components.train.launcher.cluster.job import CLUSTER_JOB_PARAMETERS
+    from components.train.launcher.cluster.job import backend as backend_of
 
     skip = ("training_backend", "namespace", *backend_of(backend).refused)
     steps = [p for p in declared(TrainStep) if p.name not in skip]
@@ -159,8 +159,8 @@ def render(
     train step writes them for the cluster's; InputError lists every bad option at once."""
     import yaml
 
-    from components.train.cluster import job
     from components.train.config import TrainConfig
+    from components.train.launcher.cluster import job
 
     data = data or storage.join(EXAMPLE_BUCKET, "data")
     output = output or storage.join(EXAMPLE_BUCKET, "runs", options["run_name"])

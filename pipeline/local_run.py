@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from components.common import defaults, failure, processes, storage_access
 from components.common.defaults import PIPELINE_NAME
 from components.common.failure import ExitCode, ExpectedError, InputError
-from components.train.preflight import check_model_before_launch
+from components.train.launcher.preflight import check_model_before_launch
 from components.train.summary import paid_line, world_history
 from components.train.summary import read as read_summary
 from pipeline.checks import PIPELINE_DEFAULTS, run_checks
@@ -171,7 +171,7 @@ def local_gpu_problem(
             f"{asked}, but this machine has {found} NVIDIA GPU(s) (/dev/nvidia<N>); use "
             "--gpus-per-worker 0 to train on the CPU, or a machine with a GPU per rank"
         )
-    from components.train.cuda import missing_cuda_libraries
+    from components.train.rank.cuda import missing_cuda_libraries
 
     if missing := missing_cuda_libraries():
         return (
@@ -230,8 +230,8 @@ COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 TRACEBACK = "Traceback (most recent call last):"
 
 
-# How long a stopped run waits for its steps to end their work themselves (each ends its Horovod
-# job at once: `components.train.mpiwatch.watch`) before it SIGKILLs every process it started.
+# How long a stopped run waits for its steps to end their work themselves (each ends its Horovod job
+# at once: `components.train.launcher.mpiwatch.watch`) before it SIGKILLs every process it started.
 STOP_GRACE_S = 10.0
 
 

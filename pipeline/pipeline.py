@@ -24,9 +24,9 @@ from components.data_prep.step_parameters import (
 from components.evaluate.component import make_component as make_evaluate
 from components.register.component import make_component as make_register
 from components.register.step_parameters import REGISTER_PARAMETERS
-from components.train.component import make_component as make_train
 from components.train.config import PIPELINE_TRAIN_PARAMETERS
-from components.train.step_parameters import TRAIN_STEP_PARAMETERS
+from components.train.launcher.parameters import TRAIN_STEP_PARAMETERS
+from components.train.step.component import make_component as make_train
 from pipeline.checks import PIPELINE_PARAMETERS
 
 PIPELINE_DESCRIPTION = (
@@ -151,7 +151,8 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
             dataset=prep.outputs["dataset"],
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         ).set_display_name("Horovod training (one job)")
-        # where the job's pods run: through the train task's config (`components.train.component`)
+        # where the job's pods run: through the train task's config
+        # (`components.train.step.component`)
         kubernetes.add_node_selector_json(train, values["node_selector"])
         kubernetes.add_toleration_json(train, values["tolerations"])
         if image_at_run_time:

@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from components.train.launch import horovodrun_command, job_environment, mpirun_command
+from components.train.launcher.launch import horovodrun_command, job_environment, mpirun_command
 
 RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")  # where mpirun / horovodrun put the rank
 

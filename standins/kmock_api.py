@@ -31,7 +31,7 @@ import kmock
 from typing_extensions import override
 
 from components.common.crd import Crd, crd_schema, find_crd
-from components.train.cluster.trainjob import TRAINJOB
+from components.train.launcher.cluster.trainjob import TRAINJOB
 
 Schema = Mapping[str, Any]
 OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"

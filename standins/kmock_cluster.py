@@ -43,9 +43,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from components.common.crd import Crd
-from components.train.cluster.mpijob import MPIJOB
-from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig
+from components.train.launcher.cluster.mpijob import MPIJOB
+from components.train.launcher.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from standins.jobs import rank_processes
 from standins.kmock_api import Emulator, Schema, served_schemas
 from standins.kmock_jobs import (
@@ -332,7 +332,7 @@ class TrainerOperator(Operator):
 
     def serve(self, name: str, poll_s: float = 0.1) -> int | None:
         """Run job `name` to its end: the trainer's exit code, or None if it was deleted."""
-        from components.train.launch import job_environment, local_command
+        from components.train.launcher.launch import job_environment, local_command
 
         command, launcher_env = self.kind.launcher(self.job(name))
         workers, args, exported = local_equivalent(command)
@@ -362,7 +362,7 @@ class TrainerOperator(Operator):
 
     def _collect(self, name: str, proc: subprocess.Popen[str]) -> None:
         """The garbage collector's part: the job's containers are killed, its pods deleted."""
-        from components.train.mpiwatch import kill_job
+        from components.train.launcher.mpiwatch import kill_job
 
         ranks = list(rank_processes(proc.pid).values())
         self.killed_at = time.monotonic()

@@ -26,9 +26,10 @@ from typing import Any
 from components.common import storage
 from components.common.crd import Crd
 from components.train import summary
-from components.train.cluster.job import LABEL_ROLE
-from components.train.cluster.mpijob import LABEL_JOB, MPIJOB
-from components.train.cluster.trainjob import (
+from components.train.config import TrainConfig, adam_settings
+from components.train.launcher.cluster.job import LABEL_ROLE
+from components.train.launcher.cluster.mpijob import LABEL_JOB, MPIJOB
+from components.train.launcher.cluster.trainjob import (
     JOBSET_NAME_LABEL,
     LAUNCHER,
     NODE,
@@ -36,7 +37,6 @@ from components.train.cluster.trainjob import (
     TRAINING_RUNTIME,
     TRAINJOB,
 )
-from components.train.config import TrainConfig, adam_settings
 
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -156,10 +156,10 @@ TRAINJOB_KIND = Kind(
 
 
 def local_equivalent(command: list[str]) -> tuple[int, list[str], dict[str, str]]:
-    """``[mpiwatch ... --] mpirun -np N ... -x K=V ... python -m components.train ARGS`` as
+    """``[mpiwatch ... --] mpirun -np N ... -x K=V ... python -m components.train.rank ARGS`` as
     ``(N, ARGS, {K: V})``. The heartbeat period is left out: the heartbeat watch
-    (`components.train.mpiwatch`) is not run here, so nothing would take the beats out."""
-    from components.train.mpiwatch import HEARTBEAT_ENV
+    (`components.train.launcher.mpiwatch`) is not run here, so nothing would take the beats out."""
+    from components.train.rank.heartbeat import HEARTBEAT_ENV
 
     command = command[command.index("mpirun") :]
     exported = [command[i + 1] for i, word in enumerate(command[:-1]) if word == "-x"]

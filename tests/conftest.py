@@ -172,7 +172,7 @@ def train_small(dataset: str, seed: int, epochs: int, path: Path) -> TrainedMode
     from components.common.dataset import read_manifest
     from components.common.model_files import saved_model_sha256
     from components.common.tests.datasets import read_arrays
-    from components.train.model import build_model, export_saved_model
+    from components.train.rank.model import build_model, export_saved_model
 
     manifest = read_manifest(dataset)
     (x, y), (x_test, y_test) = read_arrays(dataset, "train"), read_arrays(dataset, "test")

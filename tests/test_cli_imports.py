@@ -47,9 +47,9 @@ def test_the_cluster_package_exports_nothing_eagerly() -> None:
     """Nor do the backend modules, the trainer's config and the serve modules load the heavy
     modules on import: KServe and TensorFlow load only in ``python -m components.serve``."""
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys, components.train.cluster as m; "
+        [sys.executable, "-c", "import sys, components.train.launcher.cluster as m; "
          "assert not [n for n in vars(m) if not n.startswith('__')], vars(m); "
-         "import components.train.cluster.mpijob, components.train.config; "
+         "import components.train.launcher.cluster.mpijob, components.train.config; "
          "import components.serve.inferenceservice, components.serve.server; "
          "heavy = ('kubernetes', 'jsonschema', 'kserve', 'tensorflow'); "
          "assert not [h for h in heavy if h in sys.modules], sys.modules"],

@@ -70,7 +70,7 @@ def _flag(args: list[str], flag: str) -> str | None:
 def crd_problems(doc: dict[str, Any]) -> list[str]:
     """`doc` checked against its kind's vendored CRD (strictly: unknown fields too)."""
     from components.common.crd import manifest_problems
-    from components.train.cluster.job import backend
+    from components.train.launcher.cluster.job import backend
 
     for b in (backend("mpijob"), backend("trainjob")):
         for crd in (b.crd, *b.shared):
@@ -200,9 +200,9 @@ def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes(tmp_path: 
     its platform config (the task config the train step forwards)."""
     from kfp import compiler, dsl
 
-    from components.train.component import make_component
     from components.train.config import PIPELINE_TRAIN_PARAMETERS
-    from components.train.step_parameters import TRAIN_STEP_PARAMETERS
+    from components.train.launcher.parameters import TRAIN_STEP_PARAMETERS
+    from components.train.step.component import make_component
 
     (example,) = [block for block in fenced("python") if "kubernetes." in block]
     calls = "\n".join(

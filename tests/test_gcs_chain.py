@@ -13,7 +13,7 @@ from components.data_prep.prep import prepare
 from components.evaluate.evaluate import evaluate
 from components.register.register import register
 from components.train.config import TrainConfig
-from components.train.launch import run_local
+from components.train.launcher.launch import run_local
 from components.train.summary import read
 
 pytestmark = pytest.mark.horovod

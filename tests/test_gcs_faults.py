@@ -101,8 +101,8 @@ def test_checkpoints_save_and_restore_retry(faulty: Faulty, tmp_path: Any) -> No
     import tensorflow as tf
 
     from components.common import keras_env
-    from components.train import checkpoints
-    from components.train.model import build_model
+    from components.train.rank import checkpoints
+    from components.train.rank.model import build_model
 
     keras_env.keras()
     uri = f"{faulty.root}/run/checkpoints"

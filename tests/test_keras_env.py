@@ -22,11 +22,11 @@ pytestmark = pytest.mark.skipif(
     reason="needs Horovod (make install)",
 )
 
-# A rank's real path (python -m components.train -> cli.main -> trainer.run), stopped by the
+# A rank's real path (python -m components.train.rank -> cli.main -> trainer.run), stopped by the
 # preflight (1 rank, 2 expected) right after hvd.init(); then what Keras and Horovod are.
 TRAINER_PROBE = """
 import importlib.util, json, sys
-from components.train.cli import main
+from components.train.rank.cli import main
 from components.common.failure import ExitCode
 assert main(["--data", {data!r}, "--output", {out!r}, "--workers", "2"]) == ExitCode.PREFLIGHT
 import horovod.tensorflow.keras as hvd

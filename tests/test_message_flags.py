@@ -6,7 +6,7 @@ Messages are the string constants of components/ and pipeline/ (not their tests)
 around the flag (docstrings aside; a command line's own arguments are strings of one flag
 alone). The options are read from the real parsers: every command of ``python -m pipeline``
 (click), and each program's argparse parser, caught as its ``main`` parses (horovodrun's among
-them, run by ``python -m components.train.launch``)."""
+them, run by ``python -m components.train.launcher.launch``)."""
 
 from __future__ import annotations
 

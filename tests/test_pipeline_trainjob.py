@@ -3,7 +3,7 @@ KFP runs it, against a Kubernetes API with Kubeflow Trainer: create, log stream,
 retry, cancel, and the task config a pipeline author sets on the train task.
 
 Real: the compiled pipeline, the train executor's own command and arguments from it run in a
-subprocess (kfp's ``executor_main`` calling ``components.train.step_program.run_step``), the
+subprocess (kfp's ``executor_main`` calling ``components.train.step.program.run_step``), the
 ``kubernetes`` client reaching kmock's API emulator through a kubeconfig, fake-gcs-server.
 Stood in, said so: Trainer, JobSet, the kubelet and the garbage collector
 (`standins.kmock_cluster`'s operators; the real trainer runs the job's own command where a test
@@ -31,8 +31,8 @@ import psutil
 import pytest
 import yaml
 
-from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, from_argv
+from components.train.launcher.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.summary import parse
 from components.train.tests.cluster_jobs import complete, write_kubeconfig
 from pipeline.build import compile_pipeline

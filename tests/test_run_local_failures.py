@@ -155,7 +155,7 @@ def test_gpus_are_counted_by_device_then_the_cuda_libraries_checked(tmp_path: Pa
         local_run.local_gpu_problem(1, 3, None, tmp_path)
     )
     assert local_run.local_gpu_problem(0, 3, None, tmp_path) is None
-    from components.train.cuda import missing_cuda_libraries
+    from components.train.rank.cuda import missing_cuda_libraries
 
     found = local_run.local_gpu_problem(1, 2, None, tmp_path)
     if missing := missing_cuda_libraries():  # this environment: the CPU lock, no CUDA wheels
@@ -183,7 +183,7 @@ def test_a_gpu_job_where_tensorflow_has_no_cuda_is_refused_by_rank_0_once(
     says so once, in the job's error, with no per-rank copies and none with mpirun's tag."""
     from components.data_prep.prep import prepare
     from components.train.config import TrainConfig
-    from components.train.launch import run_local_job
+    from components.train.launcher.launch import run_local_job
 
     prepare("bundled", str(tmp_path / "data"), data_limit=200)
     config = TrainConfig(

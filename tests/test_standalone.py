@@ -30,7 +30,7 @@ def test_a_copy_of_the_repository_alone_collects_and_finds_its_crd(tmp_path: Pat
     assert " tests collected" in collect.stdout or "tests collected" in collect.stdout
     crd = subprocess.run(
         [sys.executable, "-c", "from components.common.crd import find_crd; "
-         "from components.train.cluster.mpijob import MPIJOB; "
+         "from components.train.launcher.cluster.mpijob import MPIJOB; "
          "import components; print(find_crd(MPIJOB), components.__file__)"],
         cwd=copy, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -17,7 +17,7 @@ PROGRAM = """
 import json, sys
 from components.data_prep.prep import main as prep
 from components.train.config import TrainConfig
-from components.train.step_program import train_locally
+from components.train.step.program import train_locally
 
 seen = {{}}
 assert prep(["--output", {data!r}, "--data-limit", "400", "--shard-size", "200"]) == 0

@@ -118,7 +118,7 @@ def gcs_transient(b: Bench) -> dict[str, Any]:
 
 def _mpijob_params(b: Bench, bucket: str, run_id: str) -> Any:
     """An MPIJob run of the 2-rank job on a dataset prepared in `bucket` (no faults)."""
-    from components.train.cluster.job import ClusterJobParams
+    from components.train.launcher.cluster.job import ClusterJobParams
 
     data = b.prepare(f"{bucket}/data")
     train = b.config(data, f"{bucket}/runs/{run_id}", b.epochs)
@@ -127,8 +127,8 @@ def _mpijob_params(b: Bench, bucket: str, run_id: str) -> Any:
 
 def _run_mpijob(cluster: Any, p: Any, log: Any) -> Any:
     """`run_job` of the MPIJob backend against the kmock `cluster`."""
-    from components.train.cluster.mpijob import BACKEND
-    from components.train.cluster.run import run_job
+    from components.train.launcher.cluster.mpijob import BACKEND
+    from components.train.launcher.cluster.run import run_job
     from standins.kmock_cluster import NS
 
     return run_job(BACKEND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2, log=log)
@@ -197,7 +197,7 @@ def _alive(pid: int) -> bool:
 
 def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
     """Run the job and cancel it mid-training; what was left, and when it was all gone."""
-    from components.train.cluster.job import JobCancelled
+    from components.train.launcher.cluster.job import JobCancelled
 
     sent: list[float] = []
 

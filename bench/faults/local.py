@@ -98,7 +98,8 @@ def sigstop(b: Bench) -> dict[str, Any]:
     alone and ends the job, a rerun resumes. How long that took is a figure (with the bound it
     is within on an idle machine), not a condition: a loaded machine delays it."""
     from components.common.failure import ExitCode
-    from components.train.mpiwatch import POLL_SECONDS, period_for
+    from components.train.launcher.mpiwatch import POLL_SECONDS
+    from components.train.rank.heartbeat import period_for
 
     config = b.config(b.data, str(b.out("sigstop")), b.epochs)
     first = Job(config, b.env(**STALL_ENV)).start()

@@ -49,7 +49,7 @@ class Job:
     ended: float = 0.0
 
     def start(self) -> Job:
-        from components.train.launch import run_local
+        from components.train.launcher.launch import run_local
 
         def run() -> None:
             try:

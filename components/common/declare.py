@@ -28,7 +28,7 @@ QUANTITY = re.compile(
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 TRAINING_BACKENDS = ("auto", "local", "mpijob", "trainjob")
-LR_SCALINGS = ("linear", "sqrt", "none")  # components/train/trainer.py
+LR_SCALINGS = ("linear", "sqrt", "none")  # components/train/rank/trainer.py
 # Malladi's square-root rule sets beta_1 = 1 - k (1 - 0.9): above 9 ranks it is not an Adam.
 SQRT_MAX_WORLD_SIZE = 9
 _MODEL_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")

@@ -75,7 +75,7 @@ PREP_PARALLELISM = 2
 TFRECORD_IMAGE_FEATURE = "image/encoded"
 TFRECORD_LABEL_FEATURE = "image/class/label"
 
-# Training defaults. The model: one of the built-in `MODELS` (components/train/model.py) or a
+# Training defaults. The model: one of the built-in `MODELS` (components/train/rank/model.py) or a
 # user's ``package.module:function``.
 MODEL = "mnist_advanced"
 MODELS = ("mnist_advanced", "small", "mobilenet_v3_small")
@@ -88,7 +88,7 @@ EPOCHS = 8
 BATCH_SIZE_PER_WORKER = 64
 BASE_LEARNING_RATE = 0.001
 # How Adam's learning rate (and, for sqrt, its betas and epsilon) follow the world size
-# (components/train/trainer.py). Linear: the fastest to 96% at 2x1 over 3 seeds, with the
+# (components/train/rank/trainer.py). Linear: the fastest to 96% at 2x1 over 3 seeds, with the
 # others' final accuracy no better (docs/performance.md, bench/results/time_to_accuracy.json).
 LR_SCALING = "linear"
 WARMUP_EPOCHS = 1
@@ -97,7 +97,7 @@ SHUFFLE_SEED = 42
 STALL_SHUTDOWN_SECONDS = 120
 # Under the MPIJob's mpirun each rank writes a heartbeat line this often (or a quarter of the
 # stall bound, if less); the launcher's mpiwatch ends the job when a rank has been silent for
-# the stall bound (components/train/mpiwatch.py).
+# the stall bound (components/train/launcher/mpiwatch.py).
 HEARTBEAT_SECONDS = 5
 
 # Registration defaults.

@@ -23,10 +23,10 @@ BACKEND_ENV = "KERAS_BACKEND"
 TF_KERAS = "tf_keras"
 # What the `tensorflow` wheel's C++ writes to stderr on import, through absl logging
 # (TF_CPP_MIN_LOG_LEVEL does not reach it): 2.18 on every machine, its CUDA plugins registering
-# twice; 2.21 on a machine without a GPU driver, its CUDA runtime stub saying so, twice (the
-# device check's own line says which devices a rank has, and rank 0 alone shows TF's
-# "failed call to cuInit": components/train/devices.py). Harmless, and printed once per process:
-# once per rank in a Horovod job.
+# twice; 2.21 on a machine without a GPU driver, its CUDA runtime stub saying so, twice (the device
+# check's own line says which devices a rank has, and rank 0 alone shows TF's "failed call to
+# cuInit": components/train/rank/devices.py). Harmless, and printed once per process: once per rank
+# in a Horovod job.
 IMPORT_NOISE = re.compile(
     r"Unable to register cu(FFT|DNN|BLAS) factory: Attempting to register factory for plugin"
     r"|All log messages before absl::InitializeLog\(\) is called are written to STDERR"

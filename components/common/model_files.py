@@ -19,7 +19,7 @@ from components.common.failure import InputError
 
 SAVED_MODEL_PB = "saved_model.pb"
 VARIABLES_INDEX = "variables/variables.index"
-# The SavedModel's contract (`components.train.model.export_saved_model`): its signatures,
+# The SavedModel's contract (`components.train.rank.model.export_saved_model`): its signatures,
 # their inputs and their outputs.
 SERVING_SIGNATURE = "serving_default"
 BYTES_SIGNATURE = "serving_bytes"

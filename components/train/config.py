@@ -163,7 +163,7 @@ def from_argv(argv: list[str] | None = None) -> TrainConfig:
     """Parse the trainer's command line (one option per declared field) into a checked
     TrainConfig (exits 2 naming the flag)."""
     parser = argparse.ArgumentParser(
-        prog="python -m components.train",
+        prog="python -m components.train.rank",
         description="Train one model as one Horovod job (every rank gets the same arguments).",
     )
     add_arguments(parser, TRAIN_PARAMETERS)

@@ -27,7 +27,7 @@ ALLREDUCE_TEXT = {
 
 @dataclass
 class RunSummary:
-    """One job's outcome, as `components.train.telemetry.Telemetry.run_summary` gathers it;
+    """One job's outcome, as `components.train.rank.telemetry.Telemetry.run_summary` gathers it;
     `elastic`: an elastic job's world sizes and every epoch's coverage; `training_backend` and
     its reason are the train step's."""
 

@@ -21,13 +21,13 @@ import pytest
 
 from components.common import storage
 from components.common.failure import ExitCode
-from components.train import checkpoints
-from components.train.cluster.job import ClusterJobParams
-from components.train.cluster.mpijob import build_manifest
-from components.train.cluster.pods import trainer_command
-from components.train.cluster.trainjob import build_manifests
 from components.train.config import TrainConfig
-from components.train.step_parameters import TrainStep
+from components.train.launcher.cluster.job import ClusterJobParams
+from components.train.launcher.cluster.mpijob import build_manifest
+from components.train.launcher.cluster.pods import trainer_command
+from components.train.launcher.cluster.trainjob import build_manifests
+from components.train.launcher.parameters import TrainStep
+from components.train.rank import checkpoints
 from standins.mpijob_harness import MPIJobRun
 from standins.outputs import half_written
 from standins.pods import DockerJob

@@ -15,7 +15,7 @@ import pytest
 
 from components.common import defaults
 from components.common.failure import ExitCode
-from components.train import cuda
+from components.train.rank import cuda
 from tests.containers.support import require_images
 from tests.horovod.common import CHECK_BUILD, built_with
 from tests.test_horovod_build import VERSION as HOROVOD_VERSION
@@ -247,15 +247,16 @@ def test_gpu_trainer_is_built_on_the_cpu_trainers_layers(docker_client: Any) -> 
     assert shared >= 0.9 * total, f"only {shared / 1e6:.0f} of {total / 1e6:.0f} MB shared"
 
 
-# --- the CUDA check of components/train/cuda.py in both trainers: the GPU image loads every CUDA
-# library TensorFlow needs from its nvidia-*-cu12 wheels and its Horovod matches its label; the
+# --- the CUDA check of components/train/rank/cuda.py in both trainers: the GPU image loads every
+# CUDA library TensorFlow needs from its nvidia-*-cu12 wheels and its Horovod matches its label; the
 # CPU image reports each of them missing, by soname. No GPU here: this proves what the GPU image
 # holds and that it loads, not that it trains on a GPU (libcuda.so.1 comes from a GPU node).
 
 
 def _cuda_check(client: Any, image: str, allreduce: str, want: int) -> tuple[str, str]:
-    """``python -m components.train.cuda --check --gradient-allreduce ALLREDUCE`` in `image`."""
-    command = ["python", "-m", "components.train.cuda", "--check", "--gradient-allreduce"]
+    """``python -m components.train.rank.cuda --check --gradient-allreduce ALLREDUCE`` in
+    `image`."""
+    command = ["python", "-m", "components.train.rank.cuda", "--check", "--gradient-allreduce"]
     return _run(client, image, [*command, allreduce], want=want)
 
 

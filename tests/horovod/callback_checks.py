@@ -1,5 +1,5 @@
 """Horovod's metric-average and learning-rate warmup callbacks on Keras 3, as
-components/train/trainer.py's ``callbacks`` sets them up, in ``model.fit`` on each rank's own
+components/train/rank/trainer.py's ``callbacks`` sets them up, in ``model.fit`` on each rank's own
 data."""
 
 from __future__ import annotations

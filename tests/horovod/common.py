@@ -81,10 +81,10 @@ def dataset(me: Rank, steps: int) -> Any:
 
 
 def compile_distributed(me: Rank, model: Any, base: Any, **options: Any) -> Any:
-    """Compile `model` as `components.train.trainer.build_or_resume` does: the Keras 3
+    """Compile `model` as `components.train.rank.trainer.build_or_resume` does: the Keras 3
     optimizer `base` (not built yet) in Horovod's DistributedOptimizer, timed by the trainer's
     AllreduceClock, without XLA. Returns the optimizer."""
-    from components.train.telemetry import AllreduceClock
+    from components.train.rank.telemetry import AllreduceClock
 
     optimizer = AllreduceClock(me.tf).wrap(me.hvd.DistributedOptimizer(base, **options))
     model.compile(

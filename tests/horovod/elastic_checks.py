@@ -1,4 +1,4 @@
-"""Horovod's elastic state as components/train/elastic.py uses it: ``hvd.elastic.KerasState``
+"""Horovod's elastic state as components/train/rank/elastic.py uses it: ``hvd.elastic.KerasState``
 over the model, its Keras 3 DistributedOptimizer (which the state builds, so its slots are
 committed and synced from the start) and the job's own records;
 ``hvd.elastic.run``, whose sync broadcasts rank 0's state; ``CommitStateCallback`` committing
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.train.elastic import COMMIT_AT_EPOCH_ENDS_ONLY
+from components.train.rank.elastic import COMMIT_AT_EPOCH_ENDS_ONLY
 from tests.horovod.common import (
     Check,
     Rank,

@@ -14,8 +14,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.train import launch as project
-from components.train.mpiwatch import kill_job
+from components.train.launcher import launch as project
+from components.train.launcher.mpiwatch import kill_job
 from standins.jobs import static_command
 from tests.horovod import (
     callback_checks,

@@ -1,4 +1,5 @@
-"""Horovod's Keras pieces on Keras 3 as the trainer uses them (components/train/trainer.py): the
+"""Horovod's Keras pieces on Keras 3 as the trainer uses them (components/train/rank/trainer.py):
+the
 DistributedOptimizer around Keras 3's Adam (and SGD with fp16 compression), and the broadcast
 callback, in ``model.fit`` on each rank's own data, each compared with what one process computes
 without Horovod from every rank's inputs. (The metric-average and warmup callbacks:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from components.train.launch import LocalHosts
+from components.train.launcher.launch import LocalHosts
 
 RESULT = "live_size.json"
 GROW_TIMEOUT_S = 180

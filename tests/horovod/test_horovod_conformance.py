@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from components.train import launch as project
+from components.train.launcher import launch as project
 from tests.horovod import live_size, one_rank, upstream
 from tests.horovod.common import CHECK_BUILD, TOLERANCE, WORLD, built_with
 from tests.horovod.jobs import (

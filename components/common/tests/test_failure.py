@@ -66,7 +66,7 @@ def test_an_expected_error_ends_with_its_own_exit_code() -> None:
     """A started run that failed (the CLI of run-local and the train step's cluster job) is not
     bad input: its code is the table's RUN_FAILED."""
     proc = run_step(
-        "from components.train.cluster.job import JobFailed; "
+        "from components.train.launcher.cluster.job import JobFailed; "
         "raise JobFailed('MPIJob ns/x', 'BackoffLimitExceeded', 'launcher failed', ['a', 'b'])"
     )
     assert proc.returncode == ExitCode.RUN_FAILED
@@ -82,7 +82,7 @@ def test_an_expected_error_ends_with_its_own_exit_code() -> None:
         ("{}['splits']", "KeyError: 'splits'"),
         # a plain ValueError from the project's own code is a broken invariant, not bad input
         (
-            "from components.train.data import shard_range; shard_range(10, 5, 2)",
+            "from components.train.rank.data import shard_range; shard_range(10, 5, 2)",
             "ValueError: rank 5 is not in a world of size 2",
         ),
     ],

@@ -121,7 +121,7 @@ def test_the_train_tasks_config_is_refused_as_the_check_step_refuses_it() -> Non
     does not see, is refused by the same rule when the train step reads its task config."""
     from kfp import dsl
 
-    from components.train.step_program import pod_config
+    from components.train.step.program import pod_config
 
     passed = dsl.TaskConfig(node_selector={"bad key": "x"}, env=[{"name": "A", "value": "1"}])
     with pytest.raises(ValueError) as info:

@@ -231,7 +231,7 @@ def test_any_classes_are_scored_and_named(tmp_path: Path) -> None:
     from components.common.model_files import saved_model_sha256
     from components.data_prep.prep import prepare
     from components.evaluate.component import evaluate
-    from components.train.model import build_model, export_saved_model
+    from components.train.rank.model import build_model, export_saved_model
 
     image_folder(tmp_path / "images", {"cat": 12, "dog": 12, "emu": 12}, size=(10, 10))
     data = str(tmp_path / "ds")

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from components.train import mpiwatch
+from components.train.rank import heartbeat
 
 muted = threading.Event()  # set: this rank's beats are no longer written
 
@@ -20,7 +20,7 @@ def _write(text: str) -> None:
         os.write(1, text.encode())
 
 
-mpiwatch.start_from_env(write=_write)
+heartbeat.start_from_env(write=_write)
 rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
 action, arg = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
 

@@ -12,10 +12,16 @@ import pytest
 import yaml
 
 from components.common.crd import Crd
-from components.train.cluster.job import Backend, ClusterJobParams, PodConfig, backend, job_name
-from components.train.cluster.run import run_job
 from components.train.config import TrainConfig
-from components.train.step_parameters import TrainStep
+from components.train.launcher.cluster.job import (
+    Backend,
+    ClusterJobParams,
+    PodConfig,
+    backend,
+    job_name,
+)
+from components.train.launcher.cluster.run import run_job
+from components.train.launcher.parameters import TrainStep
 from components.train.summary import RunSummary
 from standins.kmock_cluster import NS, Cluster, Operator
 from standins.kmock_jobs import MPIJOB_KIND, TRAINJOB_KIND, Kind

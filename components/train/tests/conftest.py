@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from components.data_prep.prep import prepare
-from components.train.launch import job_environment, local_command
+from components.train.launcher.launch import job_environment, local_command
 from standins.jobs import static_command
 
 AUDIT_SCRIPT = Path(__file__).with_name("audit_writes.py")
@@ -37,7 +37,7 @@ def _run_job(
     command = local_command(workers, args)
     if audit is not None:
         audited = [sys.executable, str(AUDIT_SCRIPT), str(audit[0]), str(audit[1])]
-        command = static_command(workers, [*audited, "-m", "components.train", *args])
+        command = static_command(workers, [*audited, "-m", "components.train.rank", *args])
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, env=job_environment()
     )

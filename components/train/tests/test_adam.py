@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from components.common.keras_env import keras, tensorflow
-from components.train.adam import fused_adam
+from components.train.rank.adam import fused_adam
 
 SETTINGS = {"learning_rate": 0.01, "beta_1": 0.85, "beta_2": 0.99, "epsilon": 1e-6}
 

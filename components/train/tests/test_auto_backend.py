@@ -1,7 +1,7 @@
 """``training_backend=auto``: the train step asks the cluster's API discovery which job operator
 it serves, says its choice first, runs the job there and records the backend.
 
-Real: the train step's program (`components.train.step_program.run_train_task`), the ``kubernetes``
+Real: the train step's program (`components.train.step.program.run_train_task`), the ``kubernetes``
 client reaching kmock's API emulator through a kubeconfig (the APIs served chosen per test),
 fake-gcs-server. Stood in: the operators (`standins.kmock_cluster.Operator`), which write what
 rank 0 would leave instead of training.
@@ -19,12 +19,12 @@ import pytest
 from kubernetes.config import kube_config
 
 from components.common.crd import Crd
-from components.train.cluster.job import ClusterJobError
-from components.train.cluster.mpijob import MPIJOB
-from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.config import TrainConfig
-from components.train.step_parameters import TrainStep
-from components.train.step_program import run_train_task
+from components.train.launcher.cluster.job import ClusterJobError
+from components.train.launcher.cluster.mpijob import MPIJOB
+from components.train.launcher.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
+from components.train.launcher.parameters import TrainStep
+from components.train.step.program import run_train_task
 from components.train.tests.cluster_jobs import complete, write_kubeconfig
 from standins.kmock_cluster import MPIJOB_KIND, NS, TRAINJOB_KIND, Cluster, Kind, Operator
 

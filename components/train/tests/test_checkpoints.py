@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from components.common import storage
-from components.train import checkpoints
+from components.train.rank import checkpoints
 
 DATA = "ckpt.data-00000-of-00001"
 
@@ -91,7 +91,7 @@ def _delete(uri: str) -> None:
 
 
 def _fallback_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "components.train.checkpoints"]
+    return [r.getMessage() for r in caplog.records if r.name == "components.train.rank.checkpoints"]
 
 
 def test_each_epoch_records_its_files_and_the_newest_is_chosen(

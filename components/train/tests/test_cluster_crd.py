@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from components.common import crd as crds
 from components.common import defaults
 from components.common.crd import Crd
-from components.train.cluster.job import backend
-from components.train.cluster.mpijob import MPIJOB
-from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
+from components.train.launcher.cluster.job import backend
+from components.train.launcher.cluster.mpijob import MPIJOB
+from components.train.launcher.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from pipeline.cli import cli
 from standins.kmock_api import prune, schema_of, trainer_crds
 

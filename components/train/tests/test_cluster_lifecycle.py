@@ -1,4 +1,5 @@
-"""The one run of a cluster job (`components.train.cluster.run.run_job`), on both backends, with
+"""The one run of a cluster job (`components.train.launcher.cluster.run.run_job`), on both backends,
+with
 the real ``kubernetes`` client against kmock's API emulator and the suite's fake-gcs-server.
 
 What kmock cannot emulate (mpi-operator; Kubeflow Trainer with JobSet; pod logs, garbage
@@ -20,11 +21,11 @@ import pytest
 from components.common import defaults, storage
 from components.common.crd import Crd
 from components.common.failure import SIGNAL_BASE
-from components.train.cluster import job as jobs
-from components.train.cluster.job import ClusterJobError, JobCancelled, JobFailed
-from components.train.cluster.mpijob import MPIJOB
-from components.train.cluster.run import check_run
-from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
+from components.train.launcher.cluster import job as jobs
+from components.train.launcher.cluster.job import ClusterJobError, JobCancelled, JobFailed
+from components.train.launcher.cluster.mpijob import MPIJOB
+from components.train.launcher.cluster.run import check_run
+from components.train.launcher.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.tests.cluster_jobs import (
     BOTH,
     NAME,

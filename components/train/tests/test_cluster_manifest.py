@@ -12,7 +12,7 @@ import pytest
 
 from components.common import defaults
 from components.common.crd import ManifestError
-from components.train.cluster.job import (
+from components.train.launcher.cluster.job import (
     LABEL_RUN_ID,
     MAX_NAME_LENGTH,
     SPEC_ANNOTATION,
@@ -22,9 +22,9 @@ from components.train.cluster.job import (
     sanitize_name,
     validated,
 )
-from components.train.cluster.mpijob import LABEL_JOB, build_manifest
-from components.train.cluster.pods import launcher_command
-from components.train.cluster.trainjob import ANCESTOR_LABEL, spec_digest
+from components.train.launcher.cluster.mpijob import LABEL_JOB, build_manifest
+from components.train.launcher.cluster.pods import launcher_command
+from components.train.launcher.cluster.trainjob import ANCESTOR_LABEL, spec_digest
 from components.train.tests.cluster_jobs import make_params
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -156,14 +156,14 @@ def test_the_launcher_runs_mpirun_of_workers_times_slots_under_the_heartbeat_wat
     assert watch == [
         "python",
         "-m",
-        "components.train.mpiwatch",
+        "components.train.launcher.mpiwatch",
         "--ranks",
         str(workers * slots),
         "--silence-seconds",
         str(defaults.STALL_SHUTDOWN_SECONDS),
     ]
     assert mpirun[:4] == ["mpirun", "-np", str(workers * slots), "--tag-output"]
-    assert cmd[cmd.index("components.train") - 2 :][:3] == ["python", "-m", "components.train"]
+    assert cmd[cmd.index("components.train") - 2 :][:3] == ["python", "-m", "components.train.rank"]
     assert (flag(cmd, "--workers", "2"), flag(cmd, "--slots-per-worker", "1")) == (
         str(workers),
         str(slots),
@@ -238,7 +238,11 @@ def test_an_elastic_mpijob_runs_elastic_horovodrun_on_the_operators_discovery_sc
     m = mpijob(workers=4, slots_per_worker=2, min_workers=3, stall_shutdown_seconds=77)
     launcher = container(m, "Launcher")
     cmd = launcher["command"]
-    assert cmd[:3] == ["python", "-m", "components.train.launch"]  # horovodrun's command line
+    assert cmd[:3] == [
+        "python",
+        "-m",
+        "components.train.launcher.launch",
+    ]  # horovodrun's command line
 
     # ranks: 4 workers x 2 slots at most, 3 x 2 at least; slots per discovered host: 2
     options = {

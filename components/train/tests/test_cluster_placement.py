@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from kfp import dsl
 
-from components.train.cluster.job import ClusterJobParams, PodConfig, backend, validated
-from components.train.step_parameters import TrainStep
-from components.train.step_program import pod_config
+from components.train.launcher.cluster.job import ClusterJobParams, PodConfig, backend, validated
+from components.train.launcher.parameters import TrainStep
+from components.train.step.program import pod_config
 from components.train.tests.cluster_jobs import (
     BOTH,
     NAME,
@@ -135,7 +135,7 @@ def test_the_objects_a_run_creates_carry_the_task_configs_placement(
 
 
 def test_the_task_configs_resources_size_the_workers_unless_a_parameter_says_otherwise() -> None:
-    from components.train.step_program import worker_resources
+    from components.train.step.program import worker_resources
 
     step = TrainStep()
     limits = {"limits": {"cpu": "8", "memory": "30Gi", "nvidia.com/gpu": "1"}}

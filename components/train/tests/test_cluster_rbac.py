@@ -91,7 +91,7 @@ def test_each_backend_sends_only_requests_the_role_grants(backend: str, gcs_uri:
     which the operator makes on a real cluster, are told apart by their user agent)."""
     from kubernetes import client
 
-    from components.train.cluster.run import run_job
+    from components.train.launcher.cluster.run import run_job
     from components.train.tests.cluster_jobs import POLL, make_params, pair
     from standins.kmock_cluster import NS, Cluster, Operator, pod
     from standins.waiting import wait_until

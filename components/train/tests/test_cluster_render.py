@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from components.common import defaults
-from components.train.cluster.job import backend, check_manifests
+from components.train.launcher.cluster.job import backend, check_manifests
 from components.train.tests.cluster_jobs import make_params
 from pipeline.cli import cli
 

@@ -1,4 +1,4 @@
-"""components/train/cuda.py here, where the venv has TensorFlow's CUDA build but none of its
+"""components/train/rank/cuda.py here, where the venv has TensorFlow's CUDA build but none of its
 CUDA libraries; the loading is tested with real shared objects in temporary folders, the
 folders against TensorFlow's own RUNPATH (``readelf``)."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from components.common.failure import ExitCode
-from components.train import cuda
+from components.train.rank import cuda
 
 ROOT = Path(__file__).resolve().parents[3]
 CUDA_LOCK = ROOT / "requirements" / "lock-cuda.txt"
@@ -36,7 +36,7 @@ def _run(*code_or_args: str) -> subprocess.CompletedProcess[str]:
 
 def test_every_cuda_library_is_reported_missing_here_without_importing_tensorflow() -> None:
     code = (
-        "import json, sys; from components.train.cuda import missing_cuda_libraries as m; "
+        "import json, sys; from components.train.rank.cuda import missing_cuda_libraries as m; "
         "print(json.dumps({'missing': m(), 'tf': 'tensorflow' in sys.modules}))"
     )
     out = _run("-c", code)
@@ -106,17 +106,17 @@ def test_sonames_agree_with_the_cuda_lock_and_tensorflows_build() -> None:
 def test_the_image_check_fails_here_naming_each_missing_library_and_its_horovod_passes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    out = _run("-m", "components.train.cuda", "--check", "--gradient-allreduce", "host")
+    out = _run("-m", "components.train.rank.cuda", "--check", "--gradient-allreduce", "host")
     assert out.returncode == ExitCode.BAD_INPUT, out.stdout + out.stderr
     for soname in cuda.TF_CUDA_LIBRARIES:
         assert f"cuda: {soname}: MISSING" in out.stdout
         assert f"cuda check: cannot load {soname}: " in out.stderr
     assert f"cuda: TensorFlow {md.version('tensorflow')}: CUDA 12" in out.stdout
     assert "all checks pass" not in out.stdout
-    ok = _run("-m", "components.train.cuda", "--check-horovod", "--gradient-allreduce", "host")
+    ok = _run("-m", "components.train.rank.cuda", "--check-horovod", "--gradient-allreduce", "host")
     assert ok.returncode == 0, ok.stderr
     assert "cuda: Horovod gradient allreduce: host; all checks pass" in ok.stdout
-    bad = _run("-m", "components.train.cuda", "--check", "--gradient-allreduce", "mpi")
+    bad = _run("-m", "components.train.rank.cuda", "--check", "--gradient-allreduce", "mpi")
     assert bad.returncode == 2 and "invalid choice: 'mpi'" in bad.stderr
     assert cuda.check_image("nccl", cuda=False) == ExitCode.BAD_INPUT  # built without NCCL here
     label = cuda.GRADIENT_ALLREDUCE_LABEL

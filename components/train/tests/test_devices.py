@@ -13,7 +13,7 @@ from unittest.mock import MagicMock
 
 import pytest
 
-from components.train.devices import (
+from components.train.rank.devices import (
     Devices,
     configure_devices,
     cpu_quota,
@@ -79,7 +79,7 @@ def test_cpu_run_uses_the_real_tensorflow_settings(quiet: bool) -> None:
     TensorFlow's "failed call to cuInit" line from rank 0 only."""
     code = f"""
 import json, tensorflow as tf
-from components.train.devices import configure_devices
+from components.train.rank.devices import configure_devices
 d = configure_devices(tf, 0, 1, 1, quiet={quiet})
 print(json.dumps([d.device, d.threads, tf.config.threading.get_intra_op_parallelism_threads()]))
 """

@@ -1,5 +1,5 @@
 """The training input held past ``fit``, and the rank's process ended without destroying it
-(`components.train.held_input`). Real Keras and ``tf.data``; the exit in a real subprocess.
+(`components.train.rank.held_input`). Real Keras and ``tf.data``; the exit in a real subprocess.
 
 What this buys, the seconds a rank no longer waits, is a time: ``bench.pipeline_overhead``
 measures it, not these tests.
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from components.common.keras_env import keras
-from components.train import held_input
+from components.train.rank import held_input
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -77,8 +77,7 @@ def _after_100_ms(x: np.ndarray) -> np.ndarray:
 def _exit_in_subprocess(hold: bool) -> subprocess.CompletedProcess[str]:
     script = textwrap.dedent(f"""
         import atexit
-        from components.train import held_input
-
+        from components.train.rank import held_input
         class Input:
             def __del__(self):
                 print("destroyed", flush=True)

@@ -1,5 +1,5 @@
 """The local launcher's command lines and environment, and both launchers run for real: mpirun
-with 2 Horovod ranks, and horovodrun through ``python -m components.train.launch``."""
+with 2 Horovod ranks, and horovodrun through ``python -m components.train.launcher.launch``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from components.train import launch
-from components.train.launch import LaunchError
-from components.train.log_dedup import RankLines
+from components.train.launcher import launch
+from components.train.launcher.launch import LaunchError
+from components.train.launcher.log_dedup import RankLines
 from standins.jobs import static_command
 
 # Each rank: after hvd.init(), the CPUs each of its threads may run on. One write per line, as
@@ -50,9 +50,16 @@ def test_static_jobs_run_mpirun_and_gloo_or_elastic_ones_horovodrun(tmp_path: Pa
     mpi = launch.local_command(2, ["--epochs", "1"])
     assert mpi[:6] == ["mpirun", "-np", "2", "--tag-output", "-H", "localhost:2"]
     assert mpi[mpi.index("mpi_yield_when_idle") - 1 :][:3] == ["-mca", "mpi_yield_when_idle", "1"]
-    assert mpi[-5:] == [sys.executable, "-m", "components.train", "--epochs", "1"]
+    assert mpi[-5:] == [sys.executable, "-m", "components.train.rank", "--epochs", "1"]
     horovodrun = launch.horovodrun_command(["-np", "2"], ["prog"])
-    assert horovodrun == [sys.executable, "-m", "components.train.launch", "-np", "2", "prog"]
+    assert horovodrun == [
+        sys.executable,
+        "-m",
+        "components.train.launcher.launch",
+        "-np",
+        "2",
+        "prog",
+    ]
     cluster = launch.mpirun_command(4, ["prog"], forward=["PATH", "A=1"], workdir="/app")
     assert "-H" not in cluster
     assert cluster[-7:] == ["-wdir", "/app", "-x", "PATH", "-x", "A=1", "prog"]

@@ -1,4 +1,5 @@
-"""The launcher's log in the train step's log (`components.train.cluster.launcher_log`), with
+"""The launcher's log in the train step's log (`components.train.launcher.cluster.launcher_log`),
+with
 the real ``kubernetes`` client against kmock's API emulator: followed in one request while it
 runs (test_cluster_lifecycle.py), and opened again where the stream ends before the container
 does, each line printed once."""

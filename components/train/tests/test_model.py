@@ -18,8 +18,8 @@ import pytest
 from components.common import defaults
 from components.common.dataset import ImageSpec
 from components.common.keras_env import keras
-from components.train.model import build_model, export_saved_model, weights_fingerprint
-from components.train.preflight import PreflightError, check_model_before_launch
+from components.train.launcher.preflight import PreflightError, check_model_before_launch
+from components.train.rank.model import build_model, export_saved_model, weights_fingerprint
 
 USER = "components.train.tests.user_model"
 DIGITS = ImageSpec(28, 28, 1)
@@ -178,7 +178,8 @@ def test_built_in_names_pass_the_preflight_without_tensorflow_a_users_is_built()
     untouched; a user's entry point that works is imported (so TensorFlow is loaded) and
     passes."""
     program = (
-        "import json, sys; from components.train.preflight import check_model_before_launch; "
+        "import json, sys; "
+        "from components.train.launcher.preflight import check_model_before_launch; "
         "print(json.dumps([(check_model_before_launch(m), 'tensorflow' in sys.modules)[1] "
         "for m in sys.argv[1:]]))"
     )
@@ -268,7 +269,7 @@ def test_an_augmented_models_saved_model_serves_as_the_plain_one(tmp_path: Path)
         "(spec,) = sig.structured_input_signature[1].values(); "
         "p = [sig(image=x)['probabilities'].numpy().tolist() for _ in range(2)]; "
         "print(json.dumps([spec.name, spec.shape.as_list(), spec.dtype.name, p, "
-        "'components.train.augment' in sys.modules]))"
+        "'components.train.rank.augment' in sys.modules]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", program, str(tmp_path / "model"), str(tmp_path / "x.npy")],
@@ -291,7 +292,7 @@ def test_shear_is_image_data_generators_shear() -> None:
     # ImageDataGenerator's own transform, which Keras 3 keeps beside its legacy generator.
     from keras.src.legacy.preprocessing.image import apply_affine_transform
 
-    from components.train.augment import shear_transforms
+    from components.train.rank.augment import shear_transforms
 
     image = _digits(1)[0].astype(np.float32)
     for degrees in (20.0, -12.5):

@@ -19,15 +19,12 @@ from pathlib import Path
 import pytest
 
 from components.common.failure import ExitCode
-from components.train import mpiwatch
 from components.train.config import TrainConfig
-from components.train.launch import job_environment, run_local
-from components.train.mpiwatch import (
-    HEARTBEAT_ENV,
-    MARK,
-    Silence,
-    expected_hosts,
-)
+from components.train.launcher import mpiwatch
+from components.train.launcher.launch import job_environment, run_local
+from components.train.launcher.mpiwatch import Silence, expected_hosts
+from components.train.rank import heartbeat
+from components.train.rank.heartbeat import HEARTBEAT_ENV, MARK
 from standins.jobs import rank_processes
 from standins.waiting import HANG_S, join, wait_until
 
@@ -100,7 +97,7 @@ def test_a_rank_the_watch_sees_use_cpu_is_not_frozen_however_long_it_is_silent()
 
 def test_the_heartbeat_beats_until_stopped_then_says_done_once() -> None:
     lines: list[str] = []
-    stop = mpiwatch.start_from_env({HEARTBEAT_ENV: "0.01"}, lines.append)
+    stop = heartbeat.start_from_env({HEARTBEAT_ENV: "0.01"}, lines.append)
     assert stop is not None
     wait_until(lambda: len(lines) >= 3, "3 beats", poll_s=0.01)
     stop()
@@ -112,9 +109,9 @@ def test_the_heartbeat_beats_until_stopped_then_says_done_once() -> None:
 @pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf"])
 def test_a_bad_heartbeat_period_is_refused_by_name(value: str) -> None:
     with pytest.raises(ValueError, match="KFP_HOROVOD_HEARTBEAT_SECONDS must be a positive"):
-        mpiwatch.start_from_env({HEARTBEAT_ENV: value})
-    assert mpiwatch.start_from_env({}) is None  # not asked: no beat
-    assert mpiwatch.start_from_env({HEARTBEAT_ENV: " "}) is None
+        heartbeat.start_from_env({HEARTBEAT_ENV: value})
+    assert heartbeat.start_from_env({}) is None  # not asked: no beat
+    assert heartbeat.start_from_env({HEARTBEAT_ENV: " "}) is None
 
 
 def test_the_trainer_beats_from_its_start_only_when_asked() -> None:
@@ -123,7 +120,7 @@ def test_the_trainer_beats_from_its_start_only_when_asked() -> None:
     def trainer(period: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PYTHONPATH": str(ROOT), HEARTBEAT_ENV: period}
         return subprocess.run(
-            [sys.executable, "-m", "components.train"],
+            [sys.executable, "-m", "components.train.rank"],
             capture_output=True,
             text=True,
             env=env,
@@ -232,7 +229,7 @@ def test_sigterm_to_the_watch_reaches_mpirun_and_the_ranks() -> None:
     command = [
         sys.executable,
         "-m",
-        "components.train.mpiwatch",
+        "components.train.launcher.mpiwatch",
         "--ranks",
         "2",
         "--silence-seconds",

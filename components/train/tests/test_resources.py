@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from components.train import launch
-from components.train.telemetry import EpochCost, advice, resource_use, step_split, straggler
+from components.train.launcher import launch
+from components.train.rank.telemetry import EpochCost, advice, resource_use, step_split, straggler
 from standins.jobs import static_command
 
 
@@ -114,7 +114,7 @@ keras = keras_env.keras()
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
-from components.train.telemetry import AllreduceClock
+from components.train.rank.telemetry import AllreduceClock
 hvd.init()
 clock = AllreduceClock(tf)
 model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64), keras.layers.Dense(10)])

@@ -10,7 +10,7 @@ import pytest
 from components.common import dataset, keras_env
 from components.common.tests.datasets import read_arrays
 from components.data_prep.prep import prepare
-from components.train.data import (
+from components.train.rank.data import (
     batch_bounds,
     make_dataset,
     plan_rank,

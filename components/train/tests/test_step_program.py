@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from components.common import storage
-from components.train import step_program
 from components.train.config import TrainConfig
-from components.train.step_parameters import TrainStep
-from components.train.step_program import run_train_task
+from components.train.launcher.parameters import TrainStep
+from components.train.step import program as step_program
+from components.train.step.program import run_train_task
 from components.train.summary import RunSummary, coordination_report, parse
 
 
@@ -104,7 +104,7 @@ def test_mpijob_backend_wiring(
     The cluster itself is replaced here (no Kubernetes runs on this machine); the lifecycle
     against a real HTTP Kubernetes API is covered in test_cluster_lifecycle.py.
     """
-    from components.train.cluster import run
+    from components.train.launcher.cluster import run
 
     seen: dict[str, Any] = {}
 
@@ -162,9 +162,9 @@ def test_both_launchers_check_the_job_before_starting_a_rank(
 ) -> None:
     """A model that does not fit the dataset's classes, and a dataset too small for the job's
     ranks, stop the local launcher and the cluster step before any rank or job starts."""
-    from components.train import launch
-    from components.train.cluster import run
-    from components.train.preflight import PreflightError
+    from components.train.launcher import launch
+    from components.train.launcher.cluster import run
+    from components.train.launcher.preflight import PreflightError
 
     def must_not_start(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("no mpirun and no cluster job may start")

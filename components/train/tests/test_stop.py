@@ -1,8 +1,8 @@
-"""A stop (SIGTERM, Ctrl-C) of the local launchers ends everything they started, in one
-``STOPPED:`` line and exit 128 + N: the heartbeat watch (``python -m components.train.mpiwatch``,
-the launcher of a static job) over real mpirun, and elastic horovodrun (``python -m
-components.train.launch``) with its real driver. The ranks are small programs, not the trainer:
-what is tested is the processes. Leftovers are found by an environment mark every process
+"""A stop (SIGTERM, Ctrl-C) of the local launchers ends everything they started, in one ``STOPPED:``
+line and exit 128 + N: the heartbeat watch (``python -m components.train.launcher.mpiwatch``, the
+launcher of a static job) over real mpirun, and elastic horovodrun (``python -m
+components.train.launcher.launch``) with its real driver. The ranks are small programs, not the
+trainer: what is tested is the processes. Leftovers are found by an environment mark every process
 started inherits (`standins.jobs.marked_processes`), wherever it was reparented."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from components.common.failure import SIGNAL_BASE
-from components.train.launch import (
+from components.train.launcher.launch import (
     LocalHosts,
     elastic_launcher_args,
     horovodrun_command,
@@ -56,7 +56,7 @@ def stop_when_started(
 def test_a_stopped_watch_ends_mpirun_and_its_ranks_in_one_line(sig: signal.Signals) -> None:
     """As the launcher container's PID 1 (the kubelet's SIGTERM) or at a terminal."""
     mark = uuid.uuid4().hex
-    watch = [sys.executable, "-m", "components.train.mpiwatch", "--ranks", "2"]
+    watch = [sys.executable, "-m", "components.train.launcher.mpiwatch", "--ranks", "2"]
     command = [*watch, "--silence-seconds", "60", "--", *mpirun("sleep", "300", "0")]
     code, output = stop_when_started(command, 2, sig, mark)
     assert code == SIGNAL_BASE + sig, output
@@ -68,7 +68,8 @@ def test_a_stopped_watch_ends_mpirun_and_its_ranks_in_one_line(sig: signal.Signa
 
 
 def test_a_stopped_elastic_launcher_ends_its_driver_workers_in_one_line(tmp_path: Path) -> None:
-    """``python -m components.train.launch`` (elastic horovodrun, the job a local elastic run
+    """``python -m components.train.launcher.launch`` (elastic horovodrun, the job a local elastic
+    run
     starts), SIGTERMed: the ranks its driver started, each under a shell, are gone."""
     mark = uuid.uuid4().hex
     hosts = LocalHosts(tmp_path)
@@ -86,7 +87,7 @@ def test_a_stopped_elastic_launcher_ends_its_driver_workers_in_one_line(tmp_path
 
 
 def test_a_command_the_watch_cannot_run_is_one_line() -> None:
-    watch = [sys.executable, "-m", "components.train.mpiwatch", "--ranks", "2"]
+    watch = [sys.executable, "-m", "components.train.launcher.mpiwatch", "--ranks", "2"]
     command = [*watch, "--silence-seconds", "5", "--", "/nonexistent/mpirun", "-np", "2"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=HANG_S, cwd=ROOT)
     assert (proc.returncode, proc.stdout) == (2, "")

@@ -19,7 +19,7 @@ import pytest
 
 from components.data_prep.prep import prepare
 from components.train.config import TrainConfig
-from components.train.launch import LocalHosts, run_local
+from components.train.launcher.launch import LocalHosts, run_local
 from standins.jobs import rank_processes
 from standins.waiting import Background, wait_until
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from components.common.failure import ExitCode
-from components.train.launch import job_environment
-from components.train.preflight import world_size_problem
+from components.train.launcher.launch import job_environment
+from components.train.rank.world_size import world_size_problem
 
 
 def test_message_explains_independent_copies_and_the_fix() -> None:
@@ -27,7 +27,7 @@ def test_message_explains_independent_copies_and_the_fix() -> None:
 def test_independent_copies_fail_at_once(mnist_1000: str, tmp_path: Path) -> None:
     """The original report: 3 copies of the script, each a world of 1. All three must stop."""
     args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--workers", "3"]
-    command = [sys.executable, "-m", "components.train", *args]
+    command = [sys.executable, "-m", "components.train.rank", *args]
     pipe, env = subprocess.PIPE, job_environment()
     procs = [
         subprocess.Popen(command, stdout=pipe, stderr=pipe, text=True, env=env) for _ in range(3)

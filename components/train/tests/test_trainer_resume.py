@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from components.train.launch import job_environment, local_command
-from components.train.mpiwatch import kill_job
+from components.train.launcher.launch import job_environment, local_command
+from components.train.launcher.mpiwatch import kill_job
 from standins.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.horovod

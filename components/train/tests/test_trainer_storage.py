@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from components.train.launch import job_environment, local_command
+from components.train.launcher.launch import job_environment, local_command
 from tests.conftest import bucket_objects
 
 pytestmark = pytest.mark.horovod

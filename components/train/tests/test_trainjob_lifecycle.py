@@ -16,8 +16,8 @@ import json
 import pytest
 
 from components.common.failure import ExitCode, one_line_failures
-from components.train.cluster.job import SPEC_ANNOTATION, ClusterJobError, job_name
-from components.train.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
+from components.train.launcher.cluster.job import SPEC_ANNOTATION, ClusterJobError, job_name
+from components.train.launcher.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.tests.cluster_jobs import KINDS, NAME, complete, make_params, pair, posts, run
 from standins.kmock_cluster import NS, Cluster, Operator
 

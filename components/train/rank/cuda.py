@@ -4,7 +4,7 @@ The locked ``tensorflow`` is a CUDA build whose libraries come as the ``nvidia-*
 of ``tensorflow[and-cuda]`` (only the GPU image has them). TF dlopens each by soname, first
 from its wheel's folder (TF's RUNPATH), else by the system loader; `missing_cuda_libraries` does
 the same without importing TensorFlow, so the trainer can refuse a GPU job where one is missing.
-``python -m components.train.cuda --check --gradient-allreduce host|nccl`` is the images'
+``python -m components.train.rank.cuda --check --gradient-allreduce host|nccl`` is the images'
 build-time check (every library loads, TF is a CUDA build, Horovod's NCCL build matches the
 label); ``--check-horovod`` checks only the last.
 """
@@ -118,7 +118,7 @@ def check_image(gradient_allreduce: str, cuda: bool = True) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m components.train.cuda", description=__doc__.splitlines()[0]
+        prog="python -m components.train.rank.cuda", description=__doc__.splitlines()[0]
     )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--check", action="store_true", help="libraries, CUDA build, Horovod")

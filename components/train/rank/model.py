@@ -148,7 +148,7 @@ def build_model(
 def _with_augmentation(keras: Any, built: Any, shape: tuple[int, ...]) -> Any:
     """`built` with the augmentation layers after its scaling. Its layers are reused as built:
     augmentation layers made first would shift the weights' random draws."""
-    from components.train.augment import augmentation_layers
+    from components.train.rank.augment import augmentation_layers
 
     image = keras.layers.Input(shape=shape, dtype="uint8", name=INPUT_NAME)
     layers = [image, built.layers[0], *augmentation_layers(keras), *built.layers[1:]]

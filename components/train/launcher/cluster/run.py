@@ -27,7 +27,7 @@ from components.common.crd import Crd, raise_problems
 from components.common.failure import SIGNAL_BASE, InputError, Stopped, stops_on_signals
 from components.common.model_files import SAVED_MODEL_PB
 from components.train import summary
-from components.train.cluster.job import (
+from components.train.launcher.cluster.job import (
     ANNOTATION_RUN_ID,
     ANNOTATION_RUN_NAME,
     BY_STEP,
@@ -41,8 +41,8 @@ from components.train.cluster.job import (
     fit_deadline,
     serves,
 )
-from components.train.cluster.launcher_log import LauncherLog
-from components.train.cluster.schema import Schema, served_schema
+from components.train.launcher.cluster.launcher_log import LauncherLog
+from components.train.launcher.cluster.schema import Schema, served_schema
 from components.train.summary import RunSummary
 
 Log = Callable[[str], None]

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from components.train.log_dedup import RankLines
+from components.train.launcher.log_dedup import RankLines
 
 LOG_TAIL_LINES = 50
 DRAIN_S = 30.0  # how long a finished job's launcher log may take to end before it is cut

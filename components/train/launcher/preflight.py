@@ -1,11 +1,8 @@
-"""Preflight: what must hold before any rank trains.
-
-- `world_size_problem` (every rank, first thing): are we one Horovod job of the expected size,
-  or N unrelated copies? The original report: an MPIJob whose N processes each ran the script
-  on its own, each in a world of 1, training its own model and printing its own log lines.
-- `check_job_before_launch` (the launcher, once, before any rank starts): a dataset with too
-  few training samples for the job's ranks, or a model that does not take its images (a typo
-  in a user's entry point included), is one clear message instead of one traceback per rank.
+"""The launcher's preflight, once, before any rank starts (a local launch, and the train step
+before it creates a cluster job): a dataset with too few training samples for the job's ranks,
+or a model that does not take its images (a typo in a user's entry point included), is one
+clear message instead of one traceback per rank. Each rank's own check, that it is in one job
+of the planned size, is `components.train.rank.world_size`.
 """
 
 from __future__ import annotations
@@ -25,43 +22,6 @@ class PreflightError(InputError):
     exit_code = ExitCode.PREFLIGHT
 
 
-def world_size_problem(
-    world_size: int, expected_workers: int, rank: int, fewest: int = 0
-) -> str | None:
-    """Why this job is not of the expected size, or None. An elastic job (`fewest` > 0) may
-    have any size from `fewest` to `expected_workers`."""
-    if world_size == expected_workers or fewest <= world_size <= expected_workers and fewest:
-        return None
-    failed = f"kfp-horovod preflight failed [rank {rank}/{world_size}]:"
-    if fewest and world_size < fewest:
-        return (
-            f"{failed} this elastic Horovod job has {world_size} worker(s), fewer than its "
-            f"minimum of {fewest} (--min-workers x --slots-per-worker); elastic horovodrun must "
-            f"start it with --min-np {fewest}. Nothing was trained or written."
-        )
-    planned = f"{expected_workers} (--workers x --slots-per-worker)"
-    if world_size < expected_workers:
-        what = (
-            f"This process is in a Horovod job of {world_size} worker(s), but the job was "
-            f"started for {planned}. The processes that were started are independent copies, "
-            "not one job: each would train its own model on all the data and print its own copy "
-            "of every log line (the 'every line N times' symptom)."
-        )
-    else:
-        what = (
-            f"This Horovod job has {world_size} workers, but it was started for {planned}: more "
-            "processes joined than were planned (check -np, the MPIJob's replicas and "
-            "slotsPerWorker)."
-        )
-    n = expected_workers
-    return (
-        f"{failed} {what} Start exactly {n} processes as ONE job: locally `horovodrun -np {n} "
-        f"-H localhost:{n} python -m components.train ...`; on Kubernetes an MPIJob whose "
-        f"launcher runs `horovodrun` or `mpirun -np {n}` across workers x slotsPerWorker (see "
-        "`python -m pipeline render-mpijob`). Nothing was trained or written."
-    )
-
-
 def check_model_before_launch(
     model: str, image: ImageSpec | None = None, num_classes: int = 0
 ) -> None:
@@ -71,7 +31,7 @@ def check_model_before_launch(
     it is built once, here, as every rank would build it, and run on a black and a white image,
     whose rows must be probabilities. Before data prep (no `image`) its import alone is
     checked."""
-    from components.train.model import (
+    from components.train.rank.model import (
         ModelChoiceError,
         build_model,
         built_in_problem,
@@ -110,7 +70,7 @@ def check_job_before_launch(config: Any) -> None:
     `config` (a TrainConfig) cannot train: its dataset's manifest is unreadable, its training
     split is too small for its ranks (`data.ranks_problem`), or its model does not take the
     dataset's images and classes (`check_model_before_launch`)."""
-    from components.train.data import ranks_problem
+    from components.train.rank.data import ranks_problem
 
     manifest = dataset.read_manifest(config.data)
     train = manifest.count("train")

@@ -6,7 +6,7 @@ from top to bottom.
 2. **Devices**: pin this rank to the GPU of its local rank (if any), set its CPU threads. A job
    that asked for GPUs (``--gpus-per-worker``) and cannot have them stops before training.
 3. **This rank's shard**: a disjoint block of the training split, streamed from the dataset's
-   shard files (`components.train.data`); every rank learns whether any rank failed, the GPU
+   shard files (`components.train.rank.data`); every rank learns whether any rank failed, the GPU
    check included, before anyone trains.
 4. **Model**: for the dataset's image shape and classes, the same initial weights on every
    rank (from the seed), or rank 0's latest checkpoint, which every rank restores.
@@ -14,12 +14,12 @@ from top to bottom.
    wrapped in ``hvd.DistributedOptimizer``: gradients averaged every step.
 6. **Callbacks**: Horovod's ``BroadcastGlobalVariablesCallback(0)`` (rank 0's state to all),
    ``MetricAverageCallback`` and ``LearningRateWarmupCallback``; the run's telemetry
-   (`components.train.telemetry`); rank 0 alone checkpoints after every epoch.
+   (`components.train.rank.telemetry`); rank 0 alone checkpoints after every epoch.
 7. **Fit**, every rank the same number of steps.
 8. **Export**: rank 0 alone writes the one SavedModel and the run summary.
 
 An elastic job (``--min-workers`` > 0) runs steps 3, 6 and 7 inside Horovod's elastic loop
-(`components.train.elastic`).
+(`components.train.rank.elastic`).
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ from components.common.board import Board
 from components.common.failure import ExitCode, ExpectedError
 from components.common.model_files import SAVED_MODEL_PB, saved_model_sha256
 from components.common.shard_files import ShardCheck, first_record_problem
-from components.train import checkpoints, held_input
-from components.train.adam import fused_adam
 from components.train.config import TrainConfig, adam_settings
-from components.train.data import RankPlan, make_dataset, plan_rank
-from components.train.devices import Devices, configure_devices, gpu_problem
-from components.train.model import ModelChoiceError, build_model, export_saved_model
-from components.train.preflight import world_size_problem
+from components.train.rank import checkpoints, held_input
+from components.train.rank.adam import fused_adam
+from components.train.rank.data import RankPlan, make_dataset, plan_rank
+from components.train.rank.devices import Devices, configure_devices, gpu_problem
+from components.train.rank.model import ModelChoiceError, build_model, export_saved_model
+from components.train.rank.telemetry import Telemetry
+from components.train.rank.world_size import world_size_problem
 from components.train.summary import coordination_lines, lr_formula, write
-from components.train.telemetry import Telemetry
 
 
 class AllRanksError(ExpectedError):
@@ -195,7 +195,7 @@ def devices_problem(job: Job) -> str | None:
     GPUs trains on them or not at all."""
     if job.config.gpus_per_worker <= 0:
         return None
-    from components.train.cuda import missing_cuda_libraries
+    from components.train.rank.cuda import missing_cuda_libraries
 
     local_size, found = int(job.hvd.local_size()), job.devices.gpus_found
     missing = list(missing_cuda_libraries())

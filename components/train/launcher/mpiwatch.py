@@ -1,25 +1,25 @@
 """The one watch of a static Horovod job: mpirun run under its ranks' heartbeats.
 
-``python -m components.train.mpiwatch --ranks N --silence-seconds S -- mpirun ...`` on a cluster
-job's launcher, `watch` in process for a local job (`components.train.launch.run_local`).
+``python -m components.train.launcher.mpiwatch --ranks N --silence-seconds S -- mpirun ...`` on a
+cluster job's launcher, `watch` in process for a local job
+(`components.train.launcher.launch.run_local`).
 
-Horovod's stall check cannot end a job whose rank is frozen (SIGSTOP, a hung node, a cut
-network): its negotiation is itself a collective that waits on that rank, and the transports'
-timeouts name no rank (bench/faults/). So every rank beats from its own thread
-(`start_from_env`), mpirun's ``--tag-output`` forwards each beat, and the watch takes the beats
-out of mpirun's output. A rank silent for over S seconds (counted from the launch if never
-heard; ``done``: no longer watched; a rank on the watch's own host, as in a local job, only
-while its process uses no CPU: one that a loaded machine delays, or that holds Python's lock
-in TensorFlow's import, is not frozen) ends mpirun (SIGTERM, then SIGKILL to everything below
-it), one last line names the rank and its host, and the exit code is `ExitCode.SILENT_RANK`;
-otherwise it is mpirun's (`SIGNAL_BASE` + N for a signal N). A stop (SIGTERM, Ctrl-C: `Stopped`)
-kills mpirun and every process below it at once, and says so.
+Horovod's stall check cannot end a job whose rank is frozen (SIGSTOP, a hung node, a cut network):
+its negotiation is itself a collective that waits on that rank, and the transports' timeouts name no
+rank (bench/faults/). So every rank beats from its own thread (`components.train.rank.heartbeat`),
+mpirun's ``--tag-output`` forwards each beat, and the watch takes the beats out of mpirun's output.
+A rank silent for over S seconds (counted from the launch if never heard; ``done``: no longer
+watched; a rank on the watch's own host, as in a local job, only while its process uses no CPU: one
+that a loaded machine delays, or that holds Python's lock in TensorFlow's import, is not frozen)
+ends mpirun (SIGTERM, then SIGKILL to everything below it), one last line names the rank and its
+host, and the exit code is `ExitCode.SILENT_RANK`; otherwise it is mpirun's (`SIGNAL_BASE` + N for a
+signal N). A stop (SIGTERM, Ctrl-C: `Stopped`) kills mpirun and every process below it at once, and
+says so.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import functools
 import math
@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from components.common.defaults import HEARTBEAT_SECONDS
 from components.common.failure import (
     SIGNAL_BASE,
     ExitCode,
@@ -43,65 +42,17 @@ from components.common.failure import (
     stops_on_signals,
 )
 from components.common.processes import Started
+from components.train.rank.heartbeat import MARK
 
 TERM_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.5
 HOSTFILE_ENV = "OMPI_MCA_orte_default_hostfile"  # mpi-operator sets it on the launcher
-HEARTBEAT_ENV = "KFP_HOROVOD_HEARTBEAT_SECONDS"  # the beat's period; the launcher sets it
-MARK = "kfp-horovod-heartbeat"
-BEATS_PER_BOUND = 4  # a rank is declared silent only after this many periods without a beat
 PREFIX = "mpiwatch:"
 # mpirun --tag-output prefixes each chunk it reads from a rank, not each line: a rank's partial
 # line and a beat can share a line, and so can two ranks' chunks. A beat is the rank's whose
 # tag comes last before it. Elastic horovodrun tags ``[rank]<stdout>:``.
 _TAG = re.compile(r"\[\d+,(\d+)\]<stdout>:")
 _BEAT = re.compile(rf"{re.escape(MARK)} (beat|done) host=(\S+) pid=(\d+)$")
-
-
-def period_for(bound_s: float) -> float:
-    """The heartbeat period for a silence bound: `BEATS_PER_BOUND` beats fit in it."""
-    return min(float(HEARTBEAT_SECONDS), bound_s / BEATS_PER_BOUND)
-
-
-def _write_stdout(text: str) -> None:
-    os.write(1, text.encode())  # one write(2) of one short line: never split by other output
-
-
-def start_from_env(
-    environ: Mapping[str, str] | None = None, write: Callable[[str], None] = _write_stdout
-) -> Callable[[], None] | None:
-    """Start this rank's heartbeat if `HEARTBEAT_ENV` asks for one, first thing in ``python -m
-    components.train`` (TensorFlow's import takes seconds), from a daemon thread. ``done`` is
-    said at exit (or by the stop returned), after Horovod's own exit handler (registered later,
-    so run earlier) has shut Horovod down."""
-    value = (os.environ if environ is None else environ).get(HEARTBEAT_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        period = float(value)
-    except ValueError:
-        period = math.nan
-    if not (math.isfinite(period) and period > 0):
-        raise InputError(f"{HEARTBEAT_ENV} must be a positive number of seconds, got {value!r}")
-    line = f"{MARK} {{}} host={socket.gethostname()} pid={os.getpid()}\n"
-    stopped = threading.Event()
-
-    def beat() -> None:
-        write(line.format("beat"))
-        while not stopped.wait(period):
-            write(line.format("beat"))
-
-    thread = threading.Thread(target=beat, daemon=True, name="heartbeat")
-    thread.start()
-
-    def stop() -> None:
-        if not stopped.is_set():
-            stopped.set()
-            thread.join()
-            write(line.format("done"))
-
-    atexit.register(stop)
-    return stop
 
 
 def local_cpu_seconds(host: str, pid: int) -> float | None:
@@ -267,7 +218,9 @@ def watch(
         below = Started.of(proc.pid)  # noted first: a killed parent's children are reparented
         kill_job(proc.pid)
         proc.wait()
-        label = "horovodrun" if "components.train.launch" in command else Path(command[0]).name
+        label = (
+            "horovodrun" if "components.train.launcher.launch" in command else Path(command[0]).name
+        )
         stop.ended.append(
             f"ended the Horovod job: {label} (pid {proc.pid}) and the {below.describe()} below it"
         )
@@ -297,7 +250,7 @@ def _running(proc: subprocess.Popen[bytes], seconds: float = POLL_SECONDS) -> bo
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m components.train.mpiwatch",
+        prog="python -m components.train.launcher.mpiwatch",
         description="Run mpirun; end the job when a rank's heartbeats stop.",
     )
     parser.add_argument("--ranks", type=int, required=True, help="the job's number of ranks")

@@ -8,15 +8,15 @@ from typing import Any
 
 from components.common import defaults
 from components.common.crd import Crd
-from components.train.cluster import pods
-from components.train.cluster.job import (
+from components.train.launcher.cluster import pods
+from components.train.launcher.cluster.job import (
     LABEL_ROLE,
     Backend,
     ClusterJobParams,
     job_metadata,
     run_labels,
 )
-from components.train.step_parameters import TrainStep
+from components.train.launcher.parameters import TrainStep
 
 MPIJOB = Crd(
     "kubeflow.org",

@@ -21,10 +21,10 @@ import time
 from typing import Any
 
 from components.common import keras_env
-from components.train import trainer
-from components.train.data import coverage
-from components.train.launch import GLOO_TIMEOUT_ENV, JOIN_GLOO_TIMEOUT_S
-from components.train.trainer import Job, Trainee
+from components.train.rank import trainer
+from components.train.rank.data import coverage
+from components.train.rank.gloo_timeout import GLOO_TIMEOUT_ENV, JOIN_GLOO_TIMEOUT_S
+from components.train.rank.trainer import Job, Trainee
 
 # Larger than any job's step count: Horovod's CommitStateCallback then commits at epoch ends
 # only, so an epoch never straddles two world sizes.

@@ -1,5 +1,5 @@
 """What the launcher runs and what every pod of a cluster job is made of, for both backends:
-``mpiwatch -- mpirun ... python -m components.train ...`` for a static job (the MPIJob's
+``mpiwatch -- mpirun ... python -m components.train.rank ...`` for a static job (the MPIJob's
 launcher and the TrainJob's node 0 run the same line), ``horovodrun`` for an elastic MPIJob.
 
 Placement goes on every pod of the job: each runs a rank, except the MPIJob's launcher, which
@@ -14,10 +14,10 @@ from typing import Any
 from components.common import defaults
 from components.common.defaults import GPU_RESOURCE
 from components.common.placement import merge_tolerations
-from components.train import launch
-from components.train.cluster.job import STALL_BOUND, UNBUFFERED, ClusterJobParams
 from components.train.config import to_argv
-from components.train.mpiwatch import HEARTBEAT_ENV, period_for
+from components.train.launcher import launch
+from components.train.launcher.cluster.job import STALL_BOUND, UNBUFFERED, ClusterJobParams
+from components.train.rank.heartbeat import HEARTBEAT_ENV, period_for
 
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 # Where mpi-operator v2beta1 keeps the launcher's host discovery script: it lists the worker
@@ -27,11 +27,12 @@ DISCOVER_HOSTS = "/etc/mpi/discover_hosts.sh"
 
 
 def trainer_command(p: ClusterJobParams) -> list[str]:
-    return ["python", "-m", "components.train", *to_argv(p.train)]
+    return ["python", "-m", "components.train.rank", *to_argv(p.train)]
 
 
 def launcher_command(p: ClusterJobParams) -> list[str]:
-    """`mpirun_command` under `components.train.mpiwatch` (a rank that sends no heartbeat for
+    """`mpirun_command` under `components.train.launcher.mpiwatch` (a rank that sends no heartbeat
+    for
     ``stall_shutdown_seconds``, frozen or its node or network down, ends the job, named); for
     an elastic job, ``horovodrun`` over ssh to the workers the operator's `DISCOVER_HOSTS` finds
     (``--slots``: it gives no slot counts), whose ranks inherit the launcher's environment."""
@@ -40,7 +41,7 @@ def launcher_command(p: ClusterJobParams) -> list[str]:
         return [
             "python",
             "-m",
-            "components.train.launch",
+            "components.train.launcher.launch",
             "-np",
             str(t.world_size),
             "--min-np",
@@ -57,7 +58,7 @@ def launcher_command(p: ClusterJobParams) -> list[str]:
     return [
         "python",
         "-m",
-        "components.train.mpiwatch",
+        "components.train.launcher.mpiwatch",
         "--ranks",
         str(t.world_size),
         "--silence-seconds",

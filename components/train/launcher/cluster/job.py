@@ -25,14 +25,14 @@ from components.common.declare import Declared, Validated, declared, nonempty_pr
 from components.common.failure import ExitCode, ExpectedError
 from components.common.placement import Placement
 from components.train.config import TrainConfig
-from components.train.mpiwatch import HEARTBEAT_ENV
-from components.train.step_parameters import TrainStep
+from components.train.launcher.parameters import TrainStep
+from components.train.rank.heartbeat import HEARTBEAT_ENV
 
 if TYPE_CHECKING:
     from kubernetes.client import CustomObjectsApi
 
     from components.common.crd import Crd
-    from components.train.cluster.schema import Schema
+    from components.train.launcher.cluster.schema import Schema
 
 # Labels. KFP v2 itself labels task pods with ``pipeline/runid``; we reuse the key.
 LABEL_RUN_ID = "pipeline/runid"
@@ -249,7 +249,7 @@ class Backend:
 
 def backend(name: str) -> Backend:
     """The backend `name` (``mpijob``, ``trainjob``): ``cluster/<name>.py``'s ``BACKEND``."""
-    return importlib.import_module(f"components.train.cluster.{name}").BACKEND  # type: ignore[no-any-return]
+    return importlib.import_module(f"components.train.launcher.cluster.{name}").BACKEND  # type: ignore[no-any-return]
 
 
 def check_manifests(
@@ -324,7 +324,7 @@ def validated(
     the packaged one) and checked against the CRDs offline (`check_manifests`), and who
     enforces the deadline."""
     from components.common.crd import load_schema
-    from components.train.cluster.schema import Schema
+    from components.train.launcher.cluster.schema import Schema
 
     path = str(Path(crd_dir) / b.crd.relative_path.name) if crd_dir else None
     manifests = b.build(p, namespace)

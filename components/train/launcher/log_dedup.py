@@ -2,8 +2,8 @@
 prints alike (a library's warning, the same traceback) on once, as the first rank printed it.
 
 mpirun's ``--tag-output`` (horovodrun's ``[rank]<stdout>:``) names each line's rank; a local
-job's log (`components.train.launch.run_local_job`) and a cluster job's launcher log
-(`components.train.cluster.launcher_log`) both go through it.
+job's log (`components.train.launcher.launch.run_local_job`) and a cluster job's launcher log
+(`components.train.launcher.cluster.launcher_log`) both go through it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Start the trainer as ONE Horovod job: mpirun for a static job, horovodrun for an elastic one.
 
 A static job runs `mpirun_command` (a local job's and a cluster launcher's) under the heartbeat
-watch (`components.train.mpiwatch`). Horovod's MPI controller measured faster than Gloo's TCP
-over loopback (bench/README.md) once a waiting rank yields its core (`YIELD_WHEN_IDLE`). An
+watch (`components.train.launcher.mpiwatch`). Horovod's MPI controller measured faster than Gloo's
+TCP over loopback (bench/README.md) once a waiting rank yields its core (`YIELD_WHEN_IDLE`). An
 elastic job runs ``horovodrun --gloo`` (elastic Horovod has no MPI) as ``python -m
-components.train.launch ARGS``: horovodrun's command line, its Gloo check answered from the
+components.train.launcher.launch ARGS``: horovodrun's command line, its Gloo check answered from the
 installed library instead of by a process importing all of TensorFlow (seconds per launch).
 """
 
@@ -34,12 +34,14 @@ from components.common.failure import (
 )
 from components.common.processes import Started
 from components.train.config import TrainConfig, to_argv
-from components.train.log_dedup import RankLines
-from components.train.mpiwatch import HEARTBEAT_ENV, period_for, watch
-from components.train.preflight import check_job_before_launch
+from components.train.launcher.log_dedup import RankLines
+from components.train.launcher.mpiwatch import watch
+from components.train.launcher.preflight import check_job_before_launch
+from components.train.rank.gloo_timeout import ELASTIC_GLOO_TIMEOUT_S, GLOO_TIMEOUT_ENV
+from components.train.rank.heartbeat import HEARTBEAT_ENV, period_for
 
 YIELD_WHEN_IDLE = ("-mca", "mpi_yield_when_idle", "1")  # a waiting rank yields its core
-TRAINER = (sys.executable, "-m", "components.train")  # every rank's program here
+TRAINER = (sys.executable, "-m", "components.train.rank")  # every rank's program here
 # Symbols only a Horovod built with each controller has: Gloo's rendezvous context class, and
 # Horovod's MPI controller class (mangled; compiled only with HAVE_MPI). Read from the file, as
 # Horovod's own answer (hvd.mpi_built(), hvd.gloo_built()) needs its TensorFlow extension loaded:
@@ -47,18 +49,6 @@ TRAINER = (sys.executable, "-m", "components.train")  # every rank's program her
 # libraries (+0.5 s a launch in a child process; in this one, +320 MB resident and a later
 # `import ssl` bound to TF's BoringSSL). Reading the file: 0.1 s.
 BUILD_MARKERS = {"GLOO": b"gloo::rendezvous::Context", "MPI": b"N7horovod6common13MPIControllerE"}
-# Gloo's timeout (Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS, 30 s by default) in a local elastic
-# job. When a rank is lost, one survivor's collective fails at once (its connection to the lost
-# rank closes), but another can be left in a receive nothing will complete ("Timed out waiting
-# 30000ms for recv operation"), and the job forms its new world only when every survivor has
-# reset: recovery took 30.1 s in 2 of 6 trials here, 0.2-0.3 s in the others (debug logs; the
-# bench: 2 of 3, 1 of 3). The rendezvous share the timeout: a job's ranks start together
-# (0.1-0.8 s apart, measured here), but a worker that joins starts its process only then, so the
-# reset before a join takes Horovod's default (`JOIN_GLOO_TIMEOUT_S`, components/train/elastic.py;
-# with 5 s there, the test's join failed: "Wait timeout after 5 seconds for key(s): 2").
-GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
-ELASTIC_GLOO_TIMEOUT_S = 5
-JOIN_GLOO_TIMEOUT_S = 30
 # Rank 0's line saying why the job stopped before training, as it reaches the launcher.
 RANK0_FAILED = re.compile(r"\[rank 0/\d+\] training failed: (.+)$")
 
@@ -87,12 +77,14 @@ def mpirun_command(
 
 
 def horovodrun_command(args: Sequence[str], program: Sequence[str]) -> list[str]:
-    """``horovodrun ARGS PROGRAM``, run as ``python -m components.train.launch`` (`main`)."""
-    return [sys.executable, "-m", "components.train.launch", *args, *program]
+    """``horovodrun ARGS PROGRAM``, run as ``python -m components.train.launcher.launch``
+    (`main`)."""
+    return [sys.executable, "-m", "components.train.launcher.launch", *args, *program]
 
 
 def local_command(workers: int, args: list[str]) -> list[str]:
-    """The trainer as one static job here: ``mpirun -np N ... python -m components.train ARGS``."""
+    """The trainer as one static job here: ``mpirun -np N ... python -m components.train.rank
+    ARGS``."""
     return mpirun_command(workers, [*TRAINER, *args], hosts=f"localhost:{workers}")
 
 

@@ -11,7 +11,7 @@ without Horovod, about 40 s at the end of a 24-epoch ``make run`` (``bench.pipel
 Turning autotuning off removes the wait but cost 2x1 throughput (median 0.94 over 10 rounds).
 
 So every rank keeps the iterators its ``fit`` calls trained from (`hold_callback`), and ``python
--m components.train`` ends through `exit_process`: the exit handlers run as at any exit
+-m components.train.rank`` ends through `exit_process`: the exit handlers run as at any exit
 (Horovod's shutdown, the heartbeat's ``done``, logging's flush), then ``os._exit``, so no
 finalizer runs and none waits.
 """

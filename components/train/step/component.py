@@ -1,6 +1,6 @@
 """KFP definition of train: the dataset in, ONE model, its run summary and its coordination
 report out; the trainer's (`TrainConfig`) and the train step's (`TrainStep`) declared
-parameters in between, each under its own name (``components.train.step_program.run_step``).
+parameters in between, each under its own name (``components.train.step.program.run_step``).
 
 The output artifact is ``saved_model`` because the parameter ``model`` (which model to train)
 holds that name.
@@ -8,17 +8,17 @@ holds that name.
 KFP's task-config passthroughs (kfp >= 2.15, `PASSTHROUGHS`): what is set on the train task with
 kfp-kubernetes (the pipeline's ``node_selector`` and ``tolerations``, and a pipeline author's own
 settings) reaches ``task_config``, which the step checks and forwards to the job's pods
-(`components.train.cluster.job.PodConfig`): the one way placement reaches them. The environment
-and the resources apply to the task's own pod too (the ``local`` backend trains there, on the
-task's GPUs); placement and volumes go to the job's pods only: the task that launches a cluster
-job needs no GPU node.
+(`components.train.launcher.cluster.job.PodConfig`): the one way placement reaches them. The
+environment and the resources apply to the task's own pod too (the ``local`` backend trains there,
+on the task's GPUs); placement and volumes go to the job's pods only: the task that launches a
+cluster job needs no GPU node.
 """
 
 from kfp import dsl
 
 from components.common.kfp_function import kfp_function
 from components.train.config import PIPELINE_TRAIN_PARAMETERS
-from components.train.step_parameters import TRAIN_STEP_PARAMETERS
+from components.train.launcher.parameters import TRAIN_STEP_PARAMETERS
 
 SIGNATURE = [
     ("dataset", "Input[Dataset]"),
@@ -47,7 +47,7 @@ def make_component(image: str) -> dsl.base_component.BaseComponent:
         "train",
         SIGNATURE,
         "None",
-        "components.train.step_program:run_step",
+        "components.train.step.program:run_step",
         "Train ONE model with a Horovod job of `workers` processes (local, an MPIJob or a "
         "TrainJob).",
     )

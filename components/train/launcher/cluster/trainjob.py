@@ -21,8 +21,8 @@ from components.common import defaults
 from components.common.crd import Crd
 from components.common.declare import elastic_backend_problem
 from components.common.failure import InputError
-from components.train.cluster import pods
-from components.train.cluster.job import (
+from components.train.launcher.cluster import pods
+from components.train.launcher.cluster.job import (
     APP_LABELS,
     LABEL_ROLE,
     SPEC_ANNOTATION,
@@ -30,7 +30,7 @@ from components.train.cluster.job import (
     ClusterJobParams,
     job_metadata,
 )
-from components.train.step_parameters import TrainStep
+from components.train.launcher.parameters import TrainStep
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = "v1alpha1"

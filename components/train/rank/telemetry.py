@@ -23,10 +23,10 @@ from typing import Any
 
 from components.common.board import Board
 from components.train.config import TrainConfig
-from components.train.data import RankPlan, coverage
-from components.train.devices import Devices, gpu_usage
-from components.train.held_input import InputClock
-from components.train.model import weights_fingerprint
+from components.train.rank.data import RankPlan, coverage
+from components.train.rank.devices import Devices, gpu_usage
+from components.train.rank.held_input import InputClock
+from components.train.rank.model import weights_fingerprint
 from components.train.summary import Record, RunSummary
 
 # A rank whose compute per step exceeds the others' median by more than this is a straggler.

@@ -17,17 +17,17 @@ from components.common import storage
 from components.common.defaults import GPU_RESOURCE
 from components.common.failure import InputError
 from components.train import summary
-from components.train.cluster import job
-from components.train.cluster.job import Choice, PodConfig
 from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
-from components.train.launch import run_local_job
-from components.train.preflight import check_job_before_launch
-from components.train.step_parameters import TrainStep
+from components.train.launcher.cluster import job
+from components.train.launcher.cluster.job import Choice, PodConfig
+from components.train.launcher.launch import run_local_job
+from components.train.launcher.parameters import TrainStep
+from components.train.launcher.preflight import check_job_before_launch
 from components.train.summary import RunSummary, coordination_report
 
 Log = Callable[[str], None]
 # The task config's fields that KFP passes to the step without applying them to its own pod
-# (`components.train.component.PASSTHROUGHS`).
+# (`components.train.step.component.PASSTHROUGHS`).
 PLACEMENT_ONLY = ("node_selector", "tolerations", "affinity", "volumes")
 FORCED = "training_backend forces it"
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -104,7 +104,7 @@ def train_on_cluster(
     run summary and backend."""
     from kubernetes import client
 
-    from components.train.cluster.run import default_api_client, run_job
+    from components.train.launcher.cluster.run import default_api_client, run_job
 
     api_client = None
     chosen = Choice(step.training_backend, FORCED)
