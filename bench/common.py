@@ -1,5 +1,5 @@
 """Shared pieces of the benchmarks: medians, the JSON record, datasets, running real jobs
-(through `standins.jobs`).
+(through `standins.commands`).
 
 Every benchmark repeats its measurements, interleaving the variants it compares (A B A B ...)
 so that drift on a shared machine hits all of them alike, and reports medians and ratios.
@@ -30,7 +30,7 @@ from components.data_prep.prep import prepare
 from components.train import summary
 from components.train.config import TrainConfig, to_argv
 from components.train.launcher.launch import YIELD_WHEN_IDLE, job_environment
-from standins.jobs import JobResult, run_job, static_command
+from standins.commands import CommandResult, run_command, static_command
 
 RESULTS_DIR = Path(__file__).with_name("results")
 SCHEMA = "kfp-horovod/bench/v1"
@@ -346,14 +346,14 @@ def run_trainer(
     edit: Edit | None = None,
     module: str | None = None,
     python: str | None = None,
-) -> tuple[JobResult, dict[str, Any]]:
+) -> tuple[CommandResult, dict[str, Any]]:
     """Run the project's trainer (or `module`, a rank program wrapping it: `bench.variants`)
     as one Horovod job (see `horovod_command`). `env` is added to this process's environment.
     Returns the job and its run_summary."""
     job_env = local_job_env(workers, env)
     module = module or "components.train.rank"
     command = horovod_command(workers, module, args, controller, edit, python)
-    result = run_job(command, job_env)
+    result = run_command(command, job_env)
     output = Path(args[args.index("--output") + 1])
     return result, dataclasses.asdict(summary.read(str(output / "run_summary.json")))
 

@@ -27,7 +27,7 @@ from bench.common import (
     write_result,
 )
 from components.common.defaults import EPOCHS
-from standins.jobs import JobResult, run_job
+from standins.commands import CommandResult, run_command
 
 NAME = "pipeline_overhead"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -37,7 +37,7 @@ TRAINING_START = "ONE Horovod job"
 EPOCH_CHECKPOINT = re.compile(r"checkpoint after epoch \d+ written")
 
 
-def segments(job: JobResult) -> dict[str, Any]:
+def segments(job: CommandResult) -> dict[str, Any]:
     """Task times, orchestration and training proper from one run's stamped output."""
     lines = [(t - job.started, ANSI.sub("", line)) for t, line in job.lines]
     tasks: dict[str, float] = {}
@@ -73,7 +73,7 @@ def measure(root: Path, workers: int, flags: list[str], round_no: int) -> dict[s
         sys.executable, "-m", "pipeline", "run-local", "--root", str(root / f"r{round_no}"),
         "--workers", str(workers), *flags,
     ]  # fmt: skip
-    return segments(run_job(command, timeout_s=1200))
+    return segments(run_command(command, timeout_s=1200))
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from bench.common import (
 )
 from components.common.defaults import MODEL
 from components.train import summary as run_summary
-from standins.jobs import collect, start_job
+from standins.commands import collect, start_command
 
 NAME = "scaling"
 DEFAULT_LAYOUTS = "1x1,2x1,1x2"
@@ -76,7 +76,7 @@ def two_copies(
         fields = {"batch_size_per_worker": batch_size, **model_fields(model)}
         args = trainer_args(data, output, 1, epochs, 1, **fields)
         command = horovod_command(1, "components.train.rank", args, python=python)
-        jobs.append((start_job(command, local_job_env(1)), output))
+        jobs.append((start_command(command, local_job_env(1)), output))
     rates = []
     for job, output in jobs:
         collect(job)

@@ -87,9 +87,9 @@ def _in_memory() -> None:
     trainer_data: list[str] = []
     plain_read = trainer.read_shard
 
-    def read_shard(job: Any) -> Any:
-        trainer_data[:] = [job.config.data]
-        return plain_read(job)
+    def read_shard(ctx: Any) -> Any:
+        trainer_data[:] = [ctx.config.data]
+        return plain_read(ctx)
 
     trainer.read_shard = read_shard
     trainer.make_dataset = from_memory
@@ -136,9 +136,9 @@ def _snapshots(out: Path, per_epoch: int) -> None:
     keras, plain = keras_env.keras(), trainer.callbacks
     out.mkdir(parents=True, exist_ok=True)
 
-    def with_snapshots(job: Any, trainee: Any, shard: Any) -> list[Any]:
-        callbacks = plain(job, trainee, shard)
-        if job.rank == 0:
+    def with_snapshots(ctx: Any, trainee: Any, shard: Any) -> list[Any]:
+        callbacks = plain(ctx, trainee, shard)
+        if ctx.rank == 0:
             callbacks.append(snapshot_callback(keras, out, per_epoch, shard.steps))
         return callbacks
 

@@ -46,7 +46,7 @@ from components.common.crd import Crd
 from components.train.config import TrainConfig
 from components.train.launcher.cluster.mpijob import MPIJOB
 from components.train.launcher.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
-from standins.jobs import rank_processes
+from standins.commands import rank_processes
 from standins.kmock_api import Emulator, Schema, served_schemas
 from standins.kmock_jobs import (
     MPIJOB_KIND,

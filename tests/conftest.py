@@ -233,7 +233,8 @@ LOCAL_RUN_FLAGS = [
 
 @dataclass(frozen=True)
 class LocalRun:
-    """One finished ``python -m pipeline run-local``: its root and its `standins.jobs.JobResult`."""
+    """One finished ``python -m pipeline run-local``: its root and its
+    `standins.commands.CommandResult`."""
 
     root: Path
     job: Any
@@ -248,10 +249,10 @@ class LocalRun:
 def run_local_pipeline(root: Path, *extra: str) -> LocalRun:
     """Run ``python -m pipeline run-local`` at `root` with `LOCAL_RUN_FLAGS` and `extra`; raises
     with the output's tail if it fails."""
-    from standins.jobs import run_job
+    from standins.commands import run_command
 
     command = [sys.executable, "-m", "pipeline", "run-local", "--root", str(root)]
-    return LocalRun(root, run_job([*command, *LOCAL_RUN_FLAGS, *extra], timeout_s=600))
+    return LocalRun(root, run_command([*command, *LOCAL_RUN_FLAGS, *extra], timeout_s=600))
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ from components.train.summary import parse
 from components.train.tests.cluster_jobs import complete, write_kubeconfig
 from pipeline.build import compile_pipeline
 from pipeline.checks import check_step
-from standins.jobs import RunningJob
+from standins.commands import StartedCommand
 from standins.kmock_cluster import (
     NS,
     TRAINJOB_KIND,
@@ -183,7 +183,7 @@ class Step:
             [*container["command"], *args], cwd=REPO, env=self._env(cluster),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
-        self.job = RunningJob(self.proc, time.monotonic())
+        self.job = StartedCommand(self.proc, time.monotonic())
         Step.started.append(self)
 
     @property

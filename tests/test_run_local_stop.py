@@ -2,7 +2,7 @@
 or an IDE's stop button sends), Ctrl-C to its process group, and SIGTERM to the train step's own
 program each end everything the run started (the KFP executor, mpirun, both ranks, the heartbeat
 watch) within `local_run.STOP_GRACE_S`, in one line. Leftovers are found by an environment mark
-every process of the run inherits (`standins.jobs.marked_processes`), wherever a process was
+every process of the run inherits (`standins.commands.marked_processes`), wherever a process was
 reparented: before, the executor, mpirun and both ranks were left training under PID 1.
 
 Real runs: the real pipeline with kfp.local, a real 2-rank mpirun job of the ``small`` model."""
@@ -21,7 +21,7 @@ import pytest
 
 from components.common.failure import SIGNAL_BASE, ExitCode
 from pipeline.local_run import STOP_GRACE_S
-from standins.jobs import marked_env, marked_processes
+from standins.commands import marked_env, marked_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.horovod]
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ from bench.faults.runs import (
     GCS_SHARE,
     JOB_TIMEOUT_S,
     Bench,
-    Job,
+    LaunchThread,
     emulator_env,
     gcs_host,
     progress_at,
@@ -72,8 +72,8 @@ def _gcs_chain(b: Bench, proxy: Any, bucket: str, counter: _Retries) -> dict[str
         return out
 
     step("data_prep", lambda: b.prepare(data))
-    job = Job(config, b.env(**emulator_env(proxy.url)))
-    step("train", job.succeed, lambda: _retry_lines(job))
+    run = LaunchThread(config, b.env(**emulator_env(proxy.url)))
+    step("train", run.succeed, lambda: _retry_lines(run))
     summary = run_summary.read(config.summary_uri)
     scores = step("evaluate", lambda: evaluate(summary.model_uri, data))
     decision = step("register", lambda: register(
@@ -85,9 +85,9 @@ def _gcs_chain(b: Bench, proxy: Any, bucket: str, counter: _Retries) -> dict[str
     return steps
 
 
-def _retry_lines(job: Job) -> int:
+def _retry_lines(run: LaunchThread) -> int:
     """The storage layer's retry lines the job's ranks printed."""
-    return sum(1 for _, line in job.lines if storage.RETRY_LINE.search(line))
+    return sum(1 for _, line in run.lines if storage.RETRY_LINE.search(line))
 
 
 def gcs_transient(b: Bench) -> dict[str, Any]:
@@ -127,11 +127,11 @@ def _mpijob_params(b: Bench, bucket: str, run_id: str) -> Any:
 
 def _run_mpijob(cluster: Any, p: Any, log: Any) -> Any:
     """`run_job` of the MPIJob backend against the kmock `cluster`."""
-    from components.train.launcher.cluster.mpijob import BACKEND
+    from components.train.launcher.cluster.mpijob import JOB_KIND
     from components.train.launcher.cluster.run import run_job
     from standins.kmock_cluster import NS
 
-    return run_job(BACKEND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2, log=log)
+    return run_job(JOB_KIND, p, namespace=NS, api_client=cluster.api, poll_interval_s=0.2, log=log)
 
 
 class _PodLost(BaseException):
@@ -197,7 +197,7 @@ def _alive(pid: int) -> bool:
 
 def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
     """Run the job and cancel it mid-training; what was left, and when it was all gone."""
-    from components.train.launcher.cluster.job import JobCancelled
+    from components.train.launcher.cluster.job import ClusterJobCancelled
 
     sent: list[float] = []
 
@@ -208,7 +208,7 @@ def _cancel_once(b: Bench, cluster: Any, op: Any, p: Any) -> dict[str, Any]:
 
     op.play(script)
     gone_at = None
-    with contextlib.suppress(JobCancelled):
+    with contextlib.suppress(ClusterJobCancelled):
         _run_mpijob(cluster, p, lambda _: None)
     if sent:
         gone_at = time.monotonic()

@@ -13,17 +13,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.faults.runs import STALL_ENV, Bench, Job, progress_at, record, resumed_epoch
+from bench.faults.runs import STALL_ENV, Bench, LaunchThread, progress_at, record, resumed_epoch
 from components.train.config import TrainConfig
 from standins.outputs import half_written, models_exported
 
 
-def _signal_rank_mid_epoch(job: Job, sig: int, rank: int = 1) -> tuple[float, int]:
+def _signal_rank_mid_epoch(run: LaunchThread, sig: int, rank: int = 1) -> tuple[float, int]:
     """Half an epoch after the 2nd checkpoint, send `sig` to `rank`; (when, its pid)."""
-    from standins.jobs import rank_processes
+    from standins.commands import rank_processes
 
-    second = job.wait_for(r"checkpoint after epoch 2 written")
-    first = job.first(r"checkpoint after epoch 1 written")
+    second = run.wait_for(r"checkpoint after epoch 2 written")
+    first = run.first(r"checkpoint after epoch 1 written")
     assert first is not None
     time.sleep(max(0.0, (second - first[0]) / 2 - (time.monotonic() - second)))
     pid = rank_processes(os.getpid())[rank].pid
@@ -33,7 +33,7 @@ def _signal_rank_mid_epoch(job: Job, sig: int, rank: int = 1) -> tuple[float, in
 
 def _rerun(b: Bench, config: TrainConfig, fault_at: float, lines: list[Any]) -> dict[str, Any]:
     """Run the job again (a retry); the common figures of a fault that the rerun recovers."""
-    rerun = Job(config, b.env()).start()
+    rerun = LaunchThread(config, b.env()).start()
     code = rerun.wait()
     resumed = resumed_epoch(rerun.lines)
     progress = progress_at(lines, fault_at)
@@ -50,7 +50,7 @@ def _rerun(b: Bench, config: TrainConfig, fault_at: float, lines: list[Any]) -> 
 def static_sigkill(b: Bench) -> dict[str, Any]:
     """A rank SIGKILLed mid-epoch of a static job; the job fails, a rerun resumes."""
     config = b.config(b.data, str(b.out("static_sigkill")), b.epochs)
-    first = Job(config, b.env()).start()
+    first = LaunchThread(config, b.env()).start()
     killed_at, pid = _signal_rank_mid_epoch(first, signal.SIGKILL)
     code = first.wait()
     figures = _rerun(b, config, killed_at, first.lines)
@@ -68,10 +68,10 @@ def elastic_sigkill(b: Bench) -> dict[str, Any]:
     """A rank SIGKILLed mid-epoch of an elastic job of 3 (at least 2): it goes on with 2."""
     out = b.out("elastic_sigkill")
     config = replace(b.config(b.data, str(out), b.epochs), workers=3, min_workers=2)
-    job = Job(config, b.env()).start()
-    killed_at, pid = _signal_rank_mid_epoch(job, signal.SIGKILL)
-    code = job.wait()
-    went_on = job.first(WENT_ON)
+    run = LaunchThread(config, b.env()).start()
+    killed_at, pid = _signal_rank_mid_epoch(run, signal.SIGKILL)
+    code = run.wait()
+    went_on = run.first(WENT_ON)
     done_before = int(went_on[1].group(2)) - 1 if went_on else 0  # epochs kept at the loss
     summary_path = out / "run_summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -85,11 +85,11 @@ def elastic_sigkill(b: Bench) -> dict[str, Any]:
     )  # fmt: skip
     return record(
         "elastic_sigkill", b.trial, survived,
-        epochs_lost=progress_at(job.lines, killed_at) - done_before,
+        epochs_lost=progress_at(run.lines, killed_at) - done_before,
         time_to_recover_s=went_on[0] - killed_at if went_on else float("nan"),
         models_exported=models_exported(config.output), half_written=half_written(config.output),
         killed_rank=1, killed_pid=pid, exit=code, world_sizes=sizes,
-        epochs_covered_exactly_once=len(covered), job_seconds=round(job.ended - job.started, 2),
+        epochs_covered_exactly_once=len(covered), job_seconds=round(run.ended - run.started, 2),
     )  # fmt: skip
 
 
@@ -102,7 +102,7 @@ def sigstop(b: Bench) -> dict[str, Any]:
     from components.train.rank.heartbeat import period_for
 
     config = b.config(b.data, str(b.out("sigstop")), b.epochs)
-    first = Job(config, b.env(**STALL_ENV)).start()
+    first = LaunchThread(config, b.env(**STALL_ENV)).start()
     stopped_at, pid = _signal_rank_mid_epoch(first, signal.SIGSTOP)
     code = first.wait()
     named = ended = first.first(r"mpiwatch: the job failed: rank 1 on ")
@@ -126,14 +126,14 @@ def _damaged(b: Bench, fault: str, damage: Callable[[Path], None], resumes: int)
     out = b.out(fault)
     shutil.copytree(b.base_checkpoints(), out / "checkpoints")
     damage(out / "checkpoints")
-    job = Job(b.config(b.data, str(out), 3), b.env()).start()
-    code = job.wait()
-    said = [line for _, line in job.lines if "; resuming from epoch" in line]
-    resumed = resumed_epoch(job.lines)
+    run = LaunchThread(b.config(b.data, str(out), 3), b.env()).start()
+    code = run.wait()
+    said = [line for _, line in run.lines if "; resuming from epoch" in line]
+    resumed = resumed_epoch(run.lines)
     survived = code == 0 and len(said) == 1 and resumed is not None and resumed[1] == resumes
     return record(
         fault, b.trial, survived, epochs_lost=2 - (resumed[1] if resumed else 0),
-        time_to_recover_s=(resumed[0] if resumed else job.ended) - job.started,
+        time_to_recover_s=(resumed[0] if resumed else run.ended) - run.started,
         models_exported=models_exported(str(out)), half_written=half_written(str(out)),
         exit=code, resumed_from_epoch=resumed[1] if resumed else None,
         said=said[0].split("] ", 1)[-1] if said else None,

@@ -38,7 +38,7 @@ RESUME_LINE = re.compile(r"resuming from checkpoint after epoch (\d+) of")
 
 
 @dataclass
-class Job:
+class LaunchThread:
     """`launch.run_local` in a thread; `lines` are (monotonic time, line) as they arrive."""
 
     config: TrainConfig
@@ -48,7 +48,7 @@ class Job:
     started: float = 0.0
     ended: float = 0.0
 
-    def start(self) -> Job:
+    def start(self) -> LaunchThread:
         from components.train.launcher.launch import run_local
 
         def run() -> None:
@@ -68,7 +68,7 @@ class Job:
             raise RuntimeError(f"job did not finish: {self.tail()}")
         return self.code
 
-    def succeed(self) -> Job:
+    def succeed(self) -> LaunchThread:
         """Start, wait; raise with the output's tail unless the job succeeds."""
         if self.start().wait() != 0:
             raise RuntimeError(f"the job failed: {self.tail()}")
@@ -186,7 +186,7 @@ class Bench:
         if self._base is None:
             out = self.work / "base-run"
             shutil.rmtree(out, ignore_errors=True)
-            Job(self.config(self.data, str(out), 2), self.env()).succeed()
+            LaunchThread(self.config(self.data, str(out), 2), self.env()).succeed()
             self._base = out / "checkpoints"
         return self._base
 

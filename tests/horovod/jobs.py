@@ -16,7 +16,7 @@ from pathlib import Path
 
 from components.train.launcher import launch as project
 from components.train.launcher.mpiwatch import kill_job
-from standins.jobs import static_command
+from standins.commands import static_command
 from tests.horovod import (
     callback_checks,
     collectives,

@@ -66,8 +66,9 @@ def test_an_expected_error_ends_with_its_own_exit_code() -> None:
     """A started run that failed (the CLI of run-local and the train step's cluster job) is not
     bad input: its code is the table's RUN_FAILED."""
     proc = run_step(
-        "from components.train.launcher.cluster.job import JobFailed; "
-        "raise JobFailed('MPIJob ns/x', 'BackoffLimitExceeded', 'launcher failed', ['a', 'b'])"
+        "from components.train.launcher.cluster.job import ClusterJobFailed; "
+        "raise ClusterJobFailed("
+        "'MPIJob ns/x', 'BackoffLimitExceeded', 'launcher failed', ['a', 'b'])"
     )
     assert proc.returncode == ExitCode.RUN_FAILED
     assert proc.stderr.splitlines() == [

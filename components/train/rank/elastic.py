@@ -24,7 +24,7 @@ from components.common import keras_env
 from components.train.rank import trainer
 from components.train.rank.data import coverage
 from components.train.rank.gloo_timeout import GLOO_TIMEOUT_ENV, JOIN_GLOO_TIMEOUT_S
-from components.train.rank.trainer import Job, Trainee
+from components.train.rank.trainer import RankContext, Trainee
 
 # Larger than any job's step count: Horovod's CommitStateCallback then commits at epoch ends
 # only, so an epoch never straddles two world sizes.
@@ -36,34 +36,34 @@ def world_entry(epoch: int, size: int, why: str) -> dict[str, Any]:
     return {"epoch": epoch, "world_size": size, "when": when, "why": why}
 
 
-def train_elastic(job: Job) -> int:
+def train_elastic(ctx: RankContext) -> int:
     """Build (maybe resume) the model, train it elastically, export the one model."""
     from horovod.common.exceptions import HostsUpdatedInterrupt
 
-    hvd, config = job.hvd, job.config
+    hvd, config = ctx.hvd, ctx.config
     # Gloo reads its timeout at each reset: the job's (the launcher's bound on a lost rank's
     # stall) after a loss, Horovod's default before a join, whose worker starts only then.
     bound = os.environ.get(GLOO_TIMEOUT_ENV)
-    trainee = trainer.build_or_resume(job)
+    trainee = trainer.build_or_resume(ctx)
     start = "resumed from the checkpoint" if trainee.resume else "start"
     state = hvd.elastic.KerasState(
         trainee.model,
         trainee.model.optimizer,
         epoch=trainee.initial_epoch,
         metrics=dict(trainee.resume.metrics) if trainee.resume else {},
-        history=[world_entry(trainee.initial_epoch, job.size, start)],
+        history=[world_entry(trainee.initial_epoch, ctx.size, start)],
         epochs=[],
     )
     why = ["start"]
 
     def on_reset() -> None:
-        trainer.rank_logger(job.rank, job.size)  # relabel this rank's lines
-        state.history = [*state.history, world_entry(state.epoch, job.size, why[0])]
+        trainer.rank_logger(ctx.rank, ctx.size)  # relabel this rank's lines
+        state.history = [*state.history, world_entry(state.epoch, ctx.size, why[0])]
         state.save()  # else the sync that follows puts back the history of the last commit
-        job.log.info(
+        ctx.log.info(
             "elastic: %s; the job goes on as ONE job of %d workers from epoch %d of %d",
             why[0],
-            job.size,
+            ctx.size,
             state.epoch + 1,
             config.epochs,
         )
@@ -73,7 +73,7 @@ def train_elastic(job: Job) -> int:
     @hvd.elastic.run  # type: ignore[misc]
     def attempt(state: Any) -> tuple[Any, int]:
         try:
-            return _attempt(job, trainee, state)
+            return _attempt(ctx, trainee, state)
         except HostsUpdatedInterrupt:
             why[0] = "the hosts changed (host discovery)"
             if bound is not None:
@@ -102,18 +102,18 @@ def train_elastic(job: Job) -> int:
             "covers_all": all(e["covers_all"] for e in epochs),
             "epochs_checked": len(epochs),
         }
-    return trainer.export(job, trainee, shard, dict(state.metrics), first, **extra)
+    return trainer.export(ctx, trainee, shard, dict(state.metrics), first, **extra)
 
 
-def _attempt(job: Job, trainee: Trainee, state: Any) -> tuple[Any, int]:
+def _attempt(ctx: RankContext, trainee: Trainee, state: Any) -> tuple[Any, int]:
     """One attempt at the epochs left in the world as it is now; the static job's callbacks
     and fit, the state's own after them."""
     from horovod.tensorflow import allgather_object
 
-    shard = trainer.agree_to_train(job)
+    shard = trainer.agree_to_train(ctx)
     optimizer, start = trainee.model.optimizer, state.epoch
-    adam = job.adam
-    if start < job.config.warmup_epochs:  # warmup sets the learning rate itself until then
+    adam = ctx.adam
+    if start < ctx.config.warmup_epochs:  # warmup sets the learning rate itself until then
         adam["learning_rate"] = float(optimizer.learning_rate.numpy())
     for name, value in adam.items():  # this world size's settings (lr_scaling)
         setattr(optimizer, name, value)
@@ -123,17 +123,17 @@ def _attempt(job: Job, trainee: Trainee, state: Any) -> tuple[Any, int]:
 
     def record_epoch(epoch: int, logs: Any) -> None:
         blocks = allgather_object((shard.start, shard.stop))
-        entry = {"epoch": epoch + 1, "world_size": job.size, **coverage(blocks, shard.total)}
+        entry = {"epoch": epoch + 1, "world_size": ctx.size, **coverage(blocks, shard.total)}
         # Assign, never mutate: KerasState keeps the committed values by reference.
         state.epochs = [*state.epochs, entry]
         state.metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
         state.epoch = epoch + 1
 
-    commit = job.hvd.elastic.CommitStateCallback(state, COMMIT_AT_EPOCH_ENDS_ONLY)
+    commit = ctx.hvd.elastic.CommitStateCallback(state, COMMIT_AT_EPOCH_ENDS_ONLY)
     found = [
-        *trainer.callbacks(job, trainee, shard),
+        *trainer.callbacks(ctx, trainee, shard),
         keras.callbacks.LambdaCallback(on_epoch_end=record_epoch),
         commit,
     ]
-    trainer.fit(job, trainee, shard, found, start)
+    trainer.fit(ctx, trainee, shard, found, start)
     return shard, start

@@ -58,7 +58,7 @@ class AllRanksError(ExpectedError):
 
 
 @dataclass
-class Job:
+class RankContext:
     """This rank of the job: what every step of the checklist needs."""
 
     config: TrainConfig
@@ -108,7 +108,7 @@ class Trainee:
         return self.resume.epoch if self.resume else 0
 
 
-def run(config: TrainConfig, train: Callable[[Job], int] | None = None) -> int:
+def run(config: TrainConfig, train: Callable[[RankContext], int] | None = None) -> int:
     """Run this rank's part of the job (`train`: the elastic loop, else `train_static`).
     Returns the process exit code."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -144,74 +144,76 @@ def run(config: TrainConfig, train: Callable[[Job], int] | None = None) -> int:
     devices = configure_devices(tf, hvd.local_rank(), hvd.local_size(), threads, quiet=quiet)
     try:
         with tempfile.TemporaryDirectory(prefix="kfp-horovod-") as workdir:
-            return (train or train_static)(Job(config, hvd, tf, log, devices, Path(workdir)))
+            return (train or train_static)(
+                RankContext(config, hvd, tf, log, devices, Path(workdir))
+            )
     except AllRanksError as exc:
         if rank == 0:
             log.error("training failed: %s", exc)
         return exc.exit_code
 
 
-def train_static(job: Job) -> int:
+def train_static(ctx: RankContext) -> int:
     """Steps 3 to 8 of the checklist, for a job of a fixed size."""
-    plan = agree_to_train(job)
-    trainee = build_or_resume(job)
-    metrics = fit(job, trainee, plan, callbacks(job, trainee, plan), trainee.initial_epoch)
+    plan = agree_to_train(ctx)
+    trainee = build_or_resume(ctx)
+    metrics = fit(ctx, trainee, plan, callbacks(ctx, trainee, plan), trainee.initial_epoch)
     if not metrics and trainee.resume:
         metrics = dict(trainee.resume.metrics)
-    return export(job, trainee, plan, metrics, trainee.initial_epoch)
+    return export(ctx, trainee, plan, metrics, trainee.initial_epoch)
 
 
 # 3. This rank's shard ------------------------------------------------------------------------
 
 
-def agree_to_train(job: Job) -> RankPlan:
+def agree_to_train(ctx: RankContext) -> RankPlan:
     """This rank's shard, once every rank has found it can train (`devices_problem`,
     `read_shard`, `exported_model_problem`): every rank learns whether any rank failed before
     anyone trains (an AllRanksError on every rank, rank 0 saying why)."""
     from horovod.tensorflow import allgather_object
 
     shard: RankPlan | None = None
-    error = devices_problem(job)
+    error = devices_problem(ctx)
     if error is None:
         try:
-            shard = read_shard(job)
-            error = exported_model_problem(job)
+            shard = read_shard(ctx)
+            error = exported_model_problem(ctx)
         except (dataset.DataError, ValueError) as exc:
             error = str(exc)
     errors = allgather_object(error)  # nobody waits for a rank that gave up
     if any(errors):
         first = next(e for e in errors if e)
         if error and error != first:  # rank 0 reports `first` once, for every rank that shares it
-            job.log.error("cannot train: %s", error)
+            ctx.log.error("cannot train: %s", error)
         failed = sum(1 for e in errors if e)
-        raise AllRanksError(f"{failed} of {job.size} ranks cannot train: {first}")
+        raise AllRanksError(f"{failed} of {ctx.size} ranks cannot train: {first}")
     assert shard is not None
-    _log_plan(job, shard)
+    _log_plan(ctx, shard)
     return shard
 
 
-def devices_problem(job: Job) -> str | None:
+def devices_problem(ctx: RankContext) -> str | None:
     """Why this rank cannot train on the GPUs the job asked for, or None: a job that asked for
     GPUs trains on them or not at all."""
-    if job.config.gpus_per_worker <= 0:
+    if ctx.config.gpus_per_worker <= 0:
         return None
     from components.train.rank.cuda import missing_cuda_libraries
 
-    local_size, found = int(job.hvd.local_size()), job.devices.gpus_found
+    local_size, found = int(ctx.hvd.local_size()), ctx.devices.gpus_found
     missing = list(missing_cuda_libraries())
-    return gpu_problem(job.config.gpus_per_worker, local_size, found, missing)
+    return gpu_problem(ctx.config.gpus_per_worker, local_size, found, missing)
 
 
-def read_shard(job: Job) -> RankPlan:
+def read_shard(ctx: RankContext) -> RankPlan:
     """This rank's shard of the training split, planned once the workers' identity is found to
     read the data (rank 0: and to write where the job does), each of its shard files found (a
     local one's sha256 checked) and its first record found to hold what the manifest says;
     DataError or ValueError says why not."""
-    config = job.config
-    storage_access.check_job(config, writes=job.rank == 0)
-    plan = plan_rank(job.manifest, config.batch_size_per_worker, job.rank, job.size)
+    config = ctx.config
+    storage_access.check_job(config, writes=ctx.rank == 0)
+    plan = plan_rank(ctx.manifest, config.batch_size_per_worker, ctx.rank, ctx.size)
     for piece in plan.pieces:
-        job.shards.check(piece.uri, piece.sha256)
+        ctx.shards.check(piece.uri, piece.sha256)
     with ThreadPoolExecutor(max_workers=8) as pool:  # a GCS shard's first record: one request
         problems = pool.map(
             lambda p: first_record_problem(p.uri, p.sha256, plan.image, len(plan.classes)),
@@ -223,10 +225,10 @@ def read_shard(job: Job) -> RankPlan:
     return plan
 
 
-def exported_model_problem(job: Job) -> str | None:
+def exported_model_problem(ctx: RankContext) -> str | None:
     """On rank 0, why the job must not train: a model is already exported at its model URI."""
-    uri = job.config.model_uri
-    if job.rank == 0 and storage.exists(storage.join(uri, SAVED_MODEL_PB)):
+    uri = ctx.config.model_uri
+    if ctx.rank == 0 and storage.exists(storage.join(uri, SAVED_MODEL_PB)):
         return f"{uri}: a model is already exported there; refusing to overwrite"
     return None
 
@@ -234,16 +236,16 @@ def exported_model_problem(job: Job) -> str | None:
 # 4. Model and 5. optimizer -------------------------------------------------------------------
 
 
-def build_or_resume(job: Job) -> Trainee:
+def build_or_resume(ctx: RankContext) -> Trainee:
     """Build the model with its optimizer; rank 0 finds the latest checkpoint and broadcasts it
     (an elastic job: every rank reads it, no collective before its loop); every rank restores."""
     from horovod.tensorflow import broadcast_object
 
-    config = job.config
+    config = ctx.config
     resume: checkpoints.CheckpointInfo | str | None = None
-    if job.rank == 0 or config.elastic:
+    if ctx.rank == 0 or config.elastic:
         try:
-            resume = checkpoints.latest(config.checkpoint_uri, job.log)
+            resume = checkpoints.latest(config.checkpoint_uri, ctx.log)
         except checkpoints.CheckpointError as exc:  # committed, none usable: never start over
             resume = str(exc)
     if not config.elastic:
@@ -257,17 +259,17 @@ def build_or_resume(job: Job) -> Trainee:
     try:
         if problem:  # every rank has the same marker: every rank stops here
             raise ModelChoiceError(problem)
-        image, classes = job.manifest.image, job.manifest.classes
+        image, classes = ctx.manifest.image, ctx.manifest.classes
         model = build_model(config.seed, config.model, config.augment, image.shape, len(classes))
     except ModelChoiceError as exc:  # every rank builds the same: every rank stops here
         raise AllRanksError(str(exc)) from exc
-    job.log.info(
+    ctx.log.info(
         "model %s: %s parameters; augmentation %s",
         config.model,
         f"{model.count_params():,}",
         "on (training only)" if config.augment else "off",
     )
-    optimizer = distributed_optimizer(job)
+    optimizer = distributed_optimizer(ctx)
     # No XLA: the Horovod build has no XLA kernels (make/horovod/patches/0001), and Keras 3's
     # "auto" picks XLA wherever a GPU is.
     model.compile(
@@ -279,38 +281,38 @@ def build_or_resume(job: Job) -> Trainee:
     # Built now, not in the first step: a checkpoint restores every slot, and the broadcast (or
     # the elastic state) covers them.
     optimizer.build(model.trainable_variables)
-    ckpt = job.tf.train.Checkpoint(model=model, optimizer=optimizer)
+    ckpt = ctx.tf.train.Checkpoint(model=model, optimizer=optimizer)
     if resume:
         try:
-            checkpoints.restore(ckpt, config.checkpoint_uri, resume, job.workdir)
+            checkpoints.restore(ckpt, config.checkpoint_uri, resume, ctx.workdir)
         except checkpoints.CheckpointError as exc:  # every rank restores: every rank stops
             raise AllRanksError(str(exc)) from exc
-        job.log.info("resuming from checkpoint after epoch %d of %d", resume.epoch, config.epochs)
+        ctx.log.info("resuming from checkpoint after epoch %d of %d", resume.epoch, config.epochs)
     return Trainee(model, ckpt, resume)
 
 
-def distributed_optimizer(job: Job) -> Any:
+def distributed_optimizer(ctx: RankContext) -> Any:
     """Adam at this world size's settings, in Horovod's DistributedOptimizer (which averages
     the gradients every step), its allreduce timed by the telemetry. Mixed precision: Adam in
     Keras's LossScaleOptimizer, whose skip of an overflowed step every rank takes alike (the
     gradients are averaged before its check: make/horovod/patches/0003)."""
-    optimizer = fused_adam(**job.adam)
-    if job.config.mixed_precision:
+    optimizer = fused_adam(**ctx.adam)
+    if ctx.config.mixed_precision:
         optimizer = keras_env.keras().optimizers.LossScaleOptimizer(optimizer)
-    return job.telemetry.clock.wrap(job.hvd.DistributedOptimizer(optimizer))
+    return ctx.telemetry.clock.wrap(ctx.hvd.DistributedOptimizer(optimizer))
 
 
 # 6. Callbacks --------------------------------------------------------------------------------
 
 
-def callbacks(job: Job, trainee: Trainee, shard: RankPlan) -> list[Any]:
+def callbacks(ctx: RankContext, trainee: Trainee, shard: RankPlan) -> list[Any]:
     """Horovod's broadcast, metric averaging and warmup; the telemetry; rank 0's checkpoints.
 
     An elastic job has no broadcast callback: its state's sync broadcasts rank 0's weights at
     the start of every attempt.
     """
-    hvd, config, keras = job.hvd, job.config, keras_env.keras()
-    telemetry = job.telemetry
+    hvd, config, keras = ctx.hvd, ctx.config, keras_env.keras()
+    telemetry = ctx.telemetry
     # The telemetry keeps each rank's own metrics before they are averaged, and checks after.
     found: list[Any] = [
         telemetry.own_metrics_callback(keras),
@@ -321,7 +323,7 @@ def callbacks(job: Job, trainee: Trainee, shard: RankPlan) -> list[Any]:
     if config.warmup_epochs > 0:
         found.append(
             hvd.callbacks.LearningRateWarmupCallback(
-                initial_lr=job.adam["learning_rate"],
+                initial_lr=ctx.adam["learning_rate"],
                 warmup_epochs=config.warmup_epochs,
                 steps_per_epoch=shard.steps,
             )
@@ -329,12 +331,12 @@ def callbacks(job: Job, trainee: Trainee, shard: RankPlan) -> list[Any]:
     found.append(telemetry.callback(keras, shard, config.epochs))
     # no wait for tf.data at the end of fit; the telemetry times each step's wait for its batch
     found.append(held_input.hold_callback(keras, telemetry.input_clock))
-    if job.rank == 0:
+    if ctx.rank == 0:
 
         def checkpoint(epoch: int, logs: Any) -> None:
             metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
             checkpoints.save(trainee.ckpt, config.checkpoint_uri, epoch + 1, metrics, config.model)
-            job.log.info(
+            ctx.log.info(
                 "checkpoint after epoch %d written to %s", epoch + 1, config.checkpoint_uri
             )
 
@@ -346,16 +348,16 @@ def callbacks(job: Job, trainee: Trainee, shard: RankPlan) -> list[Any]:
 
 
 def fit(
-    job: Job, trainee: Trainee, shard: RankPlan, with_callbacks: list[Any], start: int
+    ctx: RankContext, trainee: Trainee, shard: RankPlan, with_callbacks: list[Any], start: int
 ) -> dict[str, float]:
     """Train the epochs after `start`; the last epoch's metrics ({} if none were left)."""
-    config = job.config
+    config = ctx.config
     if start >= config.epochs:
-        job.log.info("the checkpoint already covers all %d epochs; exporting it", config.epochs)
+        ctx.log.info("the checkpoint already covers all %d epochs; exporting it", config.epochs)
         return {}
     epochs = range(start, config.epochs)
-    threads = job.devices.threads
-    data = make_dataset(job.tf, shard, config.seed, job.rank, epochs, threads)
+    threads = ctx.devices.threads
+    data = make_dataset(ctx.tf, shard, config.seed, ctx.rank, epochs, threads)
     history = trainee.model.fit(
         data,
         epochs=config.epochs,
@@ -372,7 +374,7 @@ def fit(
 
 
 def export(
-    job: Job,
+    ctx: RankContext,
     trainee: Trainee,
     shard: RankPlan,
     metrics: dict[str, float],
@@ -381,23 +383,23 @@ def export(
 ) -> int:
     """Every rank shares what it did; rank 0 exports the one model and the run summary (with
     `extra`'s fields: an elastic job's)."""
-    config = job.config
-    summary = job.telemetry.run_summary(
+    config = ctx.config
+    summary = ctx.telemetry.run_summary(
         config,
         shard,
         trainee.model,
         resumed_from_epoch=trainee.initial_epoch,
-        adam=job.adam,
+        adam=ctx.adam,
         final_metrics=metrics,
     )
     if summary is None:  # not rank 0
         return ExitCode.OK
     for name, value in extra.items():
         setattr(summary, name, value)
-    summary.saved_model_sha256 = save_model(trainee.model, config.model_uri, job.manifest)
+    summary.saved_model_sha256 = save_model(trainee.model, config.model_uri, ctx.manifest)
     write(config.summary_uri, summary)
     for line in coordination_lines(summary):
-        job.log.info("%s", line)
+        ctx.log.info("%s", line)
     return ExitCode.OK
 
 
@@ -430,11 +432,11 @@ def rank_logger(rank: int, size: int) -> logging.Logger:
     return logger
 
 
-def _log_plan(job: Job, shard: RankPlan) -> None:
+def _log_plan(ctx: RankContext, shard: RankPlan) -> None:
     """Rank 0 says, in plain words, what the job is about to do."""
-    config, size, hvd = job.config, job.size, job.hvd
-    lr = lr_formula(config.lr_scaling, config.learning_rate, size, job.adam["learning_rate"])
-    job.log.info(
+    config, size, hvd = ctx.config, ctx.size, ctx.hvd
+    lr = lr_formula(config.lr_scaling, config.learning_rate, size, ctx.adam["learning_rate"])
+    ctx.log.info(
         "ONE Horovod job: %d workers (%s local per host, formed by the %s controller) train ONE "
         "model together. Each rank reads a disjoint 1/%d of the %d training samples and runs %d "
         "steps per epoch; gradients are averaged every step; rank 0 alone logs, checkpoints and "
@@ -446,7 +448,7 @@ def _log_plan(job: Job, shard: RankPlan) -> None:
         shard.total,
         shard.steps,
     )
-    job.log.info(
+    ctx.log.info(
         "global batch %d = %d workers x %d; learning rate %s, warmed up over %d epoch(s); "
         "device %s, %d thread(s) per worker",
         config.batch_size_per_worker * size,
@@ -454,15 +456,15 @@ def _log_plan(job: Job, shard: RankPlan) -> None:
         config.batch_size_per_worker,
         lr,
         config.warmup_epochs,
-        job.devices.device,
-        job.devices.threads,
+        ctx.devices.device,
+        ctx.devices.threads,
     )
     classes = shard.classes
     named = ", ".join(classes[:5]) + (f", … ({len(classes)} in all)" if len(classes) > 5 else "")
-    job.log.info(
+    ctx.log.info(
         "data: %s images of %d classes (%s), streamed from %d shard file(s) of the train split",
         shard.image.describe(),
         len(classes),
         named,
-        len(job.manifest.shards("train")),
+        len(ctx.manifest.shards("train")),
     )

@@ -14,7 +14,7 @@ import yaml
 from components.common.crd import Crd
 from components.train.config import TrainConfig
 from components.train.launcher.cluster.job import (
-    Backend,
+    ClusterJobKind,
     ClusterJobParams,
     PodConfig,
     backend,
@@ -57,12 +57,14 @@ def make_params(bucket: str = "gs://bkt", **overrides: Any) -> ClusterJobParams:
     )
 
 
-def pair(name: str) -> tuple[Backend, Kind]:
-    """Backend `name` and the stand-in of its operator."""
+def pair(name: str) -> tuple[ClusterJobKind, Kind]:
+    """The kind of job backend `name` runs, and the stand-in of its operator."""
     return backend(name), KINDS[name]
 
 
-def run(cluster: Cluster, b: Backend, p: Any, log: Callable[[str], None], **kw: Any) -> RunSummary:
+def run(
+    cluster: Cluster, b: ClusterJobKind, p: Any, log: Callable[[str], None], **kw: Any
+) -> RunSummary:
     """`run_job` of `p` on backend `b` against `cluster`, polling fast."""
     return run_job(b, p, namespace=NS, api_client=cluster.api, poll_interval_s=POLL, log=log, **kw)
 
@@ -94,7 +96,7 @@ def write_kubeconfig(path: Path, cluster: Cluster) -> Path:
     return path
 
 
-def store(cluster: Cluster, b: Backend, manifests: list[dict[str, Any]]) -> None:
+def store(cluster: Cluster, b: ClusterJobKind, manifests: list[dict[str, Any]]) -> None:
     """Store `manifests` (`b`'s shared objects, then its job) as an earlier attempt left them."""
     for crd, m in zip((*b.shared, b.crd), manifests, strict=True):
         cluster.custom.create_namespaced_custom_object(crd.group, crd.version, NS, crd.plural, m)

@@ -12,7 +12,7 @@ import pytest
 
 from components.data_prep.prep import prepare
 from components.train.launcher.launch import job_environment, local_command
-from standins.jobs import static_command
+from standins.commands import static_command
 
 AUDIT_SCRIPT = Path(__file__).with_name("audit_writes.py")
 JobRunner = Callable[..., subprocess.CompletedProcess]

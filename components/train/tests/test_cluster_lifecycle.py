@@ -22,7 +22,11 @@ from components.common import defaults, storage
 from components.common.crd import Crd
 from components.common.failure import SIGNAL_BASE
 from components.train.launcher.cluster import job as jobs
-from components.train.launcher.cluster.job import ClusterJobError, JobCancelled, JobFailed
+from components.train.launcher.cluster.job import (
+    ClusterJobCancelled,
+    ClusterJobError,
+    ClusterJobFailed,
+)
 from components.train.launcher.cluster.mpijob import MPIJOB
 from components.train.launcher.cluster.run import check_run
 from components.train.launcher.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
@@ -138,7 +142,7 @@ def test_failure_carries_reason_and_log_tail(
 
     op = Operator(cluster, kind)
     op.play(script)
-    with pytest.raises(JobFailed) as info:
+    with pytest.raises(ClusterJobFailed) as info:
         run(cluster, b, make_params(gcs_uri), lambda _: None)
     op.join()
 
@@ -165,7 +169,7 @@ def test_the_step_deletes_a_job_the_cluster_lets_run_past_its_deadline(
     op = Operator(cluster, kind)
     op.start(NAME)
     op.play(lambda op: op.collect(NAME))
-    with pytest.raises(JobFailed, match="DeadlineExceeded") as info:
+    with pytest.raises(ClusterJobFailed, match="DeadlineExceeded") as info:
         run(cluster, b, p, lambda _: None, deadline_grace_s=0.5)
     op.join()
     assert str(info.value).splitlines()[0] == (
@@ -198,7 +202,7 @@ def test_sigterm_deletes_the_job_and_waits_for_its_pods(
     op.play(script)
     what = b.what(NS, NAME)
     expect = rf"^cancelled; {what} deleted$" if collected else r"pods still present: .*-launcher-"
-    with pytest.raises(JobCancelled, match=expect) as cancelled:
+    with pytest.raises(ClusterJobCancelled, match=expect) as cancelled:
         run(
             cluster,
             b,
@@ -294,7 +298,7 @@ def test_the_task_pods_owns_the_job_built_once_and_checked_by_the_server(
     p = make_params(gcs_uri, owner_pod_name="train-task-pod")
     op = Operator(cluster, kind)
     op.play(lambda op: complete(op, NAME, op.start(op.wait_for_job())))
-    run(cluster, jobs.Backend(**{**b.__dict__, "build": build}), p, lambda _: None)
+    run(cluster, jobs.ClusterJobKind(**{**b.__dict__, "build": build}), p, lambda _: None)
     op.join()
     assert (build.call_count, check.call_count) == (1, 0)
     creates = [r for crd in (b.crd, *b.shared) for r in cluster.requests("POST", f"/{crd.plural}")]

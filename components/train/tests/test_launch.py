@@ -13,7 +13,7 @@ import pytest
 from components.train.launcher import launch
 from components.train.launcher.launch import LaunchError
 from components.train.launcher.log_dedup import RankLines
-from standins.jobs import static_command
+from standins.commands import static_command
 
 # Each rank: after hvd.init(), the CPUs each of its threads may run on. One write per line, as
 # the trainer's logging writes (mpirun tags each chunk a rank writes).

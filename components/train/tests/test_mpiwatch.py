@@ -25,7 +25,7 @@ from components.train.launcher.launch import job_environment, run_local
 from components.train.launcher.mpiwatch import Silence, expected_hosts
 from components.train.rank import heartbeat
 from components.train.rank.heartbeat import HEARTBEAT_ENV, MARK
-from standins.jobs import rank_processes
+from standins.commands import rank_processes
 from standins.waiting import HANG_S, join, wait_until
 
 RANK_PROGRAM = Path(__file__).with_name("beating_rank.py")

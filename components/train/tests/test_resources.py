@@ -10,7 +10,7 @@ import pytest
 
 from components.train.launcher import launch
 from components.train.rank.telemetry import EpochCost, advice, resource_use, step_split, straggler
-from standins.jobs import static_command
+from standins.commands import static_command
 
 
 def _cost(

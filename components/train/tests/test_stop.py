@@ -3,7 +3,7 @@ line and exit 128 + N: the heartbeat watch (``python -m components.train.launche
 launcher of a static job) over real mpirun, and elastic horovodrun (``python -m
 components.train.launcher.launch``) with its real driver. The ranks are small programs, not the
 trainer: what is tested is the processes. Leftovers are found by an environment mark every process
-started inherits (`standins.jobs.marked_processes`), wherever it was reparented."""
+started inherits (`standins.commands.marked_processes`), wherever it was reparented."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from components.train.launcher.launch import (
     job_environment,
 )
 from components.train.tests.test_mpiwatch import ROOT, mpirun, rank_pids
-from standins.jobs import marked_env, marked_processes
+from standins.commands import marked_env, marked_processes
 from standins.waiting import HANG_S, wait_until
 
 # An elastic rank that only sleeps: says its rank and pid, as the watch's test ranks do.

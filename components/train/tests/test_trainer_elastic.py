@@ -20,7 +20,7 @@ import pytest
 from components.data_prep.prep import prepare
 from components.train.config import TrainConfig
 from components.train.launcher.launch import LocalHosts, run_local
-from standins.jobs import rank_processes
+from standins.commands import rank_processes
 from standins.waiting import Background, wait_until
 
 pytestmark = pytest.mark.horovod

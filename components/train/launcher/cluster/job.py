@@ -1,5 +1,5 @@
 """One cluster run of the trainer, whichever operator runs it: its parameters (`ClusterJobParams`),
-its name and labels, and what a backend is (`Backend`; `cluster.run.run_job` runs them all).
+its name and labels, and what a backend is (`ClusterJobKind`; `cluster.run.run_job` runs them all).
 
 Where the job's pods run, and what else they get from the train task, is one thing: the train
 task's ``dsl.TaskConfig`` (KFP >= 2.15, pipelines#12185), which reaches every pod that runs a
@@ -166,7 +166,7 @@ class ClusterJobError(ExpectedError):
     exit_code = ExitCode.RUN_FAILED
 
 
-class JobFailed(ClusterJobError):
+class ClusterJobFailed(ClusterJobError):
     """The job failed; carries the reason and the launcher log's last lines."""
 
     def __init__(self, what: str, reason: str, message: str, log_tail: list[str]) -> None:
@@ -178,12 +178,12 @@ class JobFailed(ClusterJobError):
         )
 
 
-class JobCancelled(ClusterJobError):
+class ClusterJobCancelled(ClusterJobError):
     """The task was cancelled (SIGTERM; or Ctrl-C); the job was deleted. Exit 128 + N."""
 
 
 @dataclass(frozen=True)
-class JobState:
+class ClusterJobState:
     """Pending (no condition yet), Created, Running, Restarting, Suspended, Succeeded or
     Failed, with the condition's reason and message."""
 
@@ -193,8 +193,9 @@ class JobState:
 
 
 @dataclass(frozen=True)
-class Backend:
-    """One kind of cluster job: what its operator serves and how its job looks on the API.
+class ClusterJobKind:
+    """One kind of cluster job (the MPIJob, the TrainJob), the one a cluster backend runs: what
+    its operator serves and how its job looks on the API.
 
     `build` makes a run's manifests, the objects of the `shared` CRDs (shared by every run of
     the same settings) first, and raises ValueError naming what the backend cannot do;
@@ -223,7 +224,7 @@ class Backend:
         """``<Kind> <namespace>/<name>``, as every message names the job."""
         return f"{self.crd.kind} {namespace}/{name}"
 
-    def state(self, job: Mapping[str, Any]) -> JobState:
+    def state(self, job: Mapping[str, Any]) -> ClusterJobState:
         """From the true ``status.conditions``: a terminal one (Failed first), else the newest
         by ``lastTransitionTime`` (the later listed on a tie). With none, from
         ``status.jobsStatus`` (Trainer sets no condition while a TrainJob runs, only the
@@ -236,24 +237,25 @@ class Backend:
         if conditions:
             newest = max(reversed(conditions), key=lambda c: c.get("lastTransitionTime") or "")
             phase, c = ends[0] if ends else (newest.get("type", "Unknown"), newest)
-            return JobState(phase, c.get("reason", ""), c.get("message", ""))
+            return ClusterJobState(phase, c.get("reason", ""), c.get("message", ""))
         jobs = status.get("jobsStatus") or []
         if not any(j.get("active") for j in jobs):
-            return JobState("Pending")
+            return ClusterJobState("Pending")
         counts = ", ".join(
             f"{j.get('name')}: {j.get('ready') or 0} ready of {j.get('active') or 0} active"
             for j in jobs
         )
-        return JobState("Running", "", counts)
+        return ClusterJobState("Running", "", counts)
 
 
-def backend(name: str) -> Backend:
-    """The backend `name` (``mpijob``, ``trainjob``): ``cluster/<name>.py``'s ``BACKEND``."""
-    return importlib.import_module(f"components.train.launcher.cluster.{name}").BACKEND  # type: ignore[no-any-return]
+def backend(name: str) -> ClusterJobKind:
+    """The kind of job that backend `name` (``mpijob``, ``trainjob``) runs:
+    ``cluster/<name>.py``'s ``JOB_KIND``."""
+    return importlib.import_module(f"components.train.launcher.cluster.{name}").JOB_KIND  # type: ignore[no-any-return]
 
 
 def check_manifests(
-    b: Backend, manifests: list[dict[str, Any]], crd_dir: str | None = None
+    b: ClusterJobKind, manifests: list[dict[str, Any]], crd_dir: str | None = None
 ) -> None:
     """`ManifestError` naming every field of `manifests` that their CRDs (vendored, or of the
     same names in `crd_dir`) or `b.problems` refuse."""
@@ -302,7 +304,9 @@ class Deadline:
         )
 
 
-def fit_deadline(b: Backend, job: dict[str, Any], seconds: int, schema: Schema | None) -> Deadline:
+def fit_deadline(
+    b: ClusterJobKind, job: dict[str, Any], seconds: int, schema: Schema | None
+) -> Deadline:
     """Who enforces `job`'s deadline of `seconds`, for `schema` (the job's, as the cluster
     serves it; None: not known): where it lacks the deadline field, the field is taken out of
     `job` and the train step enforces the deadline."""
@@ -318,7 +322,7 @@ def fit_deadline(b: Backend, job: dict[str, Any], seconds: int, schema: Schema |
 
 
 def validated(
-    b: Backend, p: ClusterJobParams, namespace: str | None = None, crd_dir: str | None = None
+    b: ClusterJobKind, p: ClusterJobParams, namespace: str | None = None, crd_dir: str | None = None
 ) -> tuple[list[dict[str, Any]], Deadline]:
     """`b`'s manifests for `p`, fitted to the job's CRD (of the same name in `crd_dir`, else
     the packaged one) and checked against the CRDs offline (`check_manifests`), and who

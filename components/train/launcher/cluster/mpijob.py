@@ -11,7 +11,7 @@ from components.common.crd import Crd
 from components.train.launcher.cluster import pods
 from components.train.launcher.cluster.job import (
     LABEL_ROLE,
-    Backend,
+    ClusterJobKind,
     ClusterJobParams,
     job_metadata,
     run_labels,
@@ -107,7 +107,7 @@ def problems(manifest: dict[str, Any]) -> list[str]:
 
 
 # An MPIJob's conditions: Created, Running, Restarting, Suspended, then Succeeded or Failed.
-BACKEND = Backend(
+JOB_KIND = ClusterJobKind(
     name="mpijob",
     crd=MPIJOB,
     shared=(),

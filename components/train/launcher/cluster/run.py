@@ -1,5 +1,5 @@
 """Run one cluster job through the official ``kubernetes`` client, the same steps for every
-backend (`cluster.job.Backend`): `run_job`.
+backend (`cluster.job.ClusterJobKind`): `run_job`.
 
 Everything is created with ``fieldValidation=Strict``: the API server refuses a field its CRD
 lacks instead of dropping it. The job's deadline field is written only where the cluster's
@@ -32,12 +32,12 @@ from components.train.launcher.cluster.job import (
     ANNOTATION_RUN_NAME,
     BY_STEP,
     SPEC_ANNOTATION,
-    Backend,
+    ClusterJobCancelled,
     ClusterJobError,
+    ClusterJobFailed,
+    ClusterJobKind,
     ClusterJobParams,
     Deadline,
-    JobCancelled,
-    JobFailed,
     fit_deadline,
     serves,
 )
@@ -77,7 +77,7 @@ class _Run:
 
     api: client.CustomObjectsApi
     core: client.CoreV1Api
-    b: Backend
+    b: ClusterJobKind
     namespace: str
     name: str
     log: Log
@@ -195,7 +195,7 @@ class _Run:
         raise ClusterJobError(f"could not create {self.what}: it keeps reappearing")
 
     def follow(self, deadline: Deadline, poll_interval_s: float, grace_s: float) -> None:
-        """Poll the job until it succeeds, or raise `JobFailed` (with the launcher log's last
+        """Poll the job until it succeeds, or raise `ClusterJobFailed` (with the launcher log's last
         lines) while its log streams into ours. Past the deadline (where the cluster enforces
         it, `grace_s` past it, as a backstop), counted from the job's creation, delete it."""
         limit = deadline.seconds + (0.0 if deadline.by == BY_STEP else grace_s)
@@ -259,12 +259,12 @@ class _Run:
             time.sleep(poll_interval_s)
 
 
-def _failed(run: _Run, launcher: LauncherLog, reason: str, message: str) -> JobFailed:
-    """`JobFailed` of `run` once the launcher's log has ended (an evicted launcher said)."""
+def _failed(run: _Run, launcher: LauncherLog, reason: str, message: str) -> ClusterJobFailed:
+    """`ClusterJobFailed` of `run` once the launcher's log has ended (an evicted launcher said)."""
     launcher.close()
     if reason != "DeadlineExceeded" and "Evict" not in reason:
         reason += " (launcher pod Evicted)" if launcher.pod_reason() == "Evicted" else ""
-    return JobFailed(run.what, reason, message, list(launcher.tail))
+    return ClusterJobFailed(run.what, reason, message, list(launcher.tail))
 
 
 def _age_s(job: dict[str, Any]) -> float:
@@ -313,7 +313,7 @@ def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSumma
 
 
 def run_job(
-    b: Backend,
+    b: ClusterJobKind,
     params: ClusterJobParams,
     *,
     namespace: str,
@@ -328,7 +328,8 @@ def run_job(
 
     InputError (what `b` cannot do, or what its operator refuses) comes before any request;
     then `ClusterJobError` (the cluster does not serve `b`'s APIs, refuses a manifest, or the
-    outputs are wrong), `JobFailed` and `JobCancelled` (on SIGTERM, after deleting the job).
+    outputs are wrong), `ClusterJobFailed` and `ClusterJobCancelled` (on SIGTERM, after
+    deleting the job).
     """
     if not namespace:
         raise InputError("namespace is empty")
@@ -359,13 +360,13 @@ def run_job(
             left = run.delete(cleanup_timeout_s)
             suffix = f"; pods still present: {', '.join(left)}" if left else ""
             code = exc.exit_code if isinstance(exc, Stopped) else SIGNAL_BASE + signal.SIGINT
-            raise JobCancelled(f"cancelled; {run.what} deleted{suffix}", code) from exc
+            raise ClusterJobCancelled(f"cancelled; {run.what} deleted{suffix}", code) from exc
     record = check_run(params, b.crd.kind, log)
     record.deadline_enforced_by = deadline.by
     return record
 
 
-def _served_schema(api_client: client.ApiClient, b: Backend, log: Log) -> Schema | None:
+def _served_schema(api_client: client.ApiClient, b: ClusterJobKind, log: Log) -> Schema | None:
     """The cluster's schema of `b`'s job, or None (said) if it publishes none."""
     schema = served_schema(api_client, b.crd)
     if schema is None:

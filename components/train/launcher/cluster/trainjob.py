@@ -26,7 +26,7 @@ from components.train.launcher.cluster.job import (
     APP_LABELS,
     LABEL_ROLE,
     SPEC_ANNOTATION,
-    Backend,
+    ClusterJobKind,
     ClusterJobParams,
     job_metadata,
 )
@@ -197,7 +197,7 @@ def build_manifests(p: ClusterJobParams, namespace: str | None = None) -> list[d
 
 
 # A TrainJob's conditions (trainjob_types.go): Suspended while it is, then Complete or Failed.
-BACKEND = Backend(
+JOB_KIND = ClusterJobKind(
     name="trainjob",
     crd=TRAINJOB,
     shared=(TRAINING_RUNTIME,),

@@ -1,7 +1,7 @@
-"""A real job run as a subprocess with the trainer's job environment, each line of its output
-stamped with the time it arrived, its command line and its rank processes; shared by the tests
-and the benchmarks. Not a stand-in for anything: it lives here so that the tests need not import
-the benchmarks."""
+"""A command (mpirun, horovodrun or ``python -m pipeline``) run as a subprocess of a test or a
+benchmark with the trainer's job environment, each line of its output stamped with the time it
+arrived; the command lines of a static job, and the rank processes below a launcher. Not a
+stand-in for anything: it lives here so that the tests need not import the benchmarks."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")  # where mpirun / horovodru
 
 
 @dataclass
-class JobResult:
-    """What a finished job printed, when each line arrived and how long it ran."""
+class CommandResult:
+    """What a finished command printed, when each line arrived and how long it ran."""
 
     returncode: int
     wall_seconds: float
@@ -30,8 +30,8 @@ class JobResult:
 
 
 @dataclass
-class RunningJob:
-    """A started job whose output a thread reads as it comes, stamping each line."""
+class StartedCommand:
+    """A started command whose output a thread reads as it comes, stamping each line."""
 
     proc: subprocess.Popen[str]
     started: float
@@ -47,7 +47,7 @@ class RunningJob:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
 
 
-def start_job(command: list[str], env: dict[str, str] | None = None) -> RunningJob:
+def start_command(command: list[str], env: dict[str, str] | None = None) -> StartedCommand:
     """Start `command` with the trainer's job environment; its output is read as it comes."""
     started = time.monotonic()
     proc = subprocess.Popen(
@@ -57,29 +57,29 @@ def start_job(command: list[str], env: dict[str, str] | None = None) -> RunningJ
         text=True,
         env=job_environment(env),
     )
-    return RunningJob(proc, started)
+    return StartedCommand(proc, started)
 
 
-def collect(job: RunningJob, timeout_s: float = 600) -> JobResult:
-    """Wait for `job` to exit; its lines with arrival times. Raises if it failed."""
+def collect(command: StartedCommand, timeout_s: float = 600) -> CommandResult:
+    """Wait for `command` to exit; its lines with arrival times. Raises if it failed."""
     try:
-        code = job.proc.wait(timeout=timeout_s)
+        code = command.proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        job.proc.kill()
-        code = job.proc.wait()
-    job.reader.join()
-    result = JobResult(code, time.monotonic() - job.started, job.lines, job.started)
+        command.proc.kill()
+        code = command.proc.wait()
+    command.reader.join()
+    result = CommandResult(code, time.monotonic() - command.started, command.lines, command.started)
     if code != 0:
-        tail = "\n".join(line for _, line in job.lines[-30:])
-        raise RuntimeError(f"job failed with exit code {code}: {job.proc.args!r}\n{tail}")
+        tail = "\n".join(line for _, line in command.lines[-30:])
+        raise RuntimeError(f"command failed with exit code {code}: {command.proc.args!r}\n{tail}")
     return result
 
 
-def run_job(
+def run_command(
     command: list[str], env: dict[str, str] | None = None, timeout_s: float = 600
-) -> JobResult:
+) -> CommandResult:
     """Run `command` to completion (see :func:`collect`)."""
-    return collect(start_job(command, env), timeout_s)
+    return collect(start_command(command, env), timeout_s)
 
 
 def static_command(workers: int, program: list[str], controller: str = "mpi") -> list[str]:
