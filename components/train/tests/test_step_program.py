@@ -108,9 +108,9 @@ def test_mpijob_backend_wiring(
 
     seen: dict[str, Any] = {}
 
-    def fake_run_job(backend: Any, params: Any, *, namespace: str, **_: Any) -> dict[str, Any]:
-        seen["params"], seen["namespace"], seen["backend"] = params, namespace, backend.name
-        seen["manifest"] = backend.build(params, namespace)[-1]
+    def fake_run_job(kind: Any, params: Any, *, namespace: str, **_: Any) -> dict[str, Any]:
+        seen["params"], seen["namespace"], seen["backend"] = params, namespace, kind.name
+        seen["manifest"] = kind.build(params, namespace)[-1]
         return _summary(world_size=6)
 
     monkeypatch.setattr(run, "run_job", fake_run_job)
