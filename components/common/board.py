@@ -1,10 +1,5 @@
-"""TensorBoard: rank 0's per-epoch scalars (run ``train``) and evaluation's test metrics (run
-``evaluation``) under one log dir. Event files are written locally and copied to the log dir
-after every write, so a local path and ``gs://`` work the same. A run has one event file, which
-grows by about 0.5 KB an epoch and a GCS object cannot be appended to, so each copy is the whole
-file: 4 to 14 ms a write on fake-gcs-server at 1 KB and at 100 KB alike. TensorFlow's own
-``gs://`` file system would spare the copy, but it always calls www.googleapis.com (it ignores
-``STORAGE_EMULATOR_HOST``), so no test here could run it.
+"""TensorBoard's log dir: rank 0's per-epoch scalars (run ``train``) and evaluation's test metrics
+(run ``evaluation``). Runs in rank 0 of the trainer and in the evaluate step's pod.
 """
 
 from __future__ import annotations
@@ -15,6 +10,12 @@ from typing import Any
 from components.common import storage
 
 
+# Event files are written locally and copied to the log dir after every write, so a local path and
+# ``gs://`` work the same. A run has one event file, which grows by about 0.5 KB an epoch and a GCS
+# object cannot be appended to, so each copy is the whole file: 4 to 14 ms a write on
+# fake-gcs-server at 1 KB and at 100 KB alike. TensorFlow's own ``gs://`` file system would spare
+# the copy, but it always calls www.googleapis.com (it ignores ``STORAGE_EMULATOR_HOST``), so no
+# test here could run it.
 class Board:
     """One TensorBoard run (``name``) of the log directory `uri`, written through `workdir`."""
 

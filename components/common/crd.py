@@ -1,14 +1,6 @@
-"""Check a manifest against its CustomResourceDefinition's schema (vendored under ``deploy/crd/``;
-for a backend, the copy packaged beside it, which the trainer image has too) offline, where
-nothing else checks it: the ``render-*`` commands and the manifest tests. What is sent to a
-cluster the API server checks itself (the train step creates with ``fieldValidation=Strict``).
-The check is jsonschema's, with two differences from the API server:
-
-* The API server *prunes* unknown fields of a structural schema silently (unless asked to be
-  strict); here an unknown field is an error (a typo like ``slotPerWorker`` would otherwise
-  vanish on the way in).
-* ``x-kubernetes-*`` extensions (CEL rules among them) are ignored by jsonschema;
-  int-or-string fields already carry an ``anyOf`` of integer and string, which it understands.
+"""Check a manifest against its CustomResourceDefinition's schema offline (vendored under
+``deploy/crd/``; for a backend, the copy packaged beside it). Runs in the pipeline's CLI (the
+``render-*`` commands), in the train step's pod before it creates a job, and in the tests.
 """
 
 from __future__ import annotations
@@ -130,6 +122,15 @@ def write_packaged_schema(crd: Crd) -> None:
     crd.packaged_schema.write_text(json.dumps(schema, sort_keys=True, separators=(",", ":")))
 
 
+# Where nothing else checks a manifest (the ``render-*`` commands, the manifest tests); what is sent
+# to a cluster the API server checks itself (the train step creates with
+# ``fieldValidation=Strict``). The check is jsonschema's, with two differences from the API server:
+#
+# - The API server *prunes* unknown fields of a structural schema silently (unless asked to be
+#   strict); here an unknown field is an error (a typo like ``slotPerWorker`` would otherwise vanish
+#   on the way in).
+# - ``x-kubernetes-*`` extensions (CEL rules among them) are ignored by jsonschema; int-or-string
+#   fields already carry an ``anyOf`` of integer and string, which it understands.
 def manifest_problems(manifest: dict[str, Any], crd: Crd, crd_path: str | None = None) -> list[str]:
     """Every schema violation in `manifest` as ``field.path: message``; empty if it is valid."""
     problems = []

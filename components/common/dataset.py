@@ -1,20 +1,6 @@
-"""The prepared dataset: what data prep writes and the trainer and evaluate stream.
-
-A dataset is a ``manifest.json`` and the TFRecord shard files it lists. Each record is a
-``tf.train.Example`` of one image, its pixels as raw ``uint8`` bytes in row-major (height,
-width, channels) order under ``image/encoded``, and its class index under
-``image/class/label``. Every image of a dataset has the manifest's height and width; in a
-3-channel dataset a record may hold one channel (a grayscale image of a colour source, under
-``color_mode=auto``), which readers repeat into three, as ``tf.image.grayscale_to_rgb`` does.
-
-The manifest is written last, once every shard is checked: a dataset exists once its manifest
-does. It names the image shape, the class names (a label is an index into them), the source,
-the images skipped, and for each split its count, each class's count, and its shards in order
-(their location, record count and sha256). A shard's location is relative to the manifest's
-folder when the shard is below it, else a full URI: data prep on KFP writes each slice's shards
-into that task's own artifact, and the dataset artifact holds the manifest alone, so the steps
-that take the dataset as input download a small file, not the data. Samples are numbered in
-the order of the shards, as the trainer's sharding reads them.
+"""The prepared dataset: what data prep writes and the trainer and evaluate stream (a
+``manifest.json`` and the TFRecord shard files it lists). Runs in the data prep, train and
+evaluate steps' pods and in each rank.
 """
 
 from __future__ import annotations
@@ -27,6 +13,20 @@ from components.common import storage
 from components.common.failure import InputError
 from components.common.storage import sha256_bytes
 
+# Each record is a ``tf.train.Example`` of one image, its pixels as raw ``uint8`` bytes in row-major
+# (height, width, channels) order under ``image/encoded``, and its class index under
+# ``image/class/label``. Every image of a dataset has the manifest's height and width; in a
+# 3-channel dataset a record may hold one channel (a grayscale image of a colour source, under
+# ``color_mode=auto``), which readers repeat into three, as ``tf.image.grayscale_to_rgb`` does.
+#
+# The manifest is written last, once every shard is checked: a dataset exists once its manifest
+# does. It names the image shape, the class names (a label is an index into them), the source, the
+# images skipped, and for each split its count, each class's count, and its shards in order (their
+# location, record count and sha256). A shard's location is relative to the manifest's folder when
+# the shard is below it, else a full URI: data prep on KFP writes each slice's shards into that
+# task's own artifact, and the dataset artifact holds the manifest alone, so the steps that take the
+# dataset as input download a small file, not the data. Samples are numbered in the order of the
+# shards, as the trainer's sharding reads them.
 FORMAT = "kfp-horovod/image-tfrecords/v1"
 MANIFEST = "manifest.json"
 SPLITS = ("train", "test")

@@ -1,5 +1,6 @@
 """The one place for versions, image references and defaults (the parameters elsewhere may
-override them). Nothing here reads the environment."""
+override them), imported by every process of the project. Nothing here reads the environment.
+"""
 
 from __future__ import annotations
 

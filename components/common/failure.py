@@ -1,17 +1,6 @@
 """How the project's programs fail: an expected error in one line, an unexpected one with its
-traceback, and the exit codes they end with.
-
-An expected error is an `ExpectedError`: bad input, or a job or request that was refused or
-failed, raised on purpose by this project's code with a message that says what is wrong. Every
-error type of the project derives from it. A step or a command line run under
-`one_line_failures` prints ``FAILED: <its first line>`` (a job's log tail behind it was streamed
-already) and exits with the error's `exit_code`. Anything else, a ValueError raised inside a
-library included, propagates with its traceback (exit 1). ``run-local`` reads the ``FAILED:``
-line back. A stop (SIGTERM, SIGINT) under `stops_on_signals` ends what the program started and
-prints ``STOPPED: <signal>: <what was ended>``, exit 128 + N.
-
-`ExitCode` is the one table of exit codes; docs/operating.md lists it (tests/test_exit_codes.py
-reads the two together).
+traceback, and the exit codes they end with. Used by every program: each step's pod, the
+launcher, each rank and the pipeline's CLI.
 """
 
 from __future__ import annotations
@@ -23,6 +12,17 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 
+# An expected error is an `ExpectedError`: bad input, or a job or request that was refused or
+# failed, raised on purpose by this project's code with a message that says what is wrong. Every
+# error type of the project derives from it. A step or a command line run under `one_line_failures`
+# prints ``FAILED: <its first line>`` (a job's log tail behind it was streamed already) and exits
+# with the error's `exit_code`. Anything else, a ValueError raised inside a library included,
+# propagates with its traceback (exit 1). ``run-local`` reads the ``FAILED:`` line back. A stop
+# (SIGTERM, SIGINT) under `stops_on_signals` ends what the program started and prints ``STOPPED:
+# <signal>: <what was ended>``, exit 128 + N.
+#
+# `ExitCode` is the one table of exit codes; docs/operating.md lists it (tests/test_exit_codes.py
+# reads the two together).
 FAILED = "FAILED: "
 STOPPED = "STOPPED: "
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # kill PID, a supervisor, an IDE; Ctrl-C

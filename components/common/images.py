@@ -1,20 +1,20 @@
 """An image's way from its file's bytes to the pixels a model sees: decoded, brought to the
-dataset's colour, resized. Data prep runs it on every image it prepares and the exported
-model's ``serving_bytes`` signature runs it inside the model, so a served image meets the
-network exactly as a training image did. TensorFlow ops throughout; `tf` is passed in.
-
-- Decoding: JPEG, PNG, BMP and GIF (its first frame), the formats of Keras's
-  ``image_dataset_from_directory``; an alpha channel is dropped.
-- Colour: 1 channel (grayscale) or 3 (RGB), converted with ``tf.image.rgb_to_grayscale`` and
-  ``tf.image.grayscale_to_rgb``.
-- Size: bilinear with antialiasing (``tf.image.resize``), rounded to ``uint8``; an image
-  already at the size is left as it is.
+dataset's colour, resized (TensorFlow ops; `tf` is passed in). Runs in the data prep step's pod
+on every image it prepares, and inside the exported model's ``serving_bytes`` signature wherever
+the model serves, so a served image meets the network exactly as a training image did.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+# - Decoding: JPEG, PNG, BMP and GIF (its first frame), the formats of Keras's
+#   ``image_dataset_from_directory``; an alpha channel is dropped.
+# - Colour: 1 channel (grayscale) or 3 (RGB), converted with ``tf.image.rgb_to_grayscale`` and
+#   ``tf.image.grayscale_to_rgb``.
+# - Size: bilinear with antialiasing (``tf.image.resize``), rounded to ``uint8``; an image already
+#   at the size is left as it is.
+#
 # The file extensions an image folder's images may have (Keras's own list), lower case.
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 COLOR_MODES = ("auto", "grayscale", "rgb")

@@ -1,10 +1,6 @@
-"""The one way into TensorFlow and Keras: ``tensorflow()`` and ``keras()``.
-
-Keras is Keras 3 (``keras``, which ``tf.keras`` also is from TF 2.16 on) on its TensorFlow
-backend: Horovod's collectives are TensorFlow ops, and the project's Horovod patch series
-(make/horovod/patches) makes Horovod's Keras API work on Keras 3 there. ``keras()`` refuses
-another backend (``KERAS_BACKEND``) by name; `check_not_tf_keras` refuses tf-keras, the legacy
-Keras 2 package, where a user's model module brought it in. Nothing happens at import.
+"""The one way into TensorFlow and Keras: ``tensorflow()`` and ``keras()``, Keras 3 on its
+TensorFlow backend. Used by every process that imports TensorFlow: each rank, the data prep and
+evaluate steps' pods, the launcher's preflight and ``make serve``. Nothing happens at import.
 """
 
 from __future__ import annotations
@@ -19,7 +15,12 @@ from types import ModuleType
 
 from components.common.failure import InputError
 
-BACKEND_ENV = "KERAS_BACKEND"
+# Keras is Keras 3 (``keras``, which ``tf.keras`` also is from TF 2.16 on) on its TensorFlow
+# backend: Horovod's collectives are TensorFlow ops, and the project's Horovod patch series
+# (make/horovod/patches) makes Horovod's Keras API work on Keras 3 there. ``keras()`` refuses
+# another Keras backend (``KERAS_BACKEND``) by name; `check_not_tf_keras` refuses tf-keras, the
+# legacy Keras 2 package, where a user's model module brought it in.
+KERAS_BACKEND_ENV = "KERAS_BACKEND"
 TF_KERAS = "tf_keras"
 # What the `tensorflow` wheel's C++ writes to stderr on import, through absl logging
 # (TF_CPP_MIN_LOG_LEVEL does not reach it): 2.18 on every machine, its CUDA plugins registering
@@ -48,11 +49,12 @@ def tensorflow() -> ModuleType:
 
 def keras() -> ModuleType:
     """Keras 3 on the TensorFlow backend (KerasSetupError for any other backend)."""
-    backend = os.environ.get(BACKEND_ENV, "tensorflow")
-    if backend != "tensorflow":  # checked before Keras reads it: it cannot change afterwards
+    keras_backend = os.environ.get(KERAS_BACKEND_ENV, "tensorflow")
+    if keras_backend != "tensorflow":  # checked before Keras reads it: it cannot change afterwards
         raise KerasSetupError(
-            f"{BACKEND_ENV}={backend}: Horovod's collectives are TensorFlow ops, so the trainer "
-            f"runs Keras 3 on its TensorFlow backend; unset {BACKEND_ENV} or set it to tensorflow"
+            f"{KERAS_BACKEND_ENV}={keras_backend}: Horovod's collectives are TensorFlow ops, so "
+            "the trainer runs Keras 3 on its TensorFlow backend; "
+            f"unset {KERAS_BACKEND_ENV} or set it to tensorflow"
         )
     tensorflow()
     import keras as keras3

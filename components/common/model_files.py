@@ -1,8 +1,7 @@
-"""A SavedModel: fetching it, its layout, its digest, and its ``serving_default`` signature.
-
-Evaluation and registration check a model against the ``saved_model_sha256`` the trainer
-recorded, so the model they score or publish is the one that was trained. Only `load_serving`
-imports TensorFlow: the register image has none.
+"""A SavedModel: fetching it, its layout, its digest, and its ``serving_default`` signature. Runs
+in rank 0 (the digest of what it exported) and in the evaluate and register steps' pods, which
+check a model against that digest, so the model they score or publish is the one that was
+trained. Only `load_serving` imports TensorFlow: the register image has none.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Where a cluster job's pods run: a node selector and tolerations (`Placement`, declared once:
-the pipeline's ``node_selector`` and ``tolerations``, KFP ``dict`` and ``list`` parameters that
-the pipeline sets on the train task with kfp-kubernetes, and the render commands' options).
-`node_selector_problem` and `tolerations_problem` are their rules: one line naming the
-offending key or field.
-
-Checked here, not left to KFP or the kubernetes client: KFP's driver decodes a toleration into
-Kubernetes' type without a check (an unknown field is dropped, ``json.Unmarshal``), a label key
-is refused only when a pod is made, after the job was created, and the CLIs keep the
-``kubernetes`` package and jsonschema out of their imports (tests/test_cli_imports.py).
+"""Where a cluster job's pods run: a node selector and tolerations (`Placement`, declared once for
+the pipeline's ``node_selector`` and ``tolerations`` and the render commands' options), and
+their rules. Runs in the pipeline's CLI and in the train step's pod.
 """
 
 from __future__ import annotations
@@ -21,6 +14,15 @@ from typing import Any
 from components.common.declare import Declared, Validated, declared, param
 from components.common.failure import InputError
 
+# The pipeline's ``node_selector`` and ``tolerations`` are KFP ``dict`` and ``list`` parameters that
+# the pipeline sets on the train task with kfp-kubernetes. `node_selector_problem` and
+# `tolerations_problem` are their rules: one line naming the offending key or field.
+#
+# Checked here, not left to KFP or the kubernetes client: KFP's driver decodes a toleration into
+# Kubernetes' type without a check (an unknown field is dropped, ``json.Unmarshal``), a label key is
+# refused only when a pod is made, after the job was created, and the CLIs keep the ``kubernetes``
+# package and jsonschema out of their imports (tests/test_cli_imports.py).
+#
 # Kubernetes' qualified name (k8s.io/apimachinery validation): [prefix/]name.
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -1,7 +1,7 @@
-"""The processes a program started, found by parentage (psutil), so that a stop can end them
-all: ``mpirun`` and horovodrun run in sessions of their own, out of reach of the terminal's
-Ctrl-C, and a SIGKILLed parent's children are reparented, out of reach of a later search. So
-they are noted first (`Started.of`), and ended from that note."""
+"""The processes a program started, found by parentage (psutil), so that a stop can end them all.
+Runs in the launcher (local mpirun and horovodrun), ``make serve`` and the pipeline's
+``run-local``.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+# ``mpirun`` and horovodrun run in sessions of their own, out of reach of the terminal's Ctrl-C, and
+# a SIGKILLed parent's children are reparented, out of reach of a later search. So they are noted
+# first (`Started.of`), and ended from that note.
 @dataclass
 class Started:
     """Processes noted while they ran, each with its name (a gone process has none to read)."""

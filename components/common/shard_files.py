@@ -1,14 +1,5 @@
-"""A dataset's shard files, read by ``tf.data``: whole splits in order (`read_split`, for
-evaluate) or pieces of files (`piece_records`, for a rank's block).
-
-A local shard is read by ``tf.data.TFRecordDataset``, once its sha256 is checked (`ShardCheck`).
-TensorFlow's own ``gs://`` filesystem cannot be pointed at a GCS emulator (it hard-codes
-Google's endpoint), so a shard on GCS is streamed through the project's storage layer
-(`components.common.storage.open_read`: the same client, retries and emulator as every other
-GCS access), its records cut from the stream with their checksums checked
-(`components.common.tfrecord`), and the whole file's sha256 checked when it is read to its
-end. Nothing is staged on disk, and a reader holds a chunk of the stream per open shard, not
-the shard.
+"""A dataset's shard files, read by ``tf.data``: whole splits in order (`read_split`, in the
+evaluate step's pod) or pieces of files (`piece_records`, in each rank for its block).
 """
 
 from __future__ import annotations
@@ -84,6 +75,13 @@ def first_record_problem(uri: str, sha256: str, image: ImageSpec, classes: int) 
     return None
 
 
+# A local shard is read by ``tf.data.TFRecordDataset``, once its sha256 is checked (`ShardCheck`).
+# TensorFlow's own ``gs://`` filesystem cannot be pointed at a GCS emulator (it hard-codes Google's
+# endpoint), so a shard on GCS is streamed through the project's storage layer
+# (`components.common.storage.open_read`: the same client, retries and emulator as every other GCS
+# access), its records cut from the stream with their checksums checked
+# (`components.common.tfrecord`), and the whole file's sha256 checked when it is read to its end.
+# Nothing is staged on disk, and a reader holds a chunk of the stream per open shard, not the shard.
 def stream_records(uri: str, sha256: str, skip: int = 0, take: int = -1) -> Iterator[np.ndarray]:
     """Records ``[skip, skip + take)`` (``take`` -1: to the end) of the TFRecord file at `uri`,
     in arrays of up to `RECORDS_PER_YIELD`, read as a stream; DataError for a record that fails

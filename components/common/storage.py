@@ -1,11 +1,7 @@
 """One code path for local paths and ``gs://`` URIs (``google-cloud-storage``, which honours
 ``STORAGE_EMULATOR_HOST``). Every write is all-or-nothing: a local file is written to a
-temporary name and renamed; a GCS object appears only when its upload completes.
-
-Every GCS request retries transient errors with the client's own policy (`_retry`), logging each
-retry once. That is safe for every call here: reads, lists and deletes are idempotent; uploads
-and copies write the same bytes again; and a conditional write whose first attempt reached the
-server fails its generation precondition (412) on the retry instead of writing twice.
+temporary name and renamed; a GCS object appears only when its upload completes. Used by every
+process that reads or writes a run's files: each step's pod, each rank and the pipeline's CLI.
 """
 
 from __future__ import annotations
@@ -68,6 +64,10 @@ def _blob(uri: str) -> Any:
     return _client().bucket(bucket).blob(key)
 
 
+# Every GCS request retries transient errors with the client's own policy (`_retry`), logging each
+# retry once. That is safe for every call here: reads, lists and deletes are idempotent; uploads and
+# copies write the same bytes again; and a conditional write whose first attempt reached the server
+# fails its generation precondition (412) on the retry instead of writing twice.
 def _retry(operation: str, uri: str) -> Any:
     """``DEFAULT_RETRY``'s predicate and back-off, logging each retry once."""
     from google.api_core.retry import Retry

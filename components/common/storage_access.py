@@ -1,21 +1,6 @@
-"""Whether this process's identity can use a run's ``gs://`` locations, checked before any work.
-
-For each ``gs://`` location: that Google credentials exist (with ``STORAGE_EMULATOR_HOST`` set
-the client is anonymous against the emulator, as `storage._client` is), that its bucket exists,
-that the identity can read it (list, and get the first object listed) and, where the run writes,
-write there. A failure is one line (`StorageAccessError`, an InputError: an expected error)
-naming the parameter, the bucket, the missing permission or credential and how to provide it.
-
-Writing is checked with a small probe object, created (``ifGenerationMatch=0``, so nothing is
-ever overwritten), read back and deleted again, not with the bucket's ``testIamPermissions``:
-fake-gcs-server, the emulator the tests run on, does not implement that call (it answers 404 for
-a bucket that exists), so a check built on it could not be tested here; the probe takes the
-same create, get and delete calls the run makes (the registry's compare-and-swap and the
-checkpoints' cleanup delete too), on any GCS. The probe's name starts with `PROBE_PREFIX`.
-
-A local folder a run writes (``run-local --root``, a local ``registry_root``) is checked with the
-same rigour (`check_local_folder`): it exists or can be made, and a probe file can be written in
-it (or in the folder it would be made in) and removed.
+"""Whether this process's identity can use a run's ``gs://`` locations (and a local folder it
+writes), checked before any work; a failure is one line naming what to fix. Runs in the
+pipeline's check step and CLI, each step's pod, and each rank.
 """
 
 from __future__ import annotations
@@ -32,6 +17,22 @@ from typing import Any
 from components.common import storage
 from components.common.failure import InputError
 
+# For each ``gs://`` location: that Google credentials exist (with ``STORAGE_EMULATOR_HOST`` set the
+# client is anonymous against the emulator, as `storage._client` is), that its bucket exists, that
+# the identity can read it (list, and get the first object listed) and, where the run writes, write
+# there. A failure is one line (`StorageAccessError`, an InputError: an expected error) naming the
+# parameter, the bucket, the missing permission or credential and how to provide it.
+#
+# Writing is checked with a small probe object, created (``ifGenerationMatch=0``, so nothing is ever
+# overwritten), read back and deleted again, not with the bucket's ``testIamPermissions``:
+# fake-gcs-server, the emulator the tests run on, does not implement that call (it answers 404 for a
+# bucket that exists), so a check built on it could not be tested here; the probe takes the same
+# create, get and delete calls the run makes (the registry's compare-and-swap and the checkpoints'
+# cleanup delete too), on any GCS. The probe's name starts with `PROBE_PREFIX`.
+#
+# A local folder a run writes (``run-local --root``, a local ``registry_root``) is checked with the
+# same rigour (`check_local_folder`): it exists or can be made, and a probe file can be written in
+# it (or in the folder it would be made in) and removed.
 PROBE_PREFIX = ".kfp-horovod-access-check-"
 ROLE = "roles/storage.objectAdmin"
 HOW_CREDENTIALS = (

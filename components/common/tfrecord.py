@@ -1,16 +1,6 @@
-"""TFRecord files of ``tf.train.Example`` written without importing TensorFlow.
-
-Data prep writes the prepared dataset's shards in TensorFlow's own formats, which ``tf.data``
-reads on every rank. Importing TensorFlow costs a data-prep task 3.5 to 5 seconds on this
-project's 2-core machine, where converting the 4,000 bundled digits takes a fraction of a
-second, and the digits need no decoding. So the writer here uses the two formats' public
-definitions with their own libraries: the ``tf.train.Example`` messages
-(``tensorflow/core/example/{example,feature}.proto``) declared to protobuf, and TFRecord's
-framing (a little-endian length and payload, each with its masked CRC32C) with
-``google-crc32c``, which google-cloud-storage already brings. The bytes equal
-``tf.io.TFRecordWriter``'s for the same deterministic ``SerializeToString`` of the same Example
-(components/common/tests/test_tfrecord.py compares them); data prep imports TensorFlow only to
-decode or resize images.
+"""TFRecord files of ``tf.train.Example`` written without importing TensorFlow. Runs in the data
+prep step's pod (writing the shards) and wherever a shard on GCS is streamed (each rank, the
+evaluate step's pod).
 """
 
 from __future__ import annotations
@@ -23,6 +13,16 @@ from typing import Any, BinaryIO
 
 import google_crc32c
 
+# Data prep writes the prepared dataset's shards in TensorFlow's own formats, which ``tf.data``
+# reads on every rank. Importing TensorFlow costs a data-prep task 3.5 to 5 seconds on this
+# project's 2-core machine, where converting the 4,000 bundled digits takes a fraction of a second,
+# and the digits need no decoding. So the writer here uses the two formats' public definitions with
+# their own libraries: the ``tf.train.Example`` messages
+# (``tensorflow/core/example/{example,feature}.proto``) declared to protobuf, and TFRecord's framing
+# (a little-endian length and payload, each with its masked CRC32C) with ``google-crc32c``, which
+# google-cloud-storage already brings. The bytes equal ``tf.io.TFRecordWriter``'s for the same
+# deterministic ``SerializeToString`` of the same Example (components/common/tests/test_tfrecord.py
+# compares them); data prep imports TensorFlow only to decode or resize images.
 _MASK_DELTA = 0xA282EAD8
 
 
