@@ -89,8 +89,9 @@ EPOCHS = 8
 BATCH_SIZE_PER_WORKER = 64
 BASE_LEARNING_RATE = 0.001
 # How Adam's learning rate (and, for sqrt, its betas and epsilon) follow the world size
-# (components/train/rank/trainer.py). Linear: the fastest to 96% at 2x1 over 3 seeds, with the
-# others' final accuracy no better (docs/performance.md, bench/results/time_to_accuracy.json).
+# (components/train/config.py, `adam_settings`). Linear: the fastest to 96% at 2x1 over 3 seeds,
+# with the others' final accuracy no better (docs/performance.md,
+# bench/results/time_to_accuracy.json).
 LR_SCALING = "linear"
 WARMUP_EPOCHS = 1
 SHUFFLE_SEED = 42
