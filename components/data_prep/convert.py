@@ -1,16 +1,6 @@
-"""One slice of the listing into TFRecord shards (a ParallelFor task's work): each image read,
-checked, decoded, brought to the dataset's colour and size (`components.common.images`), and
-written as a record of the prepared format (`components.common.dataset`); what the slice
-found goes to its part report, which the publish step reads.
-
-An image that cannot be used (0 bytes, not an image, truncated, over Pillow's
-decompression-bomb limit) does not stop the slice: it is counted and named in the report, and
-the publish step refuses the dataset unless ``skip_bad_images``, so that the user hears of
-every bad image at once. A TFRecord record without the named features, or with a negative
-label, stops the slice at once: the source's layout is wrong, not one image.
-
-TensorFlow is imported only when an image must be decoded, recoloured or resized: the bundled
-digits at their own size and colour need none of it (`components.common.tfrecord`).
+"""One slice of the listing into TFRecord shards and a part report, which the publish step reads.
+Runs in a data prep slice task's pod (one per ``dsl.ParallelFor`` item), or in `prepare`'s
+process.
 """
 
 from __future__ import annotations
@@ -112,6 +102,18 @@ class Shards:
         self._writer = None
 
 
+# Each image is read, checked, decoded, brought to the dataset's colour and size
+# (`components.common.images`), and written as a record of the prepared format
+# (`components.common.dataset`); what the slice found goes to its part report.
+#
+# An image that cannot be used (0 bytes, not an image, truncated, over Pillow's decompression-bomb
+# limit) does not stop the slice: it is counted and named in the report, and the publish step
+# refuses the dataset unless ``skip_bad_images``, so that the user hears of every bad image at once.
+# A TFRecord record without the named features, or with a negative label, stops the slice at once:
+# the source's layout is wrong, not one image.
+#
+# TensorFlow is imported only when an image must be decoded, recoloured or resized: the bundled
+# digits at their own size and colour need none of it (`components.common.tfrecord`).
 def convert_slice(
     items: list[Item],
     slice_index: int,

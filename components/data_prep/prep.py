@@ -1,14 +1,7 @@
 """The data prep program: a source (`components.data_prep.sources`) into the prepared dataset
-(`components.common.dataset`), in three steps that KFP runs as its own tasks:
-
-1. `list_step`: the source's classes and images, split and ordered, cut into slices (at most
-   ``prep_parallelism``), written as the listing artifact; its output is the slices' numbers.
-2. `slice_step`, one task per slice (``dsl.ParallelFor``): the slice's images converted into
-   TFRecord shards in the task's own ``shards`` artifact, and a part report.
-3. `publish_step`: every part checked, every shard found, the manifest written.
-
-`prepare` runs the three in one process (the CLI, the tests, the benchmarks). Nothing is a
-dataset until its manifest is written, last; an output that holds anything is refused.
+(`components.common.dataset`), in three steps, each run in its own KFP task's pod (`list_step`,
+`slice_step`, `publish_step`), or all three in one process (`prepare`: the CLI, the tests, the
+benchmarks).
 """
 
 from __future__ import annotations
@@ -110,6 +103,15 @@ def check_output_free(output: str) -> None:
 
 
 # The three steps, on their KFP artifacts -----------------------------------------------------
+#
+# 1. `list_step`: the source's classes and images, split and ordered, cut into slices (at most
+#    ``prep_parallelism``), written as the listing artifact; its output is the slices' numbers.
+# 2. `slice_step`, one task per slice (``dsl.ParallelFor``): the slice's images converted into
+#    TFRecord shards in the task's own ``shards`` artifact, and a part report.
+# 3. `publish_step`: every part checked, every shard found, the manifest written.
+#
+# Nothing is a dataset until its manifest is written, last; an output that holds anything is
+# refused.
 
 
 def list_step(

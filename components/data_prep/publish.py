@@ -1,6 +1,6 @@
-"""The publish step's work: every slice's part report joined, every rule that needs all of
-them checked (bad images, one size, the colour, the classes, both splits), every shard found
-as its slice wrote it, and then the manifest written: the dataset exists from that moment.
+"""The publish step's work: every slice's part report joined and checked, every shard found, then
+the manifest written (the dataset exists from that moment). Runs in the data prep publish task's
+pod, or in `prepare`'s process.
 """
 
 from __future__ import annotations

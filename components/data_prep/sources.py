@@ -1,23 +1,6 @@
-"""What data prep reads, and the listing of each source: its classes and its images, each with
-its split and label, before any image is decoded (the listing step's work).
-
-Sources (``data_format``; ``auto`` tells them apart, `detect`):
-
-- ``bundled``: the 5,000 real MNIST digits shipped in this package, split by a seeded shuffle.
-- ``npz``: an ``mnist.npz``-style file (``x_train``, ``y_train``, ``x_test``, ``y_test``) by
-  path, ``gs://`` URI or http(s) URL, its sha256 checked.
-- ``folder``: one subfolder per class, the layout of Keras's ``image_dataset_from_directory``;
-  class names are the subfolders' names, sorted; images are found in each class's whole tree.
-- ``csv``: an index of ``[ML_USE,]URI,LABEL`` rows, Vertex AI's import format for image
-  classification; a URI may also be a path relative to the index's folder.
-- ``tfrecord``: TFRecord files of ``tf.train.Example`` (a file, a folder or a glob), each
-  record holding an encoded image and an integer label.
-
-The split is deterministic and stable as a source grows: an image goes to the test split when
-the hash of its path (a TFRecord record: its file's name and its index) falls below
-``test_fraction``, unless the source says (an index's ML_USE, an npz's arrays). Images are
-listed in the order of the same hash, so the classes of a folder are mixed across the shards
-and across the ranks that read them.
+"""What data prep reads (``data_format``: bundled, npz, folder, csv, tfrecord), and the listing of
+each source: its classes and its images, each with its split and label, before any image is
+decoded. Runs in the data prep list task's pod, or in `prepare`'s process.
 """
 
 from __future__ import annotations
@@ -43,6 +26,24 @@ from components.common.defaults import BUNDLED_SOURCE, MNIST_SHA256, SPLIT_SEED,
 from components.common.images import EXTENSIONS
 from components.common.storage import sha256_bytes
 
+# Sources (``data_format``; ``auto`` tells them apart, `detect`):
+#
+# - ``bundled``: the 5,000 real MNIST digits shipped in this package, split by a seeded shuffle.
+# - ``npz``: an ``mnist.npz``-style file (``x_train``, ``y_train``, ``x_test``, ``y_test``) by path,
+#   ``gs://`` URI or http(s) URL, its sha256 checked.
+# - ``folder``: one subfolder per class, the layout of Keras's ``image_dataset_from_directory``;
+#   class names are the subfolders' names, sorted; images are found in each class's whole tree.
+# - ``csv``: an index of ``[ML_USE,]URI,LABEL`` rows, Vertex AI's import format for image
+#   classification; a URI may also be a path relative to the index's folder.
+# - ``tfrecord``: TFRecord files of ``tf.train.Example`` (a file, a folder or a glob), each record
+#   holding an encoded image and an integer label.
+#
+# The split is deterministic and stable as a source grows: an image goes to the test split when the
+# hash of its path (a TFRecord record: its file's name and its index) falls below ``test_fraction``,
+# unless the source says (an index's ML_USE, an npz's arrays). Images are listed in the order of the
+# same hash, so the classes of a folder are mixed across the shards and across the ranks that read
+# them.
+#
 # The bundled digits: uint8 `images` (5000, 28, 28) and `labels` (5000,), sorted by label.
 BUNDLED_FILE = "data/mnist_5k.npz"
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")

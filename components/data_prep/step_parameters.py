@@ -1,5 +1,7 @@
-"""The data-prep steps' parameters, declared once (`components.common.declare`), and which of
-the three steps (list, prepare a slice, publish) takes each."""
+"""The data-prep steps' parameters, declared once (`components.common.declare`), and which of the
+three steps (list, prepare a slice, publish) takes each. Imported by the pipeline's CLI and the
+data prep steps' pods.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Evaluate program: load ONLY the exported SavedModel and score it on the test split.
-
-Runs in its own process (the KFP component's container, or the CLI), so nothing from training
-is in memory: what is measured is the ``serving_default`` signature TF Serving would run.
+"""Evaluate program: load ONLY the exported SavedModel and score it on the test split. Runs in the
+evaluate step's pod (or the CLI's process), never beside training, so nothing from training is
+in memory: what is measured is the ``serving_default`` signature TF Serving would run.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Register program: quality gate, champion/challenger, publish to the model store; every
-outcome a `Decision` with a one-line reason. The rules, and how the steps below follow the
-process: components/register/README.md.
+"""Register program: quality gate, champion/challenger, publish to the model store; every outcome
+a `Decision` with a one-line reason. Runs in the register step's pod (or the CLI's process). The
+rules, and how the steps below follow the process: components/register/README.md.
 """
 
 from __future__ import annotations

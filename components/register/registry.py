@@ -1,7 +1,7 @@
-"""One model's directory in the registry: version numbers claimed by exclusive create
-(``O_EXCL`` locally, ``ifGenerationMatch=0`` on GCS), the run records that make a re-run
-idempotent, aliases moved by compare-and-swap, and publishing that never shows a reader keyed on
-``saved_model.pb`` a partial version. Layout and guarantees: components/register/README.md.
+"""One model's directory in the registry: version numbers claimed by exclusive create, run records
+that make a re-run idempotent, aliases moved by compare-and-swap, publishing that never shows a
+partial version. Runs in the register step's pod, ``make serve`` and the pipeline's CLI. Layout
+and guarantees: components/register/README.md.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def challenger_wins(candidate: dict[str, Any], champion: dict[str, Any] | None) 
     return False, f"accuracy {new['accuracy']:.4f} does not beat {old_acc:.4f} of version {version}"
 
 
+# Version numbers are claimed with ``O_EXCL`` locally and ``ifGenerationMatch=0`` on GCS; a reader
+# keyed on ``saved_model.pb`` never sees a partial version.
 @dataclass(frozen=True)
 class ModelStore:
     """One model's directory in the registry."""

@@ -1,9 +1,6 @@
 """The serving folder of an alias, ``<root>/<model>/_serving/<alias>/<N>/``: exactly the version
-the alias names, so a server pointed at it serves the champion, not the newest version (TF
-Serving serves the highest number it finds, and every version that passes the gate gets one).
-`ServingFolder.sync` makes it match the alias, after every registration's compare-and-swap and
-as ``python -m pipeline sync-serving``. What a server sees meanwhile, and why GCS cannot do
-better: components/register/README.md.
+the alias names. Synced in the register step's pod after every registration, by ``python -m
+pipeline sync-serving`` and by ``make serve``.
 """
 
 from __future__ import annotations
@@ -31,6 +28,11 @@ SERVING = "_serving"
 LEASE_SECONDS = 120.0
 
 
+# A server pointed at the serving folder serves the champion, not the newest version (TF Serving
+# serves the highest number it finds, and every version that passes the gate gets one).
+# `ServingFolder.sync` makes it match the alias, after every registration's compare-and-swap and as
+# ``python -m pipeline sync-serving``. What a server sees meanwhile, and why GCS cannot do better:
+# components/register/README.md.
 class ServingFolder:
     """The serving folder of `alias` in `store` (`lease_s` and `clock` for tests)."""
 

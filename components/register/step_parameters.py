@@ -1,4 +1,6 @@
-"""The register step's parameters, declared once (`components.common.declare`)."""
+"""The register step's parameters, declared once (`components.common.declare`). Imported by the
+pipeline's CLI and the register step's pod.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""``python -m components.serve``: see `components.serve.server`."""
+"""``python -m components.serve`` (``make serve``, on the user's machine): see
+`components.serve.server`.
+"""
 
 import sys
 

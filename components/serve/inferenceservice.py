@@ -1,13 +1,7 @@
 """The KServe InferenceService (``serving.kserve.io/v1beta1``) that serves an alias's serving
-folder (`components.register.serving`) on a cluster with TF Serving, validated against KServe's
-CRD (``deploy/crd/kserve/``). Its pods run as the project's Workload Identity service account.
-
-KServe's storage initializer copies ``storageUri`` into the pod once, at start. So that a
-promotion rolls the service forward without a restart, the predictor also passes TF Serving
-``--model_base_path=<the serving folder>`` (KServe appends it to the runtime's args, overriding
-``/mnt/models``) and ``--file_system_poll_wait_seconds``: TF Serving then watches the folder on
-GCS itself. ``poll_seconds=0`` leaves it on the pod's copy (a promotion then needs
-``kubectl rollout restart``). Not tested here beyond the manifest against the CRD.
+folder with TF Serving, validated against KServe's CRD (``deploy/crd/kserve/``). Built by the
+pipeline's CLI (``render-inferenceservice``); its pods run on the cluster as the project's
+Workload Identity service account.
 """
 
 from __future__ import annotations
@@ -34,6 +28,12 @@ POLL_SECONDS = 30
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
+# KServe's storage initializer copies ``storageUri`` into the pod once, at start. So that a
+# promotion rolls the service forward without a restart, the predictor also passes TF Serving
+# ``--model_base_path=<the serving folder>`` (KServe appends it to the runtime's args, overriding
+# ``/mnt/models``) and ``--file_system_poll_wait_seconds``: TF Serving then watches the folder on
+# GCS itself. ``poll_seconds=0`` leaves it on the pod's copy (a promotion then needs ``kubectl
+# rollout restart``). Not tested here beyond the manifest against the CRD.
 def build_inferenceservice(
     name: str,
     storage_uri: str,

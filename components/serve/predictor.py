@@ -1,10 +1,7 @@
-"""The predictor KServe's model server runs: a registered SavedModel's signatures behind TF
-Serving's V1 protocol (components/serve/README.md). Pixel arrays go to ``serving_default``;
-encoded image files, sent as TF Serving's binary form ``{"b64": "..."}``, go to
-``serving_bytes``, which decodes and resizes them inside the model as data prep did. A request
-the model cannot take gets HTTP 400 naming what it expects, and the server logs it in one line
-(`RESTServer`). Only `components.serve.server` imports this module (it imports KServe);
-TensorFlow loads with the model.
+"""The predictor KServe's model server runs in ``make serve``'s process: a registered SavedModel's
+signatures behind TF Serving's V1 protocol (components/serve/README.md). Only
+`components.serve.server` imports this module (it imports KServe); TensorFlow loads with the
+model.
 """
 
 from __future__ import annotations
@@ -79,6 +76,10 @@ def to_pixels(instances: list[Any], served: ServingModel, want: str) -> np.ndarr
     return batch
 
 
+# Pixel arrays go to ``serving_default``; encoded image files, sent as TF Serving's binary form
+# ``{"b64": "..."}``, go to ``serving_bytes``, which decodes and resizes them inside the model as
+# data prep did. A request the model cannot take gets HTTP 400 naming what it expects, and the
+# server logs it in one line (`RESTServer`).
 def answer(payload: Any, served: ServingModel, max_batch: int) -> dict[str, Any]:
     """The V1 protocol's answer to `payload` (InvalidInput for a request it cannot take):
     ``{"predictions": [[p, ...], ...]}`` for pixel arrays; for files, as TF Serving answers a

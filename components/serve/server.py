@@ -1,8 +1,6 @@
-"""``make serve``: the registry's production model over HTTP, on KServe's own model server
-(components/serve/README.md). The alias's serving folder is synced first, then the version in it
-served at ``POST http://<host>:<port>/v1/models/<model>:predict``, on `host` only. The port is
-checked, and bound, before the model loads; Ctrl-C (or SIGTERM) shuts the server down in one
-line, exit 0.
+"""``make serve``, on the user's machine: the registry's production model over HTTP, on KServe's
+own model server (components/serve/README.md), at ``POST
+http://<host>:<port>/v1/models/<model>:predict`` on `host` only.
 """
 
 from __future__ import annotations
@@ -74,6 +72,8 @@ def serve(name: str, model_dir: str, sock: socket.socket, banner: str) -> None:
         print(stop.line(), flush=True)
 
 
+# The alias's serving folder is synced first, then the version in it served. The port is checked,
+# and bound, before the model loads; Ctrl-C (or SIGTERM) shuts the server down in one line, exit 0.
 def serve_alias(registry_root: str, model_name: str, alias: str, host: str, port: int) -> None:
     """Sync `alias`'s serving folder, then serve the version in it; InputError when the registry
     cannot be read and written (`storage_access`), has no such version, or when `host`:`port`
