@@ -1,9 +1,6 @@
-"""The run summary: what one Horovod job did, one dataclass (`RunSummary`) embedding the
-`TrainConfig` it ran with, written and read here only, and rendered here for people.
-
-``run_summary.json`` is ``dataclasses.asdict`` of a `RunSummary`. Rank 0 writes it; the train
-step, the cluster run check, the reports, the registry and the benchmarks `read` it back. The
-coordination report (Markdown in the KFP UI) and the log's lines are made from it.
+"""The run summary: what one Horovod job did (`RunSummary`, embedding the `TrainConfig` it ran
+with), written and read here only, and rendered here for people. Rank 0 writes it; the train
+step's pod, the cluster run check, the reports, the registry and the benchmarks `read` it back.
 """
 
 from __future__ import annotations
@@ -17,6 +14,8 @@ from components.common import storage
 from components.common.failure import InputError
 from components.train.config import TrainConfig
 
+# ``run_summary.json`` is ``dataclasses.asdict`` of a `RunSummary`. The coordination report
+# (Markdown in the KFP UI) and the log's lines are made from it.
 KIND = "kfp-horovod/run-summary/v1"
 Record = dict[str, Any]
 ALLREDUCE_TEXT = {

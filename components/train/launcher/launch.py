@@ -1,11 +1,6 @@
 """Start the trainer as ONE Horovod job: mpirun for a static job, horovodrun for an elastic one.
-
-A static job runs `mpirun_command` (a local job's and a cluster launcher's) under the heartbeat
-watch (`components.train.launcher.mpiwatch`). Horovod's MPI controller measured faster than Gloo's
-TCP over loopback (bench/README.md) once a waiting rank yields its core (`YIELD_WHEN_IDLE`). An
-elastic job runs ``horovodrun --gloo`` (elastic Horovod has no MPI) as ``python -m
-components.train.launcher.launch ARGS``: horovodrun's command line, its Gloo check answered from the
-installed library instead of by a process importing all of TensorFlow (seconds per launch).
+Runs in the launcher: the train step's pod (``training_backend=local``), ``run-local``'s step,
+and, as ``python -m components.train.launcher.launch``, an elastic cluster job's launcher.
 """
 
 from __future__ import annotations
@@ -40,6 +35,12 @@ from components.train.launcher.preflight import check_job_before_launch
 from components.train.rank.gloo_timeout import ELASTIC_GLOO_TIMEOUT_S, GLOO_TIMEOUT_ENV
 from components.train.rank.heartbeat import HEARTBEAT_ENV, period_for
 
+# A static job runs `mpirun_command` (a local job's and a cluster launcher's) under the heartbeat
+# watch (`components.train.launcher.mpiwatch`). Horovod's MPI controller measured faster than Gloo's
+# TCP over loopback (bench/README.md) once a waiting rank yields its core (`YIELD_WHEN_IDLE`). An
+# elastic job runs ``horovodrun --gloo`` (elastic Horovod has no MPI) as ``python -m
+# components.train.launcher.launch ARGS``: horovodrun's command line, its Gloo check answered from
+# the installed library instead of by a process importing all of TensorFlow (seconds per launch).
 YIELD_WHEN_IDLE = ("-mca", "mpi_yield_when_idle", "1")  # a waiting rank yields its core
 TRAINER = (sys.executable, "-m", "components.train.rank")  # every rank's program here
 # Symbols only a Horovod built with each controller has: Gloo's rendezvous context class, and

@@ -1,9 +1,6 @@
-"""The job's log with duplicates across ranks dropped: `RankLines` passes a line every rank
-prints alike (a library's warning, the same traceback) on once, as the first rank printed it.
-
-mpirun's ``--tag-output`` (horovodrun's ``[rank]<stdout>:``) names each line's rank; a local
-job's log (`components.train.launcher.launch.run_local_job`) and a cluster job's launcher log
-(`components.train.launcher.cluster.launcher_log`) both go through it.
+"""The job's log with duplicates across ranks dropped: `RankLines` passes a line every rank prints
+alike (a library's warning, the same traceback) on once, as the first rank printed it. Runs in
+the launcher (a local job's log) and in the train step's pod (a cluster job's launcher log).
 """
 
 from __future__ import annotations
@@ -12,6 +9,9 @@ import collections
 import re
 from collections.abc import Callable
 
+# mpirun's ``--tag-output`` (horovodrun's ``[rank]<stdout>:``) names each line's rank; a local job's
+# log (`components.train.launcher.launch.run_local_job`) and a cluster job's launcher log
+# (`components.train.launcher.cluster.launcher_log`) both go through it.
 MPI_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$")
 EMPTY_TAGS = re.compile(r"(\[(?:\d+,)?\d+\]<std(?:out|err)>:)+$")  # a chunk of just a newline
 REMEMBERED = 2048  # distinct lines kept for the cross-rank check

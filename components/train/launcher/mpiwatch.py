@@ -1,20 +1,7 @@
-"""The one watch of a static Horovod job: mpirun run under its ranks' heartbeats.
-
-``python -m components.train.launcher.mpiwatch --ranks N --silence-seconds S -- mpirun ...`` on a
-cluster job's launcher, `watch` in process for a local job
+"""The one watch of a static Horovod job: mpirun run under its ranks' heartbeats. Runs in the
+launcher: ``python -m components.train.launcher.mpiwatch --ranks N --silence-seconds S -- mpirun
+...`` on a cluster job's launcher, `watch` in process for a local job
 (`components.train.launcher.launch.run_local`).
-
-Horovod's stall check cannot end a job whose rank is frozen (SIGSTOP, a hung node, a cut network):
-its negotiation is itself a collective that waits on that rank, and the transports' timeouts name no
-rank (bench/faults/). So every rank beats from its own thread (`components.train.rank.heartbeat`),
-mpirun's ``--tag-output`` forwards each beat, and the watch takes the beats out of mpirun's output.
-A rank silent for over S seconds (counted from the launch if never heard; ``done``: no longer
-watched; a rank on the watch's own host, as in a local job, only while its process uses no CPU: one
-that a loaded machine delays, or that holds Python's lock in TensorFlow's import, is not frozen)
-ends mpirun (SIGTERM, then SIGKILL to everything below it), one last line names the rank and its
-host, and the exit code is `ExitCode.SILENT_RANK`; otherwise it is mpirun's (`SIGNAL_BASE` + N for a
-signal N). A stop (SIGTERM, Ctrl-C: `Stopped`) kills mpirun and every process below it at once, and
-says so.
 """
 
 from __future__ import annotations
@@ -44,6 +31,17 @@ from components.common.failure import (
 from components.common.processes import Started
 from components.train.rank.heartbeat import MARK
 
+# Horovod's stall check cannot end a job whose rank is frozen (SIGSTOP, a hung node, a cut network):
+# its negotiation is itself a collective that waits on that rank, and the transports' timeouts name
+# no rank (bench/faults/). So every rank beats from its own thread
+# (`components.train.rank.heartbeat`), mpirun's ``--tag-output`` forwards each beat, and the watch
+# takes the beats out of mpirun's output. A rank silent for over S seconds (counted from the launch
+# if never heard; ``done``: no longer watched; a rank on the watch's own host, as in a local job,
+# only while its process uses no CPU: one that a loaded machine delays, or that holds Python's lock
+# in TensorFlow's import, is not frozen) ends mpirun (SIGTERM, then SIGKILL to everything below it),
+# one last line names the rank and its host, and the exit code is `ExitCode.SILENT_RANK`; otherwise
+# it is mpirun's (`SIGNAL_BASE` + N for a signal N). A stop (SIGTERM, Ctrl-C: `Stopped`) kills
+# mpirun and every process below it at once, and says so.
 TERM_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.5
 HOSTFILE_ENV = "OMPI_MCA_orte_default_hostfile"  # mpi-operator sets it on the launcher

@@ -1,8 +1,7 @@
-"""The launcher's preflight, once, before any rank starts (a local launch, and the train step
-before it creates a cluster job): a dataset with too few training samples for the job's ranks,
-or a model that does not take its images (a typo in a user's entry point included), is one
-clear message instead of one traceback per rank. Each rank's own check, that it is in one job
-of the planned size, is `components.train.rank.world_size`.
+"""The launcher's preflight, once, before any rank starts: a dataset with too few training samples
+for the job's ranks, or a model that does not take its images, is one clear message instead of
+one traceback per rank. Runs in the launcher (a local launch) and in the train step's pod before
+it creates a cluster job; each rank's own size check is `components.train.rank.world_size`.
 """
 
 from __future__ import annotations

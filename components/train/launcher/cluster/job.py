@@ -1,12 +1,7 @@
-"""One cluster run of the trainer, whichever operator runs it: its parameters (`ClusterJobParams`),
-its name and labels, and what a backend is (`ClusterJobKind`; `cluster.run.run_job` runs them all).
-
-Where the job's pods run, and what else they get from the train task, is one thing: the train
-task's ``dsl.TaskConfig`` (KFP >= 2.15, pipelines#12185), which reaches every pod that runs a
-rank as `PodConfig`. The pipeline's ``node_selector`` and ``tolerations`` parameters take that
-path too (the pipeline sets them on the train task with kfp-kubernetes), as do the render
-commands' options. The environment reaches the ranks (``mpirun -x``), so a name the job sets
-itself is refused. Nothing here imports ``kubernetes``; only `serves` and `choose_backend` ask a
+"""One cluster job of the trainer, whichever operator runs it: its parameters
+(`ClusterJobParams`), its name and labels, its errors, and the kinds of cluster job
+(`ClusterJobKind`; `cluster.run.run_job` runs them all). Runs in the train step's pod and the
+pipeline's CLI; nothing here imports ``kubernetes``, only `serves` and `choose_backend` ask a
 cluster.
 """
 
@@ -57,6 +52,12 @@ UNBUFFERED, STALL_BOUND = "PYTHONUNBUFFERED", "HOROVOD_STALL_SHUTDOWN_TIME_SECON
 JOB_ENV = ("PATH", UNBUFFERED, STALL_BOUND, HEARTBEAT_ENV)
 
 
+# Where the job's pods run, and what else they get from the train task, is one thing: the train
+# task's ``dsl.TaskConfig`` (KFP >= 2.15, pipelines#12185), which reaches every pod that runs a rank
+# as `PodConfig`. The pipeline's ``node_selector`` and ``tolerations`` parameters take that path too
+# (the pipeline sets them on the train task with kfp-kubernetes), as do the render commands'
+# options. The environment reaches the ranks (``mpirun -x``), so a name the job sets itself is
+# refused (`JOB_ENV`).
 @dataclass(frozen=True)
 class PodConfig(Placement):
     """The task config's part that the job's rank pods get (empty: nothing set); making one

@@ -1,10 +1,5 @@
-"""The launcher pod's log, copied into the run's log as it is written, each line once.
-
-A thread follows the newest launcher pod's log with ``read_namespaced_pod_log(follow=True)``,
-which the kubelet streams until the container ends. A stream that breaks off while the
-container still runs is opened again, and the lines already copied are skipped; a new launcher
-pod, or a restarted container, is followed from its start. The last lines are kept for the
-failure message.
+"""The launcher pod's log, copied into the run's log as it is written, each line once. Runs in
+the train step's pod, in a thread beside the job's run.
 """
 
 from __future__ import annotations
@@ -46,6 +41,10 @@ def _restarts(pod: Any, container: str) -> int:
     return next((s.restart_count or 0 for s in statuses if s.name == container), 0)
 
 
+# A thread follows the newest launcher pod's log with ``read_namespaced_pod_log(follow=True)``,
+# which the kubelet streams until the container ends. A stream that breaks off while the container
+# still runs is opened again, and the lines already copied are skipped; a new launcher pod, or a
+# restarted container, is followed from its start. The last lines are kept for the failure message.
 class LauncherLog:
     """Within ``with``, copies the launcher's log into `run`'s log (through `RankLines`: a line
     every rank prints alike, once) and keeps its last `LOG_TAIL_LINES` lines in `tail`."""

@@ -1,5 +1,7 @@
-"""The MPIJob backend: mpi-operator's ``kubeflow.org/v2beta1`` MPIJob (one launcher running
-the job's command, ``workers`` sshd workers), its CRD and its API."""
+"""The MPIJob backend: mpi-operator's ``kubeflow.org/v2beta1`` MPIJob (one launcher running the
+job's command, ``workers`` sshd workers), its CRD and its manifest. Runs in the train step's pod
+and in the pipeline's CLI (``render-mpijob``).
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""What the launcher runs and what every pod of a cluster job is made of, for both backends:
-``mpiwatch -- mpirun ... python -m components.train.rank ...`` for a static job (the MPIJob's
-launcher and the TrainJob's node 0 run the same line), ``horovodrun`` for an elastic MPIJob.
-
-Placement goes on every pod of the job: each runs a rank, except the MPIJob's launcher, which
-is placed in the same pool on purpose (a team's tainted pool or an Autopilot class may be the
-only place the job may run; it asks for no GPU).
+"""What the launcher runs and what every pod of a cluster job is made of, for both backends
+(``mpiwatch -- mpirun ...`` for a static job, ``horovodrun`` for an elastic MPIJob). Runs in
+the train step's pod and in the pipeline's CLI (``render-*``), which build the manifests.
 """
 
 from __future__ import annotations
@@ -19,6 +15,10 @@ from components.train.launcher import launch
 from components.train.launcher.cluster.job import STALL_BOUND, UNBUFFERED, ClusterJobParams
 from components.train.rank.heartbeat import HEARTBEAT_ENV, period_for
 
+# The MPIJob's launcher and the TrainJob's node 0 run the same line for a static job. Placement goes
+# on every pod of the job: each runs a rank, except the MPIJob's launcher, which is placed in the
+# same pool on purpose (a team's tainted pool or an Autopilot class may be the only place the job
+# may run; it asks for no GPU).
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 # Where mpi-operator v2beta1 keeps the launcher's host discovery script: it lists the worker
 # pods that are running now (``echo <pod>.<job>-worker.<namespace>.svc`` per pod, no slots).

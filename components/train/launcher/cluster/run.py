@@ -1,12 +1,5 @@
-"""Run one cluster job through the official ``kubernetes`` client, the same steps for every
-backend (`cluster.job.ClusterJobKind`): `run_job`.
-
-Everything is created with ``fieldValidation=Strict``: the API server refuses a field its CRD
-lacks instead of dropping it. The job's deadline field is written only where the cluster's
-schema of the job has it; elsewhere the train step enforces the deadline itself.
-A job that an earlier attempt of the same task created is reattached to, unless it already
-failed: that one is replaced, so a KFP retry really retries. SIGTERM (the KFP task is
-cancelled) deletes the job with foreground propagation and waits for its pods to go.
+"""Run one cluster job through the official ``kubernetes`` client, the same steps for every kind
+of job (`cluster.job.ClusterJobKind`): `run_job`. Runs in the train step's pod.
 """
 
 from __future__ import annotations
@@ -312,6 +305,12 @@ def check_run(params: ClusterJobParams, kind: str, log: Log = print) -> RunSumma
     return record
 
 
+# Everything is created with ``fieldValidation=Strict``: the API server refuses a field its CRD
+# lacks instead of dropping it. The job's deadline field is written only where the cluster's schema
+# of the job has it; elsewhere the train step enforces the deadline itself. A job that an earlier
+# attempt of the same task created is reattached to, unless it already failed: that one is replaced,
+# so a KFP retry really retries. SIGTERM (the KFP task is cancelled) deletes the job with foreground
+# propagation and waits for its pods to go.
 def run_job(
     b: ClusterJobKind,
     params: ClusterJobParams,

@@ -1,8 +1,6 @@
-"""The schema of a custom resource as a cluster serves it, and whether it has a field.
-
-The train step reads it from the API's OpenAPI v3 document (``/openapi/v3/apis/<group>/<version>``),
-which every authenticated user may read, as API discovery: reading the CRD itself would need
-a cluster-wide right. ``render-*`` reads it from a vendored CRD file instead.
+"""The schema of a custom resource as a cluster serves it, and whether it has a field. Runs in the
+train step's pod (from the API) and in the pipeline's CLI (``render-*``, from a vendored CRD
+file).
 """
 
 from __future__ import annotations
@@ -51,6 +49,9 @@ class Schema:
         return True
 
 
+# The train step reads the schema from the API's OpenAPI v3 document
+# (``/openapi/v3/apis/<group>/<version>``), which every authenticated user may read, as API
+# discovery: reading the CRD itself would need a cluster-wide right.
 def served_schema(api_client: ApiClient, crd: Crd) -> Schema | None:
     """`crd`'s schema from the cluster's OpenAPI v3 document; None if the cluster publishes
     none for it (no document, or none the caller may read)."""

@@ -1,13 +1,7 @@
 """The TrainJob backend: the same Horovod job as the MPIJob's, run by Kubeflow Trainer v2
 (``trainer.kubeflow.org/v1alpha1``) on the project's own TrainingRuntime (trainjob.md says how
-Trainer v2.3 runs it, as read from its source).
-
-Trainer's built-in MPI runtimes run other images, and a TrainJob's image reaches its launcher
-alone (kubeflow/trainer#4030), so the project ships its own runtime with the trainer image on
-both of its jobs (``node``: the sshd workers; ``launcher``: node 0 too, started once the nodes
-are ready). What the TrainJob API cannot say per run (the image on the nodes, the pods'
-identity, scheduling and security, TTL, restarts) is in that runtime, named by its spec's hash:
-runs with the same settings share one, and no run changes one another run uses.
+Trainer v2.3 runs it, as read from its source). Runs in the train step's pod and in the
+pipeline's CLI (``render-trainjob``).
 """
 
 from __future__ import annotations
@@ -32,6 +26,12 @@ from components.train.launcher.cluster.job import (
 )
 from components.train.launcher.parameters import TrainStep
 
+# Trainer's built-in MPI runtimes run other images, and a TrainJob's image reaches its launcher
+# alone (kubeflow/trainer#4030), so the project ships its own runtime with the trainer image on both
+# of its jobs (``node``: the sshd workers; ``launcher``: node 0 too, started once the nodes are
+# ready). What the TrainJob API cannot say per run (the image on the nodes, the pods' identity,
+# scheduling and security, TTL, restarts) is in that runtime, named by its spec's hash: runs with
+# the same settings share one, and no run changes one another run uses.
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = "v1alpha1"
 _CRDS = Path("deploy") / "crd" / "trainer" / defaults.TRAINER_VERSION  # one folder per release
