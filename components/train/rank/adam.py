@@ -1,17 +1,5 @@
-"""Keras 3's Adam, its step done by TensorFlow's fused ``ResourceApplyAdam`` kernel.
-
-Keras 3 writes Adam's step in backend-neutral ``keras.ops``: on TensorFlow that is about ten
-element-wise ops per variable, each a full pass over the weights (and their moments), where
-tf-keras's legacy Adam ran TensorFlow's one fused kernel. On the default model (1.2 M weights,
-batch 64, 2 CPU threads, one process, 3 interleaved runs, median of 8 epochs each) a step took
-46.6 ms with Keras's Adam, 41.9 ms with this one and 42.9 ms on tf-keras (bench/README.md).
-
-`FusedAdam` is ``keras.optimizers.Adam`` in everything but `update_step`, whose arithmetic is
-the same (``ResourceApplyAdam``'s documented update is Keras's: epsilon added to the square
-root, the bias correction folded into the step size). Where the kernel does not apply it leaves
-the step to Keras: AMSGrad, and sparse gradients (an ``Embedding``'s ``IndexedSlices``).
-Its variables are Adam's, so a checkpoint restores into either; the exported model carries no
-optimizer.
+"""Keras 3's Adam, its step done by TensorFlow's fused ``ResourceApplyAdam`` kernel (`FusedAdam`,
+`fused_adam`). Runs in each rank, wrapped in Horovod's ``DistributedOptimizer``.
 """
 
 from __future__ import annotations
@@ -22,6 +10,17 @@ from typing import Any
 from components.common import keras_env
 
 
+# Keras 3 writes Adam's step in backend-neutral ``keras.ops``: on TensorFlow that is about ten
+# element-wise ops per variable, each a full pass over the weights (and their moments), where
+# tf-keras's legacy Adam ran TensorFlow's one fused kernel. On the default model (1.2 M weights,
+# batch 64, 2 CPU threads, one process, 3 interleaved runs, median of 8 epochs each) a step took
+# 46.6 ms with Keras's Adam, 41.9 ms with this one and 42.9 ms on tf-keras (bench/README.md).
+#
+# `FusedAdam` is ``keras.optimizers.Adam`` in everything but `update_step`, whose arithmetic is the
+# same (``ResourceApplyAdam``'s documented update is Keras's: epsilon added to the square root, the
+# bias correction folded into the step size). Where the kernel does not apply it leaves the step to
+# Keras: AMSGrad, and sparse gradients (an ``Embedding``'s ``IndexedSlices``). Its variables are
+# Adam's, so a checkpoint restores into either; the exported model carries no optimizer.
 @functools.cache
 def fused_adam_class() -> type:
     """The `FusedAdam` class, made once Keras is imported (nothing is imported at import)."""

@@ -1,16 +1,5 @@
-"""The ``augment`` option: Horovod's keras_mnist_advanced.py augmentation as Keras layers.
-
-The example's ``ImageDataGenerator(rotation_range=8, width_shift_range=0.08,
-height_shift_range=0.08, shear_range=0.3, zoom_range=0.08)`` as layers inside the model, after
-the scaling, so they run where the model runs and Horovod sees nothing new: RandomRotation
-(8/360), RandomTranslation (0.08), `RandomShear` (0.3 *degrees*, as the generator reads
-``shear_range``; Keras' own RandomShear takes a fraction) and RandomZoom (0.08), all filling
-with the nearest pixel and interpolating bilinearly. Unlike the generator, each layer resamples
-on its own.
-
-They act in ``fit`` only (``training=True``); ``predict``, ``evaluate`` and the SavedModel's
-signature pass images through. They have no weights, so the initial weights stay identical on
-every rank, and their draws follow the trainer's seed.
+"""The ``augment`` option: Horovod's keras_mnist_advanced.py augmentation as Keras layers inside
+the model, after the scaling. Built in each rank; the layers act in ``fit`` only.
 """
 
 from __future__ import annotations
@@ -19,6 +8,16 @@ import functools
 import math
 from typing import Any
 
+# The example's ``ImageDataGenerator(rotation_range=8, width_shift_range=0.08,
+# height_shift_range=0.08, shear_range=0.3, zoom_range=0.08)`` as layers inside the model, so they
+# run where the model runs and Horovod sees nothing new: RandomRotation (8/360), RandomTranslation
+# (0.08), `RandomShear` (0.3 *degrees*, as the generator reads ``shear_range``; Keras' own
+# RandomShear takes a fraction) and RandomZoom (0.08), all filling with the nearest pixel and
+# interpolating bilinearly. Unlike the generator, each layer resamples on its own.
+#
+# They act in ``fit`` only (``training=True``); ``predict``, ``evaluate`` and the SavedModel's
+# signature pass images through. They have no weights, so the initial weights stay identical on
+# every rank, and their draws follow the trainer's seed.
 FILL_MODE = "nearest"  # the generator's fill_mode
 
 

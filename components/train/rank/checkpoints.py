@@ -1,15 +1,5 @@
-"""Per-epoch checkpoints, written by rank 0 only, to a local path or gs://.
-
-Layout: ``epoch-0003/ckpt.*`` (the ``tf.train.Checkpoint``), ``epoch-0003/checkpoint.json``
-(epoch, prefix, metrics, model, the Keras major version, and each file's bytes and sha256),
-written after the other
-files, and ``latest.json`` (the same without the files) after the whole epoch directory: a run
-killed mid-write resumes from the previous complete checkpoint. The last `KEEP` are kept.
-
-`latest` checks the epoch ``latest.json`` names and the older ones, newest first, against their
-own ``checkpoint.json``; one log line says which were passed over and why. Once anything was
-committed, a resume never silently starts from scratch: no checkpoint that checks out is a
-`CheckpointError` naming each one.
+"""Per-epoch checkpoints, to a local path or gs://: written by rank 0, read by every rank that
+resumes (`latest`, `restore`). Runs in each rank.
 """
 
 from __future__ import annotations
@@ -25,6 +15,16 @@ from typing import Any
 from components.common import storage
 from components.common.failure import InputError
 
+# Layout: ``epoch-0003/ckpt.*`` (the ``tf.train.Checkpoint``), ``epoch-0003/checkpoint.json``
+# (epoch, prefix, metrics, model, the Keras major version, and each file's bytes and sha256),
+# written after the other files, and ``latest.json`` (the same without the files) after the whole
+# epoch directory: a run killed mid-write resumes from the previous complete checkpoint. The last
+# `KEEP` are kept.
+#
+# `latest` checks the epoch ``latest.json`` names and the older ones, newest first, against their
+# own ``checkpoint.json``; one log line says which were passed over and why. Once anything was
+# committed, a resume never silently starts from scratch: no checkpoint that checks out is a
+# `CheckpointError` naming each one.
 LATEST = "latest.json"
 EPOCH_MARKER = "checkpoint.json"
 KEEP = 2

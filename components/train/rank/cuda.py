@@ -1,12 +1,6 @@
-"""Can TensorFlow load its CUDA libraries here? And the trainer images' build-time check.
-
-The locked ``tensorflow`` is a CUDA build whose libraries come as the ``nvidia-*-cu12`` wheels
-of ``tensorflow[and-cuda]`` (only the GPU image has them). TF dlopens each by soname, first
-from its wheel's folder (TF's RUNPATH), else by the system loader; `missing_cuda_libraries` does
-the same without importing TensorFlow, so the trainer can refuse a GPU job where one is missing.
-``python -m components.train.rank.cuda --check --gradient-allreduce host|nccl`` is the images'
-build-time check (every library loads, TF is a CUDA build, Horovod's NCCL build matches the
-label); ``--check-horovod`` checks only the last.
+"""Can TensorFlow load its CUDA libraries here? Runs in each rank of a GPU job (without importing
+TensorFlow), and as ``python -m components.train.rank.cuda --check`` in the trainer images'
+build.
 """
 
 from __future__ import annotations
@@ -40,6 +34,14 @@ TF_CUDA_LIBRARIES: dict[str, str] = {
     "libnccl.so.2": "nvidia-nccl-cu12",
     "libcupti.so.12": "nvidia-cuda-cupti-cu12",
 }
+# The locked ``tensorflow`` is a CUDA build whose libraries come as the ``nvidia-*-cu12`` wheels of
+# ``tensorflow[and-cuda]`` (only the GPU image has them). TF dlopens each by soname, first from its
+# wheel's folder (TF's RUNPATH), else by the system loader; `missing_cuda_libraries` does the same
+# without importing TensorFlow, so the trainer can refuse a GPU job where one is missing. ``python
+# -m components.train.rank.cuda --check --gradient-allreduce host|nccl`` is the images' build-time
+# check (every library loads, TF is a CUDA build, Horovod's NCCL build matches the label);
+# ``--check-horovod`` checks only the last.
+#
 # How Horovod reduces gradients between GPUs (NCCL, or host memory), and the image label saying so.
 GRADIENT_ALLREDUCE = ("host", "nccl")
 GRADIENT_ALLREDUCE_LABEL = "io.kfp-horovod.gradient-allreduce"

@@ -1,15 +1,6 @@
-"""This rank's part of the training split, streamed from the dataset's TFRecord shards.
-
-Rank *r* of *n* reads samples ``[r*N/n, (r+1)*N/n)`` of the split, numbered in the manifest's
-shard order (`plan_rank`): only the shards that overlap its block, and of the first and last
-only the records inside it. All ranks run the *same* number of steps per epoch (a rank one step
-short would leave the others waiting forever in an allreduce), each cutting its block into that
-many nearly equal batches: no sample is dropped or repeated.
-
-Each epoch a rank visits its shards in an order of its own, reads several at once, shuffles the
-records in a buffer of bounded size (`SHUFFLE_BUFFER_BYTES`) and decodes whole batches in
-parallel (`make_dataset`): its memory is bounded by that buffer and a few batches, not by the
-dataset. Shards on GCS are streamed (`components.common.shard_files`).
+"""This rank's part of the training split, streamed from the dataset's TFRecord shards
+(`plan_rank`, `make_dataset`). Runs in each rank; the launcher's preflight uses its
+`ranks_problem`.
 """
 
 from __future__ import annotations
@@ -26,6 +17,17 @@ from components.common.dataset import ImageSpec, Manifest
 from components.common.failure import InputError
 from components.common.shard_files import piece_records
 
+# Rank *r* of *n* reads samples ``[r*N/n, (r+1)*N/n)`` of the split, numbered in the manifest's
+# shard order (`plan_rank`): only the shards that overlap its block, and of the first and last only
+# the records inside it. All ranks run the *same* number of steps per epoch (a rank one step short
+# would leave the others waiting forever in an allreduce), each cutting its block into that many
+# nearly equal batches: no sample is dropped or repeated.
+#
+# Each epoch a rank visits its shards in an order of its own, reads several at once, shuffles the
+# records in a buffer of bounded size (`SHUFFLE_BUFFER_BYTES`) and decodes whole batches in parallel
+# (`make_dataset`): its memory is bounded by that buffer and a few batches, not by the dataset.
+# Shards on GCS are streamed (`components.common.shard_files`).
+#
 # The shuffle buffer's size in bytes of records (the number of records follows from the
 # image's size: the whole of a 2,000-digit block, 200 records of 224x224 RGB images).
 SHUFFLE_BUFFER_BYTES = 32 * 2**20

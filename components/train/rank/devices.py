@@ -1,10 +1,6 @@
-"""Devices and threads: the first thing a rank sets up after ``hvd.init()``.
-
-`configure_devices` pins the rank to the GPU of its local rank (if any) and sizes its CPU
-thread pools by `default_threads`: its share of the cores, capped by its CPU limit (a Kubernetes
-CPU limit is a CFS quota, which does not change the cores a process sees: a rank of a 64-core
-node limited to 2 would otherwise start 64 threads and be throttled). `gpu_problem` says why a
-job that asked for GPUs must not train here: a job never trains on the CPU by mistake.
+"""Devices and threads: the first thing each rank sets up after ``hvd.init()``
+(`configure_devices`), and why a job that asked for GPUs must not train here (`gpu_problem`):
+a job never trains on the CPU by mistake.
 """
 
 from __future__ import annotations
@@ -44,6 +40,10 @@ def cpu_quota(cgroup_root: Path = CGROUP_ROOT) -> float | None:
     return None
 
 
+# `configure_devices` pins the rank to the GPU of its local rank (if any) and sizes its CPU thread
+# pools by `default_threads`: its share of the cores, capped by its CPU limit (a Kubernetes CPU
+# limit is a CFS quota, which does not change the cores a process sees: a rank of a 64-core node
+# limited to 2 would otherwise start 64 threads and be throttled).
 def default_threads(local_size: int, cgroup_root: Path = CGROUP_ROOT) -> int:
     """The usable cores (a fractional limit rounds down) split among the `local_size` ranks
     of this host; never below 1."""

@@ -1,17 +1,5 @@
-"""Elastic training (``min_workers`` > 0): the job survives losing workers, and grows back.
-
-Every rank runs the trainer's own steps inside Horovod's elastic loop (``hvd.elastic.run``),
-with the model, the optimizer, the epoch, the last metrics and the job's records in a
-``KerasState``. It commits once per epoch, after rank 0's checkpoint; a commit also raises
-``HostsUpdatedInterrupt`` when hosts changed, so a job grows only at an epoch boundary. A lost
-worker fails the survivors' next collective: Horovod restores the last commit, forms a new world
-and calls `on_reset`; the interrupted epoch runs again from its start. Every attempt re-shards
-for its world size, re-scales Adam, and records each epoch's coverage (uncommitted records roll
-back with the state). The run summary records the world-size history.
-
-Nothing may run a collective before the elastic loop: a worker that joins later runs this module
-from the start while the others wait in the loop's sync. So every rank reads the checkpoint
-marker itself and the shards are read and agreed on inside each attempt.
+"""Elastic training (``min_workers`` > 0): the job survives losing workers, and grows back. Runs in
+each rank, inside Horovod's elastic loop (``hvd.elastic.run``), under elastic horovodrun.
 """
 
 from __future__ import annotations
@@ -26,6 +14,19 @@ from components.train.rank.data import coverage
 from components.train.rank.gloo_timeout import GLOO_TIMEOUT_ENV, JOIN_GLOO_TIMEOUT_S
 from components.train.rank.trainer import RankContext, Trainee
 
+# Every rank runs the trainer's own steps inside the elastic loop, with the model, the optimizer,
+# the epoch, the last metrics and the job's records in a ``KerasState``. It commits once per epoch,
+# after rank 0's checkpoint; a commit also raises ``HostsUpdatedInterrupt`` when hosts changed, so a
+# job grows only at an epoch boundary. A lost worker fails the survivors' next collective: Horovod
+# restores the last commit, forms a new world and calls `on_reset`; the interrupted epoch runs again
+# from its start. Every attempt re-shards for its world size, re-scales Adam, and records each
+# epoch's coverage (uncommitted records roll back with the state). The run summary records the
+# world-size history.
+#
+# Nothing may run a collective before the elastic loop: a worker that joins later runs this module
+# from the start while the others wait in the loop's sync. So every rank reads the checkpoint marker
+# itself and the shards are read and agreed on inside each attempt.
+#
 # Larger than any job's step count: Horovod's CommitStateCallback then commits at epoch ends
 # only, so an epoch never straddles two world sizes.
 COMMIT_AT_EPOCH_ENDS_ONLY = 2**62

@@ -1,5 +1,7 @@
-"""Gloo's timeout in an elastic job: what the launcher sets for a local elastic job, and what
-each rank sets before it joins (`components.train.rank.elastic`)."""
+"""Gloo's timeout in an elastic job: what the launcher sets for a local elastic job, and what each
+rank sets before it joins (`components.train.rank.elastic`). Runs in the launcher and in each
+rank.
+"""
 
 # Gloo's timeout (Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS, 30 s by default) in a local elastic job.
 # When a rank is lost, one survivor's collective fails at once (its connection to the lost rank

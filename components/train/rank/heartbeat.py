@@ -1,6 +1,7 @@
 """Each rank's heartbeat, the rank's half of the launcher's watch
-(`components.train.launcher.mpiwatch`): a line every period from a daemon thread, started first
-thing in ``python -m components.train.rank`` when the launcher sets `HEARTBEAT_ENV`.
+(`components.train.launcher.mpiwatch`): a line every period from a daemon thread of each rank,
+started first thing in ``python -m components.train.rank`` when the launcher sets
+`HEARTBEAT_ENV`.
 """
 
 from __future__ import annotations

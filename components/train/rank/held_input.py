@@ -1,19 +1,6 @@
 """The training input's iterators, held until this rank's process ends, and the process ended
-without destroying them; and each step's wait for its batch, timed (`InputClock`).
-
-Why: TensorFlow 2.21's ``tf.data`` autotuning gives every iterator a model thread
-(``tf_data_model``) that wakes to re-tune after 10 ms, then after twice as long each time, up to
-60 s. Destroying the iterator waits for that thread's next wake-up: the iterator's cancellation
-does not wake it (gdb: the thread sits in ``Model::OptimizeLoop``'s timed wait). Keras drops its
-input iterator when ``fit`` returns, so a rank sat idle between its last step and its export
-for a time that grows with training: 2.1 s after 3.5 s of training in a plain Keras ``fit``
-without Horovod, about 40 s at the end of a 24-epoch ``make run`` (``bench.pipeline_overhead``).
-Turning autotuning off removes the wait but cost 2x1 throughput (median 0.94 over 10 rounds).
-
-So every rank keeps the iterators its ``fit`` calls trained from (`hold_callback`), and ``python
--m components.train.rank`` ends through `exit_process`: the exit handlers run as at any exit
-(Horovod's shutdown, the heartbeat's ``done``, logging's flush), then ``os._exit``, so no
-finalizer runs and none waits.
+without destroying them; and each step's wait for its batch, timed (`InputClock`). Runs in
+each rank.
 """
 
 from __future__ import annotations
@@ -27,6 +14,19 @@ from typing import Any, NoReturn
 HELD: list[Any] = []  # this process's training iterators, in the order their fits began
 
 
+# Why: TensorFlow 2.21's ``tf.data`` autotuning gives every iterator a model thread
+# (``tf_data_model``) that wakes to re-tune after 10 ms, then after twice as long each time, up to
+# 60 s. Destroying the iterator waits for that thread's next wake-up: the iterator's cancellation
+# does not wake it (gdb: the thread sits in ``Model::OptimizeLoop``'s timed wait). Keras drops its
+# input iterator when ``fit`` returns, so a rank sat idle between its last step and its export for a
+# time that grows with training: 2.1 s after 3.5 s of training in a plain Keras ``fit`` without
+# Horovod, about 40 s at the end of a 24-epoch ``make run`` (``bench.pipeline_overhead``). Turning
+# autotuning off removes the wait but cost 2x1 throughput (median 0.94 over 10 rounds).
+#
+# So every rank keeps the iterators its ``fit`` calls trained from (`hold_callback`), and ``python
+# -m components.train.rank`` ends through `exit_process`: the exit handlers run as at any exit
+# (Horovod's shutdown, the heartbeat's ``done``, logging's flush), then ``os._exit``, so no
+# finalizer runs and none waits.
 class InputClock:
     """Seconds this rank's steps waited for their batch: the input pipeline's share of a step."""
 

@@ -1,26 +1,6 @@
-"""The trainer's models: the dataset's raw ``uint8`` images in (input ``image``, height x width x
-channels), class probabilities out (output ``probabilities``), the scaling to [0, 1] inside.
-The ``model`` parameter picks one:
-
-- ``mnist_advanced`` (the default): the network of Horovod's ``keras_mnist_advanced.py``.
-- ``small``: the project's first CNN, the same weights for the same seed as before the choice.
-- ``mobilenet_v3_small``: Keras's MobileNetV3Small (``keras.applications``, no pretrained
-  weights), for larger colour images (32x32 and up); the two above flatten their last feature
-  map into a dense layer, whose size grows with the image.
-- ``package.module:function``: the user's own, called as ``function(input_shape, num_classes)``
-  with the dataset's values, e.g. ``function((28, 28, 1), 10)``: a Keras 3 model (``import
-  keras``: layers, ``keras.ops``, custom layers, functional or Sequential) from float32 images
-  scaled to [0, 1] (as the Horovod example feeds them) to softmax probabilities, wrapped between
-  the ``image`` input, the scaling and ``probabilities``. A module that brings in tf-keras
-  (Keras 2) is refused by name.
-
-`build_model` seeds every random generator with the run's seed first, so every rank builds the
-same initial weights. The output layer computes in float32 whatever the dtype policy (Keras's
-advice for a softmax under ``mixed_precision``), so the probabilities are float32 too.
-`export_saved_model` writes the one SavedModel with two signatures: ``serving_default`` (a
-``uint8`` image batch at the dataset's shape in, ``probabilities`` out) and ``serving_bytes``
-(encoded JPEG, PNG, BMP or GIF files in, decoded and resized inside the model as data prep did,
-``probabilities`` and the top class's name out).
+"""The trainer's models (the ``model`` parameter: a built-in one or the user's
+``package.module:function``) and the one SavedModel rank 0 exports. Built in each rank, and in
+the launcher's preflight (does the model take the dataset's images?).
 """
 
 from __future__ import annotations
@@ -50,6 +30,31 @@ from components.common.model_files import (
 MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10
 
 
+# Every model takes the dataset's raw ``uint8`` images (input ``image``, height x width x channels)
+# and gives class probabilities (output ``probabilities``), the scaling to [0, 1] inside. The
+# ``model`` parameter picks one:
+#
+# - ``mnist_advanced`` (the default): the network of Horovod's ``keras_mnist_advanced.py``.
+# - ``small``: the project's first CNN; a seed gives it the same initial weights the project's first
+#   trainer did, so results made with it reproduce (components/train/tests/test_model.py compares
+#   the two).
+# - ``mobilenet_v3_small``: Keras's MobileNetV3Small (``keras.applications``, no pretrained
+#   weights), for larger colour images (32x32 and up); the two above flatten their last feature map
+#   into a dense layer, whose size grows with the image.
+# - ``package.module:function``: the user's own, called as ``function(input_shape, num_classes)``
+#   with the dataset's values, e.g. ``function((28, 28, 1), 10)``: a Keras 3 model (``import
+#   keras``: layers, ``keras.ops``, custom layers, functional or Sequential) from float32 images
+#   scaled to [0, 1] (as the Horovod example feeds them) to softmax probabilities, wrapped between
+#   the ``image`` input, the scaling and ``probabilities``. A module that brings in tf-keras (Keras
+#   2) is refused by name.
+#
+# `build_model` seeds every random generator with the run's seed first, so every rank builds the
+# same initial weights. The output layer computes in float32 whatever the dtype policy (Keras's
+# advice for a softmax under ``mixed_precision``), so the probabilities are float32 too.
+# `export_saved_model` writes the one SavedModel with two signatures: ``serving_default`` (a
+# ``uint8`` image batch at the dataset's shape in, ``probabilities`` out) and ``serving_bytes``
+# (encoded JPEG, PNG, BMP or GIF files in, decoded and resized inside the model as data prep did,
+# ``probabilities`` and the top class's name out).
 class ModelChoiceError(InputError):
     """The ``model`` parameter names no model the trainer can build."""
 

@@ -1,14 +1,5 @@
-"""Telemetry: what a run measures and tells, as one Keras callback beside the checklist.
-
-Did the workers pay? Each rank times, inside the step's graph (`AllreduceClock`), the part of
-the gradient allreduce that the backward pass does not hide, its wait for slower ranks
-included, and, before each step, its wait for the step's batch (`held_input.InputClock`); the
-rest of a step is the rank's own work ("compute"). Each epoch the ranks share their figures
-(`EpochCost`): the shortest time in the allreduce is the communication itself (the slowest rank
-waits for no one), what a rank spends above that is waiting. From that split, `resource_use`
-estimates the scaling efficiency (compute's share of a step), names a straggler and gives
-advice (an input-bound job is told so, not to communicate less); rank 0 logs each epoch and
-gathers every rank's record into the `RunSummary`.
+"""Telemetry: what a run measures and tells, as one Keras callback beside the checklist. Runs in
+each rank; rank 0 logs each epoch and gathers every rank's record into the `RunSummary`.
 """
 
 from __future__ import annotations
@@ -29,6 +20,15 @@ from components.train.rank.held_input import InputClock
 from components.train.rank.model import weights_fingerprint
 from components.train.summary import Record, RunSummary
 
+# Did the workers pay? Each rank times, inside the step's graph (`AllreduceClock`), the part of the
+# gradient allreduce that the backward pass does not hide, its wait for slower ranks included, and,
+# before each step, its wait for the step's batch (`held_input.InputClock`); the rest of a step is
+# the rank's own work ("compute"). Each epoch the ranks share their figures (`EpochCost`): the
+# shortest time in the allreduce is the communication itself (the slowest rank waits for no one),
+# what a rank spends above that is waiting. From that split, `resource_use` estimates the scaling
+# efficiency (compute's share of a step), names a straggler and gives advice (an input-bound job is
+# told so, not to communicate less).
+#
 # A rank whose compute per step exceeds the others' median by more than this is a straggler.
 # Identical ranks on a shared 2-core machine differed by up to 6% (bench/README.md).
 STRAGGLER_MARGIN = 0.10

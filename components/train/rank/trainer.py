@@ -1,25 +1,6 @@
-"""The Horovod training program: every rank of the job runs :func:`run`, Horovod's checklist
-from top to bottom.
-
-1. **Init**: ``hvd.init()``, then the preflight: the world size must be ``--workers`` x
-   ``--slots-per-worker`` (N copies of a world of 1 are not one job).
-2. **Devices**: pin this rank to the GPU of its local rank (if any), set its CPU threads. A job
-   that asked for GPUs (``--gpus-per-worker``) and cannot have them stops before training.
-3. **This rank's shard**: a disjoint block of the training split, streamed from the dataset's
-   shard files (`components.train.rank.data`); every rank learns whether any rank failed, the GPU
-   check included, before anyone trains.
-4. **Model**: for the dataset's image shape and classes, the same initial weights on every
-   rank (from the seed), or rank 0's latest checkpoint, which every rank restores.
-5. **Optimizer**: Adam at the ``lr_scaling`` rule's learning rate (``linear``: lr x size),
-   wrapped in ``hvd.DistributedOptimizer``: gradients averaged every step.
-6. **Callbacks**: Horovod's ``BroadcastGlobalVariablesCallback(0)`` (rank 0's state to all),
-   ``MetricAverageCallback`` and ``LearningRateWarmupCallback``; the run's telemetry
-   (`components.train.rank.telemetry`); rank 0 alone checkpoints after every epoch.
-7. **Fit**, every rank the same number of steps.
-8. **Export**: rank 0 alone writes the one SavedModel and the run summary.
-
-An elastic job (``--min-workers`` > 0) runs steps 3, 6 and 7 inside Horovod's elastic loop
-(`components.train.rank.elastic`).
+"""The Horovod training program: every rank of the job runs :func:`run`, Horovod's checklist from
+top to bottom (the comment above `run` lists its steps). Runs in each rank, under mpirun (a
+static job) or elastic horovodrun (`components.train.rank.elastic`).
 """
 
 from __future__ import annotations
@@ -108,6 +89,27 @@ class Trainee:
         return self.resume.epoch if self.resume else 0
 
 
+# Horovod's checklist, as `run` and `train_static` follow it:
+#
+# 1. **Init**: ``hvd.init()``, then the preflight: the world size must be ``--workers`` x
+#    ``--slots-per-worker`` (N copies of a world of 1 are not one job).
+# 2. **Devices**: pin this rank to the GPU of its local rank (if any), set its CPU threads. A job
+#    that asked for GPUs (``--gpus-per-worker``) and cannot have them stops before training.
+# 3. **This rank's shard**: a disjoint block of the training split, streamed from the dataset's
+#    shard files (`components.train.rank.data`); every rank learns whether any rank failed, the GPU
+#    check included, before anyone trains.
+# 4. **Model**: for the dataset's image shape and classes, the same initial weights on every rank
+#    (from the seed), or rank 0's latest checkpoint, which every rank restores.
+# 5. **Optimizer**: Adam at the ``lr_scaling`` rule's learning rate (``linear``: lr x size), wrapped
+#    in ``hvd.DistributedOptimizer``: gradients averaged every step.
+# 6. **Callbacks**: Horovod's ``BroadcastGlobalVariablesCallback(0)`` (rank 0's state to all),
+#    ``MetricAverageCallback`` and ``LearningRateWarmupCallback``; the run's telemetry
+#    (`components.train.rank.telemetry`); rank 0 alone checkpoints after every epoch.
+# 7. **Fit**, every rank the same number of steps.
+# 8. **Export**: rank 0 alone writes the one SavedModel and the run summary.
+#
+# An elastic job (``--min-workers`` > 0) runs steps 3, 6 and 7 inside Horovod's elastic loop
+# (`components.train.rank.elastic`).
 def run(config: TrainConfig, train: Callable[[RankContext], int] | None = None) -> int:
     """Run this rank's part of the job (`train`: the elastic loop, else `train_static`).
     Returns the process exit code."""

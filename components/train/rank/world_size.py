@@ -1,6 +1,7 @@
 """Each rank's first check: is it in ONE Horovod job of the planned size, or one of N unrelated
-copies? The original report: an MPIJob whose N processes each ran the script on its own, each
-in a world of 1, training its own model and printing its own log lines.
+copies? Runs in each rank, right after ``hvd.init()``. The symptom it names: an MPIJob whose N
+processes each ran the script on its own, each in a world of 1, training its own model and
+printing its own log lines.
 """
 
 from __future__ import annotations
