@@ -1,4 +1,6 @@
-"""Compile the pipeline into one YAML file for the KFP UI, the client and schedules."""
+"""Compile the pipeline into one YAML file for the KFP UI, the client and schedules. Runs in the
+pipeline's CLI process (``python -m pipeline compile``, ``make compile``).
+"""
 
 from __future__ import annotations
 

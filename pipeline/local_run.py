@@ -1,5 +1,8 @@
-"""The whole pipeline on this machine with ``kfp.local``: each step a subprocess (or a
-container), training as ``horovodrun`` on localhost, local disk for GCS; a quiet console."""
+"""The whole pipeline on this machine with ``kfp.local`` (``python -m pipeline run-local``,
+``make run``): each step a subprocess (or a container), training under mpirun on localhost
+(elastic horovodrun where ``min_workers`` > 0), local disk for GCS; a quiet console. Runs in the
+pipeline's CLI process.
+"""
 
 from __future__ import annotations
 

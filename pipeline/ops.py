@@ -1,9 +1,6 @@
 """``python -m pipeline upload | submit | schedule | version-name``: the pipeline on a Kubeflow
-Pipelines cluster. A real ``kfp.Client`` does the work, kfp's own CLI (``kfp pipeline | run |
-recurring-run``) the rest (docs/operating.md). What this adds: arguments typed and checked by
-their declarations (`pipeline.checks.parse_arguments`), versions named after the commit, a
-crontab line refused with the 6-field expression it meant, and ``--wait`` naming the failed
-task, with an exit code (`OpsError`).
+Pipelines cluster, through a real ``kfp.Client``. Runs in the pipeline's CLI process, on the
+user's machine or in CI.
 """
 
 from __future__ import annotations
@@ -28,6 +25,10 @@ from pipeline.checks import parse_arguments
 MAX_CONSECUTIVE_POLL_ERRORS = 3  # transient (5xx, network) errors in a row a wait tolerates
 
 
+# kfp's own CLI (``kfp pipeline | run | recurring-run``) does the rest (docs/operating.md). What
+# this adds: arguments typed and checked by their declarations (`pipeline.checks.parse_arguments`),
+# versions named after the commit, a crontab line refused with the 6-field expression it meant, and
+# ``--wait`` naming the failed task, with an exit code (`OpsError`).
 class OpsError(ExpectedError):
     """An operation on KFP failed: refused (`ExitCode.BAD_INPUT`), the run failed
     (`RUN_FAILED`) or timed out (`TIMED_OUT`), or KFP did not answer (`UNAVAILABLE`: a wait
