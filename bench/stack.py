@@ -1,8 +1,8 @@
 """Two stacks side by side: this environment's TensorFlow and Horovod against another's.
 
 The same trainer code (this checkout) runs under two Python environments: this one and
-``--other-python`` (for example a venv of the lock before the move to TF 2.21, with Horovod
-built for its TF). Per stack, interleaved round by round: 1x1, 2x1 and two 1x1 jobs at once
+``--other-python`` (for example a venv of an older lock, TF 2.18's, with Horovod built for its
+TF). Per stack, interleaved round by round: 1x1, 2x1 and two 1x1 jobs at once
 (the machine's own ceiling, as in ``bench.scaling``). Figures:
 
 - ``this_over_other``: this stack's throughput over the other's, per layout (below 1: this
@@ -14,8 +14,8 @@ built for its TF). Per stack, interleaved round by round: 1x1, 2x1 and two 1x1 j
 
 The other environment needs the lock's runtime packages and a Horovod built for its TF, but
 not this project installed: its ranks run ``python -m components.train.rank`` from this checkout, or
-from ``--other-checkout`` (another checkout's trainer: the tf-keras trainer before the move to
-Keras 3, say, with a venv of its lock):
+from ``--other-checkout`` (another checkout's trainer: a commit whose trainer runs tf-keras, say,
+with a venv of its lock):
 
     python -m bench.stack --other-python /path/to/old/.venv/bin/python \
         --other-checkout /path/to/old-checkout --other-name tf-keras --name keras-3

@@ -50,8 +50,8 @@ def serve(name: str, model_dir: str, sock: socket.socket, banner: str) -> None:
 
     from components.serve.predictor import ImagePredictor, RESTServer
 
-    # KServe 0.21's V1 endpoints answer with FastAPI's ORJSONResponse, which FastAPI now flags
-    # as deprecated on every request; the warning is KServe's to act on, not a user's.
+    # KServe 0.21's V1 endpoints answer with FastAPI's ORJSONResponse, which FastAPI flags as
+    # deprecated on every request; the warning is KServe's to act on, not a user's.
     warnings.filterwarnings("ignore", message="ORJSONResponse is deprecated")
     port = sock.getsockname()[1]
     predictor = ImagePredictor(name, model_dir)

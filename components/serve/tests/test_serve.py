@@ -220,7 +220,7 @@ def test_a_gs_registry_without_credentials_is_one_line(no_credentials: dict[str,
 
 def test_a_bad_registry_and_a_taken_port_are_one_line(trained_model, tmp_path: Path) -> None:
     """A registry the server cannot read, and a port another process holds, end in one line
-    (a RegistryError escaped the old handler with its traceback)."""
+    (a RegistryError must not escape with its traceback)."""
     root = tmp_path / "registry"
     assert register_model(trained_model, str(root), "run-a", 0.90, tmp_path).promoted
     alias = root / MODEL / "_aliases" / "production.json"
@@ -305,8 +305,8 @@ def test_a_bad_port_is_one_line_before_the_registry_or_the_model(port: str, tmp_
 def test_ctrl_c_or_sigterm_shuts_the_server_down_in_one_line(
     trained_model, tmp_path: Path, sig: signal.Signals
 ) -> None:
-    """Ctrl-C on `make serve` printed two KeyboardInterrupt tracebacks: now uvicorn's graceful
-    shutdown, one STOPPED line, exit 0 (so make adds no error line of its own)."""
+    """Ctrl-C on `make serve`: uvicorn's graceful shutdown, one STOPPED line, exit 0 (so make adds
+    no error line of its own), and no KeyboardInterrupt traceback."""
     root = str(tmp_path / "registry")
     assert register_model(trained_model, root, "run-a", 0.90, tmp_path).promoted
     port = free_port()

@@ -1,7 +1,7 @@
 """The training input held past ``fit``, and the rank's process ended without destroying it
 (`components.train.rank.held_input`). Real Keras and ``tf.data``; the exit in a real subprocess.
 
-What this buys, the seconds a rank no longer waits, is a time: ``bench.pipeline_overhead``
+What this buys, the seconds a rank does not wait, is a time: ``bench.pipeline_overhead``
 measures it, not these tests.
 """
 

@@ -27,7 +27,7 @@ DIGIT_CLASSES = [str(c) for c in range(10)]
 
 
 def _old_small_cnn(seed: int) -> Any:
-    """The trainer's only model before the choice existed, copied verbatim."""
+    """The project's first trainer's CNN, copied verbatim: what ``small`` must equal."""
     k = keras()
     k.utils.set_random_seed(seed)
     return k.Sequential(

@@ -25,7 +25,8 @@ def test_message_explains_independent_copies_and_the_fix() -> None:
 
 @pytest.mark.horovod
 def test_independent_copies_fail_at_once(mnist_1000: str, tmp_path: Path) -> None:
-    """The original report: 3 copies of the script, each a world of 1. All three must stop."""
+    """The symptom the check names: 3 copies of the script, each a world of 1. All three must
+    stop."""
     args = ["--data", mnist_1000, "--output", str(tmp_path / "out"), "--workers", "3"]
     command = [sys.executable, "-m", "components.train.rank", *args]
     pipe, env = subprocess.PIPE, job_environment()
