@@ -200,8 +200,8 @@ def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes(tmp_path: 
     its platform config (the task config the train step forwards)."""
     from kfp import compiler, dsl
 
-    from components.train.config import PIPELINE_TRAIN_PARAMETERS
-    from components.train.launcher.parameters import TRAIN_STEP_PARAMETERS
+    from components.train.config import TrainConfig
+    from components.train.launcher.parameters import TrainStep
     from components.train.step.component import make_component
 
     (example,) = [block for block in fenced("python") if "kubernetes." in block]
@@ -210,7 +210,11 @@ def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes(tmp_path: 
     )
     train_op = make_component("trainer:test")
     step_defaults = {
-        p.name: p.default for p in (*PIPELINE_TRAIN_PARAMETERS, *TRAIN_STEP_PARAMETERS)
+        p.name: p.default
+        for p in (
+            *TrainConfig.parameters(pipeline_only=True),
+            *TrainStep.parameters(pipeline_only=True),
+        )
     }
 
     def placed(dataset_uri: str = "gs://b/d") -> None:

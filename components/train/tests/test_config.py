@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from components.train.config import TRAIN_PARAMETERS, TrainConfig, adam_settings, from_argv, to_argv
+from components.train.config import TrainConfig, adam_settings, from_argv, to_argv
 from components.train.summary import lr_formula
 
 
@@ -76,7 +76,7 @@ def test_every_field_has_one_flag_under_its_own_name() -> None:
         "/m",
         "/c",
     )
-    assert {p.flag for p in TRAIN_PARAMETERS} == {
+    assert {p.flag for p in TrainConfig.parameters()} == {
         "--" + name.replace("_", "-") for name in TrainConfig.__dataclass_fields__
     }
     plain = to_argv(TrainConfig(data="/d", output="/o", workers=2))
@@ -132,7 +132,7 @@ def test_a_flag_of_the_wrong_type_or_a_non_bool_switch_is_refused(
 ) -> None:
     with pytest.raises(SystemExit):
         from_argv(["--data", "/d", "--output", "/o", "--workers", "x"])
-    assert "argument --workers: invalid int value: 'x'" in capsys.readouterr().err
+    assert "Invalid value for '--workers': 'x' is not a valid integer" in capsys.readouterr().err
     with pytest.raises(ValueError, match="augment must be true or false, got 'yes'"):
         TrainConfig(data="/d", output="/o", augment="yes")  # type: ignore[arg-type]
 

@@ -19,7 +19,6 @@ from typing import Any
 
 from components.common import defaults
 from components.common.crd import Crd
-from components.common.declare import elastic_backend_problem
 from components.common.failure import InputError
 from components.train.launcher.cluster import pods
 from components.train.launcher.cluster.job import (
@@ -30,7 +29,7 @@ from components.train.launcher.cluster.job import (
     ClusterJobParams,
     job_metadata,
 )
-from components.train.launcher.parameters import TrainStep
+from components.train.launcher.parameters import TrainStep, elastic_backend_problem
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = "v1alpha1"
