@@ -3,7 +3,6 @@ Its parameters are the steps' declared ones (`pipeline.checks.PIPELINE_PARAMETER
 by its own name to every step that takes it; the placement (`node_selector`, `tolerations`) is set
 on the train task with kfp-kubernetes and reaches the job's pods through its task config."""
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -76,21 +75,25 @@ def build_prep_pipeline(image: str) -> Callable[..., Any]:
     """A pipeline of data prep alone, running in `image`, taking data prep's declared
     parameters; its output is the dataset. For measuring and testing data prep's graph."""
     ops = make_data_prep(image)
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    signature = inspect.Signature(
-        [
-            inspect.Parameter(p.name, kind, default=p.default, annotation=p.type)
-            for p in PrepStep.parameters()
-        ]
-    )
 
-    def data_prep_only(*args: Any) -> dsl.Dataset:
-        values = dict(zip(signature.parameters, args, strict=True))
+    def data_prep_only(
+        data_source: str = DEFAULTS["data_source"],
+        data_format: str = DEFAULTS["data_format"],
+        data_sha256: str = DEFAULTS["data_sha256"],
+        data_limit: int = DEFAULTS["data_limit"],
+        image_size: int = DEFAULTS["image_size"],
+        color_mode: str = DEFAULTS["color_mode"],
+        test_fraction: float = DEFAULTS["test_fraction"],
+        skip_bad_images: bool = DEFAULTS["skip_bad_images"],
+        image_feature: str = DEFAULTS["image_feature"],
+        label_feature: str = DEFAULTS["label_feature"],
+        shard_size: int = DEFAULTS["shard_size"],
+        prep_parallelism: int = DEFAULTS["prep_parallelism"],
+    ) -> dsl.Dataset:
+        given = locals()  # the parameters, and the names this function closes over
+        values = {p.name: given[p.name] for p in PrepStep.parameters()}
         return data_prep(ops, values).outputs["dataset"]
 
-    data_prep_only.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        return_annotation=dsl.Dataset
-    )
     return dsl.pipeline(name="kfp-horovod-data-prep")(data_prep_only)
 
 

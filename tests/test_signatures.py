@@ -33,7 +33,7 @@ from components.train.step.component import train
 from pipeline.build import image_refs
 from pipeline.check_component import check_parameters
 from pipeline.checks import PIPELINE_DEFAULTS, PIPELINE_PARAMETERS
-from pipeline.pipeline import build_pipeline
+from pipeline.pipeline import build_pipeline, build_prep_pipeline
 
 TRAIN_DECLARED = [
     *TrainConfig.parameters(pipeline_only=True),
@@ -141,3 +141,11 @@ def test_each_command_line_has_an_option_per_declared_parameter(
         assert option.help == p.help, p.name
         if p.type in (int, float, str) and not p.rule.choices:
             assert option.type.name == click.types.convert_type(p.type).name, p.name
+
+
+def test_the_data_prep_pipeline_takes_data_preps_declared_parameters() -> None:
+    function = build_prep_pipeline("data-prep:test").pipeline_func
+    parameters = inspect.signature(function).parameters
+    assert list(parameters) == [p.name for p in PrepStep.parameters()]
+    for p in PrepStep.parameters():
+        assert (parameters[p.name].annotation, parameters[p.name].default) == (p.type, p.default)
