@@ -129,7 +129,7 @@ def image_request(paths: list[str]) -> str:
 @click.option(
     "--example",
     "example_count",
-    type=click.IntRange(1, SERVE_MAX_BATCH),
+    type=int,
     metavar="N",
     help="print a request of N held-out digits (for curl -d @-) and exit",
 )
@@ -158,6 +158,8 @@ def command(
             print(image_request(list(images)))
         return 0
     if example_count is not None:
+        if not 1 <= example_count <= SERVE_MAX_BATCH:
+            raise click.UsageError(f"--example must be 1..{SERVE_MAX_BATCH}, got {example_count}")
         print(example(example_count))
         return 0
     with one_line_failures():

@@ -254,10 +254,10 @@ def _running(proc: subprocess.Popen[bytes], seconds: float = POLL_SECONDS) -> bo
     help="Run mpirun; end the job when a rank's heartbeats stop.",
     context_settings={"ignore_unknown_options": True},
 )
-@click.option("--ranks", type=click.IntRange(min=1), required=True, help="the job's ranks")
+@click.option("--ranks", type=int, required=True, help="the job's number of ranks")
 @click.option(
     "--silence-seconds",
-    type=click.FloatRange(min=0, min_open=True),
+    type=float,
     required=True,
     help="end the job when a rank has sent no heartbeat for this long",
 )
@@ -266,8 +266,13 @@ def command(ranks: int, silence_seconds: float, command: tuple[str, ...]) -> int
     """As a launcher container's PID 1 it has no default action on SIGTERM: SIGTERM and Ctrl-C
     end the job (the watch kills mpirun and every process below it) in one ``STOPPED:`` line,
     exit 128 + N; a command that cannot run is one ``FAILED:`` line."""
+    command = command[1:] if command[:1] == ("--",) else command
     if not command:
         raise click.UsageError("no command to run: give it after --, e.g. -- mpirun -np 2 ...")
+    if ranks < 1:
+        raise click.UsageError(f"--ranks must be >= 1, got {ranks}")
+    if not silence_seconds > 0:
+        raise click.UsageError(f"--silence-seconds must be > 0, got {silence_seconds:g}")
     hostfile = Path(os.environ.get(HOSTFILE_ENV) or "/nonexistent")
     expected = expected_hosts(hostfile.read_text()) if hostfile.is_file() else []
     log = functools.partial(print, flush=True)
