@@ -163,7 +163,11 @@ def test_the_launcher_runs_mpirun_of_workers_times_slots_under_the_heartbeat_wat
         str(defaults.STALL_SHUTDOWN_SECONDS),
     ]
     assert mpirun[:4] == ["mpirun", "-np", str(workers * slots), "--tag-output"]
-    assert cmd[cmd.index("components.train.rank") - 2 :][:3] == ["python", "-m", "components.train.rank"]
+    assert cmd[cmd.index("components.train.rank") - 2 :][:3] == [
+        "python",
+        "-m",
+        "components.train.rank",
+    ]
     assert (flag(cmd, "--workers", "2"), flag(cmd, "--slots-per-worker", "1")) == (
         str(workers),
         str(slots),
