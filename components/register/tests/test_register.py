@@ -349,7 +349,7 @@ def test_the_component_function(
         min_accuracy: float = 0.9,
     ):  # as the component calls it
         return rg.register_model_step(
-            model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": digest}),
+            saved_model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": digest}),
             run_summary=dsl.Artifact(uri=trained_summary),
             dataset=dsl.Dataset(uri=trained_model.dataset),
             accuracy=accuracy,
