@@ -4,7 +4,10 @@
 Its exit handler, registered before the module runs and so the last of them to run (they run
 newest first), writes ``alive N``: the ``tf.data`` iterators still alive then, found by the
 garbage collector among every object of the process. Each of them, if destroyed after that
-(Python's finalization, as a plain ``sys.exit`` runs it), writes a line ``destroyed``.
+(Python's finalization, as a plain ``sys.exit`` runs it), writes a line ``destroyed``: it is
+given an attribute whose ``__del__`` writes it (``weakref.finalize`` would not do: its exit
+function, registered by the first one a process makes, ``tempfile``'s for instance, turns
+them all off before this handler runs).
 
 What the trainer's input hold (`components.train.held_input`) promises reads, on every rank:
 ``alive 1`` (fit's iterator, kept past ``fit`` to the very end) and nothing destroyed.
@@ -15,7 +18,6 @@ import gc
 import os
 import runpy
 import sys
-import weakref
 
 record_dir = sys.argv[1]
 assert sys.argv[2] == "-m"
@@ -28,6 +30,16 @@ record = os.open(
 )
 
 
+class Destroyed:
+    """Writes ``destroyed`` when the object holding it is destroyed."""
+
+    def __init__(self) -> None:
+        self.write, self.record = os.write, record  # not through globals cleared at finalization
+
+    def __del__(self) -> None:
+        self.write(self.record, b"destroyed\n")
+
+
 def input_at_exit() -> None:
     tf = sys.modules.get("tensorflow")
     if tf is None:  # the module never imported TensorFlow: no input to speak of
@@ -36,7 +48,7 @@ def input_at_exit() -> None:
     alive = [o for o in gc.get_objects() if isinstance(o, tf.data.Iterator)]
     os.write(record, f"alive {len(alive)}\n".encode())
     for iterator in alive:
-        weakref.finalize(iterator, os.write, record, b"destroyed\n").atexit = False
+        vars(iterator)["_input_at_exit"] = Destroyed()  # past the class's __setattr__
 
 
 atexit.register(input_at_exit)
