@@ -10,26 +10,36 @@ from typing import Any, NamedTuple
 
 from components.common import declare, defaults, storage_access
 from components.common.dataset import DataError
-from components.common.declare import Declared
+from components.common.declare import Declared, json_value
 from components.common.failure import InputError
-from components.common.placement import PLACEMENT_PARAMETERS, json_value
-from components.data_prep.step_parameters import PREP_PARAMETERS
-from components.register.step_parameters import REGISTER_PARAMETERS
-from components.train.config import PIPELINE_TRAIN_PARAMETERS
-from components.train.launcher.parameters import TRAIN_STEP_PARAMETERS
+from components.common.placement import Placement
+from components.data_prep.step_parameters import PrepStep
+from components.register.step_parameters import RegisterStep
+from components.train.config import TrainConfig
+from components.train.launcher.parameters import TrainStep
 
 # In the order of the pipeline's signature, under their docs/parameters.md headings.
 GROUPS = (
-    ("The trainer (`TrainConfig`, components/train/config.py)", PIPELINE_TRAIN_PARAMETERS),
+    (
+        "The trainer (`TrainConfig`, components/train/config.py)",
+        TrainConfig.parameters(pipeline_only=True),
+    ),
     (
         "The train step (`TrainStep`, components/train/launcher/parameters.py)",
-        TRAIN_STEP_PARAMETERS,
+        TrainStep.parameters(pipeline_only=True),
     ),
-    ("Placement (`Placement`, components/common/placement.py)", PLACEMENT_PARAMETERS),
-    ("Data prep (`PrepStep`, components/data_prep/step_parameters.py)", PREP_PARAMETERS),
-    ("Register (`RegisterStep`, components/register/step_parameters.py)", REGISTER_PARAMETERS),
+    ("Placement (`Placement`, components/common/placement.py)", Placement.parameters()),
+    ("Data prep (`PrepStep`, components/data_prep/step_parameters.py)", PrepStep.parameters()),
+    (
+        "Register (`RegisterStep`, components/register/step_parameters.py)",
+        RegisterStep.parameters(),
+    ),
 )
 PIPELINE_PARAMETERS: list[Declared] = [p for _, group in GROUPS for p in group]
+# The rules across parameters, each of the class that owns them.
+JOINT_RULES = [
+    cls.joint_problems for cls in (TrainConfig, TrainStep, Placement, PrepStep, RegisterStep)
+]
 # The declared defaults; a required parameter (``registry_root``) has none: a run must be given it.
 PIPELINE_DEFAULTS: dict[str, Any] = {
     p.name: p.default for p in PIPELINE_PARAMETERS if not p.required
@@ -75,7 +85,7 @@ def samples_problem(values: dict[str, Any]) -> str | None:
 def check_step(images: dict[str, str], **values: Any) -> Checked:
     """Raise ValueError naming every bad parameter; else choose the trainer's image from the
     compiled `images`."""
-    declare.check(PIPELINE_PARAMETERS, values, "pipeline parameters")
+    declare.check(PIPELINE_PARAMETERS, values, "pipeline parameters", JOINT_RULES)
     problem = samples_problem(values)
     if problem:
         raise InputError(f"invalid pipeline parameters: {problem}")
@@ -97,7 +107,7 @@ def storage_locations(values: dict[str, Any]) -> list[storage_access.Location]:
     ]
 
 
-def run_checks(images: dict[str, str], **values: Any) -> Checked:
+def check_parameters_step(images: dict[str, str], **values: Any) -> Checked:
     """The check step: `check_step`'s parameters, then every ``gs://`` location of
     `storage_locations` with this step's own identity (StorageAccessError, one line)."""
     checked = check_step(images, **values)
@@ -119,7 +129,7 @@ def parameters_markdown() -> str:
         for p in group:
             default = "(required)" if p.required else f"`{p.default!r}`"
             lines.append(f"| `{p.name}` | {p.type.__name__} | {default} | {p.help} |")
-        if group is PLACEMENT_PARAMETERS:
+        if group == Placement.parameters():
             lines += ["", PLACEMENT_NOTE]
     return "\n".join(lines) + "\n"
 
@@ -149,7 +159,9 @@ def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
         except click.BadParameter as exc:
             raise InputError(f"parameter {name!r}: {exc.message}") from exc
     missing = [f"{p.name} is required: {p.help}" for p in required_missing(values)]
-    declare.check(PIPELINE_PARAMETERS, PIPELINE_DEFAULTS | values, "pipeline parameters", *missing)
+    declare.check(
+        PIPELINE_PARAMETERS, PIPELINE_DEFAULTS | values, "pipeline parameters", JOINT_RULES, missing
+    )
     return values
 
 

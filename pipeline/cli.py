@@ -4,58 +4,20 @@ registry's alias) without touching a cluster."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from components.common import defaults, storage, storage_access
-from components.common.declare import Declared, declared
+from components.common.declare import Declared, JsonText, declared, declared_options
 from components.common.failure import InputError, Stopped, one_line_failures, stops_on_signals
-from components.common.placement import PLACEMENT_PARAMETERS, json_value
-from components.data_prep.step_parameters import PREP_PARAMETERS
-from components.register.step_parameters import REGISTER_PARAMETERS
-from components.train.config import PIPELINE_TRAIN_PARAMETERS, TRAIN_PARAMETERS
+from components.common.placement import Placement
+from components.data_prep.step_parameters import PrepStep
+from components.register.step_parameters import RegisterStep
+from components.train.config import TrainConfig
 from components.train.launcher.parameters import TrainStep
 from pipeline.ops import COMMANDS as OPS_COMMANDS
-
-
-class JsonText(click.ParamType):
-    """A ``dict`` or ``list`` parameter's value, given as JSON text (its declared rule checks
-    its kind; blank text: `kind`'s empty value); text that is not JSON ends the command in one
-    line naming the parameter."""
-
-    name = "json"
-
-    def __init__(self, kind: type | None = None) -> None:
-        self.kind = kind
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if not isinstance(value, str):  # a default
-            return value
-        return json_value(str(param and param.name), value, self.kind and self.kind())
-
-
-def declared_options(params: Sequence[Declared], overrides: dict[str, Any] | None = None) -> Any:
-    """One option per parameter, in the order declared (`overrides` replacing the declared
-    defaults by name); a switch for a bool."""
-    overrides = overrides or {}
-
-    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
-        for p in reversed(params):
-            flag = f"{p.flag}/--no-{p.flag[2:]}" if p.type is bool else p.flag
-            kind: Any = click.Choice(list(p.rule.choices)) if p.rule.choices else p.type
-            kind = JsonText(p.type) if p.type in (dict, list) else kind
-            default = overrides.get(p.name, p.default)
-            if p.required and p.name not in overrides:
-                func = click.option(flag, p.name, type=kind, required=True, help=p.help)(func)
-            else:
-                func = click.option(
-                    flag, p.name, type=kind, default=default, help=p.help, show_default=True
-                )(func)
-        return func
-
-    return apply
 
 
 @click.command("compile")
@@ -72,7 +34,12 @@ def compile_command(output: str, image_registry: str | None, image_tag: str | No
 @click.command("run-local")
 # --registry-root: required by the pipeline, optional here (under --root when not given).
 @declared_options(
-    [*PIPELINE_TRAIN_PARAMETERS, *PREP_PARAMETERS, *REGISTER_PARAMETERS], {"registry_root": ""}
+    [
+        *TrainConfig.parameters(pipeline_only=True),
+        *PrepStep.parameters(),
+        *RegisterStep.parameters(),
+    ],
+    {"registry_root": ""},
 )
 @click.option(
     "--root",
@@ -129,7 +96,9 @@ def parameters_command() -> None:
 
 EXAMPLE_BUCKET = "gs://YOUR_BUCKET/kfp-horovod"
 # The trainer's fields, less its URIs (options of their own, defaulting to the example bucket).
-TRAINER_OPTIONS = [p for p in TRAIN_PARAMETERS if p.name not in ("data", "output", "model_dir")]
+TRAINER_OPTIONS = [
+    p for p in TrainConfig.parameters() if p.name not in ("data", "output", "model_dir")
+]
 
 
 def step_options(backend: str) -> list[Declared]:
@@ -140,7 +109,7 @@ def step_options(backend: str) -> list[Declared]:
 
     skip = ("training_backend", "namespace", *backend_of(backend).refused)
     steps = [p for p in declared(TrainStep) if p.name not in skip]
-    return [*CLUSTER_JOB_PARAMETERS, *steps, *PLACEMENT_PARAMETERS]
+    return [*CLUSTER_JOB_PARAMETERS, *steps, *Placement.parameters()]
 
 
 def render(
@@ -166,7 +135,7 @@ def render(
     output = output or storage.join(EXAMPLE_BUCKET, "runs", options["run_name"])
     trainer = {p.name: options.pop(p.name) for p in TRAINER_OPTIONS}
     run = {p.name: options.pop(p.name) for p in job.CLUSTER_JOB_PARAMETERS}
-    placement = {p.name: options.pop(p.name) for p in PLACEMENT_PARAMETERS}
+    placement = {p.name: options.pop(p.name) for p in Placement.parameters()}
     images = defaults.image_refs(image_registry, image_tag)
     options["trainer_image"] = defaults.trainer_image(
         trainer["gpus_per_worker"], images, options["trainer_image"]

@@ -28,7 +28,7 @@ from components.common.failure import ExitCode, ExpectedError, InputError
 from components.train.launcher.preflight import check_model_before_launch
 from components.train.summary import paid_line, world_history
 from components.train.summary import read as read_summary
-from pipeline.checks import PIPELINE_DEFAULTS, run_checks
+from pipeline.checks import PIPELINE_DEFAULTS, check_parameters_step
 from pipeline.pipeline import build_pipeline
 
 
@@ -106,7 +106,7 @@ def run_pipeline_locally(
     # The check step, run here before anything else: kfp.local runs each task in its compiled
     # image, so the trainer's is chosen now (build_pipeline's image_at_run_time).
     values = PIPELINE_DEFAULTS | params
-    images["trainer"] = run_checks(images, **values).trainer_image
+    images["trainer"] = check_parameters_step(images, **values).trainer_image
     if params["training_backend"] != "local":
         raise InputError(
             f"training_backend must be 'local' for a local run (no cluster here), got "

@@ -3,30 +3,28 @@ Its parameters are the steps' declared ones (`pipeline.checks.PIPELINE_PARAMETER
 by its own name to every step that takes it; the placement (`node_selector`, `tolerations`) is set
 on the train task with kfp-kubernetes and reaches the job's pods through its task config."""
 
-from __future__ import annotations
-
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 from kfp import dsl, kubernetes
 
 from components.common import defaults
-from components.common.declare import Declared
-from components.common.kfp_function import kfp_function
+from components.common.declare import Declared, Validated
 from components.data_prep.component import make_components as make_data_prep
 from components.data_prep.step_parameters import (
     LIST_PARAMETERS,
-    PREP_PARAMETERS,
     PUBLISH_PARAMETERS,
     SLICE_PARAMETERS,
+    PrepStep,
 )
 from components.evaluate.component import make_component as make_evaluate
 from components.register.component import make_component as make_register
-from components.register.step_parameters import REGISTER_PARAMETERS
-from components.train.config import PIPELINE_TRAIN_PARAMETERS
-from components.train.launcher.parameters import TRAIN_STEP_PARAMETERS
+from components.register.step_parameters import RegisterStep
+from components.train.config import TrainConfig
+from components.train.launcher.parameters import TrainStep
 from components.train.step.component import make_component as make_train
+from pipeline.check_component import make_component as make_check
+from pipeline.checks import PIPELINE_DEFAULTS as DEFAULTS
 from pipeline.checks import PIPELINE_PARAMETERS
 
 PIPELINE_DESCRIPTION = (
@@ -45,21 +43,6 @@ def parameters_docstring(params: list[Declared]) -> str:
     which KFP compiles into the parameter's description (the KFP UI shows it)."""
     args = [f"    {p.name}: {' '.join(p.help.split())}" for p in params]
     return "\n".join(["The kfp-horovod pipeline.", "", "Args:", *args]) + "\n"
-
-
-def make_check_component(image: str) -> dsl.base_component.BaseComponent:
-    """The check step (`pipeline.checks.run_checks`) as a KFP component."""
-    signature = [(p.name, p.type.__name__) for p in PIPELINE_PARAMETERS] + [("images", "dict")]
-    returns = 'NamedTuple("Checked", [("trainer_image", str), ("train_step_gpus", int)])'
-    func = kfp_function(
-        "check_parameters",
-        signature,
-        returns,
-        "pipeline.checks:run_checks",
-        "Fail the run before any work if a parameter is bad or its storage cannot be used; "
-        "choose the trainer's image.",
-    )
-    return dsl.component(base_image=image, install_kfp_package=False)(func)
 
 
 def data_prep(ops: Any, values: dict[str, Any], after: Any = None) -> Any:
@@ -92,21 +75,25 @@ def build_prep_pipeline(image: str) -> Callable[..., Any]:
     """A pipeline of data prep alone, running in `image`, taking data prep's declared
     parameters; its output is the dataset. For measuring and testing data prep's graph."""
     ops = make_data_prep(image)
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    signature = inspect.Signature(
-        [
-            inspect.Parameter(p.name, kind, default=p.default, annotation=p.type)
-            for p in PREP_PARAMETERS
-        ]
-    )
 
-    def data_prep_only(*args: Any) -> dsl.Dataset:
-        values = dict(zip(signature.parameters, args, strict=True))
+    def data_prep_only(
+        data_source: str = DEFAULTS["data_source"],
+        data_format: str = DEFAULTS["data_format"],
+        data_sha256: str = DEFAULTS["data_sha256"],
+        data_limit: int = DEFAULTS["data_limit"],
+        image_size: int = DEFAULTS["image_size"],
+        color_mode: str = DEFAULTS["color_mode"],
+        test_fraction: float = DEFAULTS["test_fraction"],
+        skip_bad_images: bool = DEFAULTS["skip_bad_images"],
+        image_feature: str = DEFAULTS["image_feature"],
+        label_feature: str = DEFAULTS["label_feature"],
+        shard_size: int = DEFAULTS["shard_size"],
+        prep_parallelism: int = DEFAULTS["prep_parallelism"],
+    ) -> dsl.Dataset:
+        given = locals()  # the parameters, and the names this function closes over
+        values = {p.name: given[p.name] for p in PrepStep.parameters()}
         return data_prep(ops, values).outputs["dataset"]
 
-    data_prep_only.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        return_annotation=dsl.Dataset
-    )
     return dsl.pipeline(name="kfp-horovod-data-prep")(data_prep_only)
 
 
@@ -118,27 +105,54 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
     task in its compiled image and cannot do that, so a local run passes False and builds the
     pipeline with ``images["trainer"]`` already chosen (`pipeline.local_run`).
     """
-    check_op = make_check_component(images["data_prep"])
+    check_op = make_check(images["data_prep"])
     prep_ops = make_data_prep(images["data_prep"])
     train_op = make_train(images["trainer"])
     evaluate_op, register_op = make_evaluate(images["evaluate"]), make_register(images["register"])
-    kind, empty = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty
-    # A required parameter (no default) first: Python's signatures want them before the rest.
-    ordered = sorted(PIPELINE_PARAMETERS, key=lambda p: not p.required)
-    signature = inspect.Signature(
-        [
-            inspect.Parameter(
-                p.name, kind, annotation=p.type, default=empty if p.required else p.default
-            )
-            for p in ordered
-        ]
-    )
 
-    def mnist_horovod(*args: Any) -> None:
-        values = dict(zip(signature.parameters, args, strict=True))
+    def kfp_horovod(
+        registry_root: str,
+        workers: int = DEFAULTS["workers"],
+        slots_per_worker: int = DEFAULTS["slots_per_worker"],
+        epochs: int = DEFAULTS["epochs"],
+        batch_size_per_worker: int = DEFAULTS["batch_size_per_worker"],
+        learning_rate: float = DEFAULTS["learning_rate"],
+        warmup_epochs: int = DEFAULTS["warmup_epochs"],
+        lr_scaling: str = DEFAULTS["lr_scaling"],
+        threads_per_worker: int = DEFAULTS["threads_per_worker"],
+        model: str = DEFAULTS["model"],
+        augment: bool = DEFAULTS["augment"],
+        min_workers: int = DEFAULTS["min_workers"],
+        mixed_precision: bool = DEFAULTS["mixed_precision"],
+        gpus_per_worker: int = DEFAULTS["gpus_per_worker"],
+        training_backend: str = DEFAULTS["training_backend"],
+        trainer_image: str = DEFAULTS["trainer_image"],
+        cpu_per_worker: str = DEFAULTS["cpu_per_worker"],
+        memory_per_worker: str = DEFAULTS["memory_per_worker"],
+        namespace: str = DEFAULTS["namespace"],
+        trainer_service_account: str = DEFAULTS["trainer_service_account"],
+        node_selector: dict = DEFAULTS["node_selector"],
+        tolerations: list = DEFAULTS["tolerations"],
+        data_source: str = DEFAULTS["data_source"],
+        data_format: str = DEFAULTS["data_format"],
+        data_sha256: str = DEFAULTS["data_sha256"],
+        data_limit: int = DEFAULTS["data_limit"],
+        image_size: int = DEFAULTS["image_size"],
+        color_mode: str = DEFAULTS["color_mode"],
+        test_fraction: float = DEFAULTS["test_fraction"],
+        skip_bad_images: bool = DEFAULTS["skip_bad_images"],
+        image_feature: str = DEFAULTS["image_feature"],
+        label_feature: str = DEFAULTS["label_feature"],
+        shard_size: int = DEFAULTS["shard_size"],
+        prep_parallelism: int = DEFAULTS["prep_parallelism"],
+        min_accuracy: float = DEFAULTS["min_accuracy"],
+        model_name: str = DEFAULTS["model_name"],
+    ) -> None:
+        given = locals()  # the parameters, and the names this function closes over
+        values = {p.name: given[p.name] for p in PIPELINE_PARAMETERS}
 
-        def taken_by(*declared: list[Declared]) -> dict[str, Any]:
-            return {p.name: values[p.name] for group in declared for p in group}
+        def taken_by(*classes: type[Validated], pipeline_only: bool = False) -> dict[str, Any]:
+            return {p.name: values[p.name] for c in classes for p in c.parameters(pipeline_only)}
 
         check = check_op(**values, images=images).set_display_name(
             "check parameters, choose the trainer image"
@@ -146,26 +160,26 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
         check.set_caching_options(False)
         prep = data_prep(prep_ops, values, after=check)
         train = train_op(
-            **taken_by(PIPELINE_TRAIN_PARAMETERS, TRAIN_STEP_PARAMETERS)
+            **taken_by(TrainConfig, TrainStep, pipeline_only=True)
             | {"trainer_image": check.outputs["trainer_image"]},  # the check step's choice
             dataset=prep.outputs["dataset"],
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         ).set_display_name("Horovod training (one job)")
         # where the job's pods run: through the train task's config
         # (`components.train.step.component`)
-        kubernetes.add_node_selector_json(train, values["node_selector"])
-        kubernetes.add_toleration_json(train, values["tolerations"])
+        kubernetes.add_node_selector_json(train, node_selector)
+        kubernetes.add_toleration_json(train, tolerations)
         if image_at_run_time:
             train.set_container_image(check.outputs["trainer_image"])
             train.set_accelerator_type("nvidia.com/gpu")
             train.set_accelerator_limit(check.outputs["train_step_gpus"])
-        model = train.outputs["saved_model"]
-        evaluate = evaluate_op(dataset=prep.outputs["dataset"], model=model).set_display_name(
-            "evaluate the exported model"
-        )
+        saved_model = train.outputs["saved_model"]
+        evaluate = evaluate_op(
+            dataset=prep.outputs["dataset"], saved_model=saved_model
+        ).set_display_name("evaluate the exported model")
         register_op(
-            **taken_by(REGISTER_PARAMETERS),
-            model=model,
+            **taken_by(RegisterStep),
+            saved_model=saved_model,
             run_summary=train.outputs["run_summary"],
             dataset=prep.outputs["dataset"],
             accuracy=evaluate.outputs["accuracy"],
@@ -175,8 +189,6 @@ def build_pipeline(images: dict[str, str], image_at_run_time: bool = True) -> Ca
             image_refs=images,
         ).set_display_name("register")
 
-    mnist_horovod.__signature__ = signature  # type: ignore[attr-defined]
-    mnist_horovod.__doc__ = parameters_docstring(ordered)
-    return dsl.pipeline(name=defaults.PIPELINE_NAME, description=PIPELINE_DESCRIPTION)(
-        mnist_horovod
-    )
+    # KFP compiles each parameter's description from an ``Args:`` section: the declared help.
+    kfp_horovod.__doc__ = parameters_docstring(PIPELINE_PARAMETERS)
+    return dsl.pipeline(name=defaults.PIPELINE_NAME, description=PIPELINE_DESCRIPTION)(kfp_horovod)

@@ -163,7 +163,7 @@ def local_equivalent(command: list[str]) -> tuple[int, list[str], dict[str, str]
 
     command = command[command.index("mpirun") :]
     exported = [command[i + 1] for i, word in enumerate(command[:-1]) if word == "-x"]
-    module = command.index("components.train")
+    module = command.index("components.train.rank")
     env = dict(item.split("=", 1) for item in exported if "=" in item)
     env.pop(HEARTBEAT_ENV, None)
     return int(command[command.index("-np") + 1]), command[module + 1 :], env

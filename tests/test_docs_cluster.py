@@ -183,16 +183,69 @@ def test_the_doc_is_final_and_names_only_paths_of_this_repository() -> None:
         assert (DOC.parent / link).exists() or (ROOT / link).exists(), link
 
 
-def test_the_versions_it_names_are_the_projects() -> None:
+def _versions_table() -> dict[str, dict[str, str]]:
+    """Section 1a's table of versions: each component's row, by column header."""
+    lines = TEXT.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| component |"))
+    rows = []
+    for line in lines[first:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    header = rows[0]
+    assert header[-1] == "this project", header
+    return {cells[0]: dict(zip(header, cells, strict=True)) for cells in rows[2:]}
+
+
+def _exported(variable: str) -> str:
+    (value,) = {v for c in shell_commands() for v in re.findall(rf"^export {variable}=(\S+)$", c)}
+    return value
+
+
+VERSION = re.compile(r"v\d+\.\d+\.\d+")
+
+
+def test_the_versions_it_names_are_the_code_s() -> None:
+    """The versions the doc tells a reader to install are the ones the code builds against
+    (components/common/defaults.py) and the CRDs it vendors (deploy/crd/), and the SDK the
+    lock installs."""
     lock = (ROOT / "requirements/lock.txt").read_text()
     (kfp,) = re.findall(r"^kfp==(\S+)$", lock, re.M)
-    assert f"KFP SDK {kfp}" in TEXT
-    assert f"export TRAINER_VERSION={defaults.TRAINER_VERSION}" in TEXT
-    assert f"export MPI_OPERATOR_VERSION={defaults.MPI_OPERATOR_VERSION}" in TEXT
-    assert "export PIPELINE_VERSION=2.16.1" in TEXT and "--branch 26.03.1 " in TEXT
-    # the Trainer the platform installs is one the manifests are tested against
-    (platform_trainer,) = re.findall(r"; 26\.03\.1 has\s+\*\*(v[\d.]+)\*\*", TEXT)
-    assert (ROOT / "deploy" / "crd" / "trainer" / platform_trainer).is_dir()
+    assert set(re.findall(r"(?:KFP SDK|the SDK is) (\d+\.\d+\.\d+)", TEXT)) == {kfp}
+    assert _exported("TRAINER_VERSION") == defaults.TRAINER_VERSION
+    assert _exported("MPI_OPERATOR_VERSION") == defaults.MPI_OPERATOR_VERSION
+    table = _versions_table()
+    assert VERSION.findall(table["mpi-operator"]["this project"]) == [defaults.MPI_OPERATOR_VERSION]
+    # the Trainers the doc says the TrainJob backend runs on: the ones vendored and tested
+    vendored = sorted(d.name for d in (ROOT / "deploy/crd/trainer").iterdir() if d.is_dir())
+    assert sorted(set(VERSION.findall(table["Kubeflow Trainer"]["this project"]))) == vendored
+    assert f"### 2b. Kubeflow Trainer {vendored[0]} to {vendored[-1]} " in TEXT
+    assert vendored[-1] == defaults.TRAINER_VERSION  # built against the newest
+    # every Trainer a platform release installs is one of them
+    releases = [column for column in table["Kubeflow Trainer"] if re.fullmatch(r"[\d.]+", column)]
+    assert releases
+    for release in releases:
+        assert VERSION.findall(table["Kubeflow Trainer"][release])[0] in vendored, release
+    (kserve_tag,) = re.findall(
+        r"at tag `(v[\d.]+)`", (ROOT / "deploy/crd/kserve/SOURCE.md").read_text()
+    )
+    assert re.findall(r"the vendored CRD,\s+`deploy/crd/kserve/`, is (v[\d.]+)'s", TEXT) == [
+        kserve_tag
+    ]
+
+
+def test_the_platform_release_it_installs_is_the_one_it_describes() -> None:
+    """The release section 1a clones is the newest the table describes, and the KFP standalone
+    install (1b) is that release's Kubeflow Pipelines."""
+    table = _versions_table()
+    releases = [column for column in table["Kubeflow Pipelines"] if re.fullmatch(r"[\d.]+", column)]
+    newest = max(releases, key=lambda r: tuple(map(int, r.split("."))))
+    (branch,) = re.findall(r"git clone --branch (\S+) https://github.com/kubeflow/manifests", TEXT)
+    assert branch == newest
+    assert f"release **{newest}**" in TEXT
+    assert _exported("PIPELINE_VERSION") == table["Kubeflow Pipelines"][newest]
+    platform_trainer = VERSION.findall(table["Kubeflow Trainer"][newest])[:1]
+    assert re.findall(rf"{re.escape(newest)} has\s+\*\*(v[\d.]+)\*\*", TEXT) == platform_trainer
 
 
 def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes(tmp_path: Path) -> None:
@@ -200,8 +253,8 @@ def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes(tmp_path: 
     its platform config (the task config the train step forwards)."""
     from kfp import compiler, dsl
 
-    from components.train.config import PIPELINE_TRAIN_PARAMETERS
-    from components.train.launcher.parameters import TRAIN_STEP_PARAMETERS
+    from components.train.config import TrainConfig
+    from components.train.launcher.parameters import TrainStep
     from components.train.step.component import make_component
 
     (example,) = [block for block in fenced("python") if "kubernetes." in block]
@@ -210,7 +263,11 @@ def test_the_sdk_example_places_the_train_task_through_kfp_kubernetes(tmp_path: 
     )
     train_op = make_component("trainer:test")
     step_defaults = {
-        p.name: p.default for p in (*PIPELINE_TRAIN_PARAMETERS, *TRAIN_STEP_PARAMETERS)
+        p.name: p.default
+        for p in (
+            *TrainConfig.parameters(pipeline_only=True),
+            *TrainStep.parameters(pipeline_only=True),
+        )
     }
 
     def placed(dataset_uri: str = "gs://b/d") -> None:

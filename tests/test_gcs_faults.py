@@ -68,16 +68,34 @@ def logged_retries(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_the_retry_policy_retries_429_and_503_and_logs_each_retry(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """The policy as the storage client uses it (``retry(request)()``): a request failing with
+    503, or 429, is tried again and succeeds, each retry logged once; 404 and 412 are not
+    retried (a 412 is a conditional write's answer). GCS's back-off sleeps up to 1 s a retry."""
     from google.api_core import exceptions as gexc
 
-    policy = storage._retry("read", "gs://b/k")
-    assert policy._predicate(gexc.TooManyRequests("slow down"))
-    assert policy._predicate(gexc.ServiceUnavailable("try again"))
-    assert not policy._predicate(gexc.NotFound("gone"))
-    assert not policy._predicate(gexc.PreconditionFailed("stale"))
+    def request(*faults: Exception) -> Any:
+        left, calls = list(faults), []
+
+        def call() -> str:
+            calls.append(1)
+            if left:
+                raise left.pop(0)
+            return "answered"
+
+        call.calls = calls  # type: ignore[attr-defined]
+        return call
+
     caplog.set_level(logging.WARNING, logger=STORAGE_LOGGER)
-    policy._on_error(gexc.ServiceUnavailable("try again"))
-    storage._retry("access check", "gs://b/data")._on_error(gexc.TooManyRequests("slow"))
+    read = request(gexc.ServiceUnavailable("try again"))
+    assert storage._retry("read", "gs://b/k")(read)() == "answered"
+    check = request(gexc.TooManyRequests("slow down"))
+    assert storage._retry("access check", "gs://b/data")(check)() == "answered"
+    assert (len(read.calls), len(check.calls)) == (2, 2)
+    for final in (gexc.NotFound("gone"), gexc.PreconditionFailed("stale")):
+        refused = request(final)
+        with pytest.raises(type(final)):
+            storage._retry("read", "gs://b/k")(refused)()
+        assert len(refused.calls) == 1
     assert logged_retries(caplog) == [
         "GCS read gs://b/k failed: HTTP 503 (ServiceUnavailable); retrying",
         "GCS access check gs://b/data failed: HTTP 429 (TooManyRequests); retrying",

@@ -42,7 +42,7 @@ def _pre_images(patches: list[Path]) -> dict[str, str]:
     created: set[str] = set()  # by a patch of the series: later patches change it there
     current: list[str] | None = None
     for patch in patches:
-        old = ""
+        old, current = "", None  # a patch's header (its lines may start with a space) is no hunk
         for line in patch.read_text().splitlines():
             if line.startswith("--- "):
                 old, current = line, None

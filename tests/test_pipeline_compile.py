@@ -15,14 +15,14 @@ import yaml
 from kfp import components
 
 from components.common import defaults
-from components.common.declare import TRAINING_BACKENDS
+from components.train.launcher.parameters import TRAINING_BACKENDS
 from pipeline.build import compile_pipeline
 from pipeline.checks import (
     PIPELINE_DEFAULTS,
     PIPELINE_PARAMETERS,
+    check_parameters_step,
     check_step,
     parameters_markdown,
-    run_checks,
 )
 
 EXPECTED_PARAMETERS = {
@@ -99,7 +99,7 @@ def test_compiles_to_one_yaml_that_kfp_loads_back(compiled: Path, spec: dict) ->
     for step in ("train", "evaluate"):
         dataset = tasks[step]["inputs"]["artifacts"]["dataset"]["taskOutputArtifact"]
         assert dataset == {"outputArtifactKey": "dataset", "producerTask": "publish-dataset"}
-    assert tasks["evaluate"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"] == {
+    assert tasks["evaluate"]["inputs"]["artifacts"]["saved_model"]["taskOutputArtifact"] == {
         "outputArtifactKey": "saved_model", "producerTask": "train",
     }  # fmt: skip
 
@@ -330,9 +330,9 @@ def test_pressing_run_with_only_the_required_parameters_passes_the_check_step(
     values = {name: _typed(p) for name, p in parameters.items() if p.get("isOptional")}
     values |= {name: filled_in[name] for name in required}
     images = _check_step_images(spec)
-    assert run_checks(images, **values).trainer_image == images["trainer"]
+    assert check_parameters_step(images, **values).trainer_image == images["trainer"]
     with pytest.raises(ValueError, match="registry_root is empty"):  # what an empty field gets
-        run_checks(images, **values | {"registry_root": ""})
+        check_parameters_step(images, **values | {"registry_root": ""})
 
 
 def test_the_parameters_users_set_are_those_before_round_4(spec: dict) -> None:

@@ -3,7 +3,7 @@ KFP runs it, against a Kubernetes API with Kubeflow Trainer: create, log stream,
 retry, cancel, and the task config a pipeline author sets on the train task.
 
 Real: the compiled pipeline, the train executor's own command and arguments from it run in a
-subprocess (kfp's ``executor_main`` calling ``components.train.step.program.run_step``), the
+subprocess (kfp's ``executor_main`` calling ``components.train.step.program.train_step``), the
 ``kubernetes`` client reaching kmock's API emulator through a kubeconfig, fake-gcs-server.
 Stood in, said so: Trainer, JobSet, the kubelet and the garbage collector
 (`standins.kmock_cluster`'s operators; the real trainer runs the job's own command where a test
@@ -31,7 +31,7 @@ import psutil
 import pytest
 import yaml
 
-from components.train.config import PIPELINE_TRAIN_PARAMETERS, from_argv
+from components.train.config import TrainConfig, from_argv
 from components.train.launcher.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from components.train.summary import parse
 from components.train.tests.cluster_jobs import complete, write_kubeconfig
@@ -268,9 +268,9 @@ def test_the_train_step_creates_a_trainjob_and_its_retry_reattaches(
     values = run_values(compiled, gcs_uri, **TINY)
     trainer = job["spec"]["trainer"]
     config = from_argv(local_equivalent(trainer["command"])[1])
-    assert {p.name: getattr(config, p.name) for p in PIPELINE_TRAIN_PARAMETERS} == {
-        p.name: values[p.name] for p in PIPELINE_TRAIN_PARAMETERS
-    }
+    assert {
+        p.name: getattr(config, p.name) for p in TrainConfig.parameters(pipeline_only=True)
+    } == {p.name: values[p.name] for p in TrainConfig.parameters(pipeline_only=True)}
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 1)
     assert trainer["image"] == first.input["inputs"]["parameterValues"]["trainer_image"]
     assert trainer["resourcesPerNode"]["limits"] == {

@@ -1,24 +1,23 @@
-"""One declaration per parameter, and the rules every caller checks it by.
-
-A dataclass field made with `param` carries its name, type, default, help and rule; from the
-fields of a declared dataclass (`TrainConfig`, the steps' configs) come the pipeline's
-signature, the components' KFP signatures, the check step, the trainer's command line and the
-CLIs' options. `check` runs each field's rule and the rules that join several fields
-(`joint_problems`) wherever values enter, so every caller refuses the same values with the same
-words.
+"""One declaration per parameter: a dataclass field made with `param` carries its name, type,
+default, help and rule. The steps' declared dataclasses (`TrainConfig`, `TrainStep`, `PrepStep`,
+`RegisterStep`, `Placement`) own their fields and the rules that join them (`joint_problems`);
+this module is the machinery every process shares: `check`, the click options of a command line
+(`declared_options`), and the `Validated` mixin. The components' and the pipeline's signatures
+are written out in their modules, and tests/test_signatures.py holds each to the declarations.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, get_origin, get_type_hints
 
-from components.common.defaults import BUNDLED_SOURCE, MODELS
+import click
+
 from components.common.failure import InputError
 
 _MISSING: Any = dataclasses.MISSING
@@ -27,16 +26,6 @@ QUANTITY = re.compile(
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
-TRAINING_BACKENDS = ("auto", "local", "mpijob", "trainjob")
-LR_SCALINGS = ("linear", "sqrt", "none")  # components/train/rank/trainer.py
-# Malladi's square-root rule sets beta_1 = 1 - k (1 - 0.9): above 9 ranks it is not an Adam.
-SQRT_MAX_WORLD_SIZE = 9
-_MODEL_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
-_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
-_SOURCE_FORMS = "'bundled', a gs:// or http(s) URL, or an absolute path"
-_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
-# A user's model: ``package.module:function`` (dotted module path, one function name).
-ENTRY_POINT = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}$")
 
 
 def is_positive_quantity(value: object) -> bool:
@@ -164,19 +153,6 @@ def field_problems(params: Sequence[Declared], values: Mapping[str, Any]) -> lis
     return problems
 
 
-def add_arguments(parser: argparse.ArgumentParser, params: Sequence[Declared]) -> None:
-    """One argparse option per parameter (a bool: ``--<name>``/``--no-<name>``)."""
-    for p in params:
-        kwargs: dict[str, Any] = {"help": p.help, "dest": p.name}
-        if p.type is bool:
-            kwargs.update(action=argparse.BooleanOptionalAction, default=p.default)
-        elif p.required:
-            kwargs.update(type=p.type, required=True)
-        else:
-            kwargs.update(type=p.type, default=p.default)
-        parser.add_argument(p.flag, **kwargs)
-
-
 # The named rules a declared field's ``check=`` may name.
 
 
@@ -184,97 +160,21 @@ def nonempty_problem(value: object) -> str | None:
     return None if str(value).strip() else "is empty"
 
 
-def data_source_problem(source: str) -> str | None:
-    if source in ("bundled", BUNDLED_SOURCE):
-        return None
-    if not source:
-        return f"data_source must be {_SOURCE_FORMS}: the data source is empty"
-    scheme, sep, _ = source.partition("://")
-    if sep and scheme not in ("http", "https", "gs"):
-        return f"data_source must be {_SOURCE_FORMS}: unsupported scheme {scheme!r} in {source!r}"
-    if not sep and not source.startswith("/"):
-        return f"data_source must be {_SOURCE_FORMS}; got {source!r}"
-    return None
+JointRules = Callable[[Mapping[str, Any]], list[str]]
 
 
-def data_sha256_problem(sha256: str) -> str | None:
-    if sha256.lower() == "none" or _SHA256.match(sha256):
-        return None
-    return f"data_sha256 {sha256!r} is not 64 hex digits (or 'none')"
-
-
-def model_problem(model: object) -> str | None:
-    """Why `model` is neither a built-in model nor a ``package.module:function`` entry point.
-    Only the form: whether it builds a fitting model is the trainer's preflight."""
-    if isinstance(model, str) and (model in MODELS or ENTRY_POINT.match(model)):
-        return None
-    return (
-        f"model must be one of the built-in models {', '.join(MODELS)} or a Python entry "
-        f"point 'package.module:function' (a function (input_shape, num_classes) -> Keras "
-        f"model), got {model!r}"
-    )
-
-
-def model_name_problem(name: str) -> str | None:
-    if _MODEL_NAME.match(name):
-        return None
-    return f"model_name must be 1-63 lowercase letters, digits, '.', '_' or '-', got {name!r}"
-
-
-def registry_root_problem(root: str) -> str | None:
-    if root:
-        return None
-    return (
-        "registry_root is empty: set it to the model store the run registers its model in, "
-        "a gs:// folder such as gs://my-bucket/kfp-horovod/models (or a local path for a "
-        "local run)"
-    )
-
-
-def elastic_backend_problem(backend: str, min_workers: int | None) -> str | None:
-    """Why an elastic job cannot run on `backend`: Kubeflow Trainer v2 has no host discovery."""
-    if backend != "trainjob" or not min_workers:
-        return None
-    return (
-        f"min_workers={min_workers}: elastic training needs mpi-operator's discover_hosts.sh, "
-        "which Kubeflow Trainer v2 does not provide; use training_backend 'mpijob' (or "
-        "min_workers 0) instead of 'trainjob'"
-    )
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def joint_problems(p: Mapping[str, Any]) -> list[str]:
-    """The rules across parameters, each checked only when its parameters are present."""
-    problems = []
-    workers, slots = _int(p.get("workers")), _int(p.get("slots_per_worker")) or 1
-    minimum, gpus = _int(p.get("min_workers")), _int(p.get("gpus_per_worker"))
-    if minimum and workers is not None and minimum > workers:
-        problems.append(
-            "min_workers must be <= workers (the most workers an elastic job runs with), got "
-            f"{minimum} > {workers}"
-        )
-    if elastic := elastic_backend_problem(p.get("training_backend", ""), minimum):
-        problems.append(elastic)
-    if gpus and gpus > 0 and gpus < slots:
-        problems.append(
-            f"gpus_per_worker must be 0 (CPU) or >= slots_per_worker (each of a worker's ranks "
-            f"trains on a GPU of its own), got {gpus} < {slots}"
-        )
-    if p.get("lr_scaling") == "sqrt" and workers and workers * slots > SQRT_MAX_WORLD_SIZE:
-        problems.append(
-            f"lr_scaling 'sqrt' works for at most {SQRT_MAX_WORLD_SIZE} ranks (it sets Adam's "
-            f"beta_1 = 1 - ranks x 0.1), got {workers * slots}"
-        )
-    return problems
-
-
-def check(params: Sequence[Declared], values: Mapping[str, Any], what: str, *more: str) -> None:
-    """Raise ValueError "invalid `what`: ..." listing every bad value of `values` by name: each
-    declared field's rule, then the joint rules (and the `more` problems its caller found)."""
-    if found := [*field_problems(params, values), *joint_problems(values), *more]:
+def check(
+    params: Sequence[Declared],
+    values: Mapping[str, Any],
+    what: str,
+    joint: Sequence[JointRules] = (),
+    more: Sequence[str] = (),
+) -> None:
+    """Raise InputError "invalid `what`: ..." listing every bad value of `values` by name: each
+    declared field's rule, then each of the `joint` rules across fields (and the `more`
+    problems its caller found)."""
+    found = [*field_problems(params, values), *(f for rules in joint for f in rules(values)), *more]
+    if found:
         raise InputError(f"invalid {what}: " + "; ".join(found))
 
 
@@ -284,10 +184,90 @@ class Validated:
 
     what: ClassVar[str] = "parameters"
 
+    @staticmethod
+    def joint_problems(values: Mapping[str, Any]) -> list[str]:
+        """The rules across this class's fields (and others' in `values`, as the pipeline's
+        check passes them all), each checked only when its fields are present."""
+        return []
+
     def part_problems(self) -> list[str]:
         return []
+
+    @classmethod
+    def parameters(cls, pipeline_only: bool = False) -> list[Declared]:
+        """The class's declared fields, in order (`pipeline_only`: those the pipeline exposes)."""
+        return declared(cls, pipeline_only)
 
     def __post_init__(self) -> None:
         fields = declared(type(self))
         values = {p.name: getattr(self, p.name) for p in fields}
-        check(fields, values, self.what, *self.part_problems())
+        check(fields, values, self.what, [self.joint_problems], self.part_problems())
+
+
+def json_value(name: str, text: str, empty: Any = None) -> Any:
+    """The value of a ``dict`` or ``list`` parameter given as JSON text on a command line
+    (`empty` for blank text or null); InputError naming `name` when it is not JSON."""
+    try:
+        value = json.loads(text) if text.strip() else None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{name} is not JSON ({exc.msg} at char {exc.pos}): {text!r}") from exc
+    return empty if value is None else value
+
+
+class JsonText(click.ParamType):
+    """A ``dict`` or ``list`` parameter's value, given as JSON text (its declared rule checks
+    its kind; blank text: `kind`'s empty value); text that is not JSON ends the command in one
+    line naming the parameter."""
+
+    name = "json"
+
+    def __init__(self, kind: type | None = None) -> None:
+        self.kind = kind
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):  # a default
+            return value
+        return json_value(str(param and param.name), value, self.kind and self.kind())
+
+
+def declared_options(
+    params: Sequence[Declared], overrides: dict[str, Any] | None = None, choices: bool = True
+) -> Any:
+    """A click decorator: one option per parameter, in the order declared (`overrides`
+    replacing the declared defaults by name); a switch ``--x/--no-x`` for a bool. `choices`:
+    click refuses a value outside a field's choices (False: the field's rule does, in the
+    words every other caller of the rule uses)."""
+    overrides = overrides or {}
+
+    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
+        for p in reversed(params):
+            flag = f"{p.flag}/--no-{p.flag[2:]}" if p.type is bool else p.flag
+            listed = choices and p.rule.choices
+            kind: Any = click.Choice(list(p.rule.choices)) if listed else p.type
+            kind = JsonText(p.type) if p.type in (dict, list) else kind
+            default = overrides.get(p.name, p.default)
+            if p.required and p.name not in overrides:
+                func = click.option(flag, p.name, type=kind, required=True, help=p.help)(func)
+            else:
+                func = click.option(
+                    flag, p.name, type=kind, default=default, help=p.help, show_default=True
+                )(func)
+        return func
+
+    return apply
+
+
+def run_command(
+    command: click.Command, argv: Sequence[str] | None = None, prog: str | None = None
+) -> Any:
+    """Run a click command as a program's ``main``: what its callback returns (an exit code, or
+    a value); ``--help``, its exit code 0; a bad command line, click's usage and error lines
+    on stderr and exit code 2. Not click's standalone mode, which exits even on success."""
+    try:
+        args = None if argv is None else list(argv)
+        return command.main(args=args, prog_name=prog, standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code

@@ -33,7 +33,7 @@ class ExitCode(enum.IntEnum):
 
     OK = 0
     UNEXPECTED = 1  # Python's own for an uncaught exception: its traceback says where
-    BAD_INPUT = 2  # refused in one line before anything was started (click and argparse: 2 too)
+    BAD_INPUT = 2  # refused in one line before anything was started (click: 2 too)
     PREFLIGHT = 3  # a Horovod job's preflight stopped it before any rank trained
     SILENT_RANK = 4  # the heartbeat watch ended a job whose rank went silent
     RUN_FAILED = 5  # a run or job that was started did not succeed

@@ -11,8 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from components.common.declare import Declared, Validated, declared, param
-from components.common.failure import InputError
+from components.common.declare import Validated, param
 
 # The pipeline's ``node_selector`` and ``tolerations`` are KFP ``dict`` and ``list`` parameters that
 # the pipeline sets on the train task with kfp-kubernetes. `node_selector_problem` and
@@ -38,16 +37,6 @@ TOLERATIONS_HELP = (
     '"team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]; GPU pods also get '
     "the nvidia.com/gpu toleration"
 )
-
-
-def json_value(name: str, text: str, empty: Any = None) -> Any:
-    """The value of a ``dict`` or ``list`` parameter given as JSON text on a command line
-    (`empty` for blank text or null); InputError naming `name` when it is not JSON."""
-    try:
-        value = json.loads(text) if text.strip() else None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{name} is not JSON ({exc.msg} at char {exc.pos}): {text!r}") from exc
-    return empty if value is None else value
 
 
 def label_key_problem(key: object) -> str | None:
@@ -128,9 +117,6 @@ class Placement(Validated):
 
     node_selector: dict[str, str] = param({}, NODE_SELECTOR_HELP, check=node_selector_problem)
     tolerations: list[dict[str, Any]] = param([], TOLERATIONS_HELP, check=tolerations_problem)
-
-
-PLACEMENT_PARAMETERS: list[Declared] = declared(Placement)
 
 
 def merge_tolerations(*groups: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -69,8 +69,11 @@ def _blob(uri: str) -> Any:
 # copies write the same bytes again; and a conditional write whose first attempt reached the server
 # fails its generation precondition (412) on the retry instead of writing twice.
 def _retry(operation: str, uri: str) -> Any:
-    """``DEFAULT_RETRY``'s predicate and back-off, logging each retry once."""
-    from google.api_core.retry import Retry
+    """GCS's own retry, ``DEFAULT_RETRY`` (its predicate, back-off and timeout), logging each
+    retry once. What the storage client does with a ``retry`` is wrap each request in it,
+    ``retry(request)``; this wraps it through ``Retry.__call__``'s documented ``on_error``,
+    so nothing of the Retry is copied or read (tests/test_gcs_faults.py checks that 429 and
+    503 are retried and logged)."""
     from google.cloud.storage.retry import DEFAULT_RETRY
 
     def log_retry(exc: Exception) -> None:
@@ -81,11 +84,10 @@ def _retry(operation: str, uri: str) -> Any:
         what = f"HTTP {status} ({name})" if isinstance(status, int) else f"{name}: {exc}"
         _log.warning(RETRY_FORMAT, operation, uri, what)
 
-    # google-api-core has no public copy-with-on_error; DEFAULT_RETRY's predicate is reused as
-    # it is (tests/test_gcs_faults.py checks that it retries 429 and 503).
-    return Retry(
-        predicate=DEFAULT_RETRY._predicate, timeout=DEFAULT_RETRY.timeout, on_error=log_retry
-    )
+    def retried(request: Callable[..., Any]) -> Callable[..., Any]:
+        return DEFAULT_RETRY(request, on_error=log_retry)
+
+    return retried
 
 
 def _gcs_errors() -> Any:

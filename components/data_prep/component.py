@@ -1,19 +1,70 @@
-"""KFP definitions of data prep's three steps (``components.data_prep.prep``): the listing,
-one slice's conversion (run once per slice under ``dsl.ParallelFor``), and the publishing of
-the dataset; each takes its declared parameters (`PrepStep`) under their own names."""
+"""Data prep's three components, what the KFP data-prep steps' pods run, in the data-prep
+image: the listing, one slice's conversion (once per slice under ``dsl.ParallelFor``), and the
+publishing of the dataset (``components.data_prep.prep``). Each takes its declared parameters
+(`PrepStep`) under their own names; tests/test_signatures.py holds these signatures to them."""
 
 from kfp import dsl
-
-from components.common.kfp_function import kfp_function
-from components.data_prep.step_parameters import (
-    LIST_PARAMETERS,
-    PUBLISH_PARAMETERS,
-    SLICE_PARAMETERS,
-)
+from kfp.dsl import Artifact, Dataset, Input, Output
 
 
-def _declared(params: list) -> list[tuple[str, str]]:
-    return [(p.name, p.type.__name__) for p in params]
+def list_data(
+    data_source: str,
+    data_format: str,
+    data_sha256: str,
+    data_limit: int,
+    test_fraction: float,
+    prep_parallelism: int,
+    listing: Output[Artifact],
+) -> list[int]:
+    """List `data_source`'s classes and images, split them, and cut them into at most
+    `prep_parallelism` slices; return the slices' numbers."""
+    arguments = dict(locals())  # the parameters, before an import binds a name
+    from components.common.failure import one_line_failures, stops_on_signals
+
+    with one_line_failures(), stops_on_signals():
+        from components.data_prep.prep import list_data_step
+
+        return list_data_step(**arguments)
+
+
+def prepare_slice(
+    listing: Input[Artifact],
+    slice_index: int,
+    image_size: int,
+    color_mode: str,
+    skip_bad_images: bool,
+    image_feature: str,
+    label_feature: str,
+    shard_size: int,
+    shards: Output[Dataset],
+    part: Output[Artifact],
+) -> None:
+    """Convert one slice of the listing into TFRecord shards, and report what it found."""
+    arguments = dict(locals())  # the parameters, before an import binds a name
+    from components.common.failure import one_line_failures, stops_on_signals
+
+    with one_line_failures(), stops_on_signals():
+        from components.data_prep.prep import prepare_slice_step
+
+        return prepare_slice_step(**arguments)
+
+
+def publish_dataset(
+    listing: Input[Artifact],
+    parts: Input[list[Artifact]],
+    image_size: int,
+    color_mode: str,
+    skip_bad_images: bool,
+    dataset: Output[Dataset],
+) -> None:
+    """Check every slice's shards and write the dataset's manifest."""
+    arguments = dict(locals())  # the parameters, before an import binds a name
+    from components.common.failure import one_line_failures, stops_on_signals
+
+    with one_line_failures(), stops_on_signals():
+        from components.data_prep.prep import publish_dataset_step
+
+        return publish_dataset_step(**arguments)
 
 
 def make_components(
@@ -24,40 +75,5 @@ def make_components(
     dsl.base_component.BaseComponent,
 ]:
     """The listing, slice and publish components running in `image` (the data-prep image)."""
-    listing = kfp_function(
-        "list_data",
-        [*_declared(LIST_PARAMETERS), ("listing", "Output[Artifact]")],
-        "List[int]",
-        "components.data_prep.prep:list_step",
-        "List `data_source`'s classes and images, split them, and cut them into at most "
-        "`prep_parallelism` slices; return the slices' numbers.",
-    )
-    slice_ = kfp_function(
-        "prepare_slice",
-        [
-            ("listing", "Input[Artifact]"),
-            ("slice_index", "int"),
-            *_declared(SLICE_PARAMETERS),
-            ("shards", "Output[Dataset]"),
-            ("part", "Output[Artifact]"),
-        ],
-        "None",
-        "components.data_prep.prep:slice_step",
-        "Convert one slice of the listing into TFRecord shards, and report what it found.",
-    )
-    publish = kfp_function(
-        "publish_dataset",
-        [
-            ("listing", "Input[Artifact]"),
-            ("parts", "Input[List[Artifact]]"),
-            *_declared(PUBLISH_PARAMETERS),
-            ("dataset", "Output[Dataset]"),
-        ],
-        "None",
-        "components.data_prep.prep:publish_step",
-        "Check every slice's shards and write the dataset's manifest.",
-    )
-    return tuple(  # type: ignore[return-value]
-        dsl.component(base_image=image, install_kfp_package=False)(f)
-        for f in (listing, slice_, publish)
-    )
+    component = dsl.component(base_image=image, install_kfp_package=False)
+    return component(list_data), component(prepare_slice), component(publish_dataset)

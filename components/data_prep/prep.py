@@ -1,7 +1,7 @@
 """The data prep program: a source (`components.data_prep.sources`) into the prepared dataset
-(`components.common.dataset`), in three steps, each run in its own KFP task's pod (`list_step`,
-`slice_step`, `publish_step`), or all three in one process (`prepare`: the CLI, the tests, the
-benchmarks).
+(`components.common.dataset`), in three steps, each run in its own KFP task's pod
+(`list_data_step`, `prepare_slice_step`, `publish_dataset_step`), or all three in one process
+(`prepare`: the CLI, the tests, the benchmarks).
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 
 from components.common import dataset, storage, storage_access
+from components.common.declare import declared_options, run_command
 from components.common.failure import InputError, one_line_failures
 from components.data_prep.convert import Target, convert_slice
 from components.data_prep.publish import publish
 from components.data_prep.sources import Item, Listing, list_source
-from components.data_prep.step_parameters import PREP_PARAMETERS, PrepStep
+from components.data_prep.step_parameters import PrepStep
 
 LISTING = "listing.json"
 IMAGES, LABELS = "images.npy", "labels.npy"
@@ -104,17 +106,17 @@ def check_output_free(output: str) -> None:
 
 # The three steps, on their KFP artifacts -----------------------------------------------------
 #
-# 1. `list_step`: the source's classes and images, split and ordered, cut into slices (at most
+# 1. `list_data_step`: the source's classes and images, split and ordered, cut into slices (at most
 #    ``prep_parallelism``), written as the listing artifact; its output is the slices' numbers.
-# 2. `slice_step`, one task per slice (``dsl.ParallelFor``): the slice's images converted into
-#    TFRecord shards in the task's own ``shards`` artifact, and a part report.
-# 3. `publish_step`: every part checked, every shard found, the manifest written.
+# 2. `prepare_slice_step`, one task per slice (``dsl.ParallelFor``): the slice's images converted
+#    into TFRecord shards in the task's own ``shards`` artifact, and a part report.
+# 3. `publish_dataset_step`: every part checked, every shard found, the manifest written.
 #
 # Nothing is a dataset until its manifest is written, last; an output that holds anything is
 # refused.
 
 
-def list_step(
+def list_data_step(
     data_source: str,
     data_format: str,
     data_sha256: str,
@@ -124,7 +126,7 @@ def list_step(
     listing: Any,
 ) -> list[int]:
     """Step 1: list the source into the `listing` artifact; the slices' numbers, for the
-    ParallelFor over `slice_step`."""
+    ParallelFor over `prepare_slice_step`."""
     found = list_source(
         data_source, data_format, parse_sha256(data_sha256), data_limit, test_fraction
     )
@@ -134,7 +136,7 @@ def list_step(
     return slices
 
 
-def slice_step(
+def prepare_slice_step(
     listing: Any,
     slice_index: int,
     image_size: int,
@@ -169,7 +171,7 @@ def slice_step(
     shards.metadata["records"] = sum(s["count"] for w in report["shards"].values() for s in w)
 
 
-def publish_step(
+def publish_dataset_step(
     listing: Any,
     parts: list[Any],
     image_size: int,
@@ -257,26 +259,24 @@ def _staging_beside(output: str) -> str:
     return tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m components.data_prep.prep --output DIR [--data-source ...]``; bad
-    input ends it as it ends the step (`one_line_failures`)."""
-    import argparse
-
-    from components.common.declare import add_arguments
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", required=True, help="dataset folder (local or gs://)")
-    add_arguments(parser, PREP_PARAMETERS)
-    args = vars(parser.parse_args(argv))
-    output = args.pop("output")
+@click.command(help="Prepare a dataset: list, convert and publish it in this process.")
+@click.option("--output", required=True, help="dataset folder (local or gs://)")
+@declared_options(PrepStep.parameters())
+def command(output: str, data_source: str, **options: Any) -> int:
+    """``python -m components.data_prep.prep --output DIR [--data-source ...]``; bad input
+    ends it as it ends the step (`one_line_failures`)."""
     with one_line_failures():
-        manifest = prepare(args.pop("data_source"), output, **args)
+        manifest = prepare(data_source, output, **options)
     counts = {k: v["count"] for k, v in manifest["splits"].items()}
     image = manifest["image"]
     shape = f"{image['height']}x{image['width']}x{image['channels']}"
     classes = len(manifest["classes"])
     print(f"dataset written to {output}: {json.dumps(counts)}; {classes} classes, {shape}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return int(run_command(command, argv, "python -m components.data_prep.prep"))
 
 
 if __name__ == "__main__":

@@ -5,22 +5,37 @@ data prep steps' pods.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from components.common import defaults
-from components.common.declare import (
-    Declared,
-    Validated,
-    data_sha256_problem,
-    data_source_problem,
-    declared,
-    nonempty_problem,
-    param,
-)
+from components.common.declare import Declared, Validated, nonempty_problem, param
+from components.common.defaults import BUNDLED_SOURCE
 from components.common.images import COLOR_MODES
 
 # What a data source is (`components.data_prep.sources`): `auto` tells it from the source.
 DATA_FORMATS = ("auto", "bundled", "npz", "folder", "csv", "tfrecord")
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+_SOURCE_FORMS = "'bundled', a gs:// or http(s) URL, or an absolute path"
+
+
+def data_source_problem(source: str) -> str | None:
+    if source in ("bundled", BUNDLED_SOURCE):
+        return None
+    if not source:
+        return f"data_source must be {_SOURCE_FORMS}: the data source is empty"
+    scheme, sep, _ = source.partition("://")
+    if sep and scheme not in ("http", "https", "gs"):
+        return f"data_source must be {_SOURCE_FORMS}: unsupported scheme {scheme!r} in {source!r}"
+    if not sep and not source.startswith("/"):
+        return f"data_source must be {_SOURCE_FORMS}; got {source!r}"
+    return None
+
+
+def data_sha256_problem(sha256: str) -> str | None:
+    if sha256.lower() == "none" or _SHA256.match(sha256):
+        return None
+    return f"data_sha256 {sha256!r} is not 64 hex digits (or 'none')"
 
 
 @dataclass(frozen=True)
@@ -91,8 +106,7 @@ class PrepStep(Validated):
     )
 
 
-PREP_PARAMETERS: list[Declared] = declared(PrepStep)
-_BY_NAME = {p.name: p for p in PREP_PARAMETERS}
+_BY_NAME = {p.name: p for p in PrepStep.parameters()}
 
 
 def _taking(*names: str) -> list[Declared]:

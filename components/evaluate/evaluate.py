@@ -5,7 +5,6 @@ in memory: what is measured is the ``serving_default`` signature TF Serving woul
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -13,9 +12,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import click
 import numpy as np
 
 from components.common import dataset, keras_env
+from components.common.declare import run_command
 from components.common.defaults import EVAL_BATCH_SIZE
 from components.common.failure import InputError, one_line_failures
 from components.common.model_files import (
@@ -161,49 +162,57 @@ class EvalOutputs(NamedTuple):
 
 
 def evaluate_step(
-    dataset: Any, model: Any, metrics: Any, confusion_matrix: Any, report: Any
+    dataset: Any, saved_model: Any, metrics: Any, confusion_matrix: Any, report: Any
 ) -> EvalOutputs:
     """The evaluate step: `evaluate` the Model artifact against the digest in its metadata, and
     log metrics, a confusion matrix and a report (and the trainer's TensorBoard gets the test
     metrics, at its last epoch)."""
-    digest = model.metadata.get("saved_model_sha256")
-    result = evaluate(model.path, dataset.path, saved_model_sha256=digest)
-    board = model.metadata.get("tensorboard_uri", "")
+    digest = saved_model.metadata.get("saved_model_sha256")
+    result = evaluate(saved_model.path, dataset.path, saved_model_sha256=digest)
+    board = saved_model.metadata.get("tensorboard_uri", "")
     if board:
         from components.common.board import Board
 
         with tempfile.TemporaryDirectory(prefix="evaluate-board-") as workdir:
             writer = Board(keras_env.tensorflow(), board, "evaluation", Path(workdir))
             scalars = {"test_accuracy": result.accuracy, "test_loss": result.loss}
-            writer.write(int(model.metadata.get("epochs", 0)), scalars)
+            writer.write(int(saved_model.metadata.get("epochs", 0)), scalars)
     for name in ("accuracy", "loss", "samples"):
         metrics.log_metric(name, getattr(result, name))
     confusion_matrix.log_confusion_matrix(result.classes, result.confusion_matrix)
-    Path(report.path).write_text(result.to_markdown(model.uri, dataset.uri, board), "utf-8")
+    Path(report.path).write_text(result.to_markdown(saved_model.uri, dataset.uri, board), "utf-8")
     report.metadata["saved_model_sha256"] = result.saved_model_sha256
     return EvalOutputs(result.accuracy, result.loss)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m components.evaluate.evaluate --model DIR --dataset DIR``; bad input ends
-    it as it ends the step (`one_line_failures`)."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", required=True, help="SavedModel directory (local or gs://)")
-    parser.add_argument("--dataset", required=True, help="dataset directory (local or gs://)")
-    parser.add_argument("--split", default="test", help="the split to score (train, test)")
-    parser.add_argument("--batch-size", type=int, default=EVAL_BATCH_SIZE)
-    parser.add_argument("--saved-model-sha256", help="the digest the trainer recorded, to verify")
-    parser.add_argument("--output-json", help="also write the evaluation as JSON here")
-    args = parser.parse_args(argv)
+@click.command(help="Score a SavedModel on a dataset's split.")
+@click.option("--model", required=True, help="SavedModel directory (local or gs://)")
+@click.option("--dataset", required=True, help="dataset directory (local or gs://)")
+@click.option("--split", default="test", show_default=True, help="the split to score")
+@click.option("--batch-size", type=int, default=EVAL_BATCH_SIZE, show_default=True)
+@click.option("--saved-model-sha256", help="the digest the trainer recorded, to verify")
+@click.option("--output-json", help="also write the evaluation as JSON here")
+def command(
+    model: str,
+    dataset: str,
+    split: str,
+    batch_size: int,
+    saved_model_sha256: str | None,
+    output_json: str | None,
+) -> int:
+    """``python -m components.evaluate.evaluate --model DIR --dataset DIR``; bad input ends it
+    as it ends the step (`one_line_failures`)."""
     with one_line_failures():  # ModelError and DataError are ValueErrors
-        result = evaluate(
-            args.model, args.dataset, args.split, args.batch_size, args.saved_model_sha256
-        )
+        result = evaluate(model, dataset, split, batch_size, saved_model_sha256)
     text = json.dumps(asdict(result), indent=2, sort_keys=True)
-    if args.output_json:
-        Path(args.output_json).write_text(text)
+    if output_json:
+        Path(output_json).write_text(text)
     print(f"accuracy={result.accuracy:.4f} loss={result.loss:.4f} samples={result.samples}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return int(run_command(command, argv, "python -m components.evaluate.evaluate"))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ rules, and how the steps below follow the process: components/register/README.md
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -16,14 +15,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import click
+
 from components.common import dataset, model_files, storage
-from components.common.declare import add_arguments
+from components.common.declare import declared_options, run_command
 from components.common.defaults import MIN_ACCURACY, MODEL_NAME, PRODUCTION_ALIAS
 from components.common.failure import InputError, one_line_failures
 from components.common.model_files import DIGEST_KEY, ModelError
 from components.register.registry import REGISTRY_FORMAT, ModelStore, challenger_wins, check_name
 from components.register.serving import ServingFolder
-from components.register.step_parameters import REGISTER_PARAMETERS, RegisterStep
+from components.register.step_parameters import RegisterStep
 from components.train import summary as run_summary
 from components.train.summary import RunSummary
 
@@ -326,8 +327,8 @@ def below_chance(result: Decision, min_accuracy: float, evaluation: dict[str, An
     )
 
 
-def register_step(
-    model: Any,
+def register_model_step(
+    saved_model: Any,
     run_summary: Any,
     dataset: Any,
     accuracy: float,
@@ -340,10 +341,10 @@ def register_step(
     image_refs: dict[str, str],
     decision: Any,
 ) -> tuple[bool, bool, int, str, str]:
-    """The register step: `component.RETURNS` from KFP artifacts and parameters; a line warns
+    """The register step: the component's outputs from KFP artifacts and parameters; a line warns
     of a model registered below chance (`below_chance`)."""
     result = register(
-        model.path,
+        saved_model.path,
         run_summary.path,
         dataset.path,
         accuracy,
@@ -353,7 +354,7 @@ def register_step(
         model_name=model_name,
         min_accuracy=min_accuracy,
         image_refs=dict(image_refs),
-        saved_model_sha256=model.metadata.get(DIGEST_KEY),
+        saved_model_sha256=saved_model.metadata.get(DIGEST_KEY),
     )
     if warning := below_chance(result, min_accuracy, dict(confusion_matrix.metadata)):
         print(warning, flush=True)
@@ -363,37 +364,48 @@ def register_step(
     return result.registered, result.promoted, result.version, result.decision, result.version_uri
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m components.register.register --model DIR --registry-root DIR ...``; an
+@click.command(help="Register a trained model: the quality gate, then champion or challenger.")
+@click.option("--model", required=True, help="SavedModel directory (local or gs://)")
+@click.option("--run-summary", required=True, help="the trainer's run_summary.json")
+@click.option("--dataset", required=True, help="dataset directory (for its manifest)")
+@click.option("--accuracy", type=float, required=True, help="the model's test accuracy")
+@click.option("--loss", type=float, required=True, help="the model's test loss")
+@click.option(
+    "--pipeline-run-id",
+    required=True,
+    help="the run registering (a re-run gets its version back)",
+)
+@declared_options(RegisterStep.parameters())
+@click.option("--image-refs", default="{}", help="JSON object: component -> image")
+@click.option("--alias", default=PRODUCTION_ALIAS, show_default=True)
+@click.option(
+    "--saved-model-sha256",
+    help="the digest the trainer recorded (default: the run summary's saved_model_sha256)",
+)
+@click.option("--output-json", help="also write the decision as JSON here")
+def command(
+    model: str,
+    run_summary: str,
+    dataset: str,
+    accuracy: float,
+    loss: float,
+    image_refs: str,
+    output_json: str | None,
+    **options: Any,
+) -> int:
+    """``python -m components.register.register --model DIR --registry-root DIR ...``; an
     expected failure ends in one ``FAILED:`` line and its exit code."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for flag, kind, help_text in [
-        ("model", str, "SavedModel directory (local or gs://)"),
-        ("run-summary", str, "the trainer's run_summary.json"),
-        ("dataset", str, "dataset directory (for its manifest)"),
-        ("accuracy", float, "the model's test accuracy"),
-        ("loss", float, "the model's test loss"),
-        ("pipeline-run-id", str, "the run registering (a re-run gets its version back)"),
-    ]:
-        parser.add_argument(f"--{flag}", type=kind, required=True, help=help_text)
-    add_arguments(parser, REGISTER_PARAMETERS)  # --min-accuracy, --model-name, --registry-root
-    parser.add_argument("--image-refs", default="{}", help="JSON object: component -> image")
-    parser.add_argument("--alias", default=PRODUCTION_ALIAS)
-    parser.add_argument(
-        "--saved-model-sha256",
-        help="the digest the trainer recorded (default: the run summary's saved_model_sha256)",
-    )
-    parser.add_argument("--output-json", help="also write the decision as JSON here")
-    args = vars(parser.parse_args(argv))
-    output_json = args.pop("output_json")
-    positional = [args.pop(k) for k in ("model", "run_summary", "dataset", "accuracy", "loss")]
     with one_line_failures():  # bad input (ModelError, DataError), a RegistryError
-        args["image_refs"] = parse_image_refs(args["image_refs"])
-        decision = register(*positional, **args)
+        refs = parse_image_refs(image_refs)
+        decision = register(model, run_summary, dataset, accuracy, loss, image_refs=refs, **options)
     if output_json:
         storage.write_text(output_json, json.dumps(asdict(decision), indent=2, sort_keys=True))
     print(decision.decision)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return int(run_command(command, argv, "python -m components.register.register"))
 
 
 if __name__ == "__main__":

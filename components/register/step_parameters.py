@@ -4,17 +4,29 @@ pipeline's CLI and the register step's pod.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from components.common import defaults
-from components.common.declare import (
-    Declared,
-    Validated,
-    declared,
-    model_name_problem,
-    param,
-    registry_root_problem,
-)
+from components.common.declare import Validated, param
+
+_MODEL_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+
+
+def model_name_problem(name: str) -> str | None:
+    if _MODEL_NAME.match(name):
+        return None
+    return f"model_name must be 1-63 lowercase letters, digits, '.', '_' or '-', got {name!r}"
+
+
+def registry_root_problem(root: str) -> str | None:
+    if root:
+        return None
+    return (
+        "registry_root is empty: set it to the model store the run registers its model in, "
+        "a gs:// folder such as gs://my-bucket/kfp-horovod/models (or a local path for a "
+        "local run)"
+    )
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,3 @@ class RegisterStep(Validated):
         check=registry_root_problem,
         kw_only=True,
     )
-
-
-REGISTER_PARAMETERS: list[Declared] = declared(RegisterStep)

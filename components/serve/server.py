@@ -5,13 +5,15 @@ http://<host>:<port>/v1/models/<model>:predict`` on `host` only.
 
 from __future__ import annotations
 
-import argparse
 import socket
 import sys
 import warnings
 from pathlib import Path
 
+import click
+
 from components.common import storage_access
+from components.common.declare import run_command
 from components.common.defaults import MODEL_NAME, PRODUCTION_ALIAS, SERVE_MAX_BATCH
 from components.common.failure import InputError, Stopped, one_line_failures, stops_on_signals
 from components.common.model_files import BYTES_SIGNATURE
@@ -118,39 +120,54 @@ def image_request(paths: list[str]) -> str:
     return json.dumps({"signature_name": BYTES_SIGNATURE, "instances": instances})
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI; returns the exit code. An expected failure (a bad registry, nothing to serve, a port
-    it cannot listen on) ends in one ``FAILED:`` line and its exit code; Ctrl-C or SIGTERM in one
-    ``STOPPED:`` line, exit 0 (a server's way to end: `make serve` adds no error of its own)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--registry-root", default="runs/registry", help="local dir or gs://")
-    parser.add_argument("--model-name", default=MODEL_NAME)
-    parser.add_argument("--alias", default=PRODUCTION_ALIAS)
-    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
-    parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument(
-        "--example",
-        type=int,
-        metavar="N",
-        help="print a request of N held-out digits (for curl -d @-) and exit",
-    )
-    parser.add_argument(
-        "--image",
-        nargs="+",
-        metavar="FILE",
-        help="print a request of these image files (JPEG, PNG, BMP, GIF; for curl -d @-) and exit",
-    )
-    args = parser.parse_args(argv)
-    if args.image:
+@click.command(help="Serve a registry's alias over TF Serving's REST API.")
+@click.option("--registry-root", default="runs/registry", show_default=True, help="local or gs://")
+@click.option("--model-name", default=MODEL_NAME, show_default=True)
+@click.option("--alias", default=PRODUCTION_ALIAS, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
+@click.option("--port", type=int, default=8080, show_default=True)
+@click.option(
+    "--example",
+    "example_count",
+    type=int,
+    metavar="N",
+    help="print a request of N held-out digits (for curl -d @-) and exit",
+)
+@click.option(
+    "--image",
+    "images",
+    multiple=True,
+    metavar="FILE",
+    help="print a request of this image file (JPEG, PNG, BMP, GIF; repeat for more; for curl "
+    "-d @-) and exit",
+)
+def command(
+    registry_root: str,
+    model_name: str,
+    alias: str,
+    host: str,
+    port: int,
+    example_count: int | None,
+    images: tuple[str, ...],
+) -> int:
+    """An expected failure (a bad registry, nothing to serve, a port it cannot listen on) ends
+    in one ``FAILED:`` line and its exit code; Ctrl-C or SIGTERM in one ``STOPPED:`` line, exit 0
+    (a server's way to end: `make serve` adds no error of its own)."""
+    if images:
         with one_line_failures():
-            print(image_request(args.image))
+            print(image_request(list(images)))
         return 0
-    if args.example is not None:
-        if not 1 <= args.example <= SERVE_MAX_BATCH:
-            parser.error(f"--example must be 1..{SERVE_MAX_BATCH}, got {args.example}")
-        print(example(args.example))
+    if example_count is not None:
+        if not 1 <= example_count <= SERVE_MAX_BATCH:
+            raise click.UsageError(f"--example must be 1..{SERVE_MAX_BATCH}, got {example_count}")
+        print(example(example_count))
         return 0
     with one_line_failures():
-        check_port(args.port)  # before the registry is read and the model loaded
-        serve_alias(args.registry_root, args.model_name, args.alias, args.host, args.port)
+        check_port(port)  # before the registry is read and the model loaded
+        serve_alias(registry_root, model_name, alias, host, port)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code."""
+    return int(run_command(command, argv, "python -m components.serve"))

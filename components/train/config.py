@@ -11,21 +11,46 @@ the `TrainConfig` is made.
 
 from __future__ import annotations
 
-import argparse
 import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import click
 
 from components.common import defaults, storage
 from components.common.declare import (
-    LR_SCALINGS,
-    Declared,
     Validated,
-    add_arguments,
-    declared,
-    model_problem,
+    declared_options,
     nonempty_problem,
     param,
+    run_command,
 )
+from components.common.failure import InputError
+
+LR_SCALINGS = ("linear", "sqrt", "none")  # `adam_settings`
+# Malladi's square-root rule sets beta_1 = 1 - k (1 - 0.9): above 9 ranks it is not an Adam.
+SQRT_MAX_WORLD_SIZE = 9
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+# A user's model: ``package.module:function`` (dotted module path, one function name).
+ENTRY_POINT = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}$")
+
+
+def model_problem(model: object) -> str | None:
+    """Why `model` is neither a built-in model nor a ``package.module:function`` entry point.
+    Only the form: whether it builds a fitting model is the trainer's preflight."""
+    if isinstance(model, str) and (model in defaults.MODELS or ENTRY_POINT.match(model)):
+        return None
+    return (
+        f"model must be one of the built-in models {', '.join(defaults.MODELS)} or a Python entry "
+        f"point 'package.module:function' (a function (input_shape, num_classes) -> Keras "
+        f"model), got {model!r}"
+    )
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)
@@ -105,6 +130,29 @@ class TrainConfig(Validated):
     model_dir: str | None = param(None, "SavedModel export (default OUTPUT/model)", pipeline=False)
     checkpoint_dir: str | None = param(None, "default OUTPUT/checkpoints", pipeline=False)
 
+    @staticmethod
+    def joint_problems(p: Mapping[str, Any]) -> list[str]:
+        """The rules across the trainer's fields, each checked only when its fields are present."""
+        problems = []
+        workers, slots = _int(p.get("workers")), _int(p.get("slots_per_worker")) or 1
+        minimum, gpus = _int(p.get("min_workers")), _int(p.get("gpus_per_worker"))
+        if minimum and workers is not None and minimum > workers:
+            problems.append(
+                "min_workers must be <= workers (the most workers an elastic job runs with), got "
+                f"{minimum} > {workers}"
+            )
+        if gpus and gpus > 0 and gpus < slots:
+            problems.append(
+                f"gpus_per_worker must be 0 (CPU) or >= slots_per_worker (each of a worker's ranks "
+                f"trains on a GPU of its own), got {gpus} < {slots}"
+            )
+        if p.get("lr_scaling") == "sqrt" and workers and workers * slots > SQRT_MAX_WORLD_SIZE:
+            problems.append(
+                f"lr_scaling 'sqrt' works for at most {SQRT_MAX_WORLD_SIZE} ranks (it sets Adam's "
+                f"beta_1 = 1 - ranks x 0.1), got {workers * slots}"
+            )
+        return problems
+
     @property
     def world_size(self) -> int:
         return self.workers * self.slots_per_worker
@@ -138,17 +186,12 @@ class TrainConfig(Validated):
         return storage.join(self.output, "run_summary.json")
 
 
-TRAIN_PARAMETERS: list[Declared] = declared(TrainConfig)
-# The train parameters the pipeline exposes (the rest: the artifacts' URIs, the seed).
-PIPELINE_TRAIN_PARAMETERS: list[Declared] = declared(TrainConfig, pipeline_only=True)
-
-
 def to_argv(config: TrainConfig) -> list[str]:
     """The trainer's command-line arguments for `config` (`from_argv` reads them back): every
     field that is required or differs from its default, as ``--<name> VALUE`` (a switch:
     ``--<name>`` or ``--no-<name>``)."""
     args: list[str] = []
-    for p in TRAIN_PARAMETERS:
+    for p in TrainConfig.parameters():
         value = getattr(config, p.name)
         if not p.required and value == p.default:
             continue
@@ -161,17 +204,20 @@ def to_argv(config: TrainConfig) -> list[str]:
 
 def from_argv(argv: list[str] | None = None) -> TrainConfig:
     """Parse the trainer's command line (one option per declared field) into a checked
-    TrainConfig (exits 2 naming the flag)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m components.train.rank",
-        description="Train one model as one Horovod job (every rank gets the same arguments).",
-    )
-    add_arguments(parser, TRAIN_PARAMETERS)
-    values = vars(parser.parse_args(argv))
+    TrainConfig; a bad command line exits 2 naming the flag."""
+    result = run_command(trainer_command, argv, "python -m components.train.rank")
+    if not isinstance(result, TrainConfig):
+        raise SystemExit(result)
+    return result
+
+
+@click.command(help="Train one model as one Horovod job (every rank gets the same arguments).")
+@declared_options(TrainConfig.parameters(), choices=False)
+def trainer_command(**values: Any) -> TrainConfig:
     try:
         return TrainConfig(**values)
-    except ValueError as exc:
-        parser.error(str(exc))
+    except InputError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 # Keras' Adam defaults: the single-worker settings every lr_scaling rule starts from.

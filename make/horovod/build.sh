@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the project's Horovod: the pinned Horovod sdist, checked by sha256, with the patch series
 # in make/horovod/patches applied in order, compiled against the TensorFlow that PYTHON has
-# installed, with the MPI and Gloo controllers (and NCCL when HOROVOD_GPU_OPERATIONS=NCCL).
+# installed, with the MPI and Gloo controllers (and NCCL when HOROVOD_GPU_OPERATIONS=NCCL). The
+# wheel records the controllers it has (horovod/metadata.json, patch 0004: what the launcher reads).
 #
 #   make/horovod/build.sh PYTHON CACHE_DIR
 #

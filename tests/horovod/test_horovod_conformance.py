@@ -56,6 +56,26 @@ def test_horovodrun_check_build_lists_the_pinned_version_tensorflow_mpi_and_gloo
     assert {"TensorFlow", "MPI", "Gloo"} <= built_with(proc.stdout), proc.stdout
 
 
+# The build's record of its controllers (patch 0004) beside its library's own answer.
+RECORD_AND_LIBRARY = (
+    "import json, horovod.tensorflow as hvd; from horovod.common.util import build_info; "
+    "print(json.dumps([build_info().get('controllers'), bool(hvd.mpi_built()), "
+    "bool(hvd.gloo_built())]))"
+)
+
+
+def test_the_build_records_the_controllers_its_library_was_compiled_with() -> None:
+    """horovod/metadata.json lists MPI and Gloo (what horovodrun's and the launcher's checks
+    read, loading no TensorFlow), and the compiled library (hvd.mpi_built(), hvd.gloo_built(),
+    answered by the C++ code) agrees."""
+    proc = subprocess.run(
+        [sys.executable, "-c", RECORD_AND_LIBRARY], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr
+    recorded, mpi, gloo = json.loads(proc.stdout.splitlines()[-1])
+    assert sorted(recorded) == ["gloo", "mpi"] and (mpi, gloo) == (True, True)
+
+
 def per_rank(run: Launch, check: str) -> list[Any]:
     """Every rank's values for `check`, rank 0 first; fails with the traceback a rank recorded
     (its failed assertion), or with the job's output if a rank recorded nothing."""

@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from components.common.declare import (
-    data_sha256_problem,
-    data_source_problem,
-    field_problems,
-    is_positive_quantity,
-    joint_problems,
-)
-from pipeline.checks import PIPELINE_PARAMETERS
+from components.common.declare import field_problems, is_positive_quantity
+from components.data_prep.step_parameters import data_sha256_problem, data_source_problem
+from pipeline.checks import JOINT_RULES, PIPELINE_PARAMETERS
+
+
+def joint_problems(values: dict) -> list[str]:
+    """The rules across parameters, as the check step runs them: each owner's in turn."""
+    return [problem for rules in JOINT_RULES for problem in rules(values)]
 
 
 def pipeline_problems(values: dict) -> list[str]:

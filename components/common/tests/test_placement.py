@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
+from components.common.declare import json_value
 from components.common.failure import InputError
 from components.common.placement import (
     Placement,
-    json_value,
     merge_tolerations,
     node_selector_problem,
     tolerations_problem,

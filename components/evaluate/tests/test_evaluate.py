@@ -181,7 +181,7 @@ def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path, caps
     report = dsl.Markdown(uri=str(tmp_path / "report.md"))
     out = evaluate(
         dataset=dsl.Dataset(uri=trained_model.dataset),
-        model=dsl.Model(uri=trained_model.path),
+        saved_model=dsl.Model(uri=trained_model.path),
         metrics=metrics,
         confusion_matrix=confusion,
         report=report,
@@ -199,7 +199,9 @@ def test_component_function_logs_kfp_outputs(trained_model, tmp_path: Path, caps
     with pytest.raises(SystemExit) as stopped:
         evaluate(
             dataset=dsl.Dataset(uri=trained_model.dataset),
-            model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": "1" * 64}),
+            saved_model=dsl.Model(
+                uri=trained_model.path, metadata={"saved_model_sha256": "1" * 64}
+            ),
             metrics=dsl.Metrics(uri=str(tmp_path / "metrics-2")),
             confusion_matrix=dsl.ClassificationMetrics(uri=str(tmp_path / "cm-2")),
             report=dsl.Markdown(uri=str(tmp_path / "report-2.md")),
@@ -249,7 +251,7 @@ def test_any_classes_are_scored_and_named(tmp_path: Path) -> None:
     confusion = dsl.ClassificationMetrics(uri=str(tmp_path / "cm"))
     evaluate(
         dataset=dsl.Dataset(uri=data),
-        model=dsl.Model(uri=str(tmp_path / "m")),
+        saved_model=dsl.Model(uri=str(tmp_path / "m")),
         metrics=dsl.Metrics(uri=str(tmp_path / "metrics")),
         confusion_matrix=confusion,
         report=dsl.Markdown(uri=str(tmp_path / "report.md")),

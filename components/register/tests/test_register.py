@@ -348,8 +348,8 @@ def test_the_component_function(
         accuracy: float = 0.95,
         min_accuracy: float = 0.9,
     ):  # as the component calls it
-        return rg.register_step(
-            model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": digest}),
+        return rg.register_model_step(
+            saved_model=dsl.Model(uri=trained_model.path, metadata={"saved_model_sha256": digest}),
             run_summary=dsl.Artifact(uri=trained_summary),
             dataset=dsl.Dataset(uri=trained_model.dataset),
             accuracy=accuracy,

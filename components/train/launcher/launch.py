@@ -8,18 +8,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from components.common.defaults import STALL_SHUTDOWN_SECONDS
 from components.common.failure import (
-    STOP_SIGNALS,
     ExitCode,
     ExpectedError,
     InputError,
@@ -40,16 +36,10 @@ from components.train.rank.heartbeat import HEARTBEAT_ENV, period_for
 # TCP over loopback (bench/README.md) once a waiting rank yields its core (`YIELD_WHEN_IDLE`). An
 # elastic job runs ``horovodrun --gloo`` (elastic Horovod has no MPI) as ``python -m
 # components.train.launcher.launch ARGS``: horovodrun's command line, its Gloo check answered from
-# the installed library instead of by a process importing all of TensorFlow (seconds per launch).
+# the build's record of its controllers instead of by a process importing all of TensorFlow
+# (seconds per launch).
 YIELD_WHEN_IDLE = ("-mca", "mpi_yield_when_idle", "1")  # a waiting rank yields its core
 TRAINER = (sys.executable, "-m", "components.train.rank")  # every rank's program here
-# Symbols only a Horovod built with each controller has: Gloo's rendezvous context class, and
-# Horovod's MPI controller class (mangled; compiled only with HAVE_MPI). Read from the file, as
-# Horovod's own answer (hvd.mpi_built(), hvd.gloo_built()) needs its TensorFlow extension loaded:
-# horovod.common.util's checks import TF (7-8 s for both); the extension alone loads TF's C++
-# libraries (+0.5 s a launch in a child process; in this one, +320 MB resident and a later
-# `import ssl` bound to TF's BoringSSL). Reading the file: 0.1 s.
-BUILD_MARKERS = {"GLOO": b"gloo::rendezvous::Context", "MPI": b"N7horovod6common13MPIControllerE"}
 # Rank 0's line saying why the job stopped before training, as it reaches the launcher.
 RANK0_FAILED = re.compile(r"\[rank 0/\d+\] training failed: (.+)$")
 
@@ -185,10 +175,14 @@ def require(controller: str) -> None:
             "mpirun is not installed: local Horovod jobs run on Open MPI. `make install` installs "
             "Debian's (apt-get install openmpi-bin libopenmpi-dev) and builds Horovod with MPI"
         )
-    # Read from the library's file: loading it would load TensorFlow.
-    files = metadata.files("horovod") or []
-    libs = [f for f in files if f.name.startswith("mpi_lib") and "tensorflow" in f.parts]
-    if not any(BUILD_MARKERS[controller] in Path(str(f.locate())).read_bytes() for f in libs):
+    # The controllers as the build recorded them (make/horovod/patches/0004: CMake writes them
+    # into horovod/metadata.json), read without loading a framework: Horovod's extension
+    # (hvd.mpi_built()) loads TensorFlow's C++ libraries (+0.5 s a launch in a child process; in
+    # this one, +320 MB resident and a later `import ssl` bound to TF's BoringSSL), and
+    # upstream's checks imported all of TensorFlow (7-8 s for both).
+    from horovod.common.util import gloo_built, mpi_built
+
+    if not {"MPI": mpi_built, "GLOO": gloo_built}[controller]():
         raise LaunchError(
             f"the installed Horovod has no {controller} in its TensorFlow library: reinstall it "
             f"with HOROVOD_WITH_{controller}=1 (make install does)"
@@ -251,39 +245,28 @@ def run_local_job(config: TrainConfig, log: Callable[[str], None] = print) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    """horovodrun's command line with its Gloo check answered (exit code as horovodrun's). A
-    stop (SIGTERM, Ctrl-C) ends every process below it in one ``STOPPED:`` line, exit 128 + N:
-    horovodrun's own shutdown terminates its workers (SIGKILL after 5 s; its multiprocessing
-    helper ends with this process)."""
-    from horovod.runner import gloo_run, launch
+    """horovodrun's command line (exit code as horovodrun's), its Gloo check answered by the
+    build's record (`require`). A stop (SIGTERM, Ctrl-C) ends every process below it in one
+    ``STOPPED:`` line, exit 128 + N: horovodrun's own shutdown terminates its workers (SIGKILL
+    after 5 s; its multiprocessing helper ends with this process), and its shutdown hook
+    (``on_shutdown_signal``, make/horovod/patches/0004) notes the signal and what runs first."""
+    from horovod.runner import launch
 
     stops: list[tuple[Stopped, Started]] = []
-    register = gloo_run.register_shutdown_event  # horovodrun's handlers: set its shutdown event
 
-    def shutdown_event() -> Any:
-        event = register()
-
-        def on_signal(signum: int, frame: object) -> None:
-            if not stops:
-                stops.append((Stopped(signum), Started.of()))  # noted before any is ended
-            event.set()
-
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, on_signal)
-        return event
+    def on_shutdown_signal(signum: int) -> None:
+        if not stops:
+            stops.append((Stopped(signum), Started.of()))  # noted before any is ended
 
     with one_line_failures(), stops_on_signals():  # until horovodrun takes the signals
         require("GLOO")
-        launch.gloo_built = lambda verbose=False: True
-        gloo_run.register_shutdown_event = shutdown_event
-        sys.argv = ["horovodrun", *(sys.argv[1:] if argv is None else argv)]
         try:
-            launch.run_commandline()
+            launch.run_commandline(
+                sys.argv[1:] if argv is None else argv, on_shutdown_signal=on_shutdown_signal
+            )
         except Exception:
             if not stops:
                 raise
-        finally:
-            gloo_run.register_shutdown_event = register
         if stops:  # horovodrun ended with a RuntimeError naming a worker's 143
             stop, below = stops[0]
             stop.ended.append(f"horovodrun ended the {below.describe()} it had started")

@@ -6,7 +6,6 @@ launcher: ``python -m components.train.launcher.mpiwatch --ranks N --silence-sec
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import math
@@ -20,6 +19,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import click
+
+from components.common.declare import run_command
 from components.common.failure import (
     SIGNAL_BASE,
     ExitCode,
@@ -246,40 +248,39 @@ def _running(proc: subprocess.Popen[bytes], seconds: float = POLL_SECONDS) -> bo
     return False
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m components.train.launcher.mpiwatch",
-        description="Run mpirun; end the job when a rank's heartbeats stop.",
-    )
-    parser.add_argument("--ranks", type=int, required=True, help="the job's number of ranks")
-    parser.add_argument(
-        "--silence-seconds",
-        type=float,
-        required=True,
-        help="end the job when a rank has sent no heartbeat for this long",
-    )
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- mpirun ...")
-    args = parser.parse_args(argv)
-    args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not args.command:
-        parser.error("no command to run: give it after --, e.g. -- mpirun -np 2 ...")
-    if args.ranks < 1:
-        parser.error(f"--ranks must be >= 1, got {args.ranks}")
-    if not args.silence_seconds > 0:
-        parser.error(f"--silence-seconds must be > 0, got {args.silence_seconds:g}")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; a command that cannot run is one ``FAILED:`` line. As a launcher
-    container's PID 1 it has no default action on SIGTERM: SIGTERM and Ctrl-C end the job (the
-    watch kills mpirun and every process below it) in one ``STOPPED:`` line, exit 128 + N."""
-    args = parse_args(argv)
+@click.command(
+    help="Run mpirun; end the job when a rank's heartbeats stop.",
+    context_settings={"ignore_unknown_options": True},
+)
+@click.option("--ranks", type=int, required=True, help="the job's number of ranks")
+@click.option(
+    "--silence-seconds",
+    type=float,
+    required=True,
+    help="end the job when a rank has sent no heartbeat for this long",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- MPIRUN...")
+def command(ranks: int, silence_seconds: float, command: tuple[str, ...]) -> int:
+    """As a launcher container's PID 1 it has no default action on SIGTERM: SIGTERM and Ctrl-C
+    end the job (the watch kills mpirun and every process below it) in one ``STOPPED:`` line,
+    exit 128 + N; a command that cannot run is one ``FAILED:`` line."""
+    command = command[1:] if command[:1] == ("--",) else command
+    if not command:
+        raise click.UsageError("no command to run: give it after --, e.g. -- mpirun -np 2 ...")
+    if ranks < 1:
+        raise click.UsageError(f"--ranks must be >= 1, got {ranks}")
+    if not silence_seconds > 0:
+        raise click.UsageError(f"--silence-seconds must be > 0, got {silence_seconds:g}")
     hostfile = Path(os.environ.get(HOSTFILE_ENV) or "/nonexistent")
     expected = expected_hosts(hostfile.read_text()) if hostfile.is_file() else []
     log = functools.partial(print, flush=True)
     with one_line_failures(), stops_on_signals():
-        return watch(args.command, args.ranks, args.silence_seconds, log, expected=expected)
+        return watch(list(command), ranks, silence_seconds, log, expected=expected)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit code."""
+    return int(run_command(command, argv, "python -m components.train.launcher.mpiwatch"))
 
 
 if __name__ == "__main__":

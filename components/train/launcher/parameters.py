@@ -1,16 +1,32 @@
 """The train step's own parameters, declared once as `TrainConfig`'s are: where and how the
 Horovod job runs (the nodes its pods run on: `components.common.placement.Placement`). The
-pipeline exposes the first ones (`TRAIN_STEP_PARAMETERS`); the job's own settings after them keep
-their defaults in a pipeline run and are options of the render commands.
+pipeline exposes the first ones (`TrainStep.parameters(pipeline_only=True)`); the job's own
+settings after them keep their defaults in a pipeline run and are options of the render
+commands.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from components.common import defaults
-from components.common.declare import TRAINING_BACKENDS, Declared, Validated, declared, param
+from components.common.declare import Validated, param
 from components.common.placement import DNS_SUBDOMAIN
+
+TRAINING_BACKENDS = ("auto", "local", "mpijob", "trainjob")
+
+
+def elastic_backend_problem(backend: str, min_workers: int | None) -> str | None:
+    """Why an elastic job cannot run on `backend`: Kubeflow Trainer v2 has no host discovery."""
+    if backend != "trainjob" or not min_workers:
+        return None
+    return (
+        f"min_workers={min_workers}: elastic training needs mpi-operator's discover_hosts.sh, "
+        "which Kubeflow Trainer v2 does not provide; use training_backend 'mpijob' (or "
+        "min_workers 0) instead of 'trainjob'"
+    )
 
 
 def dns_name_problem(value: str | None) -> str | None:
@@ -30,6 +46,12 @@ def image_problem(value: str) -> str | None:
 @dataclass(frozen=True)
 class TrainStep(Validated):
     """How the train step runs the job: its backend, image, pods, identity and run policy."""
+
+    @staticmethod
+    def joint_problems(values: Mapping[str, Any]) -> list[str]:
+        min_workers = values.get("min_workers")
+        problem = elastic_backend_problem(values.get("training_backend", ""), min_workers)
+        return [problem] if problem else []
 
     training_backend: str = param(
         "auto",
@@ -101,6 +123,3 @@ class TrainStep(Validated):
         None, "gang size (MPIJob only; default: all pods)", pipeline=False, minimum=1
     )
     scheduler_name: str | None = param(None, "e.g. volcano", pipeline=False, check=dns_name_problem)
-
-
-TRAIN_STEP_PARAMETERS: list[Declared] = declared(TrainStep, pipeline_only=True)

@@ -33,13 +33,13 @@ def fused_adam_class() -> type:
             if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
                 return super().update_step(gradient, variable, learning_rate)
             dtype = variable.dtype
-            index = self._get_variable_index(variable)
+            momentum, velocity = adam_moments(self, variable)
             step = tf.cast(self.iterations + 1, dtype)
             beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
             tf.raw_ops.ResourceApplyAdam(
                 var=_handle(keras, variable),
-                m=_handle(keras, self._momentums[index]),
-                v=_handle(keras, self._velocities[index]),
+                m=_handle(keras, momentum),
+                v=_handle(keras, velocity),
                 beta1_power=tf.pow(beta_1, step),
                 beta2_power=tf.pow(beta_2, step),
                 lr=tf.cast(learning_rate, dtype),
@@ -52,6 +52,15 @@ def fused_adam_class() -> type:
 
     FusedAdam.__module__ = __name__
     return FusedAdam
+
+
+def adam_moments(optimizer: Any, variable: Any) -> tuple[Any, Any]:
+    """Keras 3 Adam's first and second moment of `variable` (its "momentum" and "velocity"
+    slots). Keras has no public way to them: this is the project's one read of a Keras private
+    attribute (its Adam's ``_momentums``, ``_velocities`` and ``_get_variable_index``, Keras
+    3.15), and components/train/tests/test_adam.py fails the day Keras changes them."""
+    index = optimizer._get_variable_index(variable)
+    return optimizer._momentums[index], optimizer._velocities[index]
 
 
 def _handle(keras: Any, variable: Any) -> Any:

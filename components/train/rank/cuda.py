@@ -5,7 +5,6 @@ build.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import importlib.util
 import sys
@@ -13,6 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import click
+
+from components.common.declare import run_command
 from components.common.failure import ExitCode
 from components.common.keras_env import tensorflow
 
@@ -118,16 +120,18 @@ def check_image(gradient_allreduce: str, cuda: bool = True) -> int:
     return ExitCode.BAD_INPUT if problems else ExitCode.OK
 
 
+@click.command(help=(__doc__ or "").splitlines()[0])
+@click.option("--check", "what", flag_value="check", help="libraries, CUDA build, Horovod")
+@click.option("--check-horovod", "what", flag_value="horovod", help="Horovod's NCCL build only")
+@click.option("--gradient-allreduce", type=click.Choice(GRADIENT_ALLREDUCE), required=True)
+def command(what: str | None, gradient_allreduce: str) -> int:
+    if what is None:
+        raise click.UsageError("one of --check or --check-horovod is required")
+    return check_image(gradient_allreduce, cuda=what == "check")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m components.train.rank.cuda", description=__doc__.splitlines()[0]
-    )
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--check", action="store_true", help="libraries, CUDA build, Horovod")
-    what.add_argument("--check-horovod", action="store_true", help="Horovod's NCCL build only")
-    parser.add_argument("--gradient-allreduce", choices=GRADIENT_ALLREDUCE, required=True)
-    args = parser.parse_args(argv)
-    return check_image(args.gradient_allreduce, cuda=args.check)
+    return int(run_command(command, argv, "python -m components.train.rank.cuda"))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from typing import Any
 
 from components.common import images, keras_env
 from components.common.dataset import ImageSpec
-from components.common.declare import model_problem
 from components.common.defaults import AUGMENT, MODEL, MODELS
 from components.common.failure import InputError
 from components.common.model_files import (
@@ -25,6 +24,7 @@ from components.common.model_files import (
     OUTPUT_NAME,
     SERVING_SIGNATURE,
 )
+from components.train.config import model_problem
 
 # The bundled digits' shape and classes: the defaults of `build_model`.
 MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10

@@ -1,35 +1,21 @@
-"""KFP definition of train: the dataset in, ONE model, its run summary and its coordination
-report out; the trainer's (`TrainConfig`) and the train step's (`TrainStep`) declared
-parameters in between, each under its own name (``components.train.step.program.run_step``).
+"""The train component: what the KFP train step's pod runs, in the trainer image.
 
-The output artifact is ``saved_model`` because the parameter ``model`` (which model to train)
-holds that name.
+The dataset in; ONE model, its run summary and its coordination report out. Its parameters are
+the trainer's (`TrainConfig`) and the train step's (`TrainStep`) declared ones that the pipeline
+exposes, under their own names; tests/test_signatures.py holds this signature to them. The
+output is ``saved_model`` because the parameter ``model`` names the architecture.
 
 KFP's task-config passthroughs (kfp >= 2.15, `PASSTHROUGHS`): what is set on the train task with
 kfp-kubernetes (the pipeline's ``node_selector`` and ``tolerations``, and a pipeline author's own
 settings) reaches ``task_config``, which the step checks and forwards to the job's pods
 (`components.train.launcher.cluster.job.PodConfig`): the one way placement reaches them. The
-environment and the resources apply to the task's own pod too (the ``local`` backend trains there,
-on the task's GPUs); placement and volumes go to the job's pods only: the task that launches a
-cluster job needs no GPU node.
+environment and the resources apply to the task's own pod too (the ``local`` backend trains
+there, on the task's GPUs); placement and volumes go to the job's pods only: the task that
+launches a cluster job needs no GPU node.
 """
 
 from kfp import dsl
-
-from components.common.kfp_function import kfp_function
-from components.train.config import PIPELINE_TRAIN_PARAMETERS
-from components.train.launcher.parameters import TRAIN_STEP_PARAMETERS
-
-SIGNATURE = [
-    ("dataset", "Input[Dataset]"),
-    *((p.name, p.type.__name__) for p in (*PIPELINE_TRAIN_PARAMETERS, *TRAIN_STEP_PARAMETERS)),
-    ("pipeline_run_id", "str"),
-    ("task_config", "TaskConfig"),
-    ("saved_model", "Output[Model]"),
-    ("run_summary", "Output[Artifact]"),
-    ("coordination_report", "Output[Markdown]"),
-]
-
+from kfp.dsl import Artifact, Dataset, Input, Markdown, Model, Output, TaskConfig
 
 PASSTHROUGHS = [
     dsl.TaskConfigPassthrough(field=dsl.TaskConfigField.RESOURCES, apply_to_task=True),
@@ -41,16 +27,46 @@ PASSTHROUGHS = [
 ]
 
 
+def train(
+    dataset: Input[Dataset],
+    workers: int,
+    slots_per_worker: int,
+    epochs: int,
+    batch_size_per_worker: int,
+    learning_rate: float,
+    warmup_epochs: int,
+    lr_scaling: str,
+    threads_per_worker: int,
+    model: str,
+    augment: bool,
+    min_workers: int,
+    mixed_precision: bool,
+    gpus_per_worker: int,
+    training_backend: str,
+    trainer_image: str,
+    cpu_per_worker: str,
+    memory_per_worker: str,
+    namespace: str,
+    trainer_service_account: str,
+    pipeline_run_id: str,
+    task_config: TaskConfig,
+    saved_model: Output[Model],
+    run_summary: Output[Artifact],
+    coordination_report: Output[Markdown],
+) -> None:
+    """Train ONE model with a Horovod job of `workers` processes (local, an MPIJob or a
+    TrainJob)."""
+    arguments = dict(locals())  # the parameters, before an import binds a name
+    from components.common.failure import one_line_failures, stops_on_signals
+
+    with one_line_failures(), stops_on_signals():
+        from components.train.step.program import train_step
+
+        return train_step(**arguments)
+
+
 def make_component(image: str) -> dsl.base_component.BaseComponent:
     """The KFP train component running in `image` (the trainer image)."""
-    func = kfp_function(
-        "train",
-        SIGNATURE,
-        "None",
-        "components.train.step.program:run_step",
-        "Train ONE model with a Horovod job of `workers` processes (local, an MPIJob or a "
-        "TrainJob).",
-    )
     return dsl.component(
         base_image=image, install_kfp_package=False, task_config_passthroughs=PASSTHROUGHS
-    )(func)
+    )(train)

@@ -17,7 +17,7 @@ from components.common import storage
 from components.common.defaults import GPU_RESOURCE
 from components.common.failure import InputError
 from components.train import summary
-from components.train.config import PIPELINE_TRAIN_PARAMETERS, TrainConfig
+from components.train.config import TrainConfig
 from components.train.launcher.cluster import job
 from components.train.launcher.cluster.job import Choice, PodConfig
 from components.train.launcher.launch import run_local_job
@@ -168,7 +168,7 @@ def run_train_task(
     return record
 
 
-def run_step(
+def train_step(
     dataset: Any,
     saved_model: Any,
     run_summary: Any,
@@ -179,7 +179,7 @@ def run_step(
 ) -> None:
     """The train step on its KFP artifacts: `values` are its declared parameters, by name;
     `task_config` the train task's ``dsl.TaskConfig``, which KFP's driver fills in."""
-    trainer = {p.name: values.pop(p.name) for p in PIPELINE_TRAIN_PARAMETERS}
+    trainer = {p.name: values.pop(p.name) for p in TrainConfig.parameters(pipeline_only=True)}
     config = TrainConfig(
         data=dataset.uri, output=work_uri(saved_model.uri), model_dir=saved_model.uri, **trainer
     )

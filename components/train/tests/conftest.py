@@ -15,6 +15,7 @@ from components.train.launcher.launch import job_environment, local_command
 from standins.commands import static_command
 
 AUDIT_SCRIPT = Path(__file__).with_name("audit_writes.py")
+INPUT_AT_EXIT_SCRIPT = Path(__file__).with_name("input_at_exit.py")
 JobRunner = Callable[..., subprocess.CompletedProcess]
 
 
@@ -31,13 +32,20 @@ def _run_job(
     args: list[str],
     timeout: float = 300,
     audit: tuple[Path, Path] | None = None,
+    input_at_exit: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """Run the trainer as a real static job of `workers` ranks (the local launcher's command:
-    ``mpirun -np workers``), optionally under the write audit; capture its output."""
+    ``mpirun -np workers``), optionally under the write audit (`audit_writes.py`) or with
+    its input watched at exit (`input_at_exit.py`); capture its output."""
     command = local_command(workers, args)
+    watch: list[str] = []
     if audit is not None:
-        audited = [sys.executable, str(AUDIT_SCRIPT), str(audit[0]), str(audit[1])]
-        command = static_command(workers, [*audited, "-m", "components.train.rank", *args])
+        watch = [str(AUDIT_SCRIPT), str(audit[0]), str(audit[1])]
+    elif input_at_exit is not None:
+        watch = [str(INPUT_AT_EXIT_SCRIPT), str(input_at_exit)]
+    if watch:
+        program = [sys.executable, *watch, "-m", "components.train.rank", *args]
+        command = static_command(workers, program)
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, env=job_environment()
     )

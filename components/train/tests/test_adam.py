@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from components.common.keras_env import keras, tensorflow
-from components.train.rank.adam import fused_adam
+from components.train.rank.adam import adam_moments, fused_adam
 
 SETTINGS = {"learning_rate": 0.01, "beta_1": 0.85, "beta_2": 0.99, "epsilon": 1e-6}
 
@@ -78,3 +78,21 @@ def test_amsgrad_and_sparse_gradients_get_keras_own_step() -> None:
     fused = _steps(fused_adam(**SETTINGS), [[r] for r in rows], [0.01] * 3, graph=False)
     plain = _steps(keras().optimizers.Adam(**SETTINGS), [[r] for r in rows], [0.01] * 3, False)
     np.testing.assert_array_equal(fused[0][0], plain[0][0])
+
+
+def test_the_moments_fused_adam_reads_are_keras_adams() -> None:
+    """`adam_moments` reads Keras's private slots (the project's one such read): after one step
+    of Keras's own Adam they are its variables holding (1 - beta_1) g and (1 - beta_2) g^2 of
+    each weight's gradient g. Fails the day Keras renames or reorders them."""
+    k = keras()
+    rng = np.random.default_rng(3)
+    weights = [k.Variable(rng.normal(size=s).astype("float32")) for s in [(4, 3), (3,), (2,)]]
+    grads = [rng.normal(size=w.shape).astype("float32") for w in weights]
+    optimizer = k.optimizers.Adam(**SETTINGS)
+    optimizer.apply(grads, weights)
+    held = {id(v) for v in optimizer.variables}
+    for weight, g in zip(weights, grads, strict=True):
+        momentum, velocity = adam_moments(optimizer, weight)
+        assert {id(momentum), id(velocity)} <= held
+        np.testing.assert_allclose(momentum.numpy(), (1 - SETTINGS["beta_1"]) * g, rtol=1e-6)
+        np.testing.assert_allclose(velocity.numpy(), (1 - SETTINGS["beta_2"]) * g**2, rtol=1e-5)

@@ -61,7 +61,7 @@ def trainjob(**overrides: Any) -> list[dict[str, Any]]:
 
 def flag(command: list[str], name: str, default: str | None = None) -> str | None:
     """The value after `name` in the trainer's part of `command`."""
-    trainer = command[command.index("components.train") :]
+    trainer = command[command.index("components.train.rank") :]
     return trainer[trainer.index(name) + 1] if name in trainer else default
 
 
@@ -163,7 +163,11 @@ def test_the_launcher_runs_mpirun_of_workers_times_slots_under_the_heartbeat_wat
         str(defaults.STALL_SHUTDOWN_SECONDS),
     ]
     assert mpirun[:4] == ["mpirun", "-np", str(workers * slots), "--tag-output"]
-    assert cmd[cmd.index("components.train") - 2 :][:3] == ["python", "-m", "components.train.rank"]
+    assert cmd[cmd.index("components.train.rank") - 2 :][:3] == [
+        "python",
+        "-m",
+        "components.train.rank",
+    ]
     assert (flag(cmd, "--workers", "2"), flag(cmd, "--slots-per-worker", "1")) == (
         str(workers),
         str(slots),
@@ -223,7 +227,7 @@ def test_the_watch_bound_is_the_stall_bound_and_the_ranks_beat_four_times_in_it(
     launcher = container(m, "Launcher")
     cmd = launcher["command"]
     assert cmd[cmd.index("--silence-seconds") + 1] == str(stall)
-    mpirun = cmd[cmd.index("--") + 1 : cmd.index("components.train")]
+    mpirun = cmd[cmd.index("--") + 1 : cmd.index("components.train.rank")]
     exported = [mpirun[i + 1] for i, word in enumerate(mpirun) if word == "-x"]
     env = {"PYTHONUNBUFFERED": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(stall)}
     assert exported == [

@@ -1,5 +1,8 @@
-"""deploy/rbac.yaml grants exactly what the cluster backends (MPIJob, TrainJob) use, in one
-namespace."""
+"""deploy/rbac.yaml against the requests the cluster backends (MPIJob, TrainJob) make: each
+backend runs through the real kubernetes client on kmock (`standins.kmock_cluster`), every
+request it sent is read back from kmock's record as the right it needs, and the Role must grant
+each of them, in one namespace, and nothing the backends leave unused but reading what they
+use."""
 
 from __future__ import annotations
 
@@ -12,19 +15,11 @@ import yaml
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
 
-def test_rbac_is_least_privilege_and_namespaced() -> None:
+def test_rbac_is_one_namespaced_role_bound_to_one_service_account() -> None:
     docs = list(yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()))
     assert sorted(d["kind"] for d in docs) == ["Role", "RoleBinding"]  # nothing cluster-wide
     role = next(d for d in docs if d["kind"] == "Role")
     binding = next(d for d in docs if d["kind"] == "RoleBinding")
-    expected = {
-        ("kubeflow.org", "mpijobs"): "create delete get list watch",
-        ("trainer.kubeflow.org", "trainjobs"): "create delete get list watch",
-        ("trainer.kubeflow.org", "trainingruntimes"): "create get",
-        ("", "pods"): "get list",
-        ("", "pods/log"): "get",
-    }
-    assert _granted() == {(g, r, v) for (g, r), verbs in expected.items() for v in verbs.split()}
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
@@ -82,13 +77,26 @@ def _right(method: str, path: str, params: Any) -> tuple[str, str, str] | None:
     return group, resource, verb
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("backend", ["mpijob", "trainjob"])
-def test_each_backend_sends_only_requests_the_role_grants(backend: str, gcs_uri: str) -> None:
-    """The train step's requests, recorded by kmock for a run that owns its job, replaces a
-    failed earlier attempt (delete, create) and follows the new one to success, read back as
-    the rights they need: every one is in deploy/rbac.yaml (the stand-in's own requests,
-    which the operator makes on a real cluster, are told apart by their user agent)."""
+STEP = "kfp-horovod-train-step"  # the user agent of the train step's requests
+Right = tuple[str, str, str]
+
+
+def _sent(cluster: Any) -> set[Right | None]:
+    """The rights the train step's requests recorded by kmock need (None: discovery); the
+    stand-in's own requests, which the operator makes on a real cluster, are told apart by
+    their user agent."""
+    return {
+        _right(r.method.value, r.url.path, r.params)
+        for r in list(cluster.emu)
+        if {k.lower(): v for k, v in r.headers.items()}.get("user-agent") == STEP
+    }
+
+
+def _run(backend: str, gcs_uri: str) -> set[Right]:
+    """The rights backend `backend`'s run needs: a run that owns its job (it reads its task
+    pod), replaces a failed earlier attempt (a create refused 409, a delete, a create), makes
+    or reuses the shared TrainingRuntime, reads the served schema, and follows the new job to
+    success while it streams the launcher's log."""
     from kubernetes import client
 
     from components.train.launcher.cluster.run import run_job
@@ -120,22 +128,46 @@ def test_each_backend_sends_only_requests_the_role_grants(backend: str, gcs_uri:
         op = Operator(cluster, kind)
         op.play(script)
         task = client.ApiClient(cluster.api.configuration)
-        task.user_agent = "kfp-horovod-train-step"
+        task.user_agent = STEP
         run_job(b, p, namespace=NS, api_client=task, poll_interval_s=POLL, log=lambda _: None)
         op.join()
-        sent = {
-            _right(r.method.value, r.url.path, r.params)
-            for r in list(cluster.emu)
-            if dict((k.lower(), v) for k, v in r.headers.items()).get("user-agent")
-            == "kfp-horovod-train-step"
-        } - {None}
-    assert sent <= _granted(), sorted(sent - _granted())
-    group = crd.group
-    assert {
-        (group, crd.plural, "create"),
-        (group, crd.plural, "delete"),
-        ("", "pods", "get"),
-        ("", "pods/log", "get"),
-    } <= sent, sorted(sent)
-    if backend == "trainjob":
-        assert ("trainer.kubeflow.org", "trainingruntimes", "create") in sent
+        sent = _sent(cluster)
+    return {right for right in sent if right is not None}
+
+
+def _auto(gcs_uri: str) -> set[Right | None]:
+    """The rights ``training_backend=auto``'s choice needs (the step asks before any run)."""
+    from kubernetes import client
+
+    from components.train.launcher.cluster.job import choose_backend
+    from standins.kmock_cluster import Cluster
+
+    with Cluster() as cluster:
+        task = client.ApiClient(cluster.api.configuration)
+        task.user_agent = STEP
+        assert choose_backend(client.CustomObjectsApi(task)).backend == "mpijob"
+        return _sent(cluster)
+
+
+@pytest.mark.timeout(60)
+def test_the_role_grants_every_request_of_each_backend_and_nothing_they_leave_unused(
+    gcs_uri: str,
+) -> None:
+    from components.train.launcher.cluster.job import backend
+
+    granted = _granted()
+    used = {name: _run(name, gcs_uri) for name in ("mpijob", "trainjob")}
+    for name, rights in used.items():
+        assert rights <= granted, (name, sorted(rights - granted))
+        b = backend(name)  # the run went where the check must look: its job, its shared kinds
+        for crd in (b.crd, *b.shared):
+            assert {(crd.group, crd.plural, "create"), (crd.group, crd.plural, "get")} <= rights
+        assert {(b.crd.group, b.crd.plural, "delete"), ("", "pods/log", "get")} <= rights
+    assert _auto(gcs_uri) == {None}  # API discovery only: every authenticated user may read it
+    either = set().union(*used.values())
+    unused = granted - either
+    # no resource the backends never touch, no write they never make: at most reading more of
+    # what they use (list and watch of the jobs, which `kubectl get <jobs> -l` needs: the
+    # doc's commands that follow a run, tests/test_docs_cluster.py)
+    assert {(g, r) for g, r, _ in granted} == {(g, r) for g, r, _ in either}, sorted(unused)
+    assert {verb for _, _, verb in unused} <= {"get", "list", "watch"}, sorted(unused)

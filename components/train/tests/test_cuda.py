@@ -117,7 +117,7 @@ def test_the_image_check_fails_here_naming_each_missing_library_and_its_horovod_
     assert ok.returncode == 0, ok.stderr
     assert "cuda: Horovod gradient allreduce: host; all checks pass" in ok.stdout
     bad = _run("-m", "components.train.rank.cuda", "--check", "--gradient-allreduce", "mpi")
-    assert bad.returncode == 2 and "invalid choice: 'mpi'" in bad.stderr
+    assert bad.returncode == 2 and "'mpi' is not one of 'host', 'nccl'" in bad.stderr
     assert cuda.check_image("nccl", cuda=False) == ExitCode.BAD_INPUT  # built without NCCL here
     label = cuda.GRADIENT_ALLREDUCE_LABEL
     assert (

@@ -1,6 +1,8 @@
 """Device placement, threads per process, and the refusals of a job that asked for GPUs. The GPU
-cases drive a stand-in for ``tf.config`` (no GPU here); the CPU case runs the real TensorFlow in
-a subprocess (threads are set before TF starts); real refusals: test_trainer_bad_input.py."""
+path runs the real TensorFlow with only its device API standing in for a host with GPUs
+(`components.train.tests.gpu_host`: no GPU here); the CPU path runs the real TensorFlow; both in
+a subprocess (threads are set before TF starts). The thread override and a quiet rank's stderr
+drive a ``tf`` stand-in; real refusals: test_trainer_bad_input.py."""
 
 from __future__ import annotations
 
@@ -24,29 +26,57 @@ from components.train.rank.devices import (
 
 
 def _tf(gpus: list[str]) -> MagicMock:
-    """``tf`` on a host with `gpus`, as far as the trainer uses ``tf.config``."""
+    """``tf`` on a host with `gpus`, as far as the thread settings and the CPU path use it."""
     tf = MagicMock()
     tf.config.list_physical_devices.side_effect = lambda kind: gpus if kind == "GPU" else []
-    tf.config.experimental.get_device_details.side_effect = lambda gpu: {
-        "device_name": f"NVIDIA H100 80GB HBM3 ({gpu})"
-    }
-    tf.config.experimental.get_memory_info.return_value = {"current": 1000, "peak": 3 * 2**30}
     return tf
 
 
-def test_each_process_is_pinned_to_the_gpu_of_its_local_rank_and_reports_it() -> None:
-    for local_rank in range(4):
-        tf = _tf(["gpu0", "gpu1", "gpu2", "gpu3"])
-        devices = configure_devices(tf, local_rank, 4, None)
-        assert devices.device == f"GPU:{local_rank}" and devices.gpus_found == 4
-        tf.config.set_visible_devices.assert_called_once_with(f"gpu{local_rank}", "GPU")
-        tf.config.experimental.set_memory_growth.assert_called_once_with(f"gpu{local_rank}", True)
-        tf.config.get_visible_devices.return_value = [f"gpu{local_rank}"]
-        assert gpu_usage(tf, devices) == {
-            "gpu_name": f"NVIDIA H100 80GB HBM3 (gpu{local_rank})",
-            "gpu_peak_memory_bytes": 3 * 2**30,
+GPU_PATH = """
+import json, tensorflow as tf
+from components.train.rank.devices import configure_devices, gpu_usage
+from components.train.tests.gpu_host import Gpu, install
+GIB = 2**30
+for local_rank in range(4):  # each rank starts TensorFlow in its own process on the host
+    host = install(tf, [Gpu({"device_name": f"model {i}"}, (i + 1) * GIB) for i in range(3)]
+                   + [Gpu({"compute_capability": (9, 0)}, 4 * GIB)])  # no name: some devices
+    d = configure_devices(tf, local_rank, 4, None)
+    print(json.dumps({
+        "device": d.device, "gpus_found": d.gpus_found, "threads": d.threads,
+        "visible": [g.name for g in host.visible], "growth": sorted(host.growth),
+        "usage": gpu_usage(tf, d),
+        "tf_threads": [tf.config.threading.get_intra_op_parallelism_threads(),
+                       tf.config.threading.get_inter_op_parallelism_threads()],
+    }))
+"""
+
+
+def test_each_process_is_pinned_to_the_gpu_of_its_local_rank_and_reports_that_one() -> None:
+    """The real TensorFlow with its device API showing 4 GPUs (`gpu_host`; no GPU here): local
+    rank r sees only the host's GPU r, grows its memory on that one only, sets TensorFlow's
+    own thread pools to its share of the cores, and reports the name and peak memory of GPU r,
+    which TensorFlow numbers GPU:0 once it is the only one visible."""
+    out = subprocess.run(
+        [sys.executable, "-c", GPU_PATH], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    threads = default_threads(4)
+    for r, rank in enumerate(ranks):
+        assert rank == {
+            "device": f"GPU:{r}",
+            "gpus_found": 4,
+            "threads": threads,
+            "visible": [f"/physical_device:GPU:{r}"],
+            "growth": [f"/physical_device:GPU:{r}"],
+            "usage": {
+                "gpu_name": f"model {r}" if r < 3 else "unknown GPU",
+                "gpu_peak_memory_bytes": (r + 1) * 2**30,
+            },
+            "tf_threads": [threads, max(1, min(2, threads))],
         }
-    assert gpu_usage(tf, configure_devices(_tf([]), 0, 1, 1)) == {}
+    assert len(ranks) == 4
+    assert gpu_usage(_tf([]), configure_devices(_tf([]), 0, 1, 1)) == {}  # a CPU rank: none
 
 
 @pytest.mark.parametrize(("threads", "inter"), [(3, 2), (1, 1), (4, 2)])

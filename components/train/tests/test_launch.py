@@ -3,18 +3,22 @@ with 2 Horovod ranks, and horovodrun through ``python -m components.train.launch
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import components
 from components.train.launcher import launch
 from components.train.launcher.launch import LaunchError
 from components.train.launcher.log_dedup import RankLines
 from standins.commands import static_command
 
+ROOT = Path(components.__file__).resolve().parent.parent  # the repository
 # Each rank: after hvd.init(), the CPUs each of its threads may run on. One write per line, as
 # the trainer's logging writes (mpirun tags each chunk a rank writes).
 RANK_PROGRAM = """
@@ -71,17 +75,44 @@ def test_static_jobs_run_mpirun_and_gloo_or_elastic_ones_horovodrun(tmp_path: Pa
     assert args[:6] == ["-np", "3", "--min-np", "2", "--max-np", "4"] and args[-1] == "--gloo"
 
 
+def horovod_built_with(controllers: list[str], where: Path) -> dict[str, str]:
+    """The environment of a Python that imports, instead of the installed Horovod, a copy of
+    its Python code whose build record (horovod/metadata.json, make/horovod/patches/0004) lists
+    only `controllers`: a stand-in for a Horovod built without the others (a build takes 5-12
+    minutes). The copy has no compiled library, which the launcher's checks never load."""
+    import horovod
+
+    installed = Path(horovod.__file__).parent
+    copy = where / "horovod"
+    shutil.copytree(installed, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    record = json.loads((installed / "metadata.json").read_text())
+    (copy / "metadata.json").write_text(json.dumps({**record, "controllers": controllers}))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(where), str(ROOT)])}
+
+
 def test_a_horovod_without_mpi_or_gloo_or_a_missing_mpirun_is_refused_by_name(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """The build's record is what the launcher reads: the installed build records both
+    controllers, and a build recording one is refused the other, in one line naming the fix
+    (horovodrun's refusal: exit 2 before any rank starts)."""
+    from horovod.common.util import build_info
+
+    assert sorted(build_info()["controllers"]) == ["gloo", "mpi"]  # make install's build
     launch.require("MPI")
     launch.require("GLOO")
-    monkeypatch.setattr(launch, "BUILD_MARKERS", dict.fromkeys(["MPI", "GLOO"], b"none\x00\x01"))
-    with pytest.raises(LaunchError, match="HOROVOD_WITH_MPI=1"):
-        launch.require("MPI")
-    with pytest.raises(SystemExit, match="^2$"):  # before any rank starts, in one line
-        launch.main(["-np", "1", "true"])
-    (line,) = capsys.readouterr().err.splitlines()
+    require_mpi = "from components.train.launcher.launch import require; require('MPI')"
+    no_mpi = horovod_built_with(["gloo"], tmp_path / "gloo-only")
+    run = subprocess.run([sys.executable, "-c", require_mpi], env=no_mpi, capture_output=True)
+    assert b"LaunchError: the installed Horovod has no MPI in" in run.stderr
+    assert b"HOROVOD_WITH_MPI=1" in run.stderr
+    no_gloo = horovod_built_with(["mpi"], tmp_path / "mpi-only")
+    for env, code in ((no_gloo, 2), (no_mpi, 0)):  # the Gloo-only build runs horovodrun
+        command = [sys.executable, "-m", "components.train.launcher.launch", "-np", "1", "true"]
+        run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == code, run.stderr
+    run = subprocess.run(command, env=no_gloo, capture_output=True, text=True, timeout=120)
+    (line,) = run.stderr.splitlines()
     assert line.startswith("FAILED: the installed Horovod has no GLOO") and "GLOO=1" in line
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(LaunchError, match="mpirun is not installed"):

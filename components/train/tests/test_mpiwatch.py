@@ -145,9 +145,9 @@ def test_the_command_line_refuses_a_missing_command_and_bad_bounds() -> None:
         (["--ranks", "2", "--silence-seconds", "0", "--", "true"], "--silence-seconds must be"),
     ):
         err = io.StringIO()
-        with pytest.raises(SystemExit) as exited, contextlib.redirect_stderr(err):
-            mpiwatch.parse_args(argv)
-        assert exited.value.code == 2 and message in err.getvalue()
+        with contextlib.redirect_stderr(err):
+            assert mpiwatch.main(argv) == 2
+        assert message in err.getvalue()
 
 
 # --- under real mpirun -----------------------------------------------------------------------

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from components.common import storage
+from components.common.failure import InputError
 from components.train.config import TrainConfig
 from components.train.launcher.parameters import TrainStep
 from components.train.step import program as step_program
-from components.train.step.program import run_train_task
+from components.train.step.program import FORCED, run_train_task
 from components.train.summary import RunSummary, coordination_report, parse
+from standins.kmock_cluster import Cluster
 
 
 def _config(**overrides: Any) -> TrainConfig:
@@ -96,44 +100,103 @@ def gcs_dataset(gcs_uri: str) -> str:
     return f"{gcs_uri}/data"
 
 
-def test_mpijob_backend_wiring(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gcs_dataset: str
+@pytest.fixture
+def task_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    """A cluster (kmock's API) the step reaches through its kubeconfig, as outside a pod, and the
+    task's own pod in it: the step runs as that pod (HOSTNAME) and its service account's
+    namespace file names the namespace."""
+    from kubernetes.config import kube_config
+
+    from components.train.tests.cluster_jobs import write_kubeconfig
+    from standins.kmock_cluster import NS, Cluster, pod
+
+    with Cluster() as cluster:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", cluster)
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        cluster.core.create_namespaced_pod(NS, pod("task-pod", {}, uid="uid-of-the-task-pod"))
+        monkeypatch.setenv("HOSTNAME", "task-pod")
+        (tmp_path / "namespace").write_text(f"{NS}\n")
+        monkeypatch.setattr(step_program, "SERVICE_ACCOUNT_NAMESPACE", str(tmp_path / "namespace"))
+        yield cluster
+
+
+@pytest.mark.timeout(60)  # a job made elsewhere would be waited for
+def test_the_step_runs_its_artifacts_job_in_its_own_namespace_and_describes_the_model(
+    task_pod: Cluster, gcs_dataset: str, tmp_path: Path
 ) -> None:
-    """What the component hands to the MPIJob lifecycle, and what it writes back.
+    """`train_step` on KFP's artifact classes and the step's declared parameters, the MPIJob
+    backend, the real kubernetes client and `run_job` on kmock (its operator stood in: it
+    writes a placeholder of rank 0's outputs where the job's command says, and trains
+    nothing). What the step decides is read from the job it created: the namespace from its
+    service account, its own pod as the owner, the ranks told the artifacts' URIs (not the
+    step pod's /gcs paths) and the pipeline's workers; and the Model's metadata, which the
+    evaluate and register steps read: the digest of the model at the artifact, the TensorBoard
+    the ranks were told to write."""
+    from kfp import dsl
 
-    The cluster itself is replaced here (no Kubernetes runs on this machine); the lifecycle
-    against a real HTTP Kubernetes API is covered in test_cluster_lifecycle.py.
-    """
-    from components.train.launcher.cluster import run
+    from components.common.model_files import DIGEST_KEY
+    from components.train.config import from_argv
+    from components.train.tests.cluster_jobs import complete, pod_specs
+    from standins.kmock_cluster import MPIJOB_KIND, Operator, local_equivalent
 
-    seen: dict[str, Any] = {}
+    op = Operator(task_pod, MPIJOB_KIND)
 
-    def fake_run_job(kind: Any, params: Any, *, namespace: str, **_: Any) -> dict[str, Any]:
-        seen["params"], seen["namespace"], seen["backend"] = params, namespace, kind.name
-        seen["manifest"] = kind.build(params, namespace)[-1]
-        return _summary(world_size=6)
+    def script(op: Operator) -> None:
+        name = op.wait_for_job()
+        complete(op, name, op.start(name))
 
-    monkeypatch.setattr(run, "run_job", fake_run_job)
-    config = _config(slots_per_worker=2, data=gcs_dataset)
-    summary = _run_mpijob_task(tmp_path, config, pipeline_run_id="run-42")
-    params = seen["params"]
-    assert (seen["namespace"], seen["backend"]) == ("team-a", "mpijob")
-    assert (params.train.data, params.train.model_uri) == (gcs_dataset, "gs://b/run/train/model")
-    assert params.train.output == "gs://b/run/train/train-work"
-    assert params.train.world_size == 6 and params.image == "reg/trainer:9"
-    assert (params.run_name, params.pipeline_run_id) == ("train-run-42", "run-42")
-    assert params.step.trainer_service_account == "kfp-horovod-trainer"
-    launcher = seen["manifest"]["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
-    command = " ".join(launcher["containers"][0]["command"])
-    assert "--workers 3 --slots-per-worker 2" in command
-    assert parse((tmp_path / "summary").read_text()) == summary
-    assert (summary.training_backend, summary.training_backend_reason) == (
-        "mpijob",
-        "training_backend forces it",
+    op.play(script)
+    bucket = gcs_dataset.rsplit("/", 1)[0]
+    dataset = dsl.Dataset(uri=gcs_dataset)
+    model = dsl.Model(uri=f"{bucket}/pipeline/run-42/train/model")
+    run_summary = dsl.Artifact(uri=str(tmp_path / "run_summary"))
+    report = dsl.Markdown(uri=str(tmp_path / "report"))
+    trainer = {p.name: p.default for p in TrainConfig.parameters(pipeline_only=True)}
+    step = {p.name: p.default for p in TrainStep.parameters(pipeline_only=True)}
+    trainer.update(workers=3, slots_per_worker=2)
+    step.update(trainer_image="reg/trainer:9", training_backend="mpijob", namespace="")
+    step_program.train_step(dataset, model, run_summary, report, "run-42", **trainer, **step)
+    op.join()
+
+    (name,) = task_pod.job_names()  # in the namespace the service account's file names
+    job = op.job(name)
+    (owner,) = job["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "Pod",
+        "task-pod",
+        "uid-of-the-task-pod",
     )
-    report = (tmp_path / "report").read_text()
-    assert "6 workers formed ONE Horovod job" in report
-    assert "- Backend: **mpijob** (training_backend forces it)" in report
+    command, _ = MPIJOB_KIND.launcher(job)
+    ranks, args, _ = local_equivalent(command)
+    told = from_argv(args)
+    assert (told.data, told.model_uri) == (dataset.uri, model.uri)
+    assert (ranks, told.workers, told.slots_per_worker) == (6, 3, 2)
+    # its work (summary, checkpoints, TensorBoard) beside the Model artifact, not inside it
+    assert told.output.rsplit("/", 1)[0] == model.uri.rsplit("/", 1)[0] != told.output
+    assert {c["image"] for spec in pod_specs(job) for c in spec["containers"]} == {"reg/trainer:9"}
+    at_artifact = storage.read_bytes(storage.join(model.uri, "saved_model.pb"))
+    assert model.metadata[DIGEST_KEY] == hashlib.sha256(at_artifact).hexdigest()
+    assert model.metadata["tensorboard_uri"] == told.tensorboard_uri
+    assert json.loads(json.dumps([model.metadata, run_summary.metadata]))  # KFP stores JSON
+    record = parse(Path(run_summary.path).read_text())
+    assert (record.training_backend, record.training_backend_reason) == ("mpijob", FORCED)
+    assert f"- Backend: **mpijob** ({FORCED})" in Path(report.path).read_text()
+
+
+def test_without_a_namespace_the_step_refuses_before_asking_the_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No namespace parameter and no service account file (outside a pod): one line naming
+    what to pass, before any request (no kubeconfig here: a request would fail otherwise)."""
+    monkeypatch.setattr(step_program, "SERVICE_ACCOUNT_NAMESPACE", str(tmp_path / "none"))
+    step = TrainStep(trainer_image="reg/trainer:9", training_backend="trainjob", namespace="")
+    with pytest.raises(InputError) as info:
+        run_train_task(_config(), step, "", "", (str(tmp_path / "s"), str(tmp_path / "r")))
+    assert str(info.value) == (
+        "namespace is empty and this pod's namespace is unknown: pass namespace"
+    )
+    assert not (tmp_path / "s").exists()
 
 
 def test_report_answers_one_model_or_n_and_flags_diverged_ranks() -> None:
@@ -188,27 +251,6 @@ def test_both_launchers_check_the_job_before_starting_a_rank(
     assert f"{gcs_dataset}: the train split has 300 samples, fewer than the job's 400 ranks" in (
         str(info.value)
     )
-
-
-def test_artifact_metadata_says_which_model_was_trained() -> None:
-    model, run = step_program.artifact_metadata(
-        dataclasses.replace(_summary(), training_backend="trainjob")
-    )
-    assert model == {
-        "framework": "tensorflow-savedmodel",
-        "model": "mnist_advanced",
-        "augment": True,
-        "world_size": 3,
-        "epochs": 2,
-        "saved_model_sha256": "ef" * 32,
-        "final_metrics": {"accuracy": 0.9, "loss": 0.3},
-        "tensorboard_uri": "gs://b/run/train/train-work/tensorboard",
-    }  # evaluation writes its test metrics into that TensorBoard at epoch 2
-    assert run == {
-        "world_size": 3,
-        "weights_identical_across_ranks": True,
-        "training_backend": "trainjob",
-    }
 
 
 def test_work_dir_sits_beside_the_model_artifact() -> None:

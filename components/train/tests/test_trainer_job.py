@@ -2,8 +2,9 @@
 claim per test). It trains a user's Keras 3 model (``--model package.module:function``, with
 ``keras.ops`` and a custom layer) that draws different initial weights on every rank: the
 ranks hold one model only because rank 0's state is broadcast, and the claims hold for any
-model; an entry point trains across ranks and exports a model that serves without it.
-(``--augment`` across ranks: test_trainer_resume.)
+model; an entry point trains across ranks and exports a model that serves without it. It has
+no warmup (``--warmup-epochs 0``): the scaled learning rate from the first step. (``--augment``
+across ranks: test_trainer_resume; a warmup: test_trainer_warmup.)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from components.train.summary import read
+from tests.test_e2e_local import read_scalars
 
 pytestmark = pytest.mark.horovod
 
@@ -41,6 +43,8 @@ def job(mnist_1000: str, tmp_path_factory: pytest.TempPathFactory, run_job: Any)
         "32",
         "--threads-per-worker",
         "1",
+        "--warmup-epochs",
+        "0",
         "--model",
         USER_MODEL,
     ]
@@ -73,6 +77,13 @@ def test_logged_metrics_are_the_mean_of_the_ranks_own(job: dict[str, Any]) -> No
     assert s.metrics_averaged_across_ranks is True
     epoch_lines = [line for line in job["proc"].stdout.splitlines() if "Epoch " in line]
     assert all("(averaged over 3 ranks)" in line for line in epoch_lines), epoch_lines
+
+
+def test_without_warmup_epoch_1_already_runs_at_the_scaled_rate(job: dict[str, Any]) -> None:
+    """``--warmup-epochs 0``: TensorBoard's ``learning_rate`` of every epoch, the first
+    included, is the ``lr_scaling`` rule's (linear: the default 0.001 x 3 ranks)."""
+    board = read_scalars(job["output"] / "tensorboard")["train"]["learning_rate"]
+    assert board == [(1, pytest.approx(0.003, rel=1e-6)), (2, pytest.approx(0.003, rel=1e-6))]
 
 
 def test_shards_are_disjoint_and_cover_every_sample(job: dict[str, Any]) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 
 from components.common import defaults
 from components.common.crd import Crd
-from components.common.declare import elastic_backend_problem
 from components.common.failure import InputError
 from components.train.launcher.cluster import pods
 from components.train.launcher.cluster.job import (
@@ -24,7 +23,7 @@ from components.train.launcher.cluster.job import (
     ClusterJobParams,
     job_metadata,
 )
-from components.train.launcher.parameters import TrainStep
+from components.train.launcher.parameters import TrainStep, elastic_backend_problem
 
 # Trainer's built-in MPI runtimes run other images, and a TrainJob's image reaches its launcher
 # alone (kubeflow/trainer#4030), so the project ships its own runtime with the trainer image on both
