@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import re
 import signal
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from components.common.failure import ExitCode
-from components.train import mpiwatch
+from components.train import checkpoints, mpiwatch
 from components.train.config import TrainConfig
 from components.train.launch import job_environment, run_local
 from components.train.mpiwatch import (
@@ -292,4 +291,4 @@ def test_a_frozen_rank_of_a_real_job_is_named_and_ends_the_job(
     assert said.startswith(f"mpiwatch: the job failed: rank 1 on {HOST} sent no heartbeat for ")
     assert "(bound 15 s)" in said and "kfp-horovod-heartbeat" not in "\n".join(lines)
     assert not (tmp_path / "out" / "model").exists()
-    assert json.loads((tmp_path / "out" / "checkpoints" / "latest.json").read_text())["epoch"] >= 1
+    assert checkpoints.committed(str(tmp_path / "out" / "checkpoints")) >= 1
