@@ -243,7 +243,7 @@ def build_or_resume(job: Job) -> Trainee:
     resume: checkpoints.CheckpointInfo | str | None = None
     if job.rank == 0 or config.elastic:
         try:
-            resume = checkpoints.latest(config.checkpoint_uri, job.log)
+            resume = checkpoints.latest(config.checkpoint_uri, job.log, job.workdir)
         except checkpoints.CheckpointError as exc:  # committed, none usable: never start over
             resume = str(exc)
     if not config.elastic:
@@ -279,7 +279,7 @@ def build_or_resume(job: Job) -> Trainee:
     # Built now, not in the first step: a checkpoint restores every slot, and the broadcast (or
     # the elastic state) covers them.
     optimizer.build(model.trainable_variables)
-    ckpt = job.tf.train.Checkpoint(model=model, optimizer=optimizer)
+    ckpt = checkpoints.new_checkpoint(model, optimizer)
     if resume:
         try:
             checkpoints.restore(ckpt, config.checkpoint_uri, resume, job.workdir)
@@ -330,10 +330,11 @@ def callbacks(job: Job, trainee: Trainee, shard: RankPlan) -> list[Any]:
     # no wait for tf.data at the end of fit; the telemetry times each step's wait for its batch
     found.append(held_input.hold_callback(keras, telemetry.input_clock))
     if job.rank == 0:
+        saver = checkpoints.Saver(trainee.ckpt, config.checkpoint_uri, job.workdir)
 
         def checkpoint(epoch: int, logs: Any) -> None:
             metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
-            checkpoints.save(trainee.ckpt, config.checkpoint_uri, epoch + 1, metrics, config.model)
+            saver.save(epoch + 1, metrics, config.model)
             job.log.info(
                 "checkpoint after epoch %d written to %s", epoch + 1, config.checkpoint_uri
             )
