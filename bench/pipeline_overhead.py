@@ -37,9 +37,9 @@ TRAINING_START = "ONE Horovod job"
 EPOCH_CHECKPOINT = re.compile(r"checkpoint after epoch \d+ written")
 
 
-def segments(job: CommandResult) -> dict[str, Any]:
+def segments(result: CommandResult) -> dict[str, Any]:
     """Task times, orchestration and training proper from one run's stamped output."""
-    lines = [(t - job.started, ANSI.sub("", line)) for t, line in job.lines]
+    lines = [(t - result.started, ANSI.sub("", line)) for t, line in result.lines]
     tasks: dict[str, float] = {}
     starts: dict[str, float] = {}
     training_start = training_end = None
@@ -52,7 +52,7 @@ def segments(job: CommandResult) -> dict[str, Any]:
             training_start = t
         elif EPOCH_CHECKPOINT.search(line):
             training_end = t
-    total = job.wall_seconds
+    total = result.wall_seconds
     in_tasks = sum(tasks.values())
     training = (training_end - training_start) if training_start and training_end else 0.0
     train_task = next((v for k, v in tasks.items() if k.startswith("train")), 0.0)

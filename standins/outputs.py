@@ -17,9 +17,9 @@ def models_exported(root: str) -> int:
 def _owner(rel: str) -> tuple[str, str] | None:
     """The directory a file belongs to and the file that makes it complete, if any."""
     parts = rel.split("/")
+    if checkpoint := re.fullmatch(r"(ckpt-\d+)\.data-\d+-of-\d+", parts[-1]):
+        return "/".join(parts[:-1]), f"{checkpoint[1]}.index"
     for i, part in enumerate(parts[:-1]):
-        if re.fullmatch(r"epoch-\d{4,}", part):
-            return "/".join(parts[: i + 1]), "checkpoint.json"
         if part == "variables":
             return "/".join(parts[:i]), "saved_model.pb"
         if part in ("train", "test") and parts[-1].endswith(".npy"):
@@ -29,9 +29,9 @@ def _owner(rel: str) -> tuple[str, str] | None:
 
 def half_written(root: str) -> list[str]:
     """Files under `root` left partial: temporary or staging names (a dot-name, ``_staging``),
-    and files of a directory whose completing file is missing: an epoch directory without its
-    ``checkpoint.json``, a model without ``saved_model.pb``, a dataset without
-    ``manifest.json``."""
+    and files whose completing file is missing: a checkpoint's data file without its index
+    (``ckpt-3.data-00000-of-00001`` without ``ckpt-3.index``), a model without
+    ``saved_model.pb``, a dataset without ``manifest.json``."""
     rels = storage.relative_files(root)
     present = set(rels)
     bad = []

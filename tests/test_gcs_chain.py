@@ -36,7 +36,7 @@ def test_prep_train_evaluate_register_through_gcs(gcs_uri: str) -> None:
     assert summary.dataset["uri"] == data and summary.world_size == 2
     files = storage.list_files(f"{gcs_uri}/runs/r1")
     assert f"{gcs_uri}/runs/r1/model/saved_model.pb" in files
-    assert f"{gcs_uri}/runs/r1/checkpoints/latest.json" in files
+    assert f"{gcs_uri}/runs/r1/checkpoints/checkpoint" in files
     assert sum(f.endswith("saved_model.pb") for f in files) == 1
 
     result = evaluate(summary.model_uri, data)

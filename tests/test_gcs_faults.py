@@ -116,22 +116,26 @@ def test_data_prep_retries_and_writes_the_whole_dataset(faulty: Faulty) -> None:
 
 
 def test_checkpoints_save_and_restore_retry(faulty: Faulty, tmp_path: Any) -> None:
-    import tensorflow as tf
-
     from components.common import keras_env
     from components.train.rank import checkpoints
+    from components.train.rank.adam import fused_adam
     from components.train.rank.model import build_model
 
     keras_env.keras()
     uri = f"{faulty.root}/run/checkpoints"
     saved, restored = build_model(3, "small"), build_model(4, "small")
+    optimizers = [fused_adam(learning_rate=0.01) for _ in (saved, restored)]
+    for model, optimizer in zip((saved, restored), optimizers, strict=True):
+        optimizer.build(model.trainable_variables)
     with faulty.faults():
-        ckpt = tf.train.Checkpoint(model=saved)
+        ckpt = checkpoints.new_checkpoint(saved, optimizers[0])
+        saver = checkpoints.Saver(ckpt, uri, tmp_path / "rank0")
         for epoch in (1, 2, 3):
-            checkpoints.save(ckpt, uri, epoch, {"loss": 1.0 / epoch}, "small")
-        info = checkpoints.latest(uri)
+            saver.save(epoch, {"loss": 1.0 / epoch}, "small")
+        info = checkpoints.latest(uri, workdir=tmp_path / "rank0-resumed")
         assert info is not None and (info.epoch, info.metrics) == (3, {"loss": 1.0 / 3})
-        checkpoints.restore(tf.train.Checkpoint(model=restored), uri, info, tmp_path / "work")
+        into = checkpoints.new_checkpoint(restored, optimizers[1])
+        checkpoints.restore(into, uri, info, tmp_path / "rank1")
     for a, b in zip(saved.get_weights(), restored.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
 

@@ -66,7 +66,7 @@ def test_importing_the_trainer_loads_no_keras_or_tensorflow() -> None:
     """Nothing happens at import: Keras is reached by calling keras_env.keras()."""
     proc = _python(
         "import sys\n"
-        "from components.train import cli, trainer, model\n"
+        "from components.train.rank import cli, trainer, model\n"
         "from components.evaluate import evaluate\n"
         "from components.common import keras_env\n"
         "print([m for m in ('tensorflow', 'keras', 'horovod') if m in sys.modules])\n"

@@ -216,8 +216,8 @@ def test_a_refused_elastic_trainjob_fails_the_check_step_in_one_line(
     run's console ends with the step's name and that reason."""
     import kfp.local
 
+    from pipeline.check_component import make_component as make_check_component
     from pipeline.checks import PIPELINE_DEFAULTS
-    from pipeline.pipeline import make_check_component
 
     values = {**PIPELINE_DEFAULTS, "training_backend": "trainjob", "min_workers": 1,
               "registry_root": str(tmp_path / "r")}  # fmt: skip

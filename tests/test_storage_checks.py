@@ -138,8 +138,8 @@ def test_the_check_step_stops_a_run_on_a_missing_bucket(
     inherits the emulator's address): one FAILED line for the run, step 'check-parameters'."""
     import kfp.local
 
+    from pipeline.check_component import make_component as make_check_component
     from pipeline.checks import PIPELINE_DEFAULTS
-    from pipeline.pipeline import make_check_component
 
     missing = f"{gcs_bucket}-missing"
     values = {**PIPELINE_DEFAULTS, "registry_root": f"gs://{missing}/reg"}

@@ -36,7 +36,7 @@ RUNNERS: dict[str, Runner] = {
     "gcs_transient": cluster.gcs_transient,
     "checkpoint_truncated": local.checkpoint_truncated,
     "checkpoint_deleted": local.checkpoint_deleted,
-    "latest_json_corrupt": local.latest_json_corrupt,
+    "state_file_corrupt": local.state_file_corrupt,
     "kfp_retry": cluster.kfp_retry,
     "cancel": cluster.cancel,
 }
@@ -53,7 +53,7 @@ LABELS = {
     "gcs_transient": ("GCS 503/429 on 10% of requests", "each call retried (logged once)"),
     "checkpoint_truncated": ("latest checkpoint truncated", "resume from the one before"),
     "checkpoint_deleted": ("latest checkpoint's data deleted", "resume from the one before"),
-    "latest_json_corrupt": ("`latest.json` corrupt", "resume from the newest intact epoch"),
+    "state_file_corrupt": ("checkpoint state file corrupt", "resume from the newest intact epoch"),
     "kfp_retry": ("KFP retry of the train task", "reattaches to the same MPIJob"),
     "cancel": ("cancel (SIGTERM to the task)", "MPIJob deleted, pods and ranks gone; retry "
                "resumes"),

@@ -140,7 +140,7 @@ def _damaged(b: Bench, fault: str, damage: Callable[[Path], None], resumes: int)
     )  # fmt: skip
 
 
-DATA_FILE = "ckpt.data-00000-of-00001"
+DATA_FILE = "ckpt-2.data-00000-of-00001"  # epoch 2's, the newest
 
 
 def _truncate(path: Path) -> None:
@@ -149,18 +149,18 @@ def _truncate(path: Path) -> None:
 
 def checkpoint_truncated(b: Bench) -> dict[str, Any]:
     """The latest checkpoint's data file cut to half its size."""
-    return _damaged(b, "checkpoint_truncated", lambda c: _truncate(c / "epoch-0002" / DATA_FILE), 1)
+    return _damaged(b, "checkpoint_truncated", lambda c: _truncate(c / DATA_FILE), 1)
 
 
 def checkpoint_deleted(b: Bench) -> dict[str, Any]:
     """The latest checkpoint's data file deleted."""
-    return _damaged(b, "checkpoint_deleted", lambda c: (c / "epoch-0002" / DATA_FILE).unlink(), 1)
+    return _damaged(b, "checkpoint_deleted", lambda c: (c / DATA_FILE).unlink(), 1)
 
 
-def _cut_latest_json(checkpoints: Path) -> None:
-    (checkpoints / "latest.json").write_text('{"epoch": 2, "pr')
+def _cut_state_file(checkpoints: Path) -> None:
+    (checkpoints / "checkpoint").write_text('model_checkpoint_path: "ckpt-')
 
 
-def latest_json_corrupt(b: Bench) -> dict[str, Any]:
-    """``latest.json`` cut short (its epoch's own checkpoint.json is intact)."""
-    return _damaged(b, "latest_json_corrupt", _cut_latest_json, 2)
+def state_file_corrupt(b: Bench) -> dict[str, Any]:
+    """The checkpoint state file cut short (the checkpoints themselves are intact)."""
+    return _damaged(b, "state_file_corrupt", _cut_state_file, 2)

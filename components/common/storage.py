@@ -248,6 +248,46 @@ def copy_file(src: str, dest: str) -> None:
         token, _, _ = target.rewrite(source, token=token, retry=retry)
 
 
+def upload_file(local: str | Path, uri: str) -> None:
+    """Copy one local file to `uri`, all or nothing (GCS: the client checks its CRC32C)."""
+    if is_gcs(uri):
+        _blob(uri).upload_from_filename(str(local), retry=_retry("upload", uri))
+        return
+    dest = Path(uri)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def download_file(uri: str, local: str | Path) -> None:
+    """Copy the file at `uri` to `local` (GCS: the client checks its CRC32C);
+    FileNotFoundError naming the URI if it is missing."""
+    Path(local).parent.mkdir(parents=True, exist_ok=True)
+    if not is_gcs(uri):
+        shutil.copyfile(uri, local)  # its FileNotFoundError names the path
+        return
+    try:
+        _blob(uri).download_to_filename(str(local), retry=_retry("download", uri))
+    except _gcs_errors().NotFound as exc:
+        Path(local).unlink(missing_ok=True)  # nothing left behind under its name
+        raise FileNotFoundError(f"no such object: {uri}") from exc
+
+
+def remove_file(uri: str) -> None:
+    """Delete one file; missing is fine."""
+    if not is_gcs(uri):
+        Path(uri).unlink(missing_ok=True)
+        return
+    with contextlib.suppress(_gcs_errors().NotFound):  # a retried delete that went through
+        _blob(uri).delete(retry=_retry("delete", uri))
+
+
 def upload_dir(
     local_dir: str | Path, uri: str, last: str | None = None, staging: str | None = None
 ) -> None:

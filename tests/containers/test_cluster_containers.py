@@ -110,9 +110,10 @@ def assert_rerun_resumes(backend: str, p: ClusterJobParams, seen: int, *run: Any
     assert storage.list_files(p.train.model_uri) == []
     resume_from = checkpoints.latest(p.train.checkpoint_uri)
     assert resume_from is not None and seen <= resume_from.epoch < p.train.epochs, resume_from
-    # The job ends rank 0 wherever it is, so a checkpoint upload may stop midway: those files sit
-    # in the next epoch's folder, which has no marker, so the resume above passed it over.
-    in_flight = f"{p.run_name}/checkpoints/{checkpoints.epoch_dir(resume_from.epoch + 1)}/"
+    # The job ends rank 0 wherever it is, so a checkpoint upload may stop midway: the next
+    # epoch's data file without its index, which the state file does not name yet, so the resume
+    # above passed it over.
+    in_flight = f"{p.run_name}/checkpoints/{checkpoints.name(resume_from.epoch + 1)}."
     partial = half_written(bucket_of(p.train.output))
     assert all(f.startswith(in_flight) for f in partial), partial
     rerun = run_job(backend, p, *run)

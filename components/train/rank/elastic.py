@@ -24,8 +24,9 @@ from components.train.rank.trainer import RankContext, Trainee
 # world-size history.
 #
 # Nothing may run a collective before the elastic loop: a worker that joins later runs this module
-# from the start while the others wait in the loop's sync. So every rank reads the checkpoint marker
-# itself and the shards are read and agreed on inside each attempt.
+# from the start while the others wait in the loop's sync. So every rank finds (and downloads) the
+# latest checkpoint itself and the shards are read and agreed on inside each attempt; the rank 0 of
+# each attempt checkpoints from the state file at the checkpoint location.
 #
 # Larger than any job's step count: Horovod's CommitStateCallback then commits at epoch ends
 # only, so an epoch never straddles two world sizes.

@@ -247,7 +247,7 @@ def build_or_resume(ctx: RankContext) -> Trainee:
     resume: checkpoints.CheckpointInfo | str | None = None
     if ctx.rank == 0 or config.elastic:
         try:
-            resume = checkpoints.latest(config.checkpoint_uri, ctx.log)
+            resume = checkpoints.latest(config.checkpoint_uri, ctx.log, ctx.workdir)
         except checkpoints.CheckpointError as exc:  # committed, none usable: never start over
             resume = str(exc)
     if not config.elastic:
@@ -283,7 +283,7 @@ def build_or_resume(ctx: RankContext) -> Trainee:
     # Built now, not in the first step: a checkpoint restores every slot, and the broadcast (or
     # the elastic state) covers them.
     optimizer.build(model.trainable_variables)
-    ckpt = ctx.tf.train.Checkpoint(model=model, optimizer=optimizer)
+    ckpt = checkpoints.new_checkpoint(model, optimizer)
     if resume:
         try:
             checkpoints.restore(ckpt, config.checkpoint_uri, resume, ctx.workdir)
@@ -334,10 +334,11 @@ def callbacks(ctx: RankContext, trainee: Trainee, shard: RankPlan) -> list[Any]:
     # no wait for tf.data at the end of fit; the telemetry times each step's wait for its batch
     found.append(held_input.hold_callback(keras, telemetry.input_clock))
     if ctx.rank == 0:
+        saver = checkpoints.Saver(trainee.ckpt, config.checkpoint_uri, ctx.workdir)
 
         def checkpoint(epoch: int, logs: Any) -> None:
             metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
-            checkpoints.save(trainee.ckpt, config.checkpoint_uri, epoch + 1, metrics, config.model)
+            saver.save(epoch + 1, metrics, config.model)
             ctx.log.info(
                 "checkpoint after epoch %d written to %s", epoch + 1, config.checkpoint_uri
             )

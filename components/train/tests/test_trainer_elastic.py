@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from components.common import keras_env
 from components.data_prep.prep import prepare
 from components.train.config import TrainConfig
 from components.train.launcher.launch import LocalHosts, run_local
+from components.train.rank import checkpoints
 from standins.commands import rank_processes
 from standins.waiting import Background, wait_until
 
@@ -39,8 +41,7 @@ def mnist_3000(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _checkpointed(out: Path) -> int:
     """The epoch of rank 0's latest checkpoint (0: none yet)."""
-    marker = out / "checkpoints" / "latest.json"
-    return int(json.loads(marker.read_text())["epoch"]) if marker.exists() else 0
+    return checkpoints.committed(str(out / "checkpoints"))
 
 
 def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
@@ -70,6 +71,7 @@ def test_a_killed_rank_leaves_one_job_of_two_and_a_new_slot_grows_it_back(
         while_it_runs(lambda: _checkpointed(out) > done, "a checkpoint of the job of 2")
         hosts.offer(4)
 
+    keras_env.tensorflow()  # imported now (`_checkpointed` reads with it), not in the watcher
     watcher = Background(kill_rank_1_then_grow, "the test's thread that kills rank 1")
     config = TrainConfig(
         data=mnist_3000,

@@ -103,7 +103,11 @@ def test_shards_are_disjoint_and_cover_every_sample(job: dict[str, Any]) -> None
 def test_only_rank_0_writes_files_and_prints_progress(job: dict[str, Any]) -> None:
     audit: Path = job["audit"]
     rank0 = (audit / "rank-0.txt").read_text()
-    assert "run_summary.json" in rank0 and "saved_model.pb" in rank0 and "latest.json" in rank0
+    assert (
+        "run_summary.json" in rank0
+        and "saved_model.pb" in rank0
+        and "checkpoints/.checkpoint." in rank0
+    )
     for rank in (1, 2):
         assert (audit / f"rank-{rank}.txt").read_text() == "", f"rank {rank} wrote files"
     out = job["proc"].stdout

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from components.common import keras_env
 from components.train.launcher.launch import job_environment, local_command
 from components.train.launcher.mpiwatch import kill_job
+from components.train.rank import checkpoints
 from standins.waiting import HANG_S, wait_until
 
 pytestmark = pytest.mark.horovod
@@ -46,7 +48,8 @@ def test_killed_run_resumes_at_the_next_epoch(
     epochs = 6
     # augmentation's draws across ranks, killed, resumed
     args = _small_job(mnist_1000, tmp_path / "out", epochs, "--augment")
-    marker = tmp_path / "out" / "checkpoints" / "latest.json"
+    checkpoint_dir = str(tmp_path / "out" / "checkpoints")
+    keras_env.tensorflow()  # imported now (`committed` reads with it), not during the wait
     first = subprocess.Popen(
         local_command(2, args),
         stdout=subprocess.PIPE,
@@ -56,11 +59,16 @@ def test_killed_run_resumes_at_the_next_epoch(
         start_new_session=True,
     )
     with contextlib.suppress(AssertionError):  # no checkpoint: said below, with the output
-        wait_until(marker.exists, "a checkpoint", alive=lambda: first.poll() is None, poll_s=0.05)
+        wait_until(
+            lambda: checkpoints.committed(checkpoint_dir) > 0,
+            "a checkpoint",
+            alive=lambda: first.poll() is None,
+            poll_s=0.05,
+        )
     kill_job(first.pid)  # the whole job, as a node loss would
     output, _ = first.communicate(timeout=HANG_S)
-    assert marker.exists(), f"no checkpoint before the job ended (or a hang): {output}"
-    k = json.loads(marker.read_text())["epoch"]
+    k = checkpoints.committed(checkpoint_dir)
+    assert k > 0, f"no checkpoint before the job ended (or a hang): {output}"
     assert 1 <= k < epochs, "the job should have been killed mid-training"
     assert not (tmp_path / "out" / "model").exists(), "a killed run must not export a model"
 
@@ -72,14 +80,14 @@ def test_killed_run_resumes_at_the_next_epoch(
     assert epochs_run == list(range(k + 1, epochs + 1)), out  # not again from epoch 1
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
     assert summary["resumed_from_epoch"] == k
-    assert json.loads(marker.read_text())["epoch"] == epochs
+    assert checkpoints.committed(checkpoint_dir) == epochs
     assert summary["weights_identical_across_ranks"] is True
     assert summary["config"]["augment"] is True
 
 
 # --- a damaged latest checkpoint --------------------------------------------------------------
 
-DATA_FILE = "ckpt.data-00000-of-00001"
+DATA_FILE = "ckpt-{}.data-00000-of-00001"
 
 
 @pytest.fixture(scope="module")
@@ -99,19 +107,20 @@ def _truncate(path: Path) -> None:
 def test_a_damaged_latest_checkpoint_resumes_from_the_one_before(
     two_checkpoints: Path, mnist_1000: str, tmp_path: Path, run_job: Any
 ) -> None:
-    """latest.json corrupt and epoch 2's data truncated: passed over in one line (each kind of
-    damage: test_checkpoints.py)."""
+    """The state file corrupt and epoch 2's data truncated: passed over in one line (each kind
+    of damage: test_checkpoints.py)."""
     checkpoint_dir = tmp_path / "checkpoints"
     shutil.copytree(two_checkpoints, checkpoint_dir)
-    (checkpoint_dir / "latest.json").write_text('{"epoch": 2, "pr')
-    _truncate(checkpoint_dir / "epoch-0002" / DATA_FILE)
+    (checkpoint_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt-')
+    _truncate(checkpoint_dir / DATA_FILE.format(2))
     args = _small_job(mnist_1000, tmp_path / "out", 3, "--checkpoint-dir", str(checkpoint_dir))
     result = run_job(2, args)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     (fallback,) = [line for line in out.splitlines() if "; resuming from epoch" in line]
     assert fallback.endswith("; resuming from epoch 1"), fallback
-    assert "latest.json is unreadable" in fallback and "after epoch 2 is unreadable" in fallback
+    assert "state file checkpoint is unreadable" in fallback
+    assert "after epoch 2 is unreadable" in fallback
     assert "resuming from checkpoint after epoch 1 of 3" in out
     epochs_run = [int(m) for m in re.findall(r"\] Epoch (\d+)/3", out)]
     assert epochs_run == [2, 3], out
@@ -125,8 +134,8 @@ def test_committed_checkpoints_that_are_all_unusable_stop_the_run(
 ) -> None:
     checkpoint_dir = tmp_path / "checkpoints"
     shutil.copytree(two_checkpoints, checkpoint_dir)
-    for epoch in ("epoch-0001", "epoch-0002"):
-        _truncate(checkpoint_dir / epoch / DATA_FILE)
+    for epoch in (1, 2):
+        _truncate(checkpoint_dir / DATA_FILE.format(epoch))
     args = _small_job(mnist_1000, tmp_path / "out", 3, "--checkpoint-dir", str(checkpoint_dir))
     result = run_job(2, args)
     assert result.returncode != 0
