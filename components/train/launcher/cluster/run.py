@@ -66,7 +66,7 @@ def _differs(existing: dict[str, Any], manifest: dict[str, Any], *keys: str) -> 
 
 @dataclass(frozen=True)
 class _Run:
-    """Job `name` of backend `b` on the API, and the log its steps write to."""
+    """The cluster job `name`, of kind `b`, on the API, and the log its steps write to."""
 
     api: client.CustomObjectsApi
     core: client.CoreV1Api
