@@ -92,7 +92,7 @@ lock: ## re-resolve pyproject.toml's extras into requirements/lock.txt (needs th
 lock-cuda: ## re-resolve tensorflow[and-cuda] against the lock into requirements/lock-cuda.txt (needs PyPI)
 	@test -x build/lock-venv/bin/pip || { rm -rf build/lock-venv && $(PYTHON) -m venv build/lock-venv; }
 	build/lock-venv/bin/pip install --quiet --disable-pip-version-check \
-		$$(grep -iE '^packaging==' requirements/lock.txt)
+		$$(grep -iE '^(packaging|click)==' requirements/lock.txt)
 	build/lock-venv/bin/pip install --quiet --disable-pip-version-check --dry-run --ignore-installed \
 		--report build/lock-cuda-report.json -c requirements/lock.txt "tensorflow[and-cuda]==$(TF_VERSION)"
 	build/lock-venv/bin/python images/pin_requirements.py --cuda-lock build/lock-cuda-report.json

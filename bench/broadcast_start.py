@@ -15,16 +15,19 @@ model instead of ResNet50.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+import click
+
 from bench.common import (
-    base_parser,
+    bench_main,
+    bench_options,
     horovod_command,
     local_job_env,
     machine_state,
@@ -78,17 +81,17 @@ def worker(repeats: int, quick: bool) -> None:
         print(RESULT_PREFIX + json.dumps(record), flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = base_parser(__doc__.splitlines()[0])
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.worker:
-        worker(args.repeats, args.quick)
+@click.command(help=__doc__.splitlines()[0])
+@bench_options
+@click.option("--worker", "rank", is_flag=True, hidden=True)  # a rank of the job it starts
+def command(out: Path, work: Path | None, repeats: int, quick: bool, rank: bool) -> int:
+    if rank:
+        worker(repeats, quick)
         return 0
     before = machine_state()
-    flags = ["--worker", "--repeats", str(args.repeats), *(["--quick"] if args.quick else [])]
-    command = horovod_command(2, "bench.broadcast_start", flags)
-    proc = subprocess.run(command, capture_output=True, text=True, env=local_job_env(2))
+    flags = ["--worker", "--repeats", str(repeats), *(["--quick"] if quick else [])]
+    job = horovod_command(2, "bench.broadcast_start", flags)
+    proc = subprocess.run(job, capture_output=True, text=True, env=local_job_env(2))
     found = [line for line in proc.stdout.splitlines() if RESULT_PREFIX in line]
     if proc.returncode != 0 or not found:
         sys.stderr.write(f"broadcast_start: the job failed ({proc.returncode}):\n{proc.stderr}\n")
@@ -98,16 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     write_result(
         NAME,
         {
-            "model": "small" if args.quick else "ResNet50(weights=None) + Adam",
+            "model": "small" if quick else "ResNet50(weights=None) + Adam",
             "variables": record["variables"],
             "seconds": record["seconds"],
             "median_seconds": medians,
             "per_variable_over_in_place": ratio(medians["per_variable"], medians["in_place"]),
             "machine_before": before,
         },
-        args.out,
+        out,
     )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(command, argv, "bench.broadcast_start")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ so that drift on a shared machine hits all of them alike, and reports medians an
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -22,9 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 
 from components.common import keras_env
+from components.common.declare import run_command
 from components.common.defaults import MODEL, SPLIT_SEED
 from components.data_prep.prep import prepare
 from components.train import summary
@@ -105,7 +106,7 @@ def _spin(processes: int, loops: int) -> float:
     return median([float(p.communicate()[0]) for p in procs])
 
 
-# The capacity probe's size: loops per spin, and spins per median. `--quick` (BenchParser)
+# The capacity probe's size: loops per spin, and spins per median. `--quick` (bench_options)
 # shrinks it to a tenth and one spin, since a smoke run's figures mean nothing anyway.
 PROBE = {"loops": 5_000_000, "rounds": 3}
 QUICK_PROBE = {"loops": 500_000, "rounds": 1}
@@ -271,11 +272,11 @@ def model_fields(model: str | None) -> dict[str, Any]:
     return {} if model is None else {"model": model}
 
 
-def add_model_option(p: Any) -> None:
+def model_option(func: Callable[..., Any]) -> Any:
     """``--model NAME`` (default: the trainer's default model)."""
-    p.add_argument(
+    return click.option(
         "--model", default=None, help=f"model to train (default: the trainer's, {MODEL})"
-    )
+    )(func)
 
 
 Edit = tuple[tuple[str, ...], tuple[str, ...]]
@@ -368,25 +369,57 @@ def job_throughput(summary: dict[str, Any]) -> float:
     return len(rates) * min(rates)
 
 
-class BenchParser(argparse.ArgumentParser):
-    """The benchmarks' parser: ``--quick`` also shrinks the capacity probe (`QUICK_PROBE`)."""
-
-    def parse_args(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        parsed = super().parse_args(*args, **kwargs)
-        if getattr(parsed, "quick", False):
-            PROBE.update(QUICK_PROBE)
-            REFUSE_BUSY["on"] = False
-        return parsed
+def _quick(ctx: click.Context, param: click.Parameter, quick: bool) -> bool:
+    """``--quick`` also shrinks the capacity probe (`QUICK_PROBE`) and runs on a busy machine."""
+    if quick:
+        PROBE.update(QUICK_PROBE)
+        REFUSE_BUSY["on"] = False
+    return quick
 
 
-def base_parser(description: str) -> BenchParser:
-    """An argparse parser with the options every benchmark has."""
-    p = BenchParser(description=description)
-    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for <name>.json")
-    p.add_argument("--work", type=Path, default=None, help="scratch directory (default: temp)")
-    p.add_argument("--repeats", type=int, default=3, help="runs per variant (median reported)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-    return p
+def bench_options(func: Callable[..., Any]) -> Any:
+    """A click decorator: the options every benchmark has (``--out``, ``--work``, ``--repeats``,
+    ``--quick``), its command's first four parameters."""
+    options = [
+        click.option(
+            "--out",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=RESULTS_DIR,
+            show_default="bench/results",
+            help="directory for <name>.json",
+        ),
+        click.option(
+            "--work",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=None,
+            help="scratch directory (default: temp)",
+        ),
+        click.option(
+            "--repeats",
+            type=int,
+            default=3,
+            show_default=True,
+            help="runs per variant (median reported)",
+        ),
+        click.option("--quick", is_flag=True, callback=_quick, help="tiny sizes (smoke test)"),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def comma_ints(text: str) -> list[int]:
+    """The whole numbers of comma-separated `text` (click's one line when one is not)."""
+    try:
+        return [int(item) for item in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"not comma-separated whole numbers: {text!r}") from None
+
+
+def bench_main(command: click.Command, argv: Sequence[str] | None, module: str) -> int:
+    """Run benchmark `command` as ``python -m MODULE``: its exit code (a bad command line: click's
+    usage and error lines, exit code 2)."""
+    return int(run_command(command, argv, f"python -m {module}"))
 
 
 def scratch(work: Path | None, name: str) -> Path:

@@ -17,10 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import click
 from scipy.stats import linregress
 
 from bench.common import (
-    base_parser,
+    bench_main,
+    bench_options,
+    comma_ints,
     interleave,
     machine_state,
     median,
@@ -108,23 +111,32 @@ def run(sizes: list[int], repeats: int, work: Path) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m bench.data_prep [--sizes 5000,60000,600000]``."""
-    p = base_parser(__doc__ or NAME)
-    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="training samples")
-    a = p.parse_args(argv)
-    sizes = [int(s) for s in a.sizes.split(",")]
-    if a.quick:
-        sizes, a.repeats = QUICK_SIZES, 1
-    work = scratch(a.work, NAME)
+@click.command(help=__doc__)
+@bench_options
+@click.option(
+    "--sizes",
+    default=",".join(map(str, SIZES)),
+    show_default=True,
+    callback=lambda ctx, param, text: comma_ints(text),
+    help="training samples, comma-separated",
+)
+def command(out: Path, work: Path | None, repeats: int, quick: bool, sizes: list[int]) -> int:
+    if quick:
+        sizes, repeats = QUICK_SIZES, 1
+    scratch_dir = scratch(work, NAME)
     try:
-        result = run(sizes, a.repeats, work)
+        result = run(sizes, repeats, scratch_dir)
     finally:
-        for npz in work.glob("mnist-*.npz"):
+        for npz in scratch_dir.glob("mnist-*.npz"):
             npz.unlink()
-    write_result(NAME, result, a.out)
+    write_result(NAME, result, out)
     print(result["rows"], result["linear_fit"])
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m bench.data_prep [--sizes 5000,60000,600000]``."""
+    return bench_main(command, argv, "bench.data_prep")
 
 
 if __name__ == "__main__":

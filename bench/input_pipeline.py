@@ -32,11 +32,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 
 from bench.common import (
-    base_parser,
     bench_dataset,
+    bench_main,
+    bench_options,
     interleave,
     job_throughput,
     machine_state,
@@ -375,24 +377,33 @@ def prep_scaling(work: Path, rounds: int, quick: bool) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--only", default="streaming,input,memory,prep", help="comma-separated parts")
-    a = p.parse_args(argv)
-    work = scratch(a.work, NAME)
-    rounds = 1 if a.quick else max(5, a.repeats)
-    parts = a.only.split(",")
+@click.command(help=__doc__.split("\n\n")[0])
+@bench_options
+@click.option(
+    "--only",
+    default="streaming,input,memory,prep",
+    show_default=True,
+    help="comma-separated parts",
+)
+def command(out: Path, work: Path | None, repeats: int, quick: bool, only: str) -> int:
+    scratch_dir = scratch(work, NAME)
+    rounds = 1 if quick else max(5, repeats)
+    parts = only.split(",")
     result: dict[str, Any] = {"machine_before": machine_state()}
     if "streaming" in parts:
-        result["streaming"] = streaming(work, rounds, a.quick)
+        result["streaming"] = streaming(scratch_dir, rounds, quick)
     if "input" in parts:
-        result["input"] = input_rates(work, a.quick)
+        result["input"] = input_rates(scratch_dir, quick)
     if "memory" in parts:
-        result["memory"] = memory(work, a.quick)
+        result["memory"] = memory(scratch_dir, quick)
     if "prep" in parts:
-        result["prep"] = prep_scaling(work, 1 if a.quick else 3, a.quick)
-    write_result(NAME, result, a.out)
+        result["prep"] = prep_scaling(scratch_dir, 1 if quick else 3, quick)
+    write_result(NAME, result, out)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(command, argv, "bench.input_pipeline")
 
 
 if __name__ == "__main__":

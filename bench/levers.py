@@ -34,11 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import click
+
 from bench.common import (
     BUSY_WAIT,
     Edit,
-    base_parser,
     bench_dataset,
+    bench_main,
+    bench_options,
     interleave,
     job_throughput,
     machine_state,
@@ -170,35 +173,49 @@ def pick_levers(names: str) -> list[Lever]:
     return [known[n] for n in wanted]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m bench.levers [--levers a,b]``."""
-    p = base_parser(__doc__ or NAME)
-    p.add_argument("--levers", default="all", help=f"comma-separated; quick: {QUICK_LEVERS}")
-    p.add_argument("--train-samples", type=int, default=6000)
-    p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
-    a = p.parse_args(argv)
-    if a.quick:
-        a.train_samples, a.epochs, a.repeats = 600, 2, 1
-        a.levers = QUICK_LEVERS if a.levers == "all" else a.levers
+@click.command(help=__doc__)
+@bench_options
+@click.option(
+    "--levers", default="all", show_default=True, help=f"comma-separated; quick: {QUICK_LEVERS}"
+)
+@click.option("--train-samples", type=int, default=6000, show_default=True)
+@click.option("--epochs", type=int, default=4, show_default=True, help="the first one is not timed")
+def command(
+    out: Path,
+    work: Path | None,
+    repeats: int,
+    quick: bool,
+    levers: str,
+    train_samples: int,
+    epochs: int,
+) -> int:
+    if quick:
+        train_samples, epochs, repeats = 600, 2, 1
+        levers = QUICK_LEVERS if levers == "all" else levers
     try:
-        levers = pick_levers(a.levers)
+        chosen = pick_levers(levers)
     except ValueError as exc:
-        p.error(str(exc))
-    work = scratch(a.work, NAME)
-    setup = Setup(bench_dataset(work, a.train_samples), work, a.epochs)
+        raise click.BadParameter(str(exc), param_hint="'--levers'") from None
+    scratch_dir = scratch(work, NAME)
+    setup = Setup(bench_dataset(scratch_dir, train_samples), scratch_dir, epochs)
     result: dict[str, Any] = {
         "settings": {
             "model": MODEL, "batch_size_per_worker": BATCH_SIZE, "threads_per_rank": 1,
-            "train_samples": a.train_samples, "epochs": a.epochs, "repeats": a.repeats,
+            "train_samples": train_samples, "epochs": epochs, "repeats": repeats,
             "throughput": "examples/s of the whole job, median epoch after the first",
         },
         "machine_before": machine_state(),
-        **run(setup, levers, a.repeats),
+        **run(setup, chosen, repeats),
     }  # fmt: skip
-    write_result(NAME, result, a.out)
+    write_result(NAME, result, out)
     keys = ("over_baseline", "efficiency", "estimated_efficiency")
     print({name: [row.get(k) for k in keys] for name, row in result["levers"].items()})
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m bench.levers [--levers a,b]``."""
+    return bench_main(command, argv, "bench.levers")
 
 
 if __name__ == "__main__":

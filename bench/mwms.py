@@ -14,7 +14,6 @@ the median epoch after the first, for both. Run one MWMS worker by hand with::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -24,15 +23,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import click
+
 from bench.common import (
-    add_model_option,
-    base_parser,
     bench_dataset,
+    bench_main,
+    bench_options,
     interleave,
     job_throughput,
     machine_state,
     median,
     model_fields,
+    model_option,
     ratio,
     run_trainer,
     scratch,
@@ -253,35 +255,60 @@ def keras_major() -> int:
     return int(keras_env.keras().__version__.split(".")[0])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m bench.mwms`` (the comparison) or ``python -m bench.mwms worker ...``."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["worker"]:
-        w = argparse.ArgumentParser(prog="python -m bench.mwms worker")
-        w.add_argument("--data", required=True)
-        w.add_argument("--epochs", type=int, default=4)
-        w.add_argument("--batch-size", type=int, default=BATCH_SIZE_PER_WORKER)
-        w.add_argument("--threads", type=int, default=1)
-        w.add_argument("--seed", type=int, default=SHUFFLE_SEED)
-        w.add_argument("--result", type=Path, required=True)
-        w.add_argument("--model", default=None)
-        a = w.parse_args(argv[1:])
-        worker(a.data, a.epochs, a.batch_size, a.threads, a.seed, a.result, a.model)
-        return 0
+@click.group(help=__doc__, invoke_without_command=True)
+@bench_options
+@click.option("--train-samples", type=int, default=20000, show_default=True)
+@click.option("--epochs", type=int, default=4, show_default=True, help="the first one is not timed")
+@model_option
+@click.pass_context
+def command(
+    ctx: click.Context,
+    out: Path,
+    work: Path | None,
+    repeats: int,
+    quick: bool,
+    train_samples: int,
+    epochs: int,
+    model: str | None,
+) -> int | None:
+    """The comparison (``python -m bench.mwms``), unless a worker is asked for."""
+    if ctx.invoked_subcommand is not None:
+        return None
     if keras_major() >= 3:
         print(KERAS_3_REFUSAL, file=sys.stderr)
         return ExitCode.BAD_INPUT
-    p = base_parser(__doc__ or NAME)
-    p.add_argument("--train-samples", type=int, default=20000)
-    p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
-    add_model_option(p)
-    a = p.parse_args(argv)
-    if a.quick:
-        a.train_samples, a.epochs, a.repeats = 600, 2, 1
-    result = run(a.train_samples, a.epochs, a.repeats, scratch(a.work, NAME), a.model)
-    write_result(NAME, result, a.out)
+    if quick:
+        train_samples, epochs, repeats = 600, 2, 1
+    result = run(train_samples, epochs, repeats, scratch(work, NAME), model)
+    write_result(NAME, result, out)
     print(result["median_examples_per_second"], result["ratios"])
     return 0
+
+
+@command.command("worker", hidden=True)  # one MWMS worker: the comparison starts two
+@click.option("--data", required=True)
+@click.option("--epochs", type=int, default=4, show_default=True)
+@click.option("--batch-size", type=int, default=BATCH_SIZE_PER_WORKER, show_default=True)
+@click.option("--threads", type=int, default=1, show_default=True)
+@click.option("--seed", type=int, default=SHUFFLE_SEED, show_default=True)
+@click.option("--result", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--model", default=None)
+def worker_command(
+    data: str,
+    epochs: int,
+    batch_size: int,
+    threads: int,
+    seed: int,
+    result: Path,
+    model: str | None,
+) -> int:
+    worker(data, epochs, batch_size, threads, seed, result, model)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m bench.mwms`` (the comparison) or ``python -m bench.mwms worker ...``."""
+    return bench_main(command, argv, "bench.mwms")
 
 
 if __name__ == "__main__":

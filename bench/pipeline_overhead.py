@@ -17,8 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
+
 from bench.common import (
-    base_parser,
+    bench_main,
+    bench_options,
     interleave,
     machine_state,
     median,
@@ -122,24 +125,40 @@ def record(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m bench.pipeline_overhead [--epochs 8] [--also-epochs 24]``."""
-    p = base_parser(__doc__ or NAME)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=EPOCHS, help="the `make run` default")
-    p.add_argument("--also-epochs", type=int, default=0, help="also a longer run (0: no)")
-    a = p.parse_args(argv)
-    configs = {"default": ["--epochs", str(a.epochs)]}
-    if a.also_epochs:
-        configs[f"epochs_{a.also_epochs}"] = ["--epochs", str(a.also_epochs)]
-    if a.quick:
+@click.command(help=__doc__)
+@bench_options
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option(
+    "--epochs", type=int, default=EPOCHS, show_default=True, help="the `make run` default"
+)
+@click.option(
+    "--also-epochs", type=int, default=0, show_default=True, help="also a longer run (0: no)"
+)
+def command(
+    out: Path,
+    work: Path | None,
+    repeats: int,
+    quick: bool,
+    workers: int,
+    epochs: int,
+    also_epochs: int,
+) -> int:
+    configs = {"default": ["--epochs", str(epochs)]}
+    if also_epochs:
+        configs[f"epochs_{also_epochs}"] = ["--epochs", str(also_epochs)]
+    if quick:
         configs = {"quick": ["--epochs", "1", "--data-limit", "300", "--min-accuracy", "0"]}
-        a.repeats = 1
-    result = run(configs, a.workers, a.repeats, scratch(a.work, NAME))
-    write_result(NAME, result, a.out)
+        repeats = 1
+    result = run(configs, workers, repeats, scratch(work, NAME))
+    write_result(NAME, result, out)
     for name, m in result["medians"].items():
         print(name, m)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m bench.pipeline_overhead [--epochs 8] [--also-epochs 24]``."""
+    return bench_main(command, argv, "bench.pipeline_overhead")
 
 
 if __name__ == "__main__":

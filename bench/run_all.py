@@ -8,11 +8,12 @@ full run takes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import click
 
 from bench import (
     data_prep,
@@ -24,7 +25,7 @@ from bench import (
     scaling,
     time_to_accuracy,
 )
-from bench.common import RESULTS_DIR, write_result
+from bench.common import RESULTS_DIR, bench_main, write_result
 from bench.report import DOC, write_report
 
 BENCHMARKS: dict[str, Callable[[list[str]], int]] = {
@@ -48,39 +49,62 @@ SCALING_ROUNDS = 5  # the headline efficiency comes from at least 5 interleaved 
 RUN_RECORD = "make_bench"  # bench/results/make_bench.json: when the full run started, its length
 
 
-def main(argv: list[str] | None = None) -> int:
+def _benchmarks(ctx: click.Context, param: click.Parameter, text: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    if unknown := sorted(set(names) - set(BENCHMARKS)):
+        raise click.BadParameter(f"unknown benchmarks {unknown}; known: {', '.join(BENCHMARKS)}")
+    return names
+
+
+@click.command(help=__doc__)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=RESULTS_DIR,
+    show_default="bench/results",
+)
+@click.option(
+    "--work",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="scratch directory (default: temp)",
+)
+@click.option("--quick", is_flag=True, help="tiny sizes, one repeat")
+@click.option(
+    "--only",
+    "names",
+    default=",".join(BENCHMARKS),
+    show_default=True,
+    callback=_benchmarks,
+    help="comma-separated names",
+)
+@click.option("--repeats", type=int, default=3, show_default=True)
+def command(out: Path, work: Path | None, quick: bool, names: list[str], repeats: int) -> int:
     """Run the selected benchmarks, then write the report."""
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", type=Path, default=RESULTS_DIR)
-    p.add_argument("--work", type=Path, default=None, help="scratch directory (default: temp)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat")
-    p.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated names")
-    p.add_argument("--repeats", type=int, default=3)
-    a = p.parse_args(argv)
-    names = [n for n in a.only.split(",") if n]
-    unknown = sorted(set(names) - set(BENCHMARKS))
-    if unknown:
-        p.error(f"unknown benchmarks {unknown}; known: {', '.join(BENCHMARKS)}")
-    common = ["--out", str(a.out), "--repeats", str(a.repeats)]
-    if a.work:
-        common += ["--work", str(a.work)]
-    full = {**FULL_FLAGS, "scaling": ["--repeats", str(max(SCALING_ROUNDS, a.repeats))]}
+    common = ["--out", str(out), "--repeats", str(repeats)]
+    if work:
+        common += ["--work", str(work)]
+    full = {**FULL_FLAGS, "scaling": ["--repeats", str(max(SCALING_ROUNDS, repeats))]}
     timings, started = {}, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for name in names:
-        flags = common + (["--quick"] if a.quick else full.get(name, []))
+        flags = common + (["--quick"] if quick else full.get(name, []))
         print(f"== {name} {' '.join(flags)}", flush=True)
         t0 = time.monotonic()
         BENCHMARKS[name](flags)
         timings[name] = time.monotonic() - t0
         print(f"== {name} took {timings[name]:.0f} s", flush=True)
     seconds = {k: round(v) for k, v in timings.items()}
-    if not a.quick and names == list(BENCHMARKS):  # the page names the full run it came from
+    if not quick and names == list(BENCHMARKS):  # the page names the full run it came from
         record = {"started": started, "seconds": seconds}
-        write_result(RUN_RECORD, {**record, "total_seconds": round(sum(timings.values()))}, a.out)
-    for path in write_report(a.out, DOC if a.out == RESULTS_DIR else None):
+        write_result(RUN_RECORD, {**record, "total_seconds": round(sum(timings.values()))}, out)
+    for path in write_report(out, DOC if out == RESULTS_DIR else None):
         print(f"wrote {path}")
     print("time per benchmark (s):", seconds)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(command, argv, "bench.run_all")
 
 
 if __name__ == "__main__":

@@ -28,10 +28,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import click
+
 from bench.common import (
-    add_model_option,
-    base_parser,
     bench_dataset,
+    bench_main,
+    bench_options,
     horovod_command,
     interleave,
     job_throughput,
@@ -39,6 +41,7 @@ from bench.common import (
     machine_state,
     median,
     model_fields,
+    model_option,
     ratio,
     run_trainer,
     scratch,
@@ -217,26 +220,53 @@ def derived_ratios(medians: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m bench.scaling [--layouts 1x1,2x1,1x2]``."""
-    p = base_parser(__doc__ or NAME)
-    p.add_argument("--layouts", default=DEFAULT_LAYOUTS, help="NxT list, e.g. 1x1,2x1,4x1")
-    p.add_argument("--train-samples", type=int, default=20000)
-    p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
-    p.add_argument("--batch-size", type=int, default=64, help="per worker")
-    p.add_argument("--name", default=NAME, help="result file name (e.g. scaling_b256)")
-    add_model_option(p)
-    a = p.parse_args(argv)
-    layouts = list(dict.fromkeys(parse_layout(x) for x in a.layouts.split(",")))
-    if a.quick:
-        a.train_samples, a.epochs, a.repeats = 600, 2, 1
-    work = scratch(a.work, NAME)
-    result = run(
-        layouts, a.train_samples, a.epochs, a.repeats, work, a.batch_size, a.model
-    )  # fmt: skip
-    write_result(a.name, result, a.out)
+def _layouts(ctx: click.Context, param: click.Parameter, text: str) -> list[Layout]:
+    try:
+        return list(dict.fromkeys(parse_layout(x) for x in text.split(",")))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command(help=__doc__)
+@bench_options
+@click.option(
+    "--layouts",
+    default=DEFAULT_LAYOUTS,
+    show_default=True,
+    callback=_layouts,
+    help="NxT list, e.g. 1x1,2x1,4x1",
+)
+@click.option("--train-samples", type=int, default=20000, show_default=True)
+@click.option("--epochs", type=int, default=4, show_default=True, help="the first one is not timed")
+@click.option("--batch-size", type=int, default=64, show_default=True, help="per worker")
+@click.option(
+    "--name", default=NAME, show_default=True, help="result file name (e.g. scaling_b256)"
+)
+@model_option
+def command(
+    out: Path,
+    work: Path | None,
+    repeats: int,
+    quick: bool,
+    layouts: list[Layout],
+    train_samples: int,
+    epochs: int,
+    batch_size: int,
+    name: str,
+    model: str | None,
+) -> int:
+    if quick:
+        train_samples, epochs, repeats = 600, 2, 1
+    scratch_dir = scratch(work, NAME)
+    result = run(layouts, train_samples, epochs, repeats, scratch_dir, batch_size, model)
+    write_result(name, result, out)
     print(result["median_examples_per_second"], result["ratios"], result.get("machine_ceiling"))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m bench.scaling [--layouts 1x1,2x1,1x2]``."""
+    return bench_main(command, argv, "bench.scaling")
 
 
 if __name__ == "__main__":

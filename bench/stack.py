@@ -31,9 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import click
+
 from bench.common import (
-    base_parser,
     bench_dataset,
+    bench_main,
+    bench_options,
     interleave,
     job_throughput,
     machine_state,
@@ -134,30 +137,58 @@ def run(
     }
 
 
+@click.command(help=__doc__)
+@bench_options
+@click.option("--other-python", required=True, help="the other environment's python")
+@click.option("--other-name", default="other", show_default=True, help="its name in the results")
+@click.option(
+    "--other-checkout",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="run the other stack's trainer from here",
+)
+@click.option(
+    "--result",
+    default=NAME,
+    show_default=True,
+    help="the result's name: bench/results/RESULT.json",
+)
+@click.option(
+    "--name", default="this", show_default=True, help="this environment's name in the results"
+)
+@click.option("--train-samples", type=int, default=8000, show_default=True)
+@click.option("--epochs", type=int, default=4, show_default=True, help="the first one is not timed")
+@click.option("--batch-size", type=int, default=64, show_default=True, help="per worker")
+def command(
+    out: Path,
+    work: Path | None,
+    repeats: int,
+    quick: bool,
+    other_python: str,
+    other_name: str,
+    other_checkout: Path | None,
+    result: str,
+    name: str,
+    train_samples: int,
+    epochs: int,
+    batch_size: int,
+) -> int:
+    if quick:
+        train_samples, epochs, repeats = 600, 2, 1
+    scratch_dir = scratch(work, NAME)
+    other = other_python
+    if other_checkout is not None:
+        other = in_checkout(other, other_checkout, scratch_dir)
+    stacks = {name: sys.executable, other_name: other}
+    record = run(stacks, train_samples, epochs, repeats, scratch_dir, batch_size)
+    record["other_trainer"] = "its own checkout's" if other_checkout else "this checkout's"
+    write_result(result, record, out)
+    print(record["this_over_other"], record["figures"])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m bench.stack --other-python PY [--other-name NAME]``."""
-    p = base_parser(__doc__ or NAME)
-    p.add_argument("--other-python", required=True, help="the other environment's python")
-    p.add_argument("--other-name", default="other", help="its name in the results")
-    p.add_argument("--other-checkout", type=Path, help="run the other stack's trainer from here")
-    p.add_argument("--result", default=NAME, help="the result's name: bench/results/RESULT.json")
-    p.add_argument("--name", default="this", help="this environment's name in the results")
-    p.add_argument("--train-samples", type=int, default=8000)
-    p.add_argument("--epochs", type=int, default=4, help="the first one is not timed")
-    p.add_argument("--batch-size", type=int, default=64, help="per worker")
-    a = p.parse_args(argv)
-    if a.quick:
-        a.train_samples, a.epochs, a.repeats = 600, 2, 1
-    work = scratch(a.work, NAME)
-    other = a.other_python
-    if a.other_checkout is not None:
-        other = in_checkout(other, a.other_checkout, work)
-    stacks = {a.name: sys.executable, a.other_name: other}
-    result = run(stacks, a.train_samples, a.epochs, a.repeats, work, a.batch_size)
-    result["other_trainer"] = "its own checkout's" if a.other_checkout else "this checkout's"
-    write_result(a.result, result, a.out)
-    print(result["this_over_other"], result["figures"])
-    return 0
+    return bench_main(command, argv, "bench.stack")
 
 
 if __name__ == "__main__":

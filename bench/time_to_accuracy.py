@@ -34,9 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
+
 from bench.common import (
-    base_parser,
     bench_dataset,
+    bench_main,
+    bench_options,
     interleave,
     machine_state,
     median,
@@ -197,28 +200,39 @@ def rules(times: dict[str, Any], runs: dict[str, list[dict]], tolerance: float) 
     return {"rules": table, "adopt": best}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m bench.time_to_accuracy [--variants 1x1,2x1] [--seeds 3]``."""
-    p = base_parser(__doc__ or NAME)
-    p.add_argument("--variants", default=",".join(v.name for v in VARIANTS))
-    p.add_argument("--train-samples", type=int, default=8000)
-    p.add_argument("--epochs", type=int, default=EPOCHS)
-    p.add_argument("--per-epoch", type=int, default=4, help="snapshots scored per epoch")
-    p.add_argument("--tolerance", type=float, default=0.002)
-    a = p.parse_args(argv)  # --repeats: the seeds
-    if a.quick:
-        a.train_samples, a.epochs, a.repeats, a.per_epoch = 600, 2, 1, 2
-    chosen = [v for v in VARIANTS if v.name in a.variants.split(",")]
-    work = scratch(a.work, NAME)
-    setup = Setup(bench_dataset(work, a.train_samples), work, a.epochs, a.per_epoch)
+@click.command(help=__doc__)
+@bench_options
+@click.option("--variants", default=",".join(v.name for v in VARIANTS), show_default=True)
+@click.option("--train-samples", type=int, default=8000, show_default=True)
+@click.option("--epochs", type=int, default=EPOCHS, show_default=True)
+@click.option(
+    "--per-epoch", type=int, default=4, show_default=True, help="snapshots scored per epoch"
+)
+@click.option("--tolerance", type=float, default=0.002, show_default=True)
+def command(
+    out: Path,
+    work: Path | None,
+    repeats: int,  # the seeds
+    quick: bool,
+    variants: str,
+    train_samples: int,
+    epochs: int,
+    per_epoch: int,
+    tolerance: float,
+) -> int:
+    if quick:
+        train_samples, epochs, repeats, per_epoch = 600, 2, 1, 2
+    chosen = [v for v in VARIANTS if v.name in variants.split(",")]
+    scratch_dir = scratch(work, NAME)
+    setup = Setup(bench_dataset(scratch_dir, train_samples), scratch_dir, epochs, per_epoch)
     machine_before = machine_state()
-    variants = {v.name: functools.partial(seeded, setup, v) for v in chosen}
-    runs = interleave(variants, a.repeats)
+    seeded_runs = {v.name: functools.partial(seeded, setup, v) for v in chosen}
+    runs = interleave(seeded_runs, repeats)
     times = {name: {t: reached(rs, t) for t in TARGETS} for name, rs in runs.items()}
     result: dict[str, Any] = {
         "settings": {
-            "model": MODEL, "train_samples": a.train_samples, "epochs": a.epochs,
-            "seeds": list(range(1, a.repeats + 1)), "snapshots_per_epoch": a.per_epoch,
+            "model": MODEL, "train_samples": train_samples, "epochs": epochs,
+            "seeds": list(range(1, repeats + 1)), "snapshots_per_epoch": per_epoch,
             "targets": list(TARGETS), "test_digits": 1000,
         },
         "machine_before": machine_before,
@@ -230,10 +244,15 @@ def main(argv: list[str] | None = None) -> int:
         if {"1x2", "2x1"} <= set(runs):
             result["speedups"] = speedups(times, result["plateau"]["targets_at_plateau"])
     if "2x1" in runs:
-        result.update(rules(times, runs, a.tolerance))
-    write_result(NAME, result, a.out)
+        result.update(rules(times, runs, tolerance))
+    write_result(NAME, result, out)
     print(json.dumps({k: result.get(k) for k in ("plateau", "speedups", "adopt")}, indent=1))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m bench.time_to_accuracy [--variants 1x1,2x1] [--repeats 3]`` (the seeds)."""
+    return bench_main(command, argv, "bench.time_to_accuracy")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,16 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import click
+
+from components.common.declare import run_command
 
 SNAPSHOTS_FILE = "snapshots.json"
 
@@ -145,30 +148,48 @@ def _snapshots(out: Path, per_epoch: int) -> None:
     trainer.callbacks = with_snapshots
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Apply the variants asked for, then run this rank of the trainer."""
-    argv = sys.argv[1:] if argv is None else argv
-    split = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(prog="python -m bench.variants")
-    p.add_argument("--groups", type=int, default=0)
-    p.add_argument("--optimizer", choices=["adam", "adadelta"], default="adam")
-    p.add_argument("--snapshots", type=Path, default=None)
-    p.add_argument("--per-epoch", type=int, default=4)
-    p.add_argument("--input", choices=["stream", "memory"], default="stream")
-    a = p.parse_args(argv[:split])
+@click.command(help=__doc__)
+@click.option("--groups", type=int, default=0, show_default=True)
+@click.option(
+    "--optimizer", type=click.Choice(["adam", "adadelta"]), default="adam", show_default=True
+)
+@click.option("--snapshots", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option("--per-epoch", type=int, default=4, show_default=True)
+@click.option(
+    "--input",
+    "source",
+    type=click.Choice(["stream", "memory"]),
+    default="stream",
+    show_default=True,
+)
+@click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED, metavar="-- TRAINER ARGS")
+def command(
+    groups: int,
+    optimizer: str,
+    snapshots: Path | None,
+    per_epoch: int,
+    source: str,
+    trainer_args: tuple[str, ...],
+) -> int:
     from components.common import keras_env
     from components.train.rank import cli
 
     keras_env.keras()  # Keras 3 on TensorFlow, checked before Horovod is imported (as the trainer)
-    if a.groups:
-        _grouped(a.groups)
-    if a.optimizer == "adadelta":
+    if groups:
+        _grouped(groups)
+    if optimizer == "adadelta":
         _adadelta()
-    if a.snapshots is not None:
-        _snapshots(a.snapshots, a.per_epoch)
-    if a.input == "memory":
+    if snapshots is not None:
+        _snapshots(snapshots, per_epoch)
+    if source == "memory":
         _in_memory()
-    return cli.main(argv[split + 1 :])
+    return cli.main(list(trainer_args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.variants [VARIANT OPTIONS] -- TRAINER ARGS``: the variants asked for,
+    then this rank of the trainer."""
+    return int(run_command(command, argv, "python -m bench.variants"))
 
 
 if __name__ == "__main__":

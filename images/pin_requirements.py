@@ -21,13 +21,13 @@ the lock fails.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata as md
 import json
 import re
 import sys
 from pathlib import Path
 
+import click
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,29 +168,37 @@ def write_cuda_lock(report_path: Path, lock: dict[str, tuple[str, str]]) -> None
     print(f"wrote: {CUDA_LOCK.relative_to(ROOT)} ({len(added)} pins)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only report stale files")
-    parser.add_argument("--cuda-lock", type=Path, metavar="REPORT", help="write lock-cuda.txt")
-    args = parser.parse_args(argv)
+@click.command(help=__doc__.splitlines()[0])
+@click.option("--check", is_flag=True, help="only report stale files (exit 1 if any)")
+@click.option(
+    "--cuda-lock",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="REPORT",
+    help="write lock-cuda.txt from pip's install report REPORT",
+)
+def main(check: bool, cuda_lock: Path | None) -> None:
+    """Click's standalone command (this script runs in `make lock-cuda`'s venv of packaging and
+    click alone, where the project's `run_command` cannot be imported): exit 1 when `--check`
+    finds a stale file, 2 for a bad command line."""
     lock = read_lock()
-    if args.cuda_lock:
-        write_cuda_lock(args.cuda_lock, lock)
-        return 0
-    cuda_lock = read_lock(CUDA_LOCK)
+    if cuda_lock:
+        write_cuda_lock(cuda_lock, lock)
+        return
+    cuda_pins = read_lock(CUDA_LOCK)
     stale = []
     for src in sorted((ROOT / "images").glob("*/*.in")):
         out = src.with_suffix(".txt")
-        text = render(src, lock, cuda_lock)
+        text = render(src, lock, cuda_pins)
         if out.exists() and out.read_text() == text:
             continue
         stale.append(out.relative_to(ROOT))
-        if not args.check:
+        if not check:
             out.write_text(text)
     for path in stale:
-        print(f"{'stale' if args.check else 'wrote'}: {path}")
-    return 1 if (args.check and stale) else 0
+        print(f"{'stale' if check else 'wrote'}: {path}")
+    if check and stale:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -17,7 +17,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import base_parser, fresh, machine_state, median, scratch, write_result
+import click
+
+from bench.common import (
+    bench_main,
+    bench_options,
+    fresh,
+    machine_state,
+    median,
+    scratch,
+    write_result,
+)
 from bench.faults import cluster, local
 from bench.faults.runs import GCS_SHARE, STALL_ENV, TRAIN_LIMIT, Bench
 from components.common.defaults import BATCH_SIZE_PER_WORKER
@@ -136,38 +146,65 @@ def _run_all(b: Bench, names: list[str], repeats: int, quick: bool) -> list[dict
     return records
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the faults; write faults.json (and, with --readme, the README's table)."""
-    p = base_parser(__doc__ or NAME)
-    p.prog = "python -m bench.faults"
-    p.add_argument("--model", default="small", help="model to train (default: small)")
-    p.add_argument("--only", default=",".join(RUNNERS), help="comma-separated faults")
-    p.add_argument("--readme", type=Path, default=None, help="README whose table to rewrite")
-    a = p.parse_args(argv)
-    names = [n for n in a.only.split(",") if n]
+def _faults(ctx: click.Context, param: click.Parameter, text: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
     if unknown := sorted(set(names) - set(RUNNERS)):
-        p.error(f"unknown faults {unknown}; known: {', '.join(RUNNERS)}")
-    repeats, size = (1, "quick") if a.quick else (a.repeats, "full")
+        raise click.BadParameter(f"unknown faults {unknown}; known: {', '.join(RUNNERS)}")
+    return names
+
+
+@click.command(help=__doc__)
+@bench_options
+@click.option("--model", default="small", help="model to train (default: small)")
+@click.option(
+    "--only",
+    "names",
+    default=",".join(RUNNERS),
+    show_default=True,
+    callback=_faults,
+    help="comma-separated faults",
+)
+@click.option(
+    "--readme",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="README whose table to rewrite",
+)
+def command(
+    out: Path,
+    work: Path | None,
+    repeats: int,
+    quick: bool,
+    model: str,
+    names: list[str],
+    readme: Path | None,
+) -> int:
+    """Run the faults; write faults.json (and, with --readme, the README's table)."""
+    repeats, size = (1, "quick") if quick else (repeats, "full")
     before = machine_state()
-    work = scratch(a.work, NAME)
+    scratch_dir = scratch(work, NAME)
     from standins.fake_gcs import fake_gcs_server
 
-    with fake_gcs_server(work / "fake-gcs-server.log") as emulator:
-        b = Bench(work=work, size=size, model=a.model, emulator=emulator)
-        b.data = b.prepare(str(fresh(work / "data")))
-        records = _run_all(b, names, repeats, a.quick)
+    with fake_gcs_server(scratch_dir / "fake-gcs-server.log") as emulator:
+        b = Bench(work=scratch_dir, size=size, model=model, emulator=emulator)
+        b.data = b.prepare(str(fresh(scratch_dir / "data")))
+        records = _run_all(b, names, repeats, quick)
     result = {
-        "settings": {"model": a.model, "workers": 2, "threads_per_worker": 1, "epochs": b.epochs,
+        "settings": {"model": model, "workers": 2, "threads_per_worker": 1, "epochs": b.epochs,
                      "batch_size_per_worker": BATCH_SIZE_PER_WORKER,
                      "train_samples": TRAIN_LIMIT[size] or 4000, "repeats": repeats,
-                     "trials": {name: trials(name, repeats, a.quick) for name in names},
+                     "trials": {name: trials(name, repeats, quick) for name in names},
                      "gcs_fault_share": GCS_SHARE, "stall_env": STALL_ENV},
         "machine_before": before,
         "summary": summarise(records),
         "all_survived": all(r["survived"] for r in records),
         "records": records,
     }  # fmt: skip
-    write_result(NAME, result, a.out)
-    if a.readme:
-        write_readme_table(result, a.readme)
+    write_result(NAME, result, out)
+    if readme:
+        write_readme_table(result, readme)
     return 0 if result["all_survived"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(command, argv, "bench.faults")
