@@ -31,7 +31,7 @@ from components.data_prep.prep import prepare
 from components.train import summary
 from components.train.config import TrainConfig, to_argv
 from components.train.launcher.launch import YIELD_WHEN_IDLE, job_environment
-from standins.commands import CommandResult, run_command, static_command
+from standins.commands import CommandResult, run_to_end, static_command
 
 RESULTS_DIR = Path(__file__).with_name("results")
 SCHEMA = "kfp-horovod/bench/v1"
@@ -354,7 +354,7 @@ def run_trainer(
     job_env = local_job_env(workers, env)
     module = module or "components.train.rank"
     command = horovod_command(workers, module, args, controller, edit, python)
-    result = run_command(command, job_env)
+    result = run_to_end(command, job_env)
     output = Path(args[args.index("--output") + 1])
     return result, dataclasses.asdict(summary.read(str(output / "run_summary.json")))
 

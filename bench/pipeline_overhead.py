@@ -30,7 +30,7 @@ from bench.common import (
     write_result,
 )
 from components.common.defaults import EPOCHS
-from standins.commands import CommandResult, run_command
+from standins.commands import CommandResult, run_to_end
 
 NAME = "pipeline_overhead"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -76,7 +76,7 @@ def measure(root: Path, workers: int, flags: list[str], round_no: int) -> dict[s
         sys.executable, "-m", "pipeline", "run-local", "--root", str(root / f"r{round_no}"),
         "--workers", str(workers), *flags,
     ]  # fmt: skip
-    return segments(run_command(command, timeout_s=1200))
+    return segments(run_to_end(command, timeout_s=1200))
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -75,7 +75,7 @@ def collect(command: StartedCommand, timeout_s: float = 600) -> CommandResult:
     return result
 
 
-def run_command(
+def run_to_end(
     command: list[str], env: dict[str, str] | None = None, timeout_s: float = 600
 ) -> CommandResult:
     """Run `command` to completion (see :func:`collect`)."""

@@ -249,10 +249,10 @@ class LocalRun:
 def run_local_pipeline(root: Path, *extra: str) -> LocalRun:
     """Run ``python -m pipeline run-local`` at `root` with `LOCAL_RUN_FLAGS` and `extra`; raises
     with the output's tail if it fails."""
-    from standins.commands import run_command
+    from standins.commands import run_to_end
 
     command = [sys.executable, "-m", "pipeline", "run-local", "--root", str(root)]
-    return LocalRun(root, run_command([*command, *LOCAL_RUN_FLAGS, *extra], timeout_s=600))
+    return LocalRun(root, run_to_end([*command, *LOCAL_RUN_FLAGS, *extra], timeout_s=600))
 
 
 @pytest.fixture(scope="session")
