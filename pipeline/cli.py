@@ -104,10 +104,9 @@ TRAINER_OPTIONS = [
 def step_options(backend: str) -> list[Declared]:
     """The train step's and the run's declared fields the render command of `backend` takes:
     all but the backend, the namespace (an option of its own) and what it refuses."""
-    from components.train.launcher.cluster.job import CLUSTER_JOB_PARAMETERS
-    from components.train.launcher.cluster.job import backend as backend_of
+    from components.train.launcher.cluster.job import CLUSTER_JOB_PARAMETERS, job_kind
 
-    skip = ("training_backend", "namespace", *backend_of(backend).refused)
+    skip = ("training_backend", "namespace", *job_kind(backend).refused)
     steps = [p for p in declared(TrainStep) if p.name not in skip]
     return [*CLUSTER_JOB_PARAMETERS, *steps, *Placement.parameters()]
 
@@ -147,7 +146,7 @@ def render(
     params = job.ClusterJobParams(
         train=train, step=TrainStep(**options), task_config=job.PodConfig(**placement), **run
     )  # the placement takes the train task config's path
-    manifests, deadline = job.validated(job.backend(backend), params, namespace, crd_dir)
+    manifests, deadline = job.validated(job.job_kind(backend), params, namespace, crd_dir)
     if deadline.by == job.BY_STEP:
         click.echo(f"note: {deadline.said(0)}", err=True)
     return yaml.safe_dump_all(manifests, sort_keys=False, default_flow_style=False)

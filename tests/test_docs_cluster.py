@@ -70,9 +70,9 @@ def _flag(args: list[str], flag: str) -> str | None:
 def crd_problems(doc: dict[str, Any]) -> list[str]:
     """`doc` checked against its kind's vendored CRD (strictly: unknown fields too)."""
     from components.common.crd import manifest_problems
-    from components.train.launcher.cluster.job import backend
+    from components.train.launcher.cluster.job import job_kind
 
-    for b in (backend("mpijob"), backend("trainjob")):
+    for b in (job_kind("mpijob"), job_kind("trainjob")):
         for crd in (b.crd, *b.shared):
             if doc.get("kind") == crd.kind:
                 path = str(ROOT / crd.relative_path)

@@ -1,9 +1,6 @@
-"""One declaration per parameter: a dataclass field made with `param` carries its name, type,
-default, help and rule. The steps' declared dataclasses (`TrainConfig`, `TrainStep`, `PrepStep`,
-`RegisterStep`, `Placement`) own their fields and the rules that join them (`joint_problems`);
-this module is the machinery every process shares: `check`, the click options of a command line
-(`declared_options`), and the `Validated` mixin. The components' and the pipeline's signatures
-are written out in their modules, and tests/test_signatures.py holds each to the declarations.
+"""One declaration per parameter (`param`: its name, type, default, help and rule), and the
+machinery every process that takes parameters shares: `check`, `Validated`, and click options
+(`declared_options`, `run_command`). The declared classes own their rules (`joint_problems`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""The trainer's contract: `TrainConfig`, whose fields declare the train parameters, and the one
-pair of functions to and from the trainer's command line.
-
-Each field is declared once (`components.common.declare.param`: default, help, rule): the
-pipeline parameter of the same name, the train step's input, the check step's rule, the
-trainer flag ``--<name-with-dashes>`` and its parsing all come from it. Every way of starting
-the trainer (the local launcher, the MPIJob, the benchmarks) turns a `TrainConfig` into argv
-with `to_argv`; every rank turns it back with `from_argv`, and the rules are checked once, when
-the `TrainConfig` is made.
+"""The trainer's parameters, `TrainConfig`, and its command line (`to_argv`, `from_argv`):
+shared by the train step's pod, the launcher and each rank.
 """
 
 from __future__ import annotations
@@ -73,7 +66,9 @@ class TrainConfig(Validated):
         check=nonempty_problem,
     )
     workers: int = param(
-        defaults.WORKERS, "Horovod processes (local backend) or worker pods (MPIJob)", minimum=1
+        defaults.WORKERS,
+        "Horovod processes (local backend) or worker pods (MPIJob or TrainJob)",
+        minimum=1,
     )
     slots_per_worker: int = param(
         defaults.SLOTS_PER_WORKER, "ranks per worker pod (MPIJob; 1 locally)", minimum=1
@@ -184,6 +179,13 @@ class TrainConfig(Validated):
     @property
     def summary_uri(self) -> str:
         return storage.join(self.output, "run_summary.json")
+
+
+# Each field is declared once (`components.common.declare.param`: default, help, rule): the
+# pipeline parameter of the same name, the train step's input, the check step's rule, the trainer
+# flag ``--<name-with-dashes>``. Every way of starting the trainer (the local launcher, the cluster
+# jobs, the benchmarks) turns a `TrainConfig` into argv with `to_argv`; every rank turns it back
+# with `from_argv`, and the rules are checked once, when the `TrainConfig` is made.
 
 
 def to_argv(config: TrainConfig) -> list[str]:

@@ -1,6 +1,5 @@
-"""The trainer's command line: ``mpirun -np N python -m components.train.rank --data ... --workers
-N``
-(its flags: `components.train.config.from_argv`)."""
+"""The trainer's command line, in each rank: ``mpirun -np N python -m components.train.rank
+--data ... --workers N`` (its flags: `components.train.config.from_argv`)."""
 
 from __future__ import annotations
 

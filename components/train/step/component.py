@@ -1,22 +1,18 @@
-"""The train component: what the KFP train step's pod runs, in the trainer image.
-
-The dataset in; ONE model, its run summary and its coordination report out. Its parameters are
-the trainer's (`TrainConfig`) and the train step's (`TrainStep`) declared ones that the pipeline
-exposes, under their own names; tests/test_signatures.py holds this signature to them. The
-output is ``saved_model`` because the parameter ``model`` names the architecture.
-
-KFP's task-config passthroughs (kfp >= 2.15, `PASSTHROUGHS`): what is set on the train task with
-kfp-kubernetes (the pipeline's ``node_selector`` and ``tolerations``, and a pipeline author's own
-settings) reaches ``task_config``, which the step checks and forwards to the job's pods
-(`components.train.launcher.cluster.job.PodConfig`): the one way placement reaches them. The
-environment and the resources apply to the task's own pod too (the ``local`` backend trains
-there, on the task's GPUs); placement and volumes go to the job's pods only: the task that
-launches a cluster job needs no GPU node.
+"""The train component, what the KFP train step's pod runs in the trainer image: the dataset in;
+ONE model (``saved_model``: ``model`` names the architecture), its run summary and its
+coordination report out.
 """
 
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Markdown, Model, Output, TaskConfig
 
+# KFP's task-config passthroughs (kfp >= 2.15): what is set on the train task with
+# kfp-kubernetes (the pipeline's ``node_selector`` and ``tolerations``, and a pipeline author's
+# own settings) reaches ``task_config``, which the step checks and forwards to the job's pods
+# (`components.train.launcher.cluster.job.PodConfig`): the one way placement reaches them. The
+# environment and the resources apply to the task's own pod too (the ``local`` backend trains
+# there, on the task's GPUs); placement and volumes go to the job's pods only: the task that
+# launches a cluster job needs no GPU node.
 PASSTHROUGHS = [
     dsl.TaskConfigPassthrough(field=dsl.TaskConfigField.RESOURCES, apply_to_task=True),
     dsl.TaskConfigPassthrough(field=dsl.TaskConfigField.ENV, apply_to_task=True),
@@ -55,7 +51,8 @@ def train(
     coordination_report: Output[Markdown],
 ) -> None:
     """Train ONE model with a Horovod job of `workers` processes (local, an MPIJob or a
-    TrainJob)."""
+    TrainJob). Its parameters are the trainer's (`TrainConfig`) and the train step's
+    (`TrainStep`) that the pipeline exposes; tests/test_signatures.py holds them to those."""
     arguments = dict(locals())  # the parameters, before an import binds a name
     from components.common.failure import one_line_failures, stops_on_signals
 

@@ -1,7 +1,6 @@
-"""The train component's program: run the job on the chosen backend (``auto``: the MPIJob or
-the TrainJob, whichever the cluster serves, said in the step's first line; ``local``: mpirun in
-the component's own pod; ``mpijob``; ``trainjob``), and end with one SavedModel at the Model
-artifact, the run summary and the coordination report.
+"""The train component's program, in the train step's pod: run the job on the chosen backend
+(``auto``: the MPIJob or the TrainJob, whichever the cluster serves; ``local``: mpirun in this
+pod; ``mpijob``; ``trainjob``), and end with one SavedModel, the run summary and the report.
 """
 
 from __future__ import annotations
@@ -127,7 +126,7 @@ def train_on_cluster(
     if not namespace:
         raise InputError("namespace is empty and this pod's namespace is unknown: pass namespace")
     check_job_before_launch(config)  # this pod runs the trainer's image, as the ranks do
-    b = job.backend(chosen.backend)
+    b = job.job_kind(chosen.backend)
     record = run_job(b, params, namespace=namespace, api_client=api_client, log=log)
     return record, chosen
 

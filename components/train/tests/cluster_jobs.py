@@ -17,7 +17,7 @@ from components.train.launcher.cluster.job import (
     ClusterJobKind,
     ClusterJobParams,
     PodConfig,
-    backend,
+    job_kind,
     job_name,
 )
 from components.train.launcher.cluster.run import run_job
@@ -59,7 +59,7 @@ def make_params(bucket: str = "gs://bkt", **overrides: Any) -> ClusterJobParams:
 
 def pair(name: str) -> tuple[ClusterJobKind, Kind]:
     """The kind of job backend `name` runs, and the stand-in of its operator."""
-    return backend(name), KINDS[name]
+    return job_kind(name), KINDS[name]
 
 
 def run(

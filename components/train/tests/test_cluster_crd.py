@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from components.common import crd as crds
 from components.common import defaults
 from components.common.crd import Crd
-from components.train.launcher.cluster.job import backend
+from components.train.launcher.cluster.job import job_kind
 from components.train.launcher.cluster.mpijob import MPIJOB
 from components.train.launcher.cluster.trainjob import TRAINING_RUNTIME, TRAINJOB
 from pipeline.cli import cli
@@ -122,7 +122,7 @@ def test_the_trainjob_written_for_v2_3_loses_only_its_deadline_on_an_older_train
     reads the cluster's schema before it writes."""
     from components.train.tests.cluster_jobs import make_params
 
-    runtime, job = backend("trainjob").build(make_params(), "team-a")
+    runtime, job = job_kind("trainjob").build(make_params(), "team-a")
     folder = trainer_crds(version)
     dropped = ["spec.activeDeadlineSeconds"] if version == "v2.1.0" else []
     assert prune(job, schema_of(TRAINJOB, folder))[1] == dropped
@@ -142,7 +142,7 @@ def test_a_crd_dir_without_the_crd_file_is_refused_in_one_line(
 ) -> None:
     result = CliRunner().invoke(cli, [command, "--crd-dir", str(tmp_path)])
     assert (result.exit_code, result.stdout) == (2, ""), result.output
-    kind = backend(command.removeprefix("render-")).crd
+    kind = job_kind(command.removeprefix("render-")).crd
     (line,) = result.stderr.splitlines()
     assert line == (
         f"FAILED: cannot read the {kind.kind} CRD {tmp_path / kind.relative_path.name}: "

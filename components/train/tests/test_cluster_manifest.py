@@ -16,8 +16,8 @@ from components.train.launcher.cluster.job import (
     LABEL_RUN_ID,
     MAX_NAME_LENGTH,
     SPEC_ANNOTATION,
-    backend,
     check_manifests,
+    job_kind,
     job_name,
     sanitize_name,
     validated,
@@ -50,13 +50,13 @@ def container(manifest: dict[str, Any], role: str) -> dict[str, Any]:
 
 def mpijob(**overrides: Any) -> dict[str, Any]:
     """The MPIJob of `params(**overrides)`, checked against its CRD."""
-    (manifest,), _ = validated(backend("mpijob"), params(**overrides))
+    (manifest,), _ = validated(job_kind("mpijob"), params(**overrides))
     return manifest
 
 
 def trainjob(**overrides: Any) -> list[dict[str, Any]]:
     """The TrainingRuntime and TrainJob of `params(**overrides)` in team-a, checked."""
-    return validated(backend("trainjob"), params(**overrides), "team-a")[0]
+    return validated(job_kind("trainjob"), params(**overrides), "team-a")[0]
 
 
 def flag(command: list[str], name: str, default: str | None = None) -> str | None:
@@ -485,7 +485,7 @@ def test_what_a_trainjob_cannot_do_is_refused_all_at_once_by_name() -> None:
 def test_the_crds_refuse_typos_wrong_types_and_what_the_operators_refuse(
     name: str, index: int, change: Any, message: str
 ) -> None:
-    b = backend(name)
+    b = job_kind(name)
     manifests = b.build(params(), "team-a")
     check_manifests(b, manifests)  # the good ones pass
     bad = copy.deepcopy(manifests)

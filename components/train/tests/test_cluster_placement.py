@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kfp import dsl
 
-from components.train.launcher.cluster.job import ClusterJobParams, PodConfig, backend, validated
+from components.train.launcher.cluster.job import ClusterJobParams, PodConfig, job_kind, validated
 from components.train.launcher.parameters import TrainStep
 from components.train.step.program import pod_config
 from components.train.tests.cluster_jobs import (
@@ -50,16 +50,16 @@ def params(gpus: int = 1, **overrides: Any) -> ClusterJobParams:
 @BOTH
 def test_every_pod_is_placed_and_tolerates_the_gpu_taint_once(name: str) -> None:
     """The launcher (the MPIJob's runs no rank) goes to the same pool; it asks for no GPU."""
-    specs = pod_specs(validated(backend(name), params(), NS)[0])  # the vendored CRDs
+    specs = pod_specs(validated(job_kind(name), params(), NS)[0])  # the vendored CRDs
     assert len(specs) == 2
     for spec in specs:
         assert spec["nodeSelector"] == SELECTOR
         assert spec["tolerations"] == [TEAM, GPU]  # the user's GPU toleration, once
-    for spec in pod_specs(validated(backend(name), params(0, tolerations=[TEAM]), NS)[0]):
+    for spec in pod_specs(validated(job_kind(name), params(0, tolerations=[TEAM]), NS)[0]):
         assert spec["tolerations"] == [TEAM]  # no GPU asked for, no GPU toleration
-    for spec in pod_specs(backend(name).build(params(0, tolerations=[], node_selector={}), NS)):
+    for spec in pod_specs(job_kind(name).build(params(0, tolerations=[], node_selector={}), NS)):
         assert "nodeSelector" not in spec and "tolerations" not in spec
-    bare = pod_specs(backend(name).build(params(tolerations=[], node_selector={}), NS))
+    bare = pod_specs(job_kind(name).build(params(tolerations=[], node_selector={}), NS))
     launcher = [None] if name == "mpijob" else [[GPU]]  # the MPIJob's asks for no GPU
     assert [spec.get("tolerations") for spec in bare] == [*launcher, [GPU]]
 
@@ -89,8 +89,8 @@ def test_the_task_config_reaches_every_rank_pod_of_both_backends() -> None:
         volume_mounts=[{"name": "scratch", "mountPath": "/scratch"}],
     )
     p = params(task_config=passed)
-    runtime, trainjob = validated(backend("trainjob"), p, NS)[0]
-    specs = pod_specs([runtime, *validated(backend("mpijob"), p, NS)[0]])
+    runtime, trainjob = validated(job_kind("trainjob"), p, NS)[0]
+    specs = pod_specs([runtime, *validated(job_kind("mpijob"), p, NS)[0]])
     # the TrainJob's node and launcher (node 0), the MPIJob's launcher (no GPU) and workers
     gpu, no_gpu = [spot, TEAM, GPU], [spot, TEAM]
     assert [spec["tolerations"] for spec in specs] == [gpu, gpu, no_gpu, gpu]

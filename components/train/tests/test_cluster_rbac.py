@@ -153,13 +153,13 @@ def _auto(gcs_uri: str) -> set[Right | None]:
 def test_the_role_grants_every_request_of_each_backend_and_nothing_they_leave_unused(
     gcs_uri: str,
 ) -> None:
-    from components.train.launcher.cluster.job import backend
+    from components.train.launcher.cluster.job import job_kind
 
     granted = _granted()
     used = {name: _run(name, gcs_uri) for name in ("mpijob", "trainjob")}
     for name, rights in used.items():
         assert rights <= granted, (name, sorted(rights - granted))
-        b = backend(name)  # the run went where the check must look: its job, its shared kinds
+        b = job_kind(name)  # the run went where the check must look: its job, its shared kinds
         for crd in (b.crd, *b.shared):
             assert {(crd.group, crd.plural, "create"), (crd.group, crd.plural, "get")} <= rights
         assert {(b.crd.group, b.crd.plural, "delete"), ("", "pods/log", "get")} <= rights

@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from components.common import defaults
-from components.train.launcher.cluster.job import backend, check_manifests
+from components.train.launcher.cluster.job import check_manifests, job_kind
 from components.train.tests.cluster_jobs import make_params
 from pipeline.cli import cli
 
@@ -55,7 +55,7 @@ def test_render_prints_the_exact_valid_manifests(command: str, extra: list[str])
     )
     assert code == 0, out
     manifests = list(yaml.safe_load_all(out))
-    b = backend(command)
+    b = job_kind(command)
     check_manifests(b, manifests)
     gpus = {"gpus_per_worker": 2, "queue": "train"} if extra else {}
     p = make_params(
@@ -104,7 +104,7 @@ def test_render_defaults_use_the_placeholder_bucket_and_the_image_options(comman
     )
     assert code == 0, out
     manifests = list(yaml.safe_load_all(out))
-    check_manifests(backend(command), manifests)
+    check_manifests(job_kind(command), manifests)
     container = launcher(manifests)
     assert container["image"] == "europe-docker.pkg.dev/p/r/kfp-horovod-trainer:v9"
     command_line = container["command"]

@@ -249,7 +249,7 @@ class ClusterJobKind:
         return ClusterJobState("Running", "", counts)
 
 
-def backend(name: str) -> ClusterJobKind:
+def job_kind(name: str) -> ClusterJobKind:
     """The kind of job that backend `name` (``mpijob``, ``trainjob``) runs:
     ``cluster/<name>.py``'s ``JOB_KIND``."""
     return importlib.import_module(f"components.train.launcher.cluster.{name}").JOB_KIND  # type: ignore[no-any-return]
@@ -364,7 +364,7 @@ def choose_backend(api: CustomObjectsApi) -> Choice:
     """The backend for ``training_backend=auto``: the MPIJob where the cluster serves it (the
     stable API, which runs elastic jobs), else the TrainJob; `ClusterJobError` when it serves
     neither."""
-    kinds = {name: backend(name).crd for name in ("mpijob", "trainjob")}
+    kinds = {name: job_kind(name).crd for name in ("mpijob", "trainjob")}
     api_of = {name: f"{crd.kind} {crd.api_version}" for name, crd in kinds.items()}
     mpijob, trainjob = api_of.values()
     served = [name for name, crd in kinds.items() if serves(api, crd)]
