@@ -416,6 +416,19 @@ def comma_ints(text: str) -> list[int]:
         raise click.BadParameter(f"not comma-separated whole numbers: {text!r}") from None
 
 
+def comma_names(what: str, known: Sequence[str]) -> Callable[..., list[str]]:
+    """A click callback: the names of comma-separated text, each one of `known` (click's one
+    line naming the unknown ones when not)."""
+
+    def parse(ctx: click.Context, param: click.Parameter, text: str) -> list[str]:
+        names = [n for n in text.split(",") if n]
+        if unknown := sorted(set(names) - set(known)):
+            raise click.BadParameter(f"unknown {what} {unknown}; known: {', '.join(known)}")
+        return names
+
+    return parse
+
+
 def bench_main(command: click.Command, argv: Sequence[str] | None, module: str) -> int:
     """Run benchmark `command` as ``python -m MODULE``: its exit code (a bad command line: click's
     usage and error lines, exit code 2)."""

@@ -25,7 +25,7 @@ from bench import (
     scaling,
     time_to_accuracy,
 )
-from bench.common import RESULTS_DIR, bench_main, write_result
+from bench.common import RESULTS_DIR, bench_main, comma_names, write_result
 from bench.report import DOC, write_report
 
 BENCHMARKS: dict[str, Callable[[list[str]], int]] = {
@@ -49,13 +49,6 @@ SCALING_ROUNDS = 5  # the headline efficiency comes from at least 5 interleaved 
 RUN_RECORD = "make_bench"  # bench/results/make_bench.json: when the full run started, its length
 
 
-def _benchmarks(ctx: click.Context, param: click.Parameter, text: str) -> list[str]:
-    names = [n for n in text.split(",") if n]
-    if unknown := sorted(set(names) - set(BENCHMARKS)):
-        raise click.BadParameter(f"unknown benchmarks {unknown}; known: {', '.join(BENCHMARKS)}")
-    return names
-
-
 @click.command(help=__doc__)
 @click.option(
     "--out",
@@ -75,7 +68,7 @@ def _benchmarks(ctx: click.Context, param: click.Parameter, text: str) -> list[s
     "names",
     default=",".join(BENCHMARKS),
     show_default=True,
-    callback=_benchmarks,
+    callback=comma_names("benchmarks", list(BENCHMARKS)),
     help="comma-separated names",
 )
 @click.option("--repeats", type=int, default=3, show_default=True)

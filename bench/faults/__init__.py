@@ -22,6 +22,7 @@ import click
 from bench.common import (
     bench_main,
     bench_options,
+    comma_names,
     fresh,
     machine_state,
     median,
@@ -146,13 +147,6 @@ def _run_all(b: Bench, names: list[str], repeats: int, quick: bool) -> list[dict
     return records
 
 
-def _faults(ctx: click.Context, param: click.Parameter, text: str) -> list[str]:
-    names = [n for n in text.split(",") if n]
-    if unknown := sorted(set(names) - set(RUNNERS)):
-        raise click.BadParameter(f"unknown faults {unknown}; known: {', '.join(RUNNERS)}")
-    return names
-
-
 @click.command(help=__doc__)
 @bench_options
 @click.option("--model", default="small", help="model to train (default: small)")
@@ -161,7 +155,7 @@ def _faults(ctx: click.Context, param: click.Parameter, text: str) -> list[str]:
     "names",
     default=",".join(RUNNERS),
     show_default=True,
-    callback=_faults,
+    callback=comma_names("faults", list(RUNNERS)),
     help="comma-separated faults",
 )
 @click.option(
