@@ -92,12 +92,13 @@ def bucket_of(uri: str) -> str:
 
 
 def wait_for_checkpoint(uri: str, job: DockerJob, timeout: float = 300) -> int:
-    """The epoch of the first checkpoint under `uri`, while `job`'s launcher runs."""
+    """The epoch of the first checkpoint committed under `uri`, while `job`'s launcher runs (the
+    state file alone: reading the checkpoint itself would race the rotation of the running job)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        info = checkpoints.latest(uri)
-        if info is not None:
-            return info.epoch
+        epoch = checkpoints.committed(uri)
+        if epoch > 0:
+            return epoch
         job.launcher.reload()
         assert job.launcher.status == "running", job.launcher.logs().decode()[-3000:]
         time.sleep(0.5)

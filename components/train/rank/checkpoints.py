@@ -145,7 +145,10 @@ def _check(checkpoint_uri: str, epoch: int, present: set[str], local: Path) -> C
         return "its files are missing"
     if f"{prefix}.index" not in files:
         return f"{prefix}.index is missing"
-    _download(checkpoint_uri, files, local)
+    try:
+        _download(checkpoint_uri, files, local)
+    except FileNotFoundError as exc:  # gone since the listing: rotated away by a newer save
+        return f"a file of it is gone ({exc})"
     try:
         reader = tf.train.load_checkpoint(str(local / prefix))
         keys = reader.get_variable_to_dtype_map()

@@ -319,3 +319,26 @@ def test_checkpoints_of_the_earlier_layout_are_refused_by_name(tmp_path: Path) -
     shutil.rmtree(tmp_path / "epoch-0001")
     with pytest.raises(checkpoints.CheckpointError, match="written by an earlier trainer"):
         checkpoints.latest(str(tmp_path))
+
+
+def test_a_checkpoint_gone_since_the_listing_is_passed_over_in_one_line(
+    three_epochs: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader beside a running job (a test polling it, a rank of an elastic job joining): the
+    newest checkpoint's data file is removed between the listing and its download, as another
+    save's rotation removes it; the removal is done here by wrapping the storage layer's
+    download, the one stand-in."""
+    real = storage.download_file
+    gone = storage.join(three_epochs, "ckpt-3.data-00000-of-00001")
+
+    def rotated_away(uri: str, local: Path) -> None:
+        if uri == gone:
+            storage.remove_file(gone)
+        real(uri, local)
+
+    monkeypatch.setattr(storage, "download_file", rotated_away)
+    info = checkpoints.latest(three_epochs)
+    assert info is not None and info.epoch == 2
+    (line,) = _fallback_lines(caplog)
+    assert line.startswith("checkpoint after epoch 3 is unreadable (a file of it is gone"), line
+    assert line.endswith("; resuming from epoch 2"), line
